@@ -1,0 +1,187 @@
+//! Command line: the flags of Dynamo's standalone indexer plus kvix's own.
+//!
+//! Owns parsing and validation of startup configuration only.
+
+use crate::types::{DpRank, InstanceId};
+use clap::Parser;
+
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "kvix",
+    version,
+    about = "kvix: thread-per-core KV-cache indexer (drop-in for Dynamo's standalone indexer)"
+)]
+pub struct Args {
+    /// HTTP server port
+    #[arg(long, default_value_t = 8090)]
+    pub port: u16,
+    /// Address to bind the HTTP server to
+    #[arg(long, default_value = "0.0.0.0")]
+    pub host: String,
+    /// Number of executor threads (one shard each, pinned); clamped to the cores available
+    #[arg(long, default_value_t = 4)]
+    pub threads: usize,
+    /// KV cache block size for initial workers registered via --workers
+    #[arg(long)]
+    pub block_size: Option<u32>,
+    /// Initial workers as "worker_id[:dp_rank]=zmq_address,..." (e.g. "1=tcp://host:5557,1:1=tcp://host:5558")
+    #[arg(long)]
+    pub workers: Option<String>,
+    /// Model name for initial workers registered via --workers
+    #[arg(long, default_value = "default")]
+    pub model_name: String,
+    /// Tenant for initial workers registered via --workers
+    #[arg(long, default_value = "default", alias = "routing-group")]
+    pub tenant_id: String,
+    /// Comma-separated peer URLs for P2P recovery (e.g. "http://host1:8090,http://host2:8091")
+    #[arg(long)]
+    pub peers: Option<String>,
+    /// Number of ZMQ ingest threads (workers are spread over them)
+    #[arg(long, default_value_t = 1)]
+    pub ingest_threads: usize,
+    /// Capacity of each ingest→shard ring, in ops
+    #[arg(long, default_value_t = 65536)]
+    pub ring_capacity: usize,
+}
+
+/// One `--workers` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerSpec {
+    pub instance: InstanceId,
+    pub dp: DpRank,
+    pub endpoint: String,
+}
+
+/// Parse `"id[:dp]=endpoint,..."`; empty entries are skipped.
+pub fn parse_workers(s: &str) -> Result<Vec<WorkerSpec>, String> {
+    let mut out = Vec::new();
+    for entry in s.split(',').filter(|e| !e.trim().is_empty()) {
+        let (left, endpoint) = entry.split_once('=').ok_or_else(|| {
+            format!("invalid worker entry `{entry}`; expected worker_id[:dp_rank]=endpoint")
+        })?;
+        let left = left.trim();
+        let (id, dp) = match left.split_once(':') {
+            Some((id, dp)) => (
+                id.parse()
+                    .map_err(|e| format!("invalid worker id in `{entry}`: {e}"))?,
+                dp.parse()
+                    .map_err(|e| format!("invalid dp_rank in `{entry}`: {e}"))?,
+            ),
+            None => (
+                left.parse()
+                    .map_err(|e| format!("invalid worker id in `{entry}`: {e}"))?,
+                0,
+            ),
+        };
+        let endpoint = endpoint.trim().to_string();
+        validate_endpoint(&endpoint)?;
+        out.push(WorkerSpec {
+            instance: id,
+            dp,
+            endpoint,
+        });
+    }
+    Ok(out)
+}
+
+/// Parse `--peers`: comma-separated URLs, empty pieces dropped.
+pub fn parse_peers(s: &str) -> Vec<String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// Check a ZMQ endpoint the way Dynamo does: `scheme://address`, tcp needs `host:port`.
+pub fn validate_endpoint(ep: &str) -> Result<(), String> {
+    let bad = |why: &str| Err(format!("invalid ZMQ endpoint `{ep}`: {why}"));
+    let Some((scheme, addr)) = ep.split_once("://") else {
+        return bad("missing scheme");
+    };
+    if addr.is_empty() {
+        return bad("missing address");
+    }
+    match scheme {
+        "tcp" => {
+            let Some((host, port)) = addr.rsplit_once(':') else {
+                return bad("missing TCP port");
+            };
+            if host.is_empty() {
+                return bad("missing TCP host");
+            }
+            if host.starts_with('[') != host.ends_with(']') {
+                return bad("missing closing `]`");
+            }
+            if !host.starts_with('[') && host.contains(':') {
+                return bad("missing closing `]`");
+            }
+            if let Err(e) = port.parse::<u16>() {
+                return bad(&format!("invalid TCP port: {e}"));
+            }
+            Ok(())
+        }
+        "ipc" | "inproc" => Ok(()),
+        other => bad(&format!("unsupported scheme `{other}`")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workers_parse_like_dynamo() {
+        let w = parse_workers("1=tcp://host:5557, 2:1=tcp://host:5558,,").unwrap();
+        assert_eq!(
+            w,
+            vec![
+                WorkerSpec {
+                    instance: 1,
+                    dp: 0,
+                    endpoint: "tcp://host:5557".into()
+                },
+                WorkerSpec {
+                    instance: 2,
+                    dp: 1,
+                    endpoint: "tcp://host:5558".into()
+                },
+            ]
+        );
+        assert!(
+            parse_workers("1tcp://x:1")
+                .unwrap_err()
+                .contains("expected worker_id")
+        );
+        assert!(
+            parse_workers("x=tcp://x:1")
+                .unwrap_err()
+                .contains("invalid worker id")
+        );
+        assert!(
+            parse_workers("1:y=tcp://x:1")
+                .unwrap_err()
+                .contains("invalid dp_rank")
+        );
+        assert!(
+            parse_workers("1=tcp://x")
+                .unwrap_err()
+                .contains("missing TCP port")
+        );
+        assert!(
+            parse_workers("1=udp://x:1")
+                .unwrap_err()
+                .contains("unsupported scheme")
+        );
+    }
+
+    #[test]
+    fn endpoints() {
+        assert!(validate_endpoint("tcp://*:5557").is_ok());
+        assert!(validate_endpoint("tcp://[::1]:5557").is_ok());
+        assert!(validate_endpoint("ipc:///tmp/x").is_ok());
+        assert!(validate_endpoint("tcp://:1").is_err());
+        assert!(validate_endpoint("tcp://h:99999").is_err());
+        assert!(validate_endpoint("host:1").is_err());
+    }
+}

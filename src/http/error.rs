@@ -1,0 +1,95 @@
+//! API errors and their one mapping to HTTP status codes.
+
+use crate::registry::RegistryError;
+use hyper::StatusCode;
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum ApiError {
+    /// Not JSON at all (syntax, EOF).
+    #[error("malformed JSON body: {msg}")]
+    Syntax { msg: String },
+    /// JSON of the wrong shape: a missing field, a wrong type.
+    #[error("invalid field `{field}`: {msg}")]
+    Field { field: String, msg: String },
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("request body larger than {0} bytes")]
+    TooLarge(usize),
+    #[error("no route for {0}")]
+    NoRoute(String),
+    #[error("method not allowed")]
+    Method,
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::Syntax { .. } | ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::Field { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::NotFound(_) | ApiError::NoRoute(_) => StatusCode::NOT_FOUND,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::Method => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// `{"error": "...", "field": "..."}`; `field` only when one field is to blame.
+    pub fn body(&self) -> Vec<u8> {
+        let mut v = serde_json::json!({ "error": self.to_string() });
+        if let ApiError::Field { field, .. } = self {
+            v["field"] = serde_json::Value::String(field.clone());
+        }
+        v.to_string().into_bytes()
+    }
+}
+
+impl From<RegistryError> for ApiError {
+    fn from(e: RegistryError) -> Self {
+        match e {
+            // The issue asks for 400 on a block-size mismatch (Dynamo 1.6.1 answers 409).
+            RegistryError::BlockSizeMismatch { .. } | RegistryError::ZeroBlockSize => {
+                ApiError::BadRequest(e.to_string())
+            }
+            RegistryError::AlreadyRegistered { .. } => ApiError::Conflict(e.to_string()),
+            RegistryError::UnknownInstance { .. } => ApiError::NotFound(e.to_string()),
+            RegistryError::SlotsExhausted => ApiError::Internal(e.to_string()),
+        }
+    }
+}
+
+/// Parse a JSON body, naming the offending field on a shape error.
+pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    let de = &mut serde_json::Deserializer::from_slice(body);
+    match serde_path_to_error::deserialize::<_, T>(de) {
+        Ok(v) => Ok(v),
+        Err(e) => {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            if matches!(inner.classify(), serde_json::error::Category::Data) {
+                let msg = inner.to_string();
+                // A missing field is reported at the parent; name the field itself.
+                let field = match msg
+                    .strip_prefix("missing field `")
+                    .and_then(|r| r.split('`').next())
+                {
+                    Some(f) if path == "." => f.to_string(),
+                    Some(f) => format!("{path}.{f}"),
+                    None => path,
+                };
+                Err(ApiError::Field { field, msg })
+            } else {
+                Err(ApiError::Syntax {
+                    msg: inner.to_string(),
+                })
+            }
+        }
+    }
+}

@@ -1,0 +1,106 @@
+//! HTTP front-end: hyper 1.x on every executor, one listener per core (`SO_REUSEPORT`).
+//!
+//! Owns request routing, body limits and the error → response mapping. The
+//! handlers ([`api`]) parse, hash, scatter through [`crate::runtime::Core`] and
+//! render JSON ([`json`]). Never touches shard memory directly.
+
+pub mod api;
+pub mod error;
+pub mod json;
+
+use crate::runtime::Core;
+use crate::runtime::io::HyperStream;
+use bytes::Bytes;
+use error::ApiError;
+use glommio::net::TcpListener;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use std::net::SocketAddr;
+use std::rc::Rc;
+
+/// Largest request body accepted (Dynamo allows 8 MiB on the query routes).
+pub const MAX_BODY: usize = 8 * 1024 * 1024;
+
+pub type Reply = Response<Full<Bytes>>;
+
+/// Accept connections on `addr` forever, serving each on this executor.
+pub async fn serve(core: Rc<Core>, addr: SocketAddr) -> std::io::Result<()> {
+    let listener = TcpListener::bind(addr)?;
+    if core.id.0 == 0 {
+        tracing::info!(
+            "kvix listening on http://{addr} with {} shards",
+            core.shards
+        );
+    }
+    loop {
+        let stream = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!("accept failed: {e}");
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let core = core.clone();
+        glommio::spawn_local(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let core = core.clone();
+                async move { Ok::<_, std::convert::Infallible>(handle(core, req).await) }
+            });
+            if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .keep_alive(true)
+                .serve_connection(HyperStream(stream), service)
+                .await
+            {
+                tracing::debug!("connection closed: {e}");
+            }
+        })
+        .detach();
+    }
+}
+
+async fn body(req: Request<Incoming>) -> Result<Bytes, ApiError> {
+    match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(b) => Ok(b.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::TooLarge(MAX_BODY)),
+        Err(e) => Err(ApiError::BadRequest(format!("cannot read body: {e}"))),
+    }
+}
+
+async fn handle(core: Rc<Core>, req: Request<Incoming>) -> Reply {
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let query = req.uri().query().unwrap_or("").to_string();
+    let result = match (method, path.as_str()) {
+        (Method::GET, "/health") => Ok(json::empty(StatusCode::OK)),
+        (Method::GET, "/workers") => api::workers(&core, &query),
+        (Method::GET, "/dump") => api::dump(&core).await,
+        (Method::GET, "/peers") => api::peers(&core),
+        (Method::POST, route) => match body(req).await {
+            Err(e) => Err(e),
+            Ok(b) => match route {
+                "/register" => api::register(&core, &b),
+                "/unregister" => api::unregister(&core, &b),
+                "/query" => api::query(&core, &b).await,
+                "/query_by_hash" => api::query_by_hash(&core, &b).await,
+                "/register_peer" => api::register_peer(&core, &b),
+                "/deregister_peer" => api::deregister_peer(&core, &b),
+                _ => Err(ApiError::NoRoute(path.clone())),
+            },
+        },
+        (_, "/health" | "/workers" | "/dump" | "/peers") => Err(ApiError::Method),
+        (
+            _,
+            "/register" | "/unregister" | "/query" | "/query_by_hash" | "/register_peer"
+            | "/deregister_peer",
+        ) => Err(ApiError::Method),
+        _ => Err(ApiError::NoRoute(path.clone())),
+    };
+    result.unwrap_or_else(|e| {
+        if e.status().is_server_error() {
+            tracing::error!(path, "{e}");
+        }
+        json::bytes(e.status(), e.body())
+    })
+}

@@ -1,0 +1,24 @@
+//! kvix: a thread-per-core KV-cache indexer for LLM inference routers.
+//!
+//! Data flow, one module per step:
+//! - events: ZMQ ([`ingest`]) → decode ([`wire`]) → engine→kvix hashes ([`ingest::feed`], [`hash`])
+//!   → SPSC rings ([`ring`]) → the owning shard ([`shard`], chosen by [`partition`]);
+//! - queries: HTTP ([`http`]) → hash ([`hash`]) → scatter to shards ([`runtime`]) →
+//!   gather ([`query`]) → JSON ([`http::json`]).
+//!
+//! [`registry`] holds the control plane (models, tenants, workers); [`runtime`] is the
+//! only module that knows glommio.
+
+pub mod cli;
+pub mod hash;
+pub mod http;
+pub mod ingest;
+pub mod partition;
+pub mod query;
+pub mod registry;
+pub mod ring;
+pub mod runtime;
+pub mod service;
+pub mod shard;
+pub mod types;
+pub mod wire;

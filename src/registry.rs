@@ -1,0 +1,391 @@
+//! Who is registered: (model, tenant) indexes, their workers and slots, media.
+//!
+//! Owns the control-plane state. Readers (every query, every ingest thread)
+//! take an immutable [`Snapshot`] with one lock-free `ArcSwap` load; writers
+//! (register, unregister, a dp rank or medium seen for the first time — all
+//! rare) serialize on a mutex, copy, change and publish. Never touched per block.
+
+use crate::types::{DpRank, IndexId, InstanceId, Tier, WorkerSlot};
+use arc_swap::ArcSwap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use thiserror::Error;
+
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum RegistryError {
+    #[error(
+        "block_size {requested} does not match block_size {existing} of the existing indexer for {model}:{tenant}"
+    )]
+    BlockSizeMismatch {
+        model: String,
+        tenant: String,
+        existing: u32,
+        requested: u32,
+    },
+    #[error("block_size must be positive")]
+    ZeroBlockSize,
+    #[error("instance {instance} dp_rank {dp} is already registered for {model}:{tenant}")]
+    AlreadyRegistered {
+        model: String,
+        tenant: String,
+        instance: InstanceId,
+        dp: DpRank,
+    },
+    #[error("no instance {instance} registered for model {model}")]
+    UnknownInstance { model: String, instance: InstanceId },
+    #[error("too many worker slots in one index")]
+    SlotsExhausted,
+}
+
+/// One worker (instance, dp rank) as a slot of an index.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlotInfo {
+    pub instance: InstanceId,
+    pub dp: DpRank,
+    /// False once unregistered; its blocks are being cleared and must not be scored.
+    pub live: bool,
+}
+
+/// One registered ZMQ listener.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Endpoint {
+    pub endpoint: String,
+    pub replay_endpoint: Option<String>,
+}
+
+/// One (model, tenant) index.
+#[derive(Clone, Debug)]
+pub struct IndexInfo {
+    pub id: IndexId,
+    pub model: String,
+    pub tenant: String,
+    pub block_size: u32,
+    pub slots: Vec<SlotInfo>,
+    pub slot_of: HashMap<(InstanceId, DpRank), WorkerSlot>,
+    /// Registered listeners: instance → dp rank → endpoint.
+    pub endpoints: BTreeMap<InstanceId, BTreeMap<DpRank, Endpoint>>,
+}
+
+impl IndexInfo {
+    pub fn slot(&self, s: WorkerSlot) -> &SlotInfo {
+        &self.slots[s.0 as usize]
+    }
+
+    /// Slots of `instance` (all dp ranks, or one).
+    pub fn slots_of(&self, instance: InstanceId, dp: Option<DpRank>) -> Vec<WorkerSlot> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.instance == instance && dp.is_none_or(|d| d == s.dp))
+            .map(|(i, _)| WorkerSlot(i as u32))
+            .collect()
+    }
+}
+
+/// An immutable view of the registry.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    by_name: HashMap<String, HashMap<String, IndexId>>,
+    pub indexes: Vec<Arc<IndexInfo>>,
+    /// Names of tiers beyond the three well-known ones, by tier id - 3.
+    pub extra_tiers: Vec<String>,
+}
+
+impl Snapshot {
+    pub fn lookup(&self, model: &str, tenant: &str) -> Option<&Arc<IndexInfo>> {
+        let id = self.by_name.get(model)?.get(tenant)?;
+        self.indexes.get(id.0 as usize)
+    }
+
+    /// Every index that still has a name (deleted ones keep their id but are not listed).
+    pub fn live_indexes(&self) -> Vec<&Arc<IndexInfo>> {
+        let mut v: Vec<&Arc<IndexInfo>> = self
+            .by_name
+            .values()
+            .flat_map(|t| t.values())
+            .map(|id| &self.indexes[id.0 as usize])
+            .collect();
+        v.sort_by_key(|ix| ix.id);
+        v
+    }
+
+    /// Indexes of one model, every tenant.
+    pub fn tenants_of<'a>(&'a self, model: &str) -> impl Iterator<Item = &'a Arc<IndexInfo>> + 'a {
+        let ids: Vec<IndexId> = self
+            .by_name
+            .get(model)
+            .map(|t| t.values().copied().collect())
+            .unwrap_or_default();
+        ids.into_iter().map(move |id| &self.indexes[id.0 as usize])
+    }
+
+    pub fn tier_name(&self, t: Tier) -> &str {
+        match t {
+            Tier::DEVICE => "GPU",
+            Tier::HOST => "CPU",
+            Tier::DISK => "DISK",
+            Tier(n) => self
+                .extra_tiers
+                .get(n as usize - 3)
+                .map(String::as_str)
+                .unwrap_or("OTHER"),
+        }
+    }
+
+    pub fn tier_of(&self, medium: Option<&str>) -> Option<Tier> {
+        Tier::well_known(medium).or_else(|| {
+            let m = medium?;
+            self.extra_tiers
+                .iter()
+                .position(|n| n.eq_ignore_ascii_case(m))
+                .map(|i| Tier(3 + i as u8))
+        })
+    }
+}
+
+/// What `/register` asks for.
+#[derive(Clone, Debug)]
+pub struct Registration {
+    pub model: String,
+    pub tenant: String,
+    pub block_size: u32,
+    pub instance: InstanceId,
+    pub dp: DpRank,
+    pub endpoint: Endpoint,
+}
+
+#[derive(Default)]
+pub struct Registry {
+    snap: ArcSwap<Snapshot>,
+    write: Mutex<()>,
+}
+
+impl Registry {
+    pub fn snapshot(&self) -> arc_swap::Guard<Arc<Snapshot>> {
+        self.snap.load()
+    }
+
+    pub fn snapshot_arc(&self) -> Arc<Snapshot> {
+        self.snap.load_full()
+    }
+
+    fn update<R>(&self, f: impl FnOnce(&mut Snapshot) -> R) -> R {
+        // Control-plane writers only; a poisoned lock still guards a consistent snapshot
+        // because the snapshot is published only after `f` returns.
+        let _w = self.write.lock().unwrap_or_else(|p| p.into_inner());
+        let mut next = Snapshot::clone(&self.snap.load());
+        let r = f(&mut next);
+        self.snap.store(Arc::new(next));
+        r
+    }
+
+    /// Find or create the index for (model, tenant).
+    pub fn ensure_index(
+        &self,
+        model: &str,
+        tenant: &str,
+        block_size: u32,
+    ) -> Result<IndexId, RegistryError> {
+        if block_size == 0 {
+            return Err(RegistryError::ZeroBlockSize);
+        }
+        if let Some(ix) = self.snapshot().lookup(model, tenant) {
+            return check_block_size(ix, block_size).map(|_| ix.id);
+        }
+        self.update(|s| ensure_index_in(s, model, tenant, block_size))
+    }
+
+    /// Register a listener; returns its index and slot.
+    pub fn register(&self, r: &Registration) -> Result<(IndexId, WorkerSlot), RegistryError> {
+        if r.block_size == 0 {
+            return Err(RegistryError::ZeroBlockSize);
+        }
+        self.update(|s| {
+            let id = ensure_index_in(s, &r.model, &r.tenant, r.block_size)?;
+            let ix = Arc::make_mut(&mut s.indexes[id.0 as usize]);
+            if ix
+                .endpoints
+                .get(&r.instance)
+                .is_some_and(|e| e.contains_key(&r.dp))
+            {
+                return Err(RegistryError::AlreadyRegistered {
+                    model: r.model.clone(),
+                    tenant: r.tenant.clone(),
+                    instance: r.instance,
+                    dp: r.dp,
+                });
+            }
+            ix.endpoints
+                .entry(r.instance)
+                .or_default()
+                .insert(r.dp, r.endpoint.clone());
+            let slot = intern_slot(ix, r.instance, r.dp)?;
+            Ok((id, slot))
+        })
+    }
+
+    /// Slot for a dp rank first seen on the wire (batch `data_parallel_rank`).
+    pub fn slot_for(
+        &self,
+        index: IndexId,
+        instance: InstanceId,
+        dp: DpRank,
+    ) -> Result<WorkerSlot, RegistryError> {
+        if let Some(ix) = self.snapshot().indexes.get(index.0 as usize)
+            && let Some(&s) = ix.slot_of.get(&(instance, dp))
+            && ix.slot(s).live
+        {
+            return Ok(s);
+        }
+        self.update(|s| {
+            intern_slot(
+                Arc::make_mut(&mut s.indexes[index.0 as usize]),
+                instance,
+                dp,
+            )
+        })
+    }
+
+    /// Tier for a medium, interning an unknown one (up to 5 extra tiers; later ones share the last).
+    pub fn tier_for(&self, medium: Option<&str>) -> Tier {
+        if let Some(t) = self.snapshot().tier_of(medium) {
+            return t;
+        }
+        let m = medium.unwrap_or_default().to_ascii_uppercase();
+        self.update(|s| {
+            if let Some(t) = s.tier_of(Some(&m)) {
+                return t;
+            }
+            if s.extra_tiers.len() < Tier::COUNT - 3 {
+                s.extra_tiers.push(m);
+            }
+            Tier(3 + s.extra_tiers.len() as u8 - 1)
+        })
+    }
+
+    /// Unregister listeners of `instance` in the matching indexes. Returns, per index,
+    /// the removed listeners' dp ranks and the slots that stop being live.
+    pub fn unregister(
+        &self,
+        model: &str,
+        tenant: Option<&str>,
+        instance: InstanceId,
+        dp: Option<DpRank>,
+    ) -> Result<Vec<(IndexId, Vec<DpRank>, Vec<WorkerSlot>)>, RegistryError> {
+        self.update(|s| {
+            let ids: Vec<IndexId> = match tenant {
+                Some(t) => s.lookup(model, t).map(|ix| ix.id).into_iter().collect(),
+                None => s.tenants_of(model).map(|ix| ix.id).collect(),
+            };
+            let mut out = Vec::new();
+            for id in ids {
+                let ix = Arc::make_mut(&mut s.indexes[id.0 as usize]);
+                let slots: Vec<WorkerSlot> = ix
+                    .slots_of(instance, dp)
+                    .into_iter()
+                    .filter(|s| ix.slot(*s).live)
+                    .collect();
+                let mut dps = Vec::new();
+                if let Some(eps) = ix.endpoints.get_mut(&instance) {
+                    eps.retain(|d, _| {
+                        let hit = dp.is_none_or(|x| x == *d);
+                        if hit {
+                            dps.push(*d);
+                        }
+                        !hit
+                    });
+                    if eps.is_empty() {
+                        ix.endpoints.remove(&instance);
+                    }
+                }
+                if slots.is_empty() && dps.is_empty() {
+                    continue;
+                }
+                for sl in &slots {
+                    ix.slots[sl.0 as usize].live = false;
+                }
+                if ix.endpoints.is_empty() {
+                    // Like Dynamo, an index with no registered worker left is deleted.
+                    let (model, tenant) = (ix.model.clone(), ix.tenant.clone());
+                    if let Some(t) = s.by_name.get_mut(&model) {
+                        t.remove(&tenant);
+                        if t.is_empty() {
+                            s.by_name.remove(&model);
+                        }
+                    }
+                }
+                out.push((id, dps, slots));
+            }
+            if out.is_empty() {
+                return Err(RegistryError::UnknownInstance {
+                    model: model.to_string(),
+                    instance,
+                });
+            }
+            Ok(out)
+        })
+    }
+}
+
+fn check_block_size(ix: &IndexInfo, block_size: u32) -> Result<(), RegistryError> {
+    if ix.block_size != block_size {
+        return Err(RegistryError::BlockSizeMismatch {
+            model: ix.model.clone(),
+            tenant: ix.tenant.clone(),
+            existing: ix.block_size,
+            requested: block_size,
+        });
+    }
+    Ok(())
+}
+
+fn ensure_index_in(
+    s: &mut Snapshot,
+    model: &str,
+    tenant: &str,
+    block_size: u32,
+) -> Result<IndexId, RegistryError> {
+    if let Some(ix) = s.lookup(model, tenant) {
+        check_block_size(ix, block_size)?;
+        return Ok(ix.id);
+    }
+    let id = IndexId(s.indexes.len() as u32);
+    s.indexes.push(Arc::new(IndexInfo {
+        id,
+        model: model.to_string(),
+        tenant: tenant.to_string(),
+        block_size,
+        slots: Vec::new(),
+        slot_of: HashMap::new(),
+        endpoints: BTreeMap::new(),
+    }));
+    s.by_name
+        .entry(model.to_string())
+        .or_default()
+        .insert(tenant.to_string(), id);
+    Ok(id)
+}
+
+/// Slot ids are never reused within an index: a returning worker gets its old slot back,
+/// so a clear still in flight for it can only ever apply to its own blocks.
+fn intern_slot(
+    ix: &mut IndexInfo,
+    instance: InstanceId,
+    dp: DpRank,
+) -> Result<WorkerSlot, RegistryError> {
+    if let Some(&s) = ix.slot_of.get(&(instance, dp)) {
+        ix.slots[s.0 as usize].live = true;
+        return Ok(s);
+    }
+    if ix.slots.len() as u32 >= WorkerSlot::MAX {
+        return Err(RegistryError::SlotsExhausted);
+    }
+    let s = WorkerSlot(ix.slots.len() as u32);
+    ix.slots.push(SlotInfo {
+        instance,
+        dp,
+        live: true,
+    });
+    ix.slot_of.insert((instance, dp), s);
+    Ok(s)
+}

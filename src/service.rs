@@ -1,0 +1,124 @@
+//! The service's control plane: registering and unregistering workers, peers.
+//!
+//! Owns the process-wide handles (registry, ingest threads, rings) and the
+//! operations that change who is listened to. Shared by the HTTP API and the
+//! CLI's `--workers`; nothing here runs per block.
+
+use crate::cli::validate_endpoint;
+use crate::ingest::Ingest;
+use crate::registry::{Endpoint, Registration, Registry, RegistryError};
+use crate::ring::Rings;
+use crate::types::{DpRank, InstanceId};
+use std::sync::{Arc, Mutex};
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum ControlError {
+    #[error("{0}")]
+    Endpoint(String),
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    #[error("cannot listen: {0}")]
+    Listen(String),
+}
+
+pub struct App {
+    pub registry: Arc<Registry>,
+    pub ingest: Arc<Ingest>,
+    pub rings: Arc<Rings>,
+    pub peers: Mutex<Vec<String>>,
+}
+
+impl App {
+    /// Create the rings and start the ingest threads.
+    pub fn start(shards: usize, ingest_threads: usize, ring_capacity: usize) -> Arc<App> {
+        let registry = Arc::new(Registry::default());
+        let rings = Rings::new(ingest_threads.max(1), shards.max(1), ring_capacity.max(16));
+        let ingest = Ingest::start(rings.clone(), registry.clone());
+        Arc::new(App {
+            registry,
+            ingest,
+            rings,
+            peers: Mutex::default(),
+        })
+    }
+
+    /// Register a worker endpoint and start listening to it.
+    pub fn register(&self, reg: Registration) -> Result<(), ControlError> {
+        validate_endpoint(&reg.endpoint.endpoint).map_err(ControlError::Endpoint)?;
+        if let Some(r) = &reg.endpoint.replay_endpoint {
+            validate_endpoint(r).map_err(|e| {
+                ControlError::Endpoint(format!("invalid replay endpoint `{r}`: {e}"))
+            })?;
+        }
+        let (index, _slot) = self.registry.register(&reg)?;
+        if let Err(e) = self.ingest.add(
+            index,
+            reg.instance,
+            reg.dp,
+            reg.block_size,
+            reg.endpoint.clone(),
+        ) {
+            let _ =
+                self.registry
+                    .unregister(&reg.model, Some(&reg.tenant), reg.instance, Some(reg.dp));
+            return Err(ControlError::Listen(e));
+        }
+        Ok(())
+    }
+
+    /// Stop listening to an instance (one dp rank, or all) and drop its blocks.
+    pub fn unregister(
+        &self,
+        model: &str,
+        tenant: Option<&str>,
+        instance: InstanceId,
+        dp: Option<DpRank>,
+    ) -> Result<(), ControlError> {
+        for (index, _dps, slots) in self.registry.unregister(model, tenant, instance, dp)? {
+            self.ingest.remove(index, instance, dp, slots);
+        }
+        Ok(())
+    }
+
+    pub fn add_peer(&self, url: String) {
+        let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        if !peers.contains(&url) {
+            peers.push(url);
+        }
+    }
+
+    pub fn remove_peer(&self, url: &str) -> bool {
+        let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        let before = peers.len();
+        peers.retain(|p| p != url);
+        peers.len() != before
+    }
+
+    pub fn peers(&self) -> Vec<String> {
+        self.peers.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// Build a registration from API or CLI values.
+pub fn registration(
+    model: String,
+    tenant: String,
+    block_size: u32,
+    instance: InstanceId,
+    dp: DpRank,
+    endpoint: String,
+    replay_endpoint: Option<String>,
+) -> Registration {
+    Registration {
+        model,
+        tenant,
+        block_size,
+        instance,
+        dp,
+        endpoint: Endpoint {
+            endpoint,
+            replay_endpoint,
+        },
+    }
+}

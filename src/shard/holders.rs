@@ -1,0 +1,218 @@
+//! Compact holder sets: which worker slots hold a block, on which tiers.
+//!
+//! A holder is one `u32`: slot in the high 24 bits, tier mask in the low 8.
+//! Up to two holders live inline in the node; larger sets spill into a
+//! per-shard slab (`HolderSlab`) of power-of-two chunks recycled through free
+//! lists, so steady-state churn allocates nothing. Never shared across shards.
+
+use crate::types::{Tier, WorkerSlot};
+
+/// Packed (slot, tier mask).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Holder(pub u32);
+
+impl Holder {
+    pub fn new(slot: WorkerSlot, tiers: u8) -> Self {
+        Holder((slot.0 << 8) | tiers as u32)
+    }
+    pub fn slot(self) -> WorkerSlot {
+        WorkerSlot(self.0 >> 8)
+    }
+    pub fn tiers(self) -> u8 {
+        self.0 as u8
+    }
+    pub fn has(self, tier: Tier) -> bool {
+        self.tiers() & tier.bit() != 0
+    }
+}
+
+const EMPTY: u32 = 0;
+/// Marks a spilled set; cannot collide with a holder since slots stay below `WorkerSlot::MAX`.
+const SPILLED: u32 = u32::MAX;
+const MIN_CLASS: u32 = 2; // 4 holders
+
+/// Inline-or-spilled set of holders; 8 bytes.
+#[derive(Clone, Copy, Debug)]
+pub struct HolderSet {
+    /// Inline: `[holder, holder]` (EMPTY-padded); spilled: `[SPILLED, slab offset]`.
+    w: [u32; 2],
+}
+
+/// Per-shard arena for spilled holder sets. Chunk layout: `[len, h0, h1, ...]`
+/// with capacity `1 << class`.
+#[derive(Default)]
+pub struct HolderSlab {
+    words: Vec<u32>,
+    free: [Vec<u32>; 25],
+}
+
+impl HolderSlab {
+    fn alloc(&mut self, class: u32) -> u32 {
+        if let Some(off) = self.free[class as usize].pop() {
+            return off;
+        }
+        let off = self.words.len() as u32;
+        // Header word carries the class in its top byte and the length below.
+        self.words
+            .resize(self.words.len() + 1 + (1usize << class), 0);
+        self.words[off as usize] = class << 24;
+        off
+    }
+
+    fn release(&mut self, off: u32) {
+        let class = self.words[off as usize] >> 24;
+        self.words[off as usize] = class << 24;
+        self.free[class as usize].push(off);
+    }
+
+    fn chunk(&self, off: u32) -> &[u32] {
+        let hdr = self.words[off as usize];
+        let len = (hdr & 0xff_ffff) as usize;
+        &self.words[off as usize + 1..off as usize + 1 + len]
+    }
+
+    /// Words in use, for memory accounting.
+    pub fn capacity_bytes(&self) -> usize {
+        self.words.capacity() * 4
+    }
+}
+
+impl Default for HolderSet {
+    fn default() -> Self {
+        HolderSet { w: [EMPTY, EMPTY] }
+    }
+}
+
+impl HolderSet {
+    pub fn is_empty(&self) -> bool {
+        self.w[0] == EMPTY
+    }
+
+    /// Holders in insertion order.
+    pub fn as_slice<'s>(&'s self, slab: &'s HolderSlab) -> &'s [u32] {
+        if self.w[0] == SPILLED {
+            slab.chunk(self.w[1])
+        } else if self.w[0] == EMPTY {
+            &[]
+        } else if self.w[1] == EMPTY {
+            &self.w[..1]
+        } else {
+            &self.w[..2]
+        }
+    }
+
+    /// Add `tier` for `slot`. Returns true when the slot was not a holder before.
+    pub fn add(&mut self, slot: WorkerSlot, tier: Tier, slab: &mut HolderSlab) -> bool {
+        let bit = tier.bit() as u32;
+        let key = slot.0;
+        if self.w[0] != SPILLED {
+            for h in self.w.iter_mut() {
+                if *h != EMPTY && *h >> 8 == key {
+                    *h |= bit;
+                    return false;
+                }
+            }
+            let new = Holder::new(slot, tier.bit()).0;
+            if self.w[0] == EMPTY {
+                self.w[0] = new;
+                return true;
+            }
+            if self.w[1] == EMPTY {
+                self.w[1] = new;
+                return true;
+            }
+            // Spill: move both inline holders plus the new one into a slab chunk.
+            let off = slab.alloc(MIN_CLASS);
+            let base = off as usize;
+            slab.words[base] |= 3;
+            slab.words[base + 1] = self.w[0];
+            slab.words[base + 2] = self.w[1];
+            slab.words[base + 3] = new;
+            self.w[0] = SPILLED;
+            self.w[1] = off;
+            return true;
+        }
+        let off = self.w[1] as usize;
+        let hdr = slab.words[off];
+        let len = (hdr & 0xff_ffff) as usize;
+        for h in &mut slab.words[off + 1..off + 1 + len] {
+            if *h >> 8 == key {
+                *h |= bit;
+                return false;
+            }
+        }
+        let class = hdr >> 24;
+        let new = Holder::new(slot, tier.bit()).0;
+        if len < (1usize << class) {
+            slab.words[off + 1 + len] = new;
+            slab.words[off] = hdr + 1;
+            return true;
+        }
+        let noff = slab.alloc(class + 1) as usize;
+        slab.words.copy_within(off + 1..off + 1 + len, noff + 1);
+        slab.words[noff + 1 + len] = new;
+        slab.words[noff] = ((class + 1) << 24) | (len as u32 + 1);
+        slab.release(off as u32);
+        self.w[1] = noff as u32;
+        true
+    }
+
+    /// Remove `tier` from `slot`. Returns true when the slot is no longer a holder.
+    pub fn remove(&mut self, slot: WorkerSlot, tier_mask: u8, slab: &mut HolderSlab) -> bool {
+        let key = slot.0;
+        if self.w[0] != SPILLED {
+            if self.w[0] != EMPTY && self.w[0] >> 8 == key {
+                self.w[0] &= !(tier_mask as u32);
+                if self.w[0] & 0xff == 0 {
+                    self.w[0] = self.w[1];
+                    self.w[1] = EMPTY;
+                    return true;
+                }
+            } else if self.w[1] != EMPTY && self.w[1] >> 8 == key {
+                self.w[1] &= !(tier_mask as u32);
+                if self.w[1] & 0xff == 0 {
+                    self.w[1] = EMPTY;
+                    return true;
+                }
+            }
+            return false;
+        }
+        let off = self.w[1] as usize;
+        let hdr = slab.words[off];
+        let len = (hdr & 0xff_ffff) as usize;
+        let Some(pos) = slab.words[off + 1..off + 1 + len]
+            .iter()
+            .position(|h| h >> 8 == key)
+        else {
+            return false;
+        };
+        let h = &mut slab.words[off + 1 + pos];
+        *h &= !(tier_mask as u32);
+        if *h & 0xff != 0 {
+            return false;
+        }
+        // Keep insertion order: shift the tail left.
+        slab.words
+            .copy_within(off + 2 + pos..off + 1 + len, off + 1 + pos);
+        let len = len - 1;
+        slab.words[off] = (hdr & 0xff00_0000) | len as u32;
+        if len <= 2 {
+            let (a, b) = (
+                slab.words[off + 1],
+                if len == 2 { slab.words[off + 2] } else { EMPTY },
+            );
+            slab.release(off as u32);
+            self.w[0] = a;
+            self.w[1] = b;
+        }
+        true
+    }
+
+    /// Return any spilled chunk to the slab; the set becomes empty.
+    pub fn free(&mut self, slab: &mut HolderSlab) {
+        if self.w[0] == SPILLED {
+            slab.release(self.w[1]);
+        }
+        *self = HolderSet::default();
+    }
+}

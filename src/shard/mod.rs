@@ -1,0 +1,341 @@
+//! One executor's shard of the block index.
+//!
+//! Owns, for every (model, tenant) index, the blocks whose sequence hash the
+//! partition function assigns to this shard: sequence hash → (parent, local
+//! hash, holders). Changes arrive only as [`ShardOp`]s through [`Shard::apply`]
+//! (live events, replay, dump and bootstrap alike). A shard never touches
+//! another shard's memory and never blocks.
+
+pub mod holders;
+
+use crate::types::{BlockHash, IndexId, SeqHash, Tier, WorkerSlot};
+use hashbrown::HashMap;
+use holders::{Holder, HolderSet, HolderSlab};
+use std::hash::{BuildHasher, Hasher};
+
+/// The one way to change a shard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShardOp {
+    /// `slot` holds block `seq` on `tier`. `parent` is `None` for a first block.
+    Store {
+        index: IndexId,
+        seq: SeqHash,
+        parent: Option<SeqHash>,
+        local: BlockHash,
+        slot: WorkerSlot,
+        tier: Tier,
+    },
+    /// `slot` no longer holds `seq` on the tiers in `tiers`.
+    Remove {
+        index: IndexId,
+        seq: SeqHash,
+        slot: WorkerSlot,
+        tiers: u8,
+    },
+    /// `slot` holds nothing any more on the tiers in `tiers` (AllBlocksCleared, unregister).
+    ClearSlot {
+        index: IndexId,
+        slot: WorkerSlot,
+        tiers: u8,
+    },
+}
+
+/// Sequence hashes are XXH3 output already; one multiply spreads them over
+/// hashbrown's control bits even though the partition fixed some high bits.
+#[derive(Clone, Copy, Default)]
+pub struct SeqHasherBuilder;
+
+#[derive(Default)]
+pub struct SeqHasher(u64);
+
+impl Hasher for SeqHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ *b as u64).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+impl BuildHasher for SeqHasherBuilder {
+    type Hasher = SeqHasher;
+    fn build_hasher(&self) -> SeqHasher {
+        SeqHasher(0)
+    }
+}
+
+/// One cached block in this shard.
+#[derive(Clone, Copy, Debug)]
+pub struct Node {
+    /// Parent's sequence hash; equal to the block's own hash for a first block.
+    parent: SeqHash,
+    local: BlockHash,
+    holders: HolderSet,
+}
+
+/// A block as the dump sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DumpedBlock {
+    pub seq: SeqHash,
+    pub parent: Option<SeqHash>,
+    pub local: BlockHash,
+    pub holder: Holder,
+}
+
+/// The part of one (model, tenant) index that lives in this shard.
+#[derive(Default)]
+pub struct IndexShard {
+    blocks: HashMap<SeqHash, Node, SeqHasherBuilder>,
+    slab: HolderSlab,
+    /// Blocks held per slot (any tier), for `tree_sizes`.
+    per_slot: Vec<u32>,
+}
+
+impl IndexShard {
+    fn count(&mut self, slot: WorkerSlot, delta: i32) {
+        let i = slot.0 as usize;
+        if self.per_slot.len() <= i {
+            self.per_slot.resize(i + 1, 0);
+        }
+        self.per_slot[i] = self.per_slot[i].wrapping_add_signed(delta);
+    }
+
+    pub fn len(&self) -> usize {
+        self.blocks.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.blocks.is_empty()
+    }
+
+    pub fn blocks_per_slot(&self) -> &[u32] {
+        &self.per_slot
+    }
+
+    /// Approximate heap bytes owned by this index shard.
+    pub fn heap_bytes(&self) -> usize {
+        self.blocks.allocation_size() + self.slab.capacity_bytes() + self.per_slot.capacity() * 4
+    }
+}
+
+/// All index shards of one executor.
+#[derive(Default)]
+pub struct Shard {
+    indexes: Vec<IndexShard>,
+    /// Ops applied since start, for metrics.
+    pub applied: u64,
+}
+
+impl Shard {
+    fn index_mut(&mut self, index: IndexId) -> &mut IndexShard {
+        let i = index.0 as usize;
+        if self.indexes.len() <= i {
+            self.indexes.resize_with(i + 1, IndexShard::default);
+        }
+        &mut self.indexes[i]
+    }
+
+    pub fn index(&self, index: IndexId) -> Option<&IndexShard> {
+        self.indexes.get(index.0 as usize)
+    }
+
+    pub fn apply(&mut self, op: ShardOp) {
+        self.applied += 1;
+        match op {
+            ShardOp::Store {
+                index,
+                seq,
+                parent,
+                local,
+                slot,
+                tier,
+            } => {
+                let ix = self.index_mut(index);
+                let node = ix.blocks.entry(seq).or_insert_with(|| Node {
+                    parent: parent.unwrap_or(seq),
+                    local,
+                    holders: HolderSet::default(),
+                });
+                if node.holders.add(slot, tier, &mut ix.slab) {
+                    ix.count(slot, 1);
+                }
+            }
+            ShardOp::Remove {
+                index,
+                seq,
+                slot,
+                tiers,
+            } => {
+                let ix = self.index_mut(index);
+                let Some(node) = ix.blocks.get_mut(&seq) else {
+                    return;
+                };
+                if node.holders.remove(slot, tiers, &mut ix.slab) {
+                    if node.holders.is_empty() {
+                        ix.blocks.remove(&seq);
+                    }
+                    ix.count(slot, -1);
+                }
+            }
+            ShardOp::ClearSlot { index, slot, tiers } => {
+                let ix = self.index_mut(index);
+                let IndexShard {
+                    blocks,
+                    slab,
+                    per_slot,
+                } = ix;
+                let mut removed = 0u32;
+                blocks.retain(|_, node| {
+                    if node.holders.remove(slot, tiers, slab) {
+                        removed += 1;
+                    }
+                    if node.holders.is_empty() {
+                        node.holders.free(slab);
+                        false
+                    } else {
+                        true
+                    }
+                });
+                if let Some(c) = per_slot.get_mut(slot.0 as usize) {
+                    *c -= removed;
+                }
+            }
+        }
+    }
+
+    /// Holders of each block in `seqs`, appended to `out` as `[n, h1..hn]` per block.
+    pub fn lookup(&self, index: IndexId, seqs: &[SeqHash], out: &mut Vec<u32>) {
+        let ix = self.index(index);
+        for s in seqs {
+            match ix.and_then(|ix| ix.blocks.get(s).map(|n| (n, &ix.slab))) {
+                Some((node, slab)) => {
+                    let hs = node.holders.as_slice(slab);
+                    out.push(hs.len() as u32);
+                    out.extend_from_slice(hs);
+                }
+                None => out.push(0),
+            }
+        }
+    }
+
+    /// Every (block, holder) of one index, for `/dump`.
+    pub fn dump(&self, index: IndexId, out: &mut Vec<DumpedBlock>) {
+        let Some(ix) = self.index(index) else { return };
+        for (&seq, node) in &ix.blocks {
+            let parent = (node.parent != seq).then_some(node.parent);
+            for &h in node.holders.as_slice(&ix.slab) {
+                out.push(DumpedBlock {
+                    seq,
+                    parent,
+                    local: node.local,
+                    holder: Holder(h),
+                });
+            }
+        }
+    }
+
+    pub fn heap_bytes(&self) -> usize {
+        self.indexes.iter().map(IndexShard::heap_bytes).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store(seq: u64, slot: u32, tier: Tier) -> ShardOp {
+        ShardOp::Store {
+            index: IndexId(0),
+            seq: SeqHash(seq),
+            parent: None,
+            local: BlockHash(seq),
+            slot: WorkerSlot(slot),
+            tier,
+        }
+    }
+
+    fn holders(s: &Shard, seq: u64) -> Vec<u32> {
+        let mut out = Vec::new();
+        s.lookup(IndexId(0), &[SeqHash(seq)], &mut out);
+        out[1..].to_vec()
+    }
+
+    #[test]
+    fn spill_and_shrink_keep_every_holder() {
+        let mut s = Shard::default();
+        for slot in 0..40 {
+            s.apply(store(7, slot, Tier::DEVICE));
+        }
+        assert_eq!(holders(&s, 7).len(), 40);
+        for slot in (0..40).step_by(2) {
+            s.apply(ShardOp::Remove {
+                index: IndexId(0),
+                seq: SeqHash(7),
+                slot: WorkerSlot(slot),
+                tiers: 0xff,
+            });
+        }
+        let left: Vec<u32> = holders(&s, 7).iter().map(|h| Holder(*h).slot().0).collect();
+        assert_eq!(left, (1..40).step_by(2).collect::<Vec<_>>());
+        for slot in (1..40).step_by(2) {
+            s.apply(ShardOp::Remove {
+                index: IndexId(0),
+                seq: SeqHash(7),
+                slot: WorkerSlot(slot),
+                tiers: 0xff,
+            });
+        }
+        assert!(s.index(IndexId(0)).unwrap().is_empty());
+        assert!(
+            s.index(IndexId(0))
+                .unwrap()
+                .blocks_per_slot()
+                .iter()
+                .all(|&c| c == 0)
+        );
+    }
+
+    #[test]
+    fn tiers_are_removed_independently() {
+        let mut s = Shard::default();
+        s.apply(store(1, 3, Tier::DEVICE));
+        s.apply(store(1, 3, Tier::HOST));
+        s.apply(ShardOp::Remove {
+            index: IndexId(0),
+            seq: SeqHash(1),
+            slot: WorkerSlot(3),
+            tiers: Tier::DEVICE.bit(),
+        });
+        let h = holders(&s, 1);
+        assert_eq!(h.len(), 1);
+        assert!(Holder(h[0]).has(Tier::HOST) && !Holder(h[0]).has(Tier::DEVICE));
+    }
+
+    #[test]
+    fn clear_slot_leaves_other_slots() {
+        let mut s = Shard::default();
+        for seq in 0..100 {
+            s.apply(store(seq, 1, Tier::DEVICE));
+            s.apply(store(seq, 2, Tier::DEVICE));
+            s.apply(store(seq, 3, Tier::DEVICE));
+        }
+        s.apply(ShardOp::ClearSlot {
+            index: IndexId(0),
+            slot: WorkerSlot(2),
+            tiers: 0xff,
+        });
+        for seq in 0..100 {
+            let slots: Vec<u32> = holders(&s, seq)
+                .iter()
+                .map(|h| Holder(*h).slot().0)
+                .collect();
+            assert_eq!(slots, vec![1, 3]);
+        }
+        assert_eq!(s.index(IndexId(0)).unwrap().blocks_per_slot()[2], 0);
+    }
+}

@@ -1,0 +1,300 @@
+//! A small zero-copy msgpack cursor over one frame.
+//!
+//! Owns bounds-checked reads of msgpack values (via `rmp::Marker`) without
+//! building a value tree. Every read either succeeds or returns a
+//! [`WireError`]; nothing here panics or allocates.
+
+use super::WireError;
+use rmp::Marker;
+use std::ops::Range;
+
+/// Nesting allowed when skipping unknown values; deeper frames are rejected.
+const MAX_DEPTH: u32 = 32;
+
+pub struct Cursor<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+/// A msgpack integer, kept wide so both signs survive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Int {
+    U(u64),
+    I(i64),
+}
+
+impl Int {
+    /// Two's-complement bits: how Python's signed 64-bit hashes map onto `u64`.
+    pub fn bits(self) -> u64 {
+        match self {
+            Int::U(u) => u,
+            Int::I(i) => i as u64,
+        }
+    }
+}
+
+impl<'a> Cursor<'a> {
+    pub fn new(buf: &'a [u8]) -> Self {
+        Cursor { buf, pos: 0 }
+    }
+
+    pub fn pos(&self) -> usize {
+        self.pos
+    }
+
+    pub fn remaining(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+
+    pub fn slice(&self, r: Range<usize>) -> &'a [u8] {
+        &self.buf[r]
+    }
+
+    fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
+        if self.remaining() < n {
+            return Err(WireError::Truncated);
+        }
+        let s = &self.buf[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+
+    fn be(&mut self, n: usize) -> Result<u64, WireError> {
+        Ok(self
+            .take(n)?
+            .iter()
+            .fold(0u64, |acc, b| (acc << 8) | *b as u64))
+    }
+
+    pub fn peek_marker(&self) -> Result<Marker, WireError> {
+        self.buf
+            .get(self.pos)
+            .map(|b| Marker::from_u8(*b))
+            .ok_or(WireError::Truncated)
+    }
+
+    fn marker(&mut self) -> Result<Marker, WireError> {
+        let m = self.peek_marker()?;
+        self.pos += 1;
+        Ok(m)
+    }
+
+    /// Consume a nil if one is next.
+    pub fn nil(&mut self) -> Result<bool, WireError> {
+        if self.peek_marker()? == Marker::Null {
+            self.pos += 1;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    pub fn int(&mut self, field: &'static str) -> Result<Int, WireError> {
+        Ok(match self.marker()? {
+            Marker::FixPos(v) => Int::U(v as u64),
+            Marker::FixNeg(v) => Int::I(v as i64),
+            Marker::U8 => Int::U(self.be(1)?),
+            Marker::U16 => Int::U(self.be(2)?),
+            Marker::U32 => Int::U(self.be(4)?),
+            Marker::U64 => Int::U(self.be(8)?),
+            Marker::I8 => Int::I(self.be(1)? as u8 as i8 as i64),
+            Marker::I16 => Int::I(self.be(2)? as u16 as i16 as i64),
+            Marker::I32 => Int::I(self.be(4)? as u32 as i32 as i64),
+            Marker::I64 => Int::I(self.be(8)? as i64),
+            _ => {
+                return Err(WireError::Type {
+                    field,
+                    expected: "integer",
+                });
+            }
+        })
+    }
+
+    /// A non-negative integer that fits `u32`.
+    pub fn u32(&mut self, field: &'static str) -> Result<u32, WireError> {
+        match self.int(field)? {
+            Int::U(u) if u <= u32::MAX as u64 => Ok(u as u32),
+            Int::I(i) if (0..=u32::MAX as i64).contains(&i) => Ok(i as u32),
+            _ => Err(WireError::Range { field }),
+        }
+    }
+
+    pub fn opt_u32(&mut self, field: &'static str) -> Result<Option<u32>, WireError> {
+        if self.nil()? {
+            Ok(None)
+        } else {
+            self.u32(field).map(Some)
+        }
+    }
+
+    pub fn float(&mut self, field: &'static str) -> Result<f64, WireError> {
+        Ok(match self.peek_marker()? {
+            Marker::F32 => {
+                self.pos += 1;
+                f32::from_bits(self.be(4)? as u32) as f64
+            }
+            Marker::F64 => {
+                self.pos += 1;
+                f64::from_bits(self.be(8)?)
+            }
+            _ => match self.int(field)? {
+                Int::U(u) => u as f64,
+                Int::I(i) => i as f64,
+            },
+        })
+    }
+
+    /// A string's byte range (UTF-8 is checked by the caller when it needs text).
+    pub fn str(&mut self, field: &'static str) -> Result<Range<usize>, WireError> {
+        let len = match self.marker()? {
+            Marker::FixStr(n) => n as usize,
+            Marker::Str8 => self.be(1)? as usize,
+            Marker::Str16 => self.be(2)? as usize,
+            Marker::Str32 => self.be(4)? as usize,
+            _ => {
+                return Err(WireError::Type {
+                    field,
+                    expected: "string",
+                });
+            }
+        };
+        let start = self.pos;
+        self.take(len)?;
+        Ok(start..self.pos)
+    }
+
+    pub fn opt_str(&mut self, field: &'static str) -> Result<Option<Range<usize>>, WireError> {
+        if self.nil()? {
+            Ok(None)
+        } else {
+            self.str(field).map(Some)
+        }
+    }
+
+    /// A string or a bin, as a byte range.
+    pub fn bytes_or_str(&mut self, field: &'static str) -> Result<Range<usize>, WireError> {
+        let len = match self.peek_marker()? {
+            Marker::Bin8 => {
+                self.pos += 1;
+                self.be(1)? as usize
+            }
+            Marker::Bin16 => {
+                self.pos += 1;
+                self.be(2)? as usize
+            }
+            Marker::Bin32 => {
+                self.pos += 1;
+                self.be(4)? as usize
+            }
+            _ => return self.str(field),
+        };
+        let start = self.pos;
+        self.take(len)?;
+        Ok(start..self.pos)
+    }
+
+    pub fn is_bin(&self) -> Result<bool, WireError> {
+        Ok(matches!(
+            self.peek_marker()?,
+            Marker::Bin8 | Marker::Bin16 | Marker::Bin32
+        ))
+    }
+
+    /// Array length, refusing lengths the remaining bytes cannot hold (each element is ≥ 1 byte).
+    pub fn array(&mut self, field: &'static str) -> Result<usize, WireError> {
+        let len = match self.marker()? {
+            Marker::FixArray(n) => n as usize,
+            Marker::Array16 => self.be(2)? as usize,
+            Marker::Array32 => self.be(4)? as usize,
+            _ => {
+                return Err(WireError::Type {
+                    field,
+                    expected: "array",
+                });
+            }
+        };
+        if len > self.remaining() {
+            return Err(WireError::Truncated);
+        }
+        Ok(len)
+    }
+
+    /// Map length, with the same plausibility check as [`Cursor::array`].
+    pub fn map(&mut self, field: &'static str) -> Result<usize, WireError> {
+        let len = match self.marker()? {
+            Marker::FixMap(n) => n as usize,
+            Marker::Map16 => self.be(2)? as usize,
+            Marker::Map32 => self.be(4)? as usize,
+            _ => {
+                return Err(WireError::Type {
+                    field,
+                    expected: "map",
+                });
+            }
+        };
+        if len.saturating_mul(2) > self.remaining() {
+            return Err(WireError::Truncated);
+        }
+        Ok(len)
+    }
+
+    pub fn is_map(&self) -> Result<bool, WireError> {
+        Ok(matches!(
+            self.peek_marker()?,
+            Marker::FixMap(_) | Marker::Map16 | Marker::Map32
+        ))
+    }
+
+    /// Skip one value of any type.
+    pub fn skip(&mut self) -> Result<(), WireError> {
+        self.skip_depth(0)
+    }
+
+    fn skip_depth(&mut self, depth: u32) -> Result<(), WireError> {
+        if depth > MAX_DEPTH {
+            return Err(WireError::TooDeep);
+        }
+        let n = match self.marker()? {
+            Marker::FixPos(_) | Marker::FixNeg(_) | Marker::Null | Marker::True | Marker::False => {
+                0
+            }
+            Marker::U8 | Marker::I8 => 1,
+            Marker::U16 | Marker::I16 => 2,
+            Marker::U32 | Marker::I32 | Marker::F32 => 4,
+            Marker::U64 | Marker::I64 | Marker::F64 => 8,
+            Marker::FixStr(n) => n as usize,
+            Marker::Str8 | Marker::Bin8 => self.be(1)? as usize,
+            Marker::Str16 | Marker::Bin16 => self.be(2)? as usize,
+            Marker::Str32 | Marker::Bin32 => self.be(4)? as usize,
+            Marker::FixExt1 => 2,
+            Marker::FixExt2 => 3,
+            Marker::FixExt4 => 5,
+            Marker::FixExt8 => 9,
+            Marker::FixExt16 => 17,
+            Marker::Ext8 => self.be(1)? as usize + 1,
+            Marker::Ext16 => self.be(2)? as usize + 1,
+            Marker::Ext32 => self.be(4)? as usize + 1,
+            Marker::FixArray(_) | Marker::Array16 | Marker::Array32 => {
+                self.pos -= 1;
+                for _ in 0..self.array("value")? {
+                    self.skip_depth(depth + 1)?;
+                }
+                return Ok(());
+            }
+            Marker::FixMap(_) | Marker::Map16 | Marker::Map32 => {
+                self.pos -= 1;
+                for _ in 0..self.map("value")? * 2 {
+                    self.skip_depth(depth + 1)?;
+                }
+                return Ok(());
+            }
+            Marker::Reserved => {
+                return Err(WireError::Type {
+                    field: "value",
+                    expected: "msgpack value",
+                });
+            }
+        };
+        self.take(n)?;
+        Ok(())
+    }
+}
