@@ -305,3 +305,146 @@ fn event_map(c: &mut Cursor<'_>, out: &mut Batch) -> Result<EventRec, WireError>
     }
     Ok(ev)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::Event;
+
+    /// Payloads encoded by msgspec exactly as the engines encode them (scripts/gen_vllm_fixtures.py).
+    pub fn fixture(name: &str) -> Vec<u8> {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/wire_fixtures.json");
+        let all: std::collections::HashMap<String, String> =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let hex = &all[name];
+        (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect()
+    }
+
+    fn decoded(name: &str) -> (Batch, Vec<u8>) {
+        let p = fixture(name);
+        let mut b = Batch::default();
+        decode(&p, &mut b).unwrap_or_else(|e| panic!("{name}: {e}"));
+        (b, p)
+    }
+
+    fn events<'a>(b: &'a Batch, p: &'a [u8]) -> Vec<Event<'a>> {
+        b.events(p).collect()
+    }
+
+    #[test]
+    fn vllm_positional_with_every_field() {
+        let (b, p) = decoded("vllm_array_full");
+        assert_eq!(b.dp_rank, Some(3));
+        let ev = events(&b, &p);
+        assert_eq!(ev.len(), 3);
+        assert_eq!(ev[0].kind, EventKind::Stored);
+        assert_eq!(ev[0].hashes, &[EngineHash(-5i64 as u64), EngineHash(u64::MAX)]);
+        assert_eq!(ev[0].parent, None);
+        assert_eq!(ev[0].tokens, &[1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(ev[0].block_size, Some(4));
+        assert_eq!(ev[0].medium, Some("GPU"));
+        assert_eq!(ev[0].lora_name, Some("my-lora"));
+        assert_eq!(ev[1].kind, EventKind::Removed);
+        assert_eq!(ev[1].hashes, &[EngineHash(-5i64 as u64)]);
+        assert_eq!(ev[2].kind, EventKind::Cleared);
+    }
+
+    #[test]
+    fn vllm_positional_minimal_and_null_dp() {
+        let (b, p) = decoded("vllm_array_minimal");
+        assert_eq!(b.dp_rank, None);
+        let ev = events(&b, &p);
+        assert_eq!(ev[0].hashes, &[EngineHash(7)]);
+        assert_eq!(ev[0].medium, None);
+    }
+
+    #[test]
+    fn bytes_hashes_use_last_eight_bytes() {
+        let (b, p) = decoded("vllm_bytes_hashes");
+        let ev = events(&b, &p);
+        assert_eq!(ev[0].hashes, &[EngineHash(u64::from_be_bytes([24, 25, 26, 27, 28, 29, 30, 31]))]);
+        assert_eq!(ev[0].parent, Some(EngineHash(u64::from_be_bytes([25, 26, 27, 28, 29, 30, 31, 32]))));
+        assert_eq!(ev[0].medium, Some("CPU"));
+    }
+
+    #[test]
+    fn map_batch_and_map_events() {
+        let (b, p) = decoded("vllm_map");
+        assert_eq!(b.dp_rank, Some(2));
+        let ev = events(&b, &p);
+        assert_eq!(ev[0].kind, EventKind::Stored);
+        assert_eq!(ev[0].parent, Some(EngineHash(9)));
+        assert_eq!(ev[0].lora_name, Some("sql"));
+        assert_eq!(ev[1].kind, EventKind::Removed);
+        assert_eq!(ev[2].kind, EventKind::Cleared);
+    }
+
+    #[test]
+    fn positional_batch_with_map_events() {
+        let (b, p) = decoded("w2d1_s0_store");
+        assert_eq!(b.dp_rank, Some(1));
+        assert_eq!(events(&b, &p)[0].hashes, &[EngineHash(301), EngineHash(302)]);
+    }
+
+    #[test]
+    fn sglang_short_stored_and_attn_dp_rank() {
+        let (b, p) = decoded("sglang_array");
+        assert_eq!(b.dp_rank, Some(1));
+        let ev = events(&b, &p);
+        assert_eq!(ev[0].hashes.len(), 2);
+        assert_eq!(ev[0].block_size, Some(4));
+        assert_eq!(ev[0].medium, None);
+    }
+
+    fn reject(bytes: &[u8]) -> WireError {
+        let mut b = Batch::default();
+        let e = decode(bytes, &mut b).expect_err("must be rejected");
+        assert!(b.events.is_empty(), "a rejected frame leaves nothing behind");
+        e
+    }
+
+    #[test]
+    fn malformed_frames_are_rejected_whole() {
+        let good = fixture("vllm_array_full");
+        // Every truncation of a valid frame is an error, never a panic.
+        for cut in 0..good.len() {
+            let _ = reject(&good[..cut]);
+        }
+        // Unknown tag.
+        let mut unknown = good.clone();
+        let pos = unknown.windows(11).position(|w| w == b"BlockStored").unwrap();
+        unknown[pos..pos + 11].copy_from_slice(b"BlockStorex");
+        assert!(matches!(reject(&unknown), WireError::UnknownTag(_)));
+        // Wrong type: a string where token ids belong.
+        let bad = [0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0x91, 0x94, 0xab]
+            .iter()
+            .copied()
+            .chain(*b"BlockStored")
+            .chain([0x91, 0x01, 0xc0, 0xa1, b'x'])
+            .collect::<Vec<u8>>();
+        assert_eq!(reject(&bad), WireError::Type { field: "token_ids", expected: "array" });
+        // A huge declared array with no bytes behind it.
+        assert_eq!(reject(&[0x92, 0x00, 0xdd, 0xff, 0xff, 0xff, 0xff]), WireError::Truncated);
+        // Token count that does not match the declared block size.
+        let mismatch = [0x92, 0x00, 0x91, 0x95, 0xab]
+            .iter()
+            .copied()
+            .chain(*b"BlockStored")
+            .chain([0x91, 0x01, 0xc0, 0x93, 1, 2, 3, 0x04])
+            .collect::<Vec<u8>>();
+        assert!(matches!(reject(&mismatch), WireError::TokenCount { .. }));
+        // Trailing garbage after a complete batch.
+        let mut trailing = good.clone();
+        trailing.push(0xc0);
+        assert_eq!(reject(&trailing), WireError::Trailing);
+        // Not a batch at all.
+        assert!(matches!(reject(b"\xa5hello"), WireError::Type { .. }));
+        // Deep nesting in a skipped tail field.
+        let mut deep = vec![0x92, 0x00, 0x91, 0x99, 0xab];
+        deep.extend_from_slice(b"BlockStored");
+        deep.extend_from_slice(&[0x90, 0xc0, 0x90, 0x04, 0xc0, 0xc0, 0xc0]);
+        deep.extend(std::iter::repeat_n(0x91, 100));
+        deep.push(0xc0);
+        assert_eq!(reject(&deep), WireError::TooDeep);
+    }
+}
