@@ -1,0 +1,287 @@
+//! End to end: the real binary, real ZMQ publishers sending msgspec-encoded vLLM
+//! batches (positional, map-encoded, mixed), asserting every query route exactly.
+
+mod common;
+
+use common::{Publisher, Server, fixture};
+use kvix::hash::{block_seed, local_hash};
+use serde_json::{Value, json};
+use std::collections::BTreeSet;
+
+const MODEL: &str = "m";
+
+fn tokens(a: u32, b: u32) -> Vec<u32> {
+    (a..=b).collect()
+}
+
+fn local(t: &[u32]) -> u64 {
+    local_hash(t, block_seed(None, None)).0
+}
+
+fn register(s: &Server, instance: u64, dp: Option<u32>, p: &Publisher) {
+    let mut body = json!({
+        "instance_id": instance,
+        "endpoint": p.endpoint,
+        "model_name": MODEL,
+        "block_size": 4,
+    });
+    if let Some(dp) = dp {
+        body["dp_rank"] = json!(dp);
+    }
+    assert_eq!(s.post_ok("/register", &body), json!({"status": "ok"}));
+    p.wait_subscriber();
+}
+
+fn query(t: &[u32]) -> Value {
+    json!({"token_ids": t, "model_name": MODEL})
+}
+
+fn query_by_hash(t: &[u32]) -> Value {
+    let hashes: Vec<u64> = t.chunks_exact(4).map(local).collect();
+    json!({"block_hashes": hashes, "model_name": MODEL})
+}
+
+/// One dump event reduced to what identifies it.
+type DumpRow = (u64, u64, u64, Option<u64>, u64, String);
+
+fn dump_rows(s: &Server) -> (u64, Vec<DumpRow>) {
+    let d = s.get_json("/dump");
+    let ix = &d[format!("{MODEL}:default")];
+    let bs = ix["block_size"].as_u64().expect("block_size");
+    let rows = ix["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .map(|e| {
+            let st = &e["event"]["data"]["stored"];
+            let b = &st["blocks"][0];
+            (
+                e["worker_id"].as_u64().unwrap(),
+                e["event"]["dp_rank"].as_u64().unwrap(),
+                b["block_hash"].as_u64().unwrap(),
+                st["parent_hash"].as_u64(),
+                b["tokens_hash"].as_u64().unwrap(),
+                e["storage_tier"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    (bs, rows)
+}
+
+#[test]
+fn vllm_events_to_dynamo_queries() {
+    let s = Server::start(&["--threads", "2"]);
+    let ctx = zmq::Context::new();
+    let mut w1 = Publisher::bind(&ctx);
+    let mut w2d0 = Publisher::bind(&ctx);
+    let mut w2d1 = Publisher::bind(&ctx);
+    register(&s, 1, None, &w1);
+    register(&s, 2, Some(0), &w2d0);
+    register(&s, 2, Some(1), &w2d1);
+
+    // Worker 1: positional vLLM; 3 blocks, then a child of the third.
+    w1.send(&fixture("w1_s0_store"));
+    w1.send(&fixture("w1_s1_store_child"));
+    // Worker 2 rank 0: map-encoded batch and events; rank 1: positional batch, map events.
+    w2d0.send(&fixture("w2d0_s0_store"));
+    w2d1.send(&fixture("w2d1_s0_store"));
+
+    let want = json!({
+        "scores": {"1": {"0": 16}, "2": {"0": 8, "1": 4}},
+        "frequencies": [3, 2, 1, 1],
+        "tree_sizes": {"1": {"0": 4}, "2": {"0": 2, "1": 2}},
+        "instances": {
+            "1": {"longest_matched": 16, "gpu": 16, "dp": {"0": 16}, "cpu": 16, "disk": 16},
+            "2": {"longest_matched": 8, "gpu": 8, "dp": {"0": 8, "1": 4}, "cpu": 8, "disk": 8}
+        }
+    });
+    let prompt = tokens(1, 16);
+    s.wait_post_eq("/query", &query(&prompt), &want);
+    // The same prefix by precomputed Dynamo local hashes.
+    assert_eq!(
+        s.post_json("/query_by_hash", &query_by_hash(&prompt)),
+        (200, want.clone())
+    );
+    // A prompt with a trailing partial block scores the same.
+    let mut longer = prompt.clone();
+    longer.extend([7, 7]);
+    assert_eq!(s.post_json("/query", &query(&longer)).1, want);
+    // A prompt sharing nothing scores nobody but still reports tree sizes.
+    assert_eq!(
+        s.post_json("/query", &query(&[9, 9, 9, 9])).1,
+        json!({"scores": {}, "frequencies": [], "tree_sizes": want["tree_sizes"], "instances": {}})
+    );
+
+    let workers = s.get_json("/workers");
+    let brief: Vec<Value> = workers
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| json!({"instance_id": w["instance_id"], "endpoints": w["endpoints"]}))
+        .collect();
+    assert_eq!(
+        brief,
+        vec![
+            json!({"instance_id": 1, "endpoints": {"0": w1.endpoint}}),
+            json!({"instance_id": 2, "endpoints": {"0": w2d0.endpoint, "1": w2d1.endpoint}}),
+        ]
+    );
+
+    // /dump: one stored event per (block, holder), engine hashes, parents first.
+    let (bs, rows) = dump_rows(&s);
+    assert_eq!(bs, 4);
+    let dev = || "device".to_string();
+    let want_rows: BTreeSet<DumpRow> = [
+        (1, 0, 101, None, local(&tokens(1, 4)), dev()),
+        (1, 0, 102, Some(101), local(&tokens(5, 8)), dev()),
+        (1, 0, 103, Some(102), local(&tokens(9, 12)), dev()),
+        (1, 0, 104, Some(103), local(&tokens(13, 16)), dev()),
+        (2, 0, 201, None, local(&tokens(1, 4)), dev()),
+        (2, 0, 202, Some(201), local(&tokens(5, 8)), dev()),
+        (2, 1, 301, None, local(&tokens(1, 4)), dev()),
+        (2, 1, 302, Some(301), local(&[99, 98, 97, 96]), dev()),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(rows.len(), want_rows.len(), "{rows:?}");
+    assert_eq!(rows.iter().cloned().collect::<BTreeSet<_>>(), want_rows);
+    for (i, r) in rows.iter().enumerate() {
+        if let Some(p) = r.3 {
+            assert!(
+                rows[..i].iter().any(|q| q.0 == r.0 && q.1 == r.1 && q.2 == p),
+                "parent of {r:?} comes after it"
+            );
+        }
+    }
+
+    // A remove on rank 0 of worker 2 shortens its prefix; a clear empties worker 1.
+    w2d0.send(&fixture("w2d0_s1_remove"));
+    w1.send(&fixture("w1_s2_clear"));
+    s.wait_post_eq(
+        "/query",
+        &query(&prompt),
+        &json!({
+            "scores": {"2": {"0": 4, "1": 4}},
+            "frequencies": [2],
+            "tree_sizes": {"1": {"0": 0}, "2": {"0": 1, "1": 2}},
+            "instances": {
+                "2": {"longest_matched": 4, "gpu": 4, "dp": {"0": 4, "1": 4}, "cpu": 4, "disk": 4}
+            }
+        }),
+    );
+
+    // The engine behind worker 1 restarts: a new publisher on the same port, sequence from 0.
+    let addr = w1.endpoint.clone();
+    drop(w1);
+    let mut w1 = Publisher::bind_at(&ctx, &addr);
+    w1.wait_subscriber();
+    w1.send(&fixture("w1_restart_s0_store"));
+    let after_restart = json!({
+        "scores": {"1": {"0": 8}, "2": {"0": 4, "1": 4}},
+        "frequencies": [3, 1],
+        "tree_sizes": {"1": {"0": 2}, "2": {"0": 1, "1": 2}},
+        "instances": {
+            "1": {"longest_matched": 8, "gpu": 8, "dp": {"0": 8}, "cpu": 8, "disk": 8},
+            "2": {"longest_matched": 4, "gpu": 4, "dp": {"0": 4, "1": 4}, "cpu": 4, "disk": 4}
+        }
+    });
+    s.wait_post_eq("/query", &query(&prompt), &after_restart);
+    assert_eq!(
+        s.post_json("/query_by_hash", &query_by_hash(&prompt)).1,
+        after_restart
+    );
+
+    // Unregistering one dp rank drops only that rank; the whole instance drops the rest.
+    s.post_ok(
+        "/unregister",
+        &json!({"instance_id": 2, "model_name": MODEL, "tenant_id": "default", "dp_rank": 1}),
+    );
+    let v = s.post_json("/query", &query(&prompt)).1;
+    assert_eq!(v["scores"], json!({"1": {"0": 8}, "2": {"0": 4}}));
+    s.post_ok("/unregister", &json!({"instance_id": 2, "model_name": MODEL}));
+    let v = s.post_json("/query", &query(&prompt)).1;
+    assert_eq!(v["scores"], json!({"1": {"0": 8}}));
+    assert_eq!(v["tree_sizes"], json!({"1": {"0": 2}}));
+    let ids: Vec<u64> = s
+        .get_json("/workers")
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["instance_id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ids, vec![1]);
+    s.stop();
+}
+
+#[test]
+fn malformed_frames_are_counted_logged_and_skipped() {
+    let s = Server::start(&["--threads", "2"]);
+    let ctx = zmq::Context::new();
+    let mut p = Publisher::bind(&ctx);
+    register(&s, 7, None, &p);
+
+    let good = fixture("w1_s0_store");
+    let mut unknown_tag = good.clone();
+    let at = unknown_tag
+        .windows(11)
+        .position(|w| w == b"BlockStored")
+        .unwrap();
+    unknown_tag[at..at + 11].copy_from_slice(b"BlockStorex");
+    p.send(&[0xc1]); // a reserved msgpack marker
+    p.send(&good[..good.len() / 2]); // truncated
+    p.send(&unknown_tag);
+    p.send(&[0x93, 0xa1, b'x', 0x90, 0xc0]); // ts of the wrong type
+    p.send_frames(&[b"topic", &0u64.to_be_bytes()]); // two frames instead of three
+    p.send_frames(&[b"topic", b"1234", &good]); // a 4-byte sequence frame
+    // The listener must still be alive and apply the next good frame.
+    p.send(&good);
+    s.wait_post_eq(
+        "/query",
+        &query(&tokens(1, 12)),
+        &json!({
+            "scores": {"7": {"0": 12}},
+            "frequencies": [1, 1, 1],
+            "tree_sizes": {"7": {"0": 3}},
+            "instances": {"7": {"longest_matched": 12, "gpu": 12, "dp": {"0": 12}, "cpu": 12, "disk": 12}}
+        }),
+    );
+    let log = s.stop();
+    let skipped = log.matches("malformed frame skipped").count();
+    assert_eq!(skipped, 6, "log:\n{log}");
+    assert!(log.contains("instance=7"), "log names the worker:\n{log}");
+}
+
+#[test]
+fn workers_flag_registers_at_startup() {
+    let ctx = zmq::Context::new();
+    let mut a = Publisher::bind(&ctx);
+    let mut b = Publisher::bind(&ctx);
+    let workers = format!("1={},2:1={}", a.endpoint, b.endpoint);
+    let s = Server::start(&[
+        "--threads",
+        "2",
+        "--block-size",
+        "4",
+        "--model-name",
+        MODEL,
+        "--workers",
+        &workers,
+    ]);
+    a.wait_subscriber();
+    b.wait_subscriber();
+    a.send(&fixture("w1_s0_store"));
+    b.send(&fixture("vllm_array_minimal"));
+    s.wait_post_eq(
+        "/query",
+        &query(&tokens(1, 8)),
+        &json!({
+            "scores": {"1": {"0": 8}, "2": {"1": 4}},
+            "frequencies": [2, 1],
+            "tree_sizes": {"1": {"0": 3}, "2": {"1": 1}},
+            "instances": {
+                "1": {"longest_matched": 8, "gpu": 8, "dp": {"0": 8}, "cpu": 8, "disk": 8},
+                "2": {"longest_matched": 4, "gpu": 4, "dp": {"1": 4}, "cpu": 4, "disk": 4}
+            }
+        }),
+    );
+}
