@@ -7,8 +7,9 @@
 //! Mooncake's tiers need. Pure computation: no I/O, no shard access.
 
 use crate::partition::shard_of;
+use crate::shard::Shard;
 use crate::shard::holders::Holder;
-use crate::types::{SeqHash, Tier, WorkerSlot};
+use crate::types::{IndexId, SeqHash, Tier, WorkerSlot};
 
 /// What one shard answers for its part of a query.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -17,6 +18,28 @@ pub struct ShardReply {
     pub holders: Vec<u32>,
     /// Blocks held per slot in this shard (for `tree_sizes`).
     pub per_slot: Vec<u32>,
+}
+
+/// Scatter: the query's blocks split by owning shard, each part in prefix order.
+pub fn split(seqs: &[SeqHash], shards: usize) -> Vec<Vec<SeqHash>> {
+    let mut parts: Vec<Vec<SeqHash>> = vec![Vec::new(); shards];
+    for s in seqs {
+        parts[shard_of(*s, shards).0].push(*s);
+    }
+    parts
+}
+
+/// What `shard` answers for its part `seqs` of a query on `index`.
+pub fn answer(shard: &Shard, index: IndexId, seqs: &[SeqHash]) -> ShardReply {
+    let mut reply = ShardReply {
+        holders: Vec::with_capacity(seqs.len() * 3),
+        per_slot: Vec::new(),
+    };
+    shard.lookup(index, seqs, &mut reply.holders);
+    if let Some(ix) = shard.index(index) {
+        reply.per_slot.extend_from_slice(ix.blocks_per_slot());
+    }
+    reply
 }
 
 /// Cumulative tier sets scored per slot.

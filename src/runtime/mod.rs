@@ -9,7 +9,7 @@
 pub mod io;
 
 use crate::http;
-use crate::query::ShardReply;
+use crate::query::{self, ShardReply};
 use crate::service::App;
 use crate::shard::{DumpedBlock, Shard};
 use crate::types::{IndexId, SeqHash, ShardId};
@@ -54,17 +54,7 @@ impl Core {
     fn answer(&self, req: Req) -> Rep {
         let shard = self.shard.borrow();
         match req {
-            Req::Lookup { index, seqs } => {
-                let mut reply = ShardReply {
-                    holders: Vec::with_capacity(seqs.len() * 3),
-                    per_slot: Vec::new(),
-                };
-                shard.lookup(index, &seqs, &mut reply.holders);
-                if let Some(ix) = shard.index(index) {
-                    reply.per_slot.extend_from_slice(ix.blocks_per_slot());
-                }
-                Rep::Lookup(reply)
-            }
+            Req::Lookup { index, seqs } => Rep::Lookup(query::answer(&shard, index, &seqs)),
             Req::Dump { index } => {
                 let mut out = Vec::new();
                 shard.dump(index, &mut out);
@@ -125,11 +115,7 @@ impl Core {
 
     /// Holders of `seqs` (any order), one reply per shard, every shard asked (for tree sizes).
     pub async fn lookup(&self, index: IndexId, seqs: &[SeqHash]) -> Vec<ShardReply> {
-        let mut parts: Vec<Vec<SeqHash>> = vec![Vec::new(); self.shards];
-        for s in seqs {
-            parts[crate::partition::shard_of(*s, self.shards).0].push(*s);
-        }
-        let reqs = parts
+        let reqs = query::split(seqs, self.shards)
             .into_iter()
             .map(|seqs| Some(Req::Lookup { index, seqs }))
             .collect();

@@ -1,0 +1,234 @@
+//! The event phase: ZMQ PUB sockets for the simulated workers, registration
+//! with the indexer, the timed publish, and the sentinel wait that tells when
+//! the indexer has applied everything.
+//!
+//! Owns the sockets' lifetime (kept open until the run unregisters) and the
+//! applied-events measurement.
+
+use crate::http::{Conn, Target, post};
+use crate::sim::{Frames, enc_batch, enc_stored};
+use crate::trace::{VOCAB, splitmix};
+use serde_json::json;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// One simulated worker's publishing side.
+pub struct Publisher {
+    pub instance: u64,
+    pub endpoint: String,
+    socket: zmq::Socket,
+    /// Next batch sequence number.
+    seq: u64,
+}
+
+/// Bind one PUB socket per worker on a free loopback port.
+pub fn bind(ctx: &zmq::Context, count: usize, first_instance: u64) -> Result<Vec<Publisher>, String> {
+    (0..count)
+        .map(|i| {
+            let s = ctx.socket(zmq::PUB).map_err(|e| e.to_string())?;
+            // Unlimited queue: a slow indexer must see every frame, not a dropped one.
+            s.set_sndhwm(0).map_err(|e| e.to_string())?;
+            s.set_linger(0).map_err(|e| e.to_string())?;
+            s.bind("tcp://127.0.0.1:*")
+                .map_err(|e| format!("bind: {e}"))?;
+            let endpoint = s
+                .get_last_endpoint()
+                .map_err(|e| e.to_string())?
+                .map_err(|_| "endpoint is not UTF-8".to_string())?;
+            Ok(Publisher {
+                instance: first_instance + i as u64,
+                endpoint,
+                socket: s,
+                seq: 0,
+            })
+        })
+        .collect()
+}
+
+pub fn register(
+    target: &Target,
+    pubs: &[Publisher],
+    model: &str,
+    block_size: usize,
+) -> Result<(), String> {
+    for p in pubs {
+        let body = json!({
+            "instance_id": p.instance,
+            "endpoint": p.endpoint,
+            "model_name": model,
+            "block_size": block_size,
+        });
+        match post(target, "/register", &body) {
+            Ok((s, _)) if (200..300).contains(&s) => {}
+            Ok((s, b)) => return Err(format!("register instance {}: HTTP {s}: {b}", p.instance)),
+            Err(e) => return Err(format!("register instance {}: {e}", p.instance)),
+        }
+    }
+    Ok(())
+}
+
+/// Unregister every worker; failures are reported, not fatal.
+pub fn unregister(target: &Target, instances: &[u64], model: &str) -> usize {
+    let mut failed = 0;
+    for &i in instances {
+        let body = json!({"instance_id": i, "model_name": model});
+        match post(target, "/unregister", &body) {
+            Ok((s, _)) if (200..300).contains(&s) => {}
+            _ => failed += 1,
+        }
+    }
+    failed
+}
+
+/// Unique token block for a worker's sentinel: ids above the trace vocabulary,
+/// mixed with a per-run nonce so reruns against a kept index never collide.
+pub fn sentinel_tokens(nonce: u64, worker: usize, block_size: usize) -> Vec<u32> {
+    (0..block_size)
+        .map(|j| {
+            let x = splitmix(nonce ^ ((worker as u64) << 24) ^ j as u64);
+            (VOCAB + x % (u32::MAX as u64 - VOCAB)) as u32
+        })
+        .collect()
+}
+
+/// What the timed publish measured.
+#[derive(Default, Debug, serde::Serialize)]
+pub struct PublishResult {
+    pub publish_secs: f64,
+    /// First publish to the last sentinel seen at the indexer.
+    pub applied_secs: f64,
+    pub all_sentinels_seen: bool,
+    pub sentinel_polls: u64,
+}
+
+fn send(p: &mut Publisher, payload: &[u8]) -> Result<(), String> {
+    let seq = p.seq.to_be_bytes();
+    p.seq += 1;
+    (|| {
+        p.socket.send(&b""[..], zmq::SNDMORE)?;
+        p.socket.send(&seq[..], zmq::SNDMORE)?;
+        p.socket.send(payload, 0)
+    })()
+    .map_err(|e| format!("zmq send: {e}"))
+}
+
+/// Publish all frames (then the sentinels) on `threads` threads, and poll the
+/// indexer until every sentinel is visible or `timeout` passes.
+#[allow(clippy::too_many_arguments)]
+pub fn publish(
+    pubs: Vec<Publisher>,
+    frames: Frames,
+    threads: usize,
+    target: &Target,
+    model: &str,
+    block_size: usize,
+    nonce: u64,
+    timeout: Duration,
+    sent: Arc<AtomicU64>,
+) -> Result<(Vec<Publisher>, PublishResult), String> {
+    let threads = threads.clamp(1, pubs.len().max(1));
+    let n = pubs.len();
+    // Per thread: its publishers and its share of the global order (worker-local indices).
+    let mut groups: Vec<Vec<(usize, Publisher)>> = (0..threads).map(|_| Vec::new()).collect();
+    for (i, p) in pubs.into_iter().enumerate() {
+        groups[i % threads].push((i, p));
+    }
+    let mut orders: Vec<Vec<(u32, u32)>> = (0..threads).map(|_| Vec::new()).collect();
+    for &(w, f) in &frames.order {
+        orders[w as usize % threads].push((w / threads as u32, f));
+    }
+    let frames = Arc::new(frames.per_worker);
+    let sentinels: Vec<Vec<u8>> = (0..n)
+        .map(|w| {
+            let mut ev = Vec::new();
+            let eh = splitmix(nonce ^ 0x5E47_1E1u64 ^ w as u64);
+            enc_stored(&mut ev, &[eh], None, &sentinel_tokens(nonce, w, block_size), block_size, "GPU");
+            enc_batch(1.7e9, 1, &ev)
+        })
+        .collect();
+    let sentinels = Arc::new(sentinels);
+
+    let start = Instant::now();
+    let handles: Vec<_> = groups
+        .into_iter()
+        .zip(orders)
+        .map(|(mut group, order)| {
+            let frames = frames.clone();
+            let sentinels = sentinels.clone();
+            let sent = sent.clone();
+            std::thread::spawn(move || -> Result<Vec<(usize, Publisher)>, String> {
+                for (local, f) in order {
+                    let (w, p) = &mut group[local as usize];
+                    send(p, &frames[*w][f as usize])?;
+                    sent.fetch_add(1, Ordering::Relaxed);
+                }
+                for (w, p) in group.iter_mut() {
+                    send(p, &sentinels[*w])?;
+                }
+                Ok(group)
+            })
+        })
+        .collect();
+    let mut pubs: Vec<(usize, Publisher)> = Vec::with_capacity(n);
+    for h in handles {
+        pubs.extend(h.join().map_err(|_| "publisher thread panicked".to_string())??);
+    }
+    pubs.sort_by_key(|(w, _)| *w);
+    let pubs: Vec<Publisher> = pubs.into_iter().map(|(_, p)| p).collect();
+    let publish_secs = start.elapsed().as_secs_f64();
+
+    // Poll until each worker's sentinel shows a score for that worker.
+    let bodies: Vec<Vec<u8>> = (0..n)
+        .map(|w| {
+            let body = json!({"token_ids": sentinel_tokens(nonce, w, block_size), "model_name": model});
+            target.request("POST", "/query", body.to_string().as_bytes())
+        })
+        .collect();
+    let mut pending: Vec<usize> = (0..n).collect();
+    let mut conn = Conn::new(target);
+    let mut polls = 0;
+    while !pending.is_empty() && start.elapsed() < timeout + Duration::from_secs_f64(publish_secs) {
+        pending.retain(|&w| {
+            polls += 1;
+            match conn.send(&bodies[w]) {
+                Ok(200) => !scored(conn.body(), pubs[w].instance),
+                _ => true,
+            }
+        });
+        if !pending.is_empty() {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    Ok((
+        pubs,
+        PublishResult {
+            publish_secs,
+            applied_secs: start.elapsed().as_secs_f64(),
+            all_sentinels_seen: pending.is_empty(),
+            sentinel_polls: polls,
+        },
+    ))
+}
+
+/// Does a Dynamo-style `{"scores": {"<instance>": {"<dp>": n}}}` reply give `instance` a score > 0?
+pub fn scored(body: &[u8], instance: u64) -> bool {
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return false;
+    };
+    let Some(per_dp) = v.get("scores").and_then(|s| s.get(instance.to_string())) else {
+        return false;
+    };
+    match per_dp {
+        serde_json::Value::Object(m) => m.values().any(|x| x.as_f64().unwrap_or(0.0) > 0.0),
+        x => x.as_f64().unwrap_or(0.0) > 0.0,
+    }
+}
+
+/// Resident set size of a process in bytes, from /proc/PID/status.
+pub fn rss_bytes(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}

@@ -1,0 +1,382 @@
+//! Simulated engine workers: request routing, per-worker LRU KV caches, and
+//! pre-encoded vLLM KV-event frames.
+//!
+//! Owns the event stream the indexer will see. Everything is computed before
+//! the timed phase so publishing is only socket writes.
+
+use crate::trace::{Request, splitmix};
+use std::collections::{HashMap, VecDeque};
+
+/// How requests are assigned to workers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Policy {
+    /// Uniformly random (seeded) worker per request.
+    Random,
+    /// KV-router-like: the worker minimising new blocks to prefill plus recent load.
+    PrefixAffinity,
+}
+
+/// Settings of the simulation.
+pub struct SimConfig {
+    pub workers: usize,
+    pub block_size: usize,
+    pub policy: Policy,
+    pub capacity: usize,
+    /// CPU (offload) tier capacity per worker; 0 disables the tier.
+    pub cpu_capacity: usize,
+    pub batch_events: usize,
+    pub seed: u64,
+}
+
+/// Totals of what the frames carry.
+#[derive(Default, Clone, Debug, serde::Serialize)]
+pub struct SimStats {
+    pub frames: u64,
+    pub events: u64,
+    pub payload_bytes: u64,
+    pub blocks_stored: u64,
+    pub blocks_removed: u64,
+    pub cpu_blocks_stored: u64,
+    pub cpu_blocks_removed: u64,
+    /// GPU blocks a routed request found already cached on its worker.
+    pub blocks_hit: u64,
+    /// Live (block, worker) pairs at the end, over all tiers.
+    pub live_pairs: u64,
+    /// Distinct live blocks (sequence hashes) over all workers.
+    pub live_unique_blocks: u64,
+    /// Distinct blocks in the trace prefix used.
+    pub trace_unique_blocks: u64,
+    pub capacity_blocks: u64,
+}
+
+/// Pre-encoded frames, ready to publish.
+pub struct Frames {
+    /// Per worker, its payloads in sequence order.
+    pub per_worker: Vec<Vec<Vec<u8>>>,
+    /// Global publish order: (worker, index into its frames), in request order.
+    pub order: Vec<(u32, u32)>,
+    pub stats: SimStats,
+}
+
+/// Where a block's tokens live and who its parent is.
+#[derive(Clone, Copy)]
+struct BlockInfo {
+    parent: Option<u64>,
+    req: u32,
+    idx: u32,
+}
+
+/// LRU set of sequence hashes with lazy deletion: stamps only grow, so the
+/// queue stays sorted and eviction is a pop from the front.
+#[derive(Default)]
+struct Lru {
+    map: HashMap<u64, u64>,
+    queue: VecDeque<(u64, u64)>,
+    clock: u64,
+}
+
+impl Lru {
+    fn contains(&self, h: u64) -> bool {
+        self.map.contains_key(&h)
+    }
+    fn len(&self) -> usize {
+        self.map.len()
+    }
+    fn touch(&mut self, h: u64) {
+        self.clock += 1;
+        self.map.insert(h, self.clock);
+        self.queue.push_back((self.clock, h));
+        // Bound the stale entries the lazy deletion leaves behind.
+        if self.queue.len() > 4 * self.map.len() + 1024 {
+            let map = &self.map;
+            self.queue.retain(|(s, h)| map.get(h) == Some(s));
+        }
+    }
+    fn pop_lru(&mut self) -> Option<u64> {
+        while let Some((s, h)) = self.queue.pop_front() {
+            if self.map.get(&h) == Some(&s) {
+                self.map.remove(&h);
+                return Some(h);
+            }
+        }
+        None
+    }
+    fn remove(&mut self, h: u64) {
+        self.map.remove(&h);
+    }
+}
+
+/// One simulated worker and the batch it is filling.
+struct Worker {
+    salt: u64,
+    gpu: Lru,
+    cpu: Lru,
+    frames: Vec<Vec<u8>>,
+    events: Vec<u8>,
+    n_events: u32,
+    ts: f64,
+}
+
+impl Worker {
+    /// Engine hash of a block on this worker: unique per worker, stable per block.
+    fn eh(&self, seq: u64) -> u64 {
+        seq ^ self.salt
+    }
+}
+
+fn w<E: std::fmt::Debug, T>(r: Result<T, E>) -> T {
+    r.expect("writing msgpack to a Vec cannot fail")
+}
+
+/// Append a positional vLLM `BlockStored` event.
+pub fn enc_stored(
+    out: &mut Vec<u8>,
+    hashes: &[u64],
+    parent: Option<u64>,
+    tokens: &[u32],
+    block_size: usize,
+    medium: &str,
+) {
+    w(rmp::encode::write_array_len(out, 7));
+    w(rmp::encode::write_str(out, "BlockStored"));
+    w(rmp::encode::write_array_len(out, hashes.len() as u32));
+    for &h in hashes {
+        w(rmp::encode::write_uint(out, h));
+    }
+    match parent {
+        Some(p) => drop(w(rmp::encode::write_uint(out, p))),
+        None => w(rmp::encode::write_nil(out)),
+    }
+    w(rmp::encode::write_array_len(out, tokens.len() as u32));
+    for &t in tokens {
+        w(rmp::encode::write_uint(out, t as u64));
+    }
+    w(rmp::encode::write_uint(out, block_size as u64));
+    w(rmp::encode::write_nil(out)); // lora_id
+    w(rmp::encode::write_str(out, medium));
+}
+
+/// Append a positional vLLM `BlockRemoved` event.
+fn enc_removed(out: &mut Vec<u8>, hashes: &[u64], medium: &str) {
+    w(rmp::encode::write_array_len(out, 3));
+    w(rmp::encode::write_str(out, "BlockRemoved"));
+    w(rmp::encode::write_array_len(out, hashes.len() as u32));
+    for &h in hashes {
+        w(rmp::encode::write_uint(out, h));
+    }
+    w(rmp::encode::write_str(out, medium));
+}
+
+/// Wrap encoded events into a `[ts, [events...]]` batch (no dp rank, as vLLM without DP).
+pub fn enc_batch(ts: f64, n_events: u32, events: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(events.len() + 16);
+    w(rmp::encode::write_array_len(&mut out, 2));
+    w(rmp::encode::write_f64(&mut out, ts));
+    w(rmp::encode::write_array_len(&mut out, n_events));
+    out.extend_from_slice(events);
+    out
+}
+
+/// Route every request, simulate the caches, and encode all frames.
+pub fn simulate(reqs: &[Request], cfg: &SimConfig, mut progress: impl FnMut(usize)) -> Frames {
+    let bs = cfg.block_size;
+    // Block table: tokens and parent of every distinct block, from its first occurrence.
+    let mut table: HashMap<u64, BlockInfo> = HashMap::new();
+    let mut max_blocks = 0;
+    for (r, req) in reqs.iter().enumerate() {
+        max_blocks = max_blocks.max(req.seqs.len());
+        for (i, &s) in req.seqs.iter().enumerate() {
+            table.entry(s).or_insert(BlockInfo {
+                parent: i.checked_sub(1).map(|p| req.seqs[p]),
+                req: r as u32,
+                idx: i as u32,
+            });
+        }
+    }
+    // A request must fit in a worker, or the prefix it reuses could be evicted mid-request.
+    let capacity = cfg.capacity.max(max_blocks + 1);
+    let tokens_of = |s: u64| -> &[u32] {
+        let b = table[&s];
+        let start = b.idx as usize * bs;
+        &reqs[b.req as usize].tokens[start..start + bs]
+    };
+
+    let base_ts = 1.7e9;
+    let mut workers: Vec<Worker> = (0..cfg.workers)
+        .map(|i| Worker {
+            salt: splitmix(cfg.seed ^ (0xC0FFEE + i as u64)) | 1,
+            gpu: Lru::default(),
+            cpu: Lru::default(),
+            frames: Vec::new(),
+            events: Vec::new(),
+            n_events: 0,
+            ts: base_ts,
+        })
+        .collect();
+    let mut order = Vec::new();
+    let mut st = SimStats {
+        trace_unique_blocks: table.len() as u64,
+        capacity_blocks: capacity as u64,
+        ..Default::default()
+    };
+    // Recent load per worker (blocks routed over a sliding window), for prefix-affinity.
+    let window = 2 * cfg.workers;
+    let mut recent: VecDeque<(usize, usize)> = VecDeque::new();
+    let mut load = vec![0usize; cfg.workers];
+
+    let mut gpu_victims = Vec::new();
+    let mut cpu_victims = Vec::new();
+    let mut hashes = Vec::new();
+    for (r, req) in reqs.iter().enumerate() {
+        if r % 64 == 0 {
+            progress(r);
+        }
+        let n = req.seqs.len();
+        let prefix_len = |wk: &Worker| req.seqs.iter().take_while(|&&s| wk.gpu.contains(s)).count();
+        let wi = match cfg.policy {
+            Policy::Random => (splitmix(cfg.seed ^ r as u64) % cfg.workers as u64) as usize,
+            Policy::PrefixAffinity => (0..cfg.workers)
+                .min_by_key(|&i| (n - prefix_len(&workers[i]) + load[i], i))
+                .unwrap_or(0),
+        };
+        recent.push_back((wi, n));
+        load[wi] += n;
+        if recent.len() > window {
+            let (ow, on) = recent.pop_front().unwrap();
+            load[ow] -= on;
+        }
+
+        let wk = &mut workers[wi];
+        wk.ts = base_ts + req.timestamp_ms as f64 / 1000.0;
+        let p = prefix_len(wk);
+        st.blocks_hit += p as u64;
+        // Protect the reused prefix from this request's own evictions.
+        for &s in req.seqs[..p].iter().rev() {
+            wk.gpu.touch(s);
+        }
+        gpu_victims.clear();
+        cpu_victims.clear();
+        while wk.gpu.len() + (n - p) > capacity {
+            match wk.gpu.pop_lru() {
+                Some(v) => gpu_victims.push(v),
+                None => break,
+            }
+        }
+        // Stamp in reverse so a parent is always more recent than its children:
+        // eviction then only ever removes leaves, as vLLM's free queue does.
+        for &s in req.seqs.iter().rev() {
+            wk.gpu.touch(s);
+        }
+        // Offload: victims go to the CPU tier first (their parents are still known),
+        // then CPU evictions, then the GPU removal, then the new GPU blocks.
+        if cfg.cpu_capacity > 0 {
+            for &v in &gpu_victims {
+                if wk.cpu.contains(v) {
+                    wk.cpu.touch(v);
+                    continue;
+                }
+                while wk.cpu.len() + 1 > cfg.cpu_capacity {
+                    match wk.cpu.pop_lru() {
+                        Some(c) => cpu_victims.push(c),
+                        None => break,
+                    }
+                }
+                wk.cpu.touch(v);
+                let info = table[&v];
+                let mut ev = std::mem::take(&mut wk.events);
+                enc_stored(
+                    &mut ev,
+                    &[wk.eh(v)],
+                    info.parent.map(|p| wk.eh(p)),
+                    tokens_of(v),
+                    bs,
+                    "CPU",
+                );
+                wk.events = ev;
+                wk.n_events += 1;
+                st.cpu_blocks_stored += 1;
+            }
+            if !cpu_victims.is_empty() {
+                hashes.clear();
+                hashes.extend(cpu_victims.iter().map(|&c| wk.eh(c)));
+                enc_removed(&mut wk.events, &hashes, "CPU");
+                wk.n_events += 1;
+                st.cpu_blocks_removed += cpu_victims.len() as u64;
+            }
+        }
+        if !gpu_victims.is_empty() {
+            hashes.clear();
+            hashes.extend(gpu_victims.iter().map(|&v| wk.eh(v)));
+            enc_removed(&mut wk.events, &hashes, "GPU");
+            wk.n_events += 1;
+            st.blocks_removed += gpu_victims.len() as u64;
+        }
+        if p < n {
+            hashes.clear();
+            hashes.extend(req.seqs[p..].iter().map(|&s| wk.eh(s)));
+            let parent = p.checked_sub(1).map(|i| wk.eh(req.seqs[i]));
+            enc_stored(
+                &mut wk.events,
+                &hashes,
+                parent,
+                &req.tokens[p * bs..n * bs],
+                bs,
+                "GPU",
+            );
+            wk.n_events += 1;
+            st.blocks_stored += (n - p) as u64;
+        }
+        if wk.n_events as usize >= cfg.batch_events {
+            flush(wk, wi, &mut order, &mut st);
+        }
+    }
+    for (wi, wk) in workers.iter_mut().enumerate() {
+        flush(wk, wi, &mut order, &mut st);
+    }
+    st.blocks_stored += st.cpu_blocks_stored;
+    st.blocks_removed += st.cpu_blocks_removed;
+    let mut unique = hashbrown::HashSet::new();
+    for wk in &workers {
+        let both = wk.cpu.map.keys().filter(|k| wk.gpu.contains(**k)).count();
+        st.live_pairs += (wk.gpu.len() + wk.cpu.len() - both) as u64;
+        unique.extend(wk.gpu.map.keys().chain(wk.cpu.map.keys()).copied());
+    }
+    st.live_unique_blocks = unique.len() as u64;
+    progress(reqs.len());
+    Frames {
+        per_worker: workers.into_iter().map(|w| w.frames).collect(),
+        order,
+        stats: st,
+    }
+}
+
+fn flush(wk: &mut Worker, wi: usize, order: &mut Vec<(u32, u32)>, st: &mut SimStats) {
+    if wk.n_events == 0 {
+        return;
+    }
+    let payload = enc_batch(wk.ts, wk.n_events, &wk.events);
+    st.frames += 1;
+    st.events += wk.n_events as u64;
+    st.payload_bytes += payload.len() as u64;
+    order.push((wi as u32, wk.frames.len() as u32));
+    wk.frames.push(payload);
+    wk.events.clear();
+    wk.n_events = 0;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lru_evicts_oldest_and_skips_stale() {
+        let mut l = Lru::default();
+        l.touch(1);
+        l.touch(2);
+        l.touch(1);
+        assert_eq!(l.pop_lru(), Some(2));
+        assert_eq!(l.pop_lru(), Some(1));
+        assert_eq!(l.pop_lru(), None);
+    }
+}

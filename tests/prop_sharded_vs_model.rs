@@ -1,0 +1,356 @@
+//! Property: the sharded index answers every query exactly like a plain
+//! single-threaded model, for 1, 2 and 4 shards.
+//!
+//! The sharded side is kvix's real event path minus the sockets: msgpack
+//! frames (vLLM positional encoding) → `wire::vllm::decode` → `WorkerFeed`
+//! → SPSC rings → per-shard `Shard::apply`; queries go `hash` → `query::split`
+//! → `query::answer` per shard → `query::gather`. The model knows nothing of
+//! hashes or shards: each worker holds a set of token prefixes with tiers.
+
+use kvix::hash;
+use kvix::ingest::feed::WorkerFeed;
+use kvix::query::{self, Overlap};
+use kvix::registry::{Endpoint, Registration, Registry};
+use kvix::ring::{RingSink, Rings};
+use kvix::shard::Shard;
+use kvix::types::{IndexId, ShardId, WorkerSlot};
+use kvix::wire::{self, Batch};
+use proptest::prelude::*;
+use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
+
+const BS: usize = 2;
+const INSTANCES: u64 = 3;
+const MEDIA: [&str; 3] = ["GPU", "CPU", "SSD"];
+
+#[derive(Clone, Debug)]
+enum Action {
+    Store {
+        inst: u64,
+        dp: Option<u32>,
+        /// Index into the worker's known blocks; `None` for a first block, and a
+        /// pick on an empty worker means an unknown parent.
+        parent: Option<usize>,
+        blocks: Vec<[u32; BS]>,
+        medium: usize,
+    },
+    Remove {
+        inst: u64,
+        dp: Option<u32>,
+        picks: Vec<usize>,
+        medium: usize,
+    },
+    Clear {
+        inst: u64,
+        dp: Option<u32>,
+    },
+}
+
+fn action() -> impl Strategy<Value = Action> {
+    let inst = 0..INSTANCES;
+    let dp = prop::option::of(0u32..2);
+    let block = prop::array::uniform2(0u32..3);
+    prop_oneof![
+        6 => (inst.clone(), dp.clone(), prop::option::weighted(0.7, 0usize..64),
+              prop::collection::vec(block, 1..4), 0usize..3)
+            .prop_map(|(inst, dp, parent, blocks, medium)| Action::Store { inst, dp, parent, blocks, medium }),
+        2 => (inst.clone(), dp.clone(), prop::collection::vec(0usize..64, 1..4), 0usize..3)
+            .prop_map(|(inst, dp, picks, medium)| Action::Remove { inst, dp, picks, medium }),
+        1 => (inst, dp).prop_map(|(inst, dp)| Action::Clear { inst, dp }),
+    ]
+}
+
+/// Engine block hash: a function of the worker and the block's whole prefix, as engines do.
+fn engine_hash(inst: u64, prefix: &[u32]) -> u64 {
+    let mut h = DefaultHasher::new();
+    (inst, prefix).hash(&mut h);
+    h.finish()
+}
+
+/// The reference: per (instance, dp rank), engine hash → (token prefix, tier bits).
+#[derive(Default)]
+struct Model {
+    workers: HashMap<(u64, u32), HashMap<u64, (Vec<u32>, u8)>>,
+}
+
+impl Model {
+    fn known(&self, w: (u64, u32)) -> Vec<u64> {
+        let mut v: Vec<u64> = self
+            .workers
+            .get(&w)
+            .map(|m| m.keys().copied().collect())
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+
+    /// Matched blocks per tier set (device; device+host; any) for one worker.
+    fn matched(&self, w: (u64, u32), q: &[u32]) -> [u32; 3] {
+        let held = self.workers.get(&w);
+        let mut out = [0u32; 3];
+        for (k, set) in query::TIER_SETS.iter().enumerate() {
+            for depth in 1..=q.len() / BS {
+                let prefix = &q[..depth * BS];
+                let hit = held.is_some_and(|m| {
+                    m.values().any(|(p, tiers)| p == prefix && tiers & set != 0)
+                });
+                if !hit {
+                    break;
+                }
+                out[k] = depth as u32;
+            }
+        }
+        out
+    }
+}
+
+struct Sharded {
+    registry: Registry,
+    index: IndexId,
+    feeds: Vec<WorkerFeed>,
+    rings: std::sync::Arc<Rings>,
+    sink: RingSink,
+    shards: Vec<Shard>,
+    batch: Batch,
+}
+
+impl Sharded {
+    fn new(n: usize) -> Self {
+        let registry = Registry::default();
+        let mut index = IndexId(0);
+        for inst in 0..INSTANCES {
+            let (ix, _) = registry
+                .register(&Registration {
+                    model: "m".into(),
+                    tenant: "default".into(),
+                    block_size: BS as u32,
+                    instance: inst,
+                    dp: 0,
+                    endpoint: Endpoint {
+                        endpoint: format!("tcp://127.0.0.1:{}", 1000 + inst),
+                        replay_endpoint: None,
+                    },
+                })
+                .unwrap();
+            index = ix;
+        }
+        let rings = Rings::new(1, n, 1 << 16);
+        Sharded {
+            feeds: (0..INSTANCES)
+                .map(|i| WorkerFeed::new(index, i, 0, BS as u32))
+                .collect(),
+            sink: RingSink::new(rings.clone(), 0),
+            rings,
+            registry,
+            index,
+            shards: (0..n).map(|_| Shard::default()).collect(),
+            batch: Batch::default(),
+        }
+    }
+
+    fn publish(&mut self, inst: u64, payload: &[u8]) {
+        wire::vllm::decode(payload, &mut self.batch).expect("test frames are valid");
+        self.feeds[inst as usize].apply(&self.batch, payload, &self.registry, &mut self.sink);
+        for (i, shard) in self.shards.iter_mut().enumerate() {
+            self.rings.drain(ShardId(i), usize::MAX, |op| shard.apply(op));
+        }
+    }
+
+    fn query(&self, tokens: &[u32]) -> (Overlap, HashMap<WorkerSlot, (u64, u32)>) {
+        let mut seqs = Vec::new();
+        hash::seq_hashes_for_tokens(tokens, BS, hash::block_seed(None, None), &mut seqs);
+        let replies: Vec<_> = query::split(&seqs, self.shards.len())
+            .iter()
+            .zip(&self.shards)
+            .map(|(part, shard)| query::answer(shard, self.index, part))
+            .collect();
+        let snap = self.registry.snapshot();
+        let ix = &snap.indexes[self.index.0 as usize];
+        let ov = query::gather(&seqs, &replies, ix.slots.len(), |_| true);
+        let who = ix
+            .slots
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (WorkerSlot(i as u32), (s.instance, s.dp)))
+            .collect();
+        (ov, who)
+    }
+}
+
+/// Encode one vLLM positional batch `[ts, [event], dp_rank?]` with rmp.
+fn frame(dp: Option<u32>, event: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
+    let mut b = Vec::new();
+    rmp::encode::write_array_len(&mut b, if dp.is_some() { 3 } else { 2 }).unwrap();
+    rmp::encode::write_f64(&mut b, 1.5).unwrap();
+    rmp::encode::write_array_len(&mut b, 1).unwrap();
+    event(&mut b);
+    if let Some(d) = dp {
+        rmp::encode::write_uint(&mut b, d as u64).unwrap();
+    }
+    b
+}
+
+fn run(n: usize, actions: &[Action], queries: &[(usize, usize, Vec<u32>)]) {
+    let mut model = Model::default();
+    let mut sharded = Sharded::new(n);
+    for a in actions {
+        match a {
+            Action::Store {
+                inst,
+                dp,
+                parent,
+                blocks,
+                medium,
+            } => {
+                let w = (*inst, dp.unwrap_or(0));
+                let known = model.known(w);
+                let (parent_hash, mut prefix) = match parent {
+                    None => (None, Some(Vec::new())),
+                    Some(_) if known.is_empty() => (Some(0xdead_beef), None),
+                    Some(p) => {
+                        let h = known[p % known.len()];
+                        (Some(h), Some(model.workers[&w][&h].0.clone()))
+                    }
+                };
+                let mut hashes = Vec::new();
+                let mut tokens = Vec::new();
+                let mut p = prefix.clone().unwrap_or_default();
+                for blk in blocks {
+                    p.extend_from_slice(blk);
+                    tokens.extend_from_slice(blk);
+                    hashes.push(engine_hash(*inst, &p));
+                }
+                if let Some(pre) = prefix.as_mut() {
+                    let m = model.workers.entry(w).or_default();
+                    for (i, blk) in blocks.iter().enumerate() {
+                        pre.extend_from_slice(blk);
+                        let e = m.entry(hashes[i]).or_insert((pre.clone(), 0));
+                        e.1 |= 1 << tier_of(*medium);
+                    }
+                }
+                let payload = frame(*dp, |b| {
+                    rmp::encode::write_array_len(b, 7).unwrap();
+                    rmp::encode::write_str(b, "BlockStored").unwrap();
+                    rmp::encode::write_array_len(b, hashes.len() as u32).unwrap();
+                    for h in &hashes {
+                        rmp::encode::write_uint(b, *h).unwrap();
+                    }
+                    match parent_hash {
+                        Some(h) => rmp::encode::write_uint(b, h).map(|_| ()).unwrap(),
+                        None => rmp::encode::write_nil(b).unwrap(),
+                    }
+                    rmp::encode::write_array_len(b, tokens.len() as u32).unwrap();
+                    for t in &tokens {
+                        rmp::encode::write_uint(b, *t as u64).unwrap();
+                    }
+                    rmp::encode::write_uint(b, BS as u64).unwrap();
+                    rmp::encode::write_nil(b).unwrap();
+                    rmp::encode::write_str(b, MEDIA[*medium]).unwrap();
+                });
+                sharded.publish(*inst, &payload);
+            }
+            Action::Remove {
+                inst,
+                dp,
+                picks,
+                medium,
+            } => {
+                let w = (*inst, dp.unwrap_or(0));
+                let known = model.known(w);
+                // Picks past the known blocks name blocks the worker never stored.
+                let hashes: Vec<u64> = picks
+                    .iter()
+                    .map(|p| known.get(*p % (known.len() + 1)).copied().unwrap_or(77))
+                    .collect();
+                if let Some(m) = model.workers.get_mut(&w) {
+                    for h in &hashes {
+                        if let Some(e) = m.get_mut(h) {
+                            e.1 &= !(1 << tier_of(*medium));
+                            if e.1 == 0 {
+                                m.remove(h);
+                            }
+                        }
+                    }
+                }
+                let payload = frame(*dp, |b| {
+                    rmp::encode::write_array_len(b, 3).unwrap();
+                    rmp::encode::write_str(b, "BlockRemoved").unwrap();
+                    rmp::encode::write_array_len(b, hashes.len() as u32).unwrap();
+                    for h in &hashes {
+                        rmp::encode::write_uint(b, *h).unwrap();
+                    }
+                    rmp::encode::write_str(b, MEDIA[*medium]).unwrap();
+                });
+                sharded.publish(*inst, &payload);
+            }
+            Action::Clear { inst, dp } => {
+                model.workers.remove(&(*inst, dp.unwrap_or(0)));
+                let payload = frame(*dp, |b| {
+                    rmp::encode::write_array_len(b, 1).unwrap();
+                    rmp::encode::write_str(b, "AllBlocksCleared").unwrap();
+                });
+                sharded.publish(*inst, &payload);
+            }
+        }
+    }
+
+    // Queries: prefixes some worker holds, cut and extended, plus free-form tokens.
+    let mut prefixes: Vec<Vec<u32>> = model
+        .workers
+        .values()
+        .flat_map(|m| m.values().map(|(p, _)| p.clone()))
+        .collect();
+    prefixes.sort();
+    for (pick, cut, tail) in queries {
+        let mut q = match prefixes.len() {
+            0 => Vec::new(),
+            n => prefixes[pick % n].clone(),
+        };
+        q.truncate(q.len().saturating_sub(BS * (cut % 2)));
+        q.extend_from_slice(tail);
+        let (ov, who) = sharded.query(&q);
+        let mut want_freq = Vec::new();
+        for depth in 0..q.len() / BS {
+            let c = who
+                .values()
+                .filter(|w| model.matched(**w, &q)[0] as usize > depth)
+                .count() as u32;
+            if c == 0 {
+                break;
+            }
+            want_freq.push(c);
+        }
+        for (slot, w) in &who {
+            let want = model.matched(*w, &q);
+            assert_eq!(
+                ov.matched[slot.0 as usize], want,
+                "shards={n} worker={w:?} query={q:?}"
+            );
+            let size = model.workers.get(w).map_or(0, |m| m.len()) as u32;
+            assert_eq!(
+                ov.tree_sizes[slot.0 as usize], size,
+                "tree size, shards={n} worker={w:?}"
+            );
+        }
+        assert_eq!(ov.frequencies, want_freq, "shards={n} query={q:?}");
+    }
+}
+
+fn tier_of(medium: usize) -> u8 {
+    medium as u8 // GPU → device 0, CPU → host 1, SSD → disk 2
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn sharded_index_matches_model(
+        actions in prop::collection::vec(action(), 1..60),
+        queries in prop::collection::vec(
+            (0usize..1000, 0usize..2, prop::collection::vec(0u32..3, 0..6)), 1..8),
+    ) {
+        for n in [1, 2, 4] {
+            run(n, &actions, &queries);
+        }
+    }
+}
