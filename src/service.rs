@@ -9,6 +9,7 @@ use crate::ingest::Ingest;
 use crate::registry::{Endpoint, Registration, Registry, RegistryError};
 use crate::ring::Rings;
 use crate::types::{DpRank, InstanceId};
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 use thiserror::Error;
 
@@ -27,6 +28,8 @@ pub struct App {
     pub ingest: Arc<Ingest>,
     pub rings: Arc<Rings>,
     pub peers: Mutex<Vec<String>>,
+    /// Executors whose HTTP listener is bound; all bound = ready.
+    pub listening: AtomicUsize,
 }
 
 impl App {
@@ -40,6 +43,7 @@ impl App {
             ingest,
             rings,
             peers: Mutex::default(),
+            listening: AtomicUsize::new(0),
         })
     }
 

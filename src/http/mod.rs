@@ -18,6 +18,7 @@ use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::sync::atomic::Ordering;
 
 /// Largest request body accepted (Dynamo allows 8 MiB on the query routes).
 pub const MAX_BODY: usize = 8 * 1024 * 1024;
@@ -27,11 +28,15 @@ pub type Reply = Response<Full<Bytes>>;
 /// Accept connections on `addr` forever, serving each on this executor.
 pub async fn serve(core: Rc<Core>, addr: SocketAddr) -> std::io::Result<()> {
     let listener = TcpListener::bind(addr)?;
-    if core.id.0 == 0 {
+    // The last executor to bind tells systemd (Type=notify) that kvix serves on every core.
+    if core.app.listening.fetch_add(1, Ordering::AcqRel) + 1 == core.shards {
         tracing::info!(
             "kvix listening on http://{addr} with {} shards",
             core.shards
         );
+        if let Err(e) = sd_notify::notify(&[sd_notify::NotifyState::Ready]) {
+            tracing::warn!("cannot notify systemd: {e}");
+        }
     }
     loop {
         let stream = match listener.accept().await {
