@@ -102,9 +102,6 @@ impl Lru {
         }
         None
     }
-    fn remove(&mut self, h: u64) {
-        self.map.remove(&h);
-    }
 }
 
 /// One simulated worker and the batch it is filling.

@@ -1,0 +1,405 @@
+//! kvix-load: load generator for kvix or any indexer speaking Dynamo's
+//! standalone-indexer HTTP API.
+//!
+//! Owns the command line and the order of phases: load the trace, simulate
+//! workers, publish KV events over ZMQ and measure when the indexer has
+//! applied them, then drive query load and report.
+
+mod events;
+mod http;
+mod query;
+mod report;
+mod sim;
+mod trace;
+
+use clap::{Args, Parser, Subcommand};
+use http::Target;
+use query::{Endpoint, Phase};
+use report::{EventReport, Report, bar, note};
+use sim::{Policy, SimConfig};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(
+    name = "kvix-load",
+    version,
+    about = "Load generator for KV-cache indexers with Dynamo's standalone-indexer HTTP API (kvix, dynamo-kv-indexer)",
+    long_about = "Load generator for KV-cache indexers with Dynamo's standalone-indexer HTTP API \
+(kvix, dynamo-kv-indexer).\n\n\
+Requests come from a Mooncake trace: each hash id expands deterministically into 512 token ids, \
+cut to input_length and split into --block-size blocks. Simulated workers (one ZMQ PUB socket \
+each, registered through POST /register) keep LRU KV caches and publish vLLM KVEventBatch frames \
+(BlockStored/BlockRemoved). After the last frame each worker publishes a sentinel block; the run \
+polls POST /query until every sentinel is visible, giving blocks applied/s at the indexer. Query \
+phases then drive /query or /query_by_hash, open-loop at --rate (latency from the intended send \
+time) or closed-loop with --rate 0.\n\n\
+Examples:\n  \
+kvix-load bench --url http://127.0.0.1:8090 --workers-count 64 --pid $(pidof kvix)\n  \
+kvix-load bench --requests 200 --duration 2            # CI smoke, a few seconds\n  \
+kvix-load events --keep && kvix-load query --connections 1,16 --rate 0,2000\n  \
+kvix-load bench --json > result.json"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Whole benchmark: event load, then query phases; prints the summary table
+    Bench {
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        ev: EventArgs,
+        #[command(flatten)]
+        q: QueryArgs,
+    },
+    /// Event load only
+    Events {
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        ev: EventArgs,
+    },
+    /// Query load only, against an index already filled (e.g. by `events --keep`)
+    Query {
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        q: QueryArgs,
+    },
+}
+
+#[derive(Args, Clone)]
+struct Common {
+    /// Indexer base URL
+    #[arg(long, default_value = "http://127.0.0.1:8090")]
+    url: String,
+    /// Model name to register workers under and to query
+    #[arg(long, default_value = "kvix-load")]
+    model_name: String,
+    /// Indexer KV block size in tokens (only complete blocks are used)
+    #[arg(long, default_value_t = 16)]
+    block_size: usize,
+    /// Mooncake trace (JSONL: timestamp, input_length, output_length, hash_ids)
+    #[arg(long, default_value = "../shared/traces/mooncake_conversation_trace.jsonl")]
+    trace: String,
+    /// Use the first N requests of the trace
+    #[arg(long, default_value_t = 6000)]
+    requests: usize,
+    /// Indexer process id: report its RSS (VmRSS) before and after
+    #[arg(long)]
+    pid: Option<u32>,
+    /// Print JSON on stdout instead of the table
+    #[arg(long)]
+    json: bool,
+    /// No progress bars or notes on stderr
+    #[arg(long, short)]
+    quiet: bool,
+    /// Seed for routing and engine-hash salts
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+}
+
+#[derive(Args, Clone)]
+struct EventArgs {
+    /// Number of simulated workers (one ZMQ PUB socket each)
+    #[arg(long, default_value_t = 64)]
+    workers_count: usize,
+    /// Routing of requests to workers
+    #[arg(long, value_enum, default_value_t = Policy::Random)]
+    policy: Policy,
+    /// GPU KV capacity per worker in blocks; 0 = 2 x unique trace blocks / workers
+    #[arg(long, default_value_t = 0)]
+    capacity_blocks: usize,
+    /// Flush a worker's batch (one ZMQ frame) once it holds this many events
+    #[arg(long, default_value_t = 8)]
+    batch_events: usize,
+    /// Add a CPU offload tier: GPU evictions are re-stored with medium "CPU"
+    #[arg(long)]
+    offload: bool,
+    /// CPU tier capacity per worker in blocks; 0 = 2 x the GPU capacity
+    #[arg(long, default_value_t = 0)]
+    cpu_capacity_blocks: usize,
+    /// Publisher threads (workers are spread over them)
+    #[arg(long, default_value_t = 1)]
+    publish_threads: usize,
+    /// instance_id of the first worker; the others follow consecutively
+    #[arg(long, default_value_t = 1)]
+    first_instance_id: u64,
+    /// Wait after registering, for ZMQ subscriptions to settle (slow joiner)
+    #[arg(long, default_value_t = 500)]
+    slow_joiner_ms: u64,
+    /// Give up waiting for sentinels after this many seconds past the publish
+    #[arg(long, default_value_t = 120.0)]
+    settle_timeout: f64,
+    /// Leave the workers registered (and their blocks indexed) at the end
+    #[arg(long)]
+    keep: bool,
+}
+
+#[derive(Args, Clone)]
+struct QueryArgs {
+    /// Endpoints to load, comma-separated
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "query")]
+    endpoint: Vec<Endpoint>,
+    /// Prompt lengths in tokens (trace prompts truncated or padded), comma-separated
+    #[arg(long, value_delimiter = ',', default_value = "1024")]
+    prompt_tokens: Vec<usize>,
+    /// Connection counts (one thread each), comma-separated; one phase per value
+    #[arg(long, value_delimiter = ',', default_value = "1,16")]
+    connections: Vec<usize>,
+    /// Arrival rates in req/s over all connections, comma-separated; 0 = closed loop (max throughput)
+    #[arg(long, value_delimiter = ',', default_value = "0")]
+    rate: Vec<f64>,
+    /// Seconds per query phase
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    /// Distinct pre-serialized prompts, spread over the trace prefix
+    #[arg(long, default_value_t = 256)]
+    prompt_pool: usize,
+    /// Send /query_by_hash hashes as signed i64 instead of u64
+    #[arg(long)]
+    signed_hashes: bool,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    match run(cli.cmd) {
+        Ok(ok) => std::process::exit(if ok { 0 } else { 2 }),
+        Err(e) => {
+            eprintln!("kvix-load: error: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+/// Run a command; Ok(false) when it completed but measured a failure
+/// (sentinels not seen, query errors, no replies).
+fn run(cmd: Cmd) -> Result<bool, String> {
+    let (common, ev, q) = match cmd {
+        Cmd::Bench { common, ev, q } => (common, Some(ev), Some(q)),
+        Cmd::Events { common, ev } => (common, Some(ev), None),
+        Cmd::Query { common, q } => (common, None, Some(q)),
+    };
+    let quiet = common.quiet;
+    let target = Target::parse(&common.url)?;
+    if common.block_size == 0 {
+        return Err("--block-size must be > 0".into());
+    }
+    note(quiet, &format!("loading {} requests from {}", common.requests, common.trace));
+    let reqs = trace::load(&common.trace, common.requests, common.block_size)?;
+    let mut report = Report {
+        url: common.url.clone(),
+        model_name: common.model_name.clone(),
+        block_size: common.block_size,
+        requests: reqs.len(),
+        ..Default::default()
+    };
+    let mut ok = true;
+    let mut registered: Vec<u64> = Vec::new();
+    // Sockets stay open until the end so the indexer's subscriptions stay valid.
+    let mut _pubs = Vec::new();
+
+    if let Some(ev) = &ev {
+        if ev.workers_count == 0 {
+            return Err("--workers-count must be > 0".into());
+        }
+        let b = bar(quiet, reqs.len() as u64, "simulating workers");
+        let cfg = SimConfig {
+            workers: ev.workers_count,
+            block_size: common.block_size,
+            policy: ev.policy,
+            capacity: ev.capacity_blocks,
+            cpu_capacity: 0,
+            batch_events: ev.batch_events.max(1),
+            seed: common.seed,
+        };
+        let cfg = resolve_capacity(cfg, &reqs, ev);
+        let frames = sim::simulate(&reqs, &cfg, |n| b.set_position(n as u64));
+        b.finish_and_clear();
+        let sim_stats = frames.stats.clone();
+        note(
+            quiet,
+            &format!(
+                "{} frames, {} blocks stored, {} removed; publishing",
+                sim_stats.frames, sim_stats.blocks_stored, sim_stats.blocks_removed
+            ),
+        );
+
+        let rss_before = common.pid.and_then(events::rss_bytes);
+        let ctx = zmq::Context::new();
+        let pubs = events::bind(&ctx, ev.workers_count, ev.first_instance_id)?;
+        events::register(&target, &pubs, &common.model_name, common.block_size)?;
+        registered = pubs.iter().map(|p| p.instance).collect();
+        std::thread::sleep(Duration::from_millis(ev.slow_joiner_ms));
+
+        let total_frames = frames.order.len() as u64;
+        let sent = Arc::new(AtomicU64::new(0));
+        let b = bar(quiet, total_frames, "publishing frames");
+        let nonce = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(7);
+        let result = std::thread::scope(|s| {
+            let ticker_done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let (sent2, b2, td) = (sent.clone(), b.clone(), ticker_done.clone());
+            s.spawn(move || {
+                while !td.load(Ordering::Relaxed) {
+                    b2.set_position(sent2.load(Ordering::Relaxed));
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            });
+            let r = events::publish(
+                pubs,
+                frames,
+                ev.publish_threads,
+                &target,
+                &common.model_name,
+                common.block_size,
+                nonce,
+                Duration::from_secs_f64(ev.settle_timeout),
+                sent.clone(),
+            );
+            ticker_done.store(true, Ordering::Relaxed);
+            r
+        });
+        b.finish_and_clear();
+        let (pubs, publish) = result?;
+        _pubs = pubs;
+        ok &= publish.all_sentinels_seen;
+        if !publish.all_sentinels_seen {
+            note(quiet, "not every sentinel was seen before --settle-timeout");
+        }
+        let rss_after = common.pid.and_then(events::rss_bytes);
+        let blocks = (sim_stats.blocks_stored + sim_stats.blocks_removed) as f64;
+        let growth = match (rss_before, rss_after) {
+            (Some(b), Some(a)) => Some(a as f64 - b as f64),
+            _ => None,
+        };
+        report.events = Some(EventReport {
+            workers: ev.workers_count,
+            policy: ev.policy,
+            batch_events: cfg.batch_events,
+            offload: ev.offload,
+            blocks_applied_per_sec: blocks / publish.applied_secs.max(1e-9),
+            blocks_published_per_sec: blocks / publish.publish_secs.max(1e-9),
+            frames_published_per_sec: total_frames as f64 / publish.publish_secs.max(1e-9),
+            rss_before_bytes: rss_before,
+            rss_after_bytes: rss_after,
+            bytes_per_live_pair: growth.map(|g| g / sim_stats.live_pairs.max(1) as f64),
+            bytes_per_unique_block: growth.map(|g| g / sim_stats.live_unique_blocks.max(1) as f64),
+            sim: sim_stats,
+            publish,
+        });
+    }
+
+    if let Some(q) = &q {
+        let mut phases = Vec::new();
+        for &endpoint in &q.endpoint {
+            for &prompt_tokens in &q.prompt_tokens {
+                for &rate in &q.rate {
+                    for &connections in &q.connections {
+                        phases.push(Phase {
+                            endpoint,
+                            prompt_tokens,
+                            connections: connections.max(1),
+                            rate,
+                            duration_secs: q.duration,
+                        });
+                    }
+                }
+            }
+        }
+        let mut cache: Option<((Endpoint, usize), Arc<Vec<Vec<u8>>>)> = None;
+        for p in &phases {
+            let key = (p.endpoint, p.prompt_tokens);
+            let bodies = match &cache {
+                Some((k, b)) if *k == key => b.clone(),
+                _ => {
+                    let b = Arc::new(query::bodies(
+                        &target,
+                        &reqs,
+                        p.endpoint,
+                        p.prompt_tokens,
+                        common.block_size,
+                        &common.model_name,
+                        q.prompt_pool,
+                        q.signed_hashes,
+                    ));
+                    cache = Some((key, b.clone()));
+                    b
+                }
+            };
+            let label = format!(
+                "{} {}t c{} {}",
+                p.endpoint.path(),
+                p.prompt_tokens,
+                p.connections,
+                if p.rate > 0.0 { format!("{}/s", p.rate) } else { "closed".into() }
+            );
+            let b = bar(quiet, (p.duration_secs * 10.0) as u64, &label);
+            b.set_style(
+                indicatif::ProgressStyle::with_template("{msg:>30} [{bar:40}] {elapsed_precise} {prefix}")
+                    .unwrap()
+                    .progress_chars("=> "),
+            );
+            let done = Arc::new(AtomicU64::new(0));
+            let r = std::thread::scope(|s| {
+                let ticker_done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                let (d2, b2, td) = (done.clone(), b.clone(), ticker_done.clone());
+                s.spawn(move || {
+                    let t = std::time::Instant::now();
+                    while !td.load(Ordering::Relaxed) {
+                        b2.set_position((t.elapsed().as_secs_f64() * 10.0) as u64);
+                        b2.set_prefix(format!("{} done", d2.load(Ordering::Relaxed)));
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                });
+                let r = query::run(&target, p, bodies, done.clone());
+                ticker_done.store(true, Ordering::Relaxed);
+                r
+            });
+            b.finish_and_clear();
+            ok &= r.errors == 0 && r.completed > 0;
+            report.queries.push(r);
+        }
+        report.rss_after_queries_bytes = common.pid.and_then(events::rss_bytes);
+    }
+
+    if let Some(ev) = &ev
+        && !ev.keep
+        && !registered.is_empty()
+    {
+        let failed = events::unregister(&target, &registered, &common.model_name);
+        if failed > 0 {
+            note(quiet, &format!("{failed} workers failed to unregister"));
+        }
+    }
+
+    if common.json {
+        println!("{}", serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?);
+    } else {
+        report::print_table(&report);
+    }
+    Ok(ok)
+}
+
+/// Fill in the default capacities, which depend on the trace.
+fn resolve_capacity(mut cfg: SimConfig, reqs: &[trace::Request], ev: &EventArgs) -> SimConfig {
+    if cfg.capacity == 0 {
+        let unique: hashbrown::HashSet<u64> = reqs.iter().flat_map(|r| r.seqs.iter().copied()).collect();
+        cfg.capacity = (2 * unique.len()).div_ceil(cfg.workers).max(1);
+    }
+    if ev.offload {
+        cfg.cpu_capacity = if ev.cpu_capacity_blocks > 0 {
+            ev.cpu_capacity_blocks
+        } else {
+            2 * cfg.capacity
+        };
+    }
+    cfg
+}
