@@ -100,6 +100,9 @@ pub struct PublishResult {
     pub applied_secs: f64,
     pub all_sentinels_seen: bool,
     pub sentinel_polls: u64,
+    /// Sum of the indexer's `tree_sizes` (blocks held per worker, sentinels included),
+    /// when its replies carry them: a check that it applied exactly what was sent.
+    pub indexer_tree_sizes_sum: Option<u64>,
 }
 
 fn send(p: &mut Publisher, payload: &[u8]) -> Result<(), String> {
@@ -200,13 +203,30 @@ pub fn publish(
             std::thread::sleep(Duration::from_millis(2));
         }
     }
+    let applied_secs = start.elapsed().as_secs_f64();
+    let instances: Vec<u64> = pubs.iter().map(|p| p.instance).collect();
+    // Shards apply independently: read until two reads 50 ms apart agree (at most ~2 s).
+    let mut read = || match conn.send(&bodies[0]) {
+        Ok(200) => tree_sizes_sum(conn.body(), &instances),
+        _ => None,
+    };
+    let mut indexer_tree_sizes_sum = read();
+    for _ in 0..40 {
+        std::thread::sleep(Duration::from_millis(50));
+        let next = read();
+        if next == indexer_tree_sizes_sum {
+            break;
+        }
+        indexer_tree_sizes_sum = next;
+    }
     Ok((
         pubs,
         PublishResult {
             publish_secs,
-            applied_secs: start.elapsed().as_secs_f64(),
+            applied_secs,
             all_sentinels_seen: pending.is_empty(),
             sentinel_polls: polls,
+            indexer_tree_sizes_sum,
         },
     ))
 }
@@ -223,6 +243,21 @@ pub fn scored(body: &[u8], instance: u64) -> bool {
         serde_json::Value::Object(m) => m.values().any(|x| x.as_f64().unwrap_or(0.0) > 0.0),
         x => x.as_f64().unwrap_or(0.0) > 0.0,
     }
+}
+
+/// Sum of `tree_sizes` over `instances` in a `/query` reply (`{"<instance>": {"<dp>": n}}`).
+fn tree_sizes_sum(body: &[u8], instances: &[u64]) -> Option<u64> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let t = v.get("tree_sizes")?;
+    let mut sum = 0;
+    for i in instances {
+        match t.get(i.to_string()) {
+            Some(serde_json::Value::Object(m)) => sum += m.values().filter_map(|x| x.as_u64()).sum::<u64>(),
+            Some(x) => sum += x.as_u64().unwrap_or(0),
+            None => {}
+        }
+    }
+    Some(sum)
 }
 
 /// Resident set size of a process in bytes, from /proc/PID/status.

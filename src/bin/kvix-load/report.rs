@@ -106,6 +106,13 @@ pub fn print_table(r: &Report) {
             ("applied time", format!("{:.3} s{}", e.publish.applied_secs,
                 if e.publish.all_sentinels_seen { "" } else { "  (TIMED OUT: not all sentinels seen)" })),
             ("blocks applied/s", si(e.blocks_applied_per_sec)),
+            ("indexer tree_sizes sum", match e.publish.indexer_tree_sizes_sum {
+                Some(n) => {
+                    let want = s.live_pairs + e.workers as u64;
+                    format!("{n} (expected {want}: live pairs + sentinels){}", if n == want { "" } else { "  MISMATCH" })
+                }
+                None => "n/a".into(),
+            }),
         ];
         for (k, v) in rows {
             println!("  {k:<28} {v}");
