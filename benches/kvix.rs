@@ -1,0 +1,232 @@
+//! Micro-benchmarks of each stage of both data flows, plus the index ceiling.
+//!
+//! Events: hashing per 1k tokens, msgpack decode per block (vLLM, SGLang),
+//! shard apply per block. Queries: a 512-block prompt against 1M indexed
+//! blocks (lookup + gather, and with hashing), scatter/gather cost vs shard
+//! count. Ceiling: raw hashbrown lookups on a 1M-entry table.
+//! Run: `cargo bench --bench kvix` (add `-- <filter>` for one group).
+
+use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use kvix::hash;
+use kvix::query;
+use kvix::shard::{SeqHasherBuilder, Shard, ShardOp};
+use kvix::types::{BlockHash, IndexId, SeqHash, Tier, WorkerSlot};
+use kvix::wire::{self, Batch};
+use std::hint::black_box;
+
+const BS: usize = 16;
+
+/// Deterministic pseudo-random tokens (splitmix64).
+fn tokens(n: usize, seed: u64) -> Vec<u32> {
+    let mut x = seed;
+    (0..n)
+        .map(|_| {
+            x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = x;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            ((z ^ (z >> 31)) % 128_000) as u32
+        })
+        .collect()
+}
+
+fn bench_hash(c: &mut Criterion) {
+    let t = tokens(1024, 1);
+    let seed = hash::block_seed(None, None);
+    let mut g = c.benchmark_group("hash");
+    g.throughput(Throughput::Elements(1024));
+    let mut out = Vec::new();
+    g.bench_function("seq_hashes_1k_tokens_bs16", |b| {
+        b.iter(|| hash::seq_hashes_for_tokens(black_box(&t), BS, seed, &mut out))
+    });
+    g.finish();
+}
+
+/// A vLLM positional batch with one BlockStored of `blocks` blocks; `sglang` drops the
+/// medium/lora tail and adds `attn_dp_rank`.
+fn stored_payload(blocks: usize, sglang: bool) -> Vec<u8> {
+    use rmp::encode::*;
+    let t = tokens(blocks * BS, 7);
+    let mut b = Vec::new();
+    write_array_len(&mut b, 3).unwrap();
+    write_f64(&mut b, 1.7e9).unwrap();
+    write_array_len(&mut b, 1).unwrap();
+    write_array_len(&mut b, if sglang { 6 } else { 7 }).unwrap();
+    write_str(&mut b, "BlockStored").unwrap();
+    write_array_len(&mut b, blocks as u32).unwrap();
+    for i in 0..blocks {
+        write_sint(&mut b, (i as i64 + 1) * -7_919_000_000_123).unwrap();
+    }
+    write_nil(&mut b).unwrap();
+    write_array_len(&mut b, t.len() as u32).unwrap();
+    for x in &t {
+        write_uint(&mut b, *x as u64).unwrap();
+    }
+    write_uint(&mut b, BS as u64).unwrap();
+    write_nil(&mut b).unwrap();
+    if !sglang {
+        write_str(&mut b, "GPU").unwrap();
+    }
+    write_uint(&mut b, 0).unwrap();
+    b
+}
+
+fn bench_decode(c: &mut Criterion) {
+    let mut g = c.benchmark_group("decode");
+    for (name, sglang) in [("vllm", false), ("sglang", true)] {
+        let p = stored_payload(32, sglang);
+        let mut batch = Batch::default();
+        g.throughput(Throughput::Elements(32));
+        g.bench_function(BenchmarkId::new(name, "32_blocks_bs16"), |b| {
+            b.iter(|| wire::vllm::decode(black_box(&p), &mut batch).unwrap())
+        });
+    }
+    g.finish();
+}
+
+fn seqs(n: usize, seed: u64) -> Vec<SeqHash> {
+    let mut x = seed;
+    (0..n)
+        .map(|_| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            SeqHash(xxhash_rust::xxh3::xxh3_64(&x.to_le_bytes()))
+        })
+        .collect()
+}
+
+fn store(seq: SeqHash, parent: Option<SeqHash>, slot: u32) -> ShardOp {
+    ShardOp::Store {
+        index: IndexId(0),
+        seq,
+        parent,
+        local: BlockHash(seq.0 ^ 1),
+        slot: WorkerSlot(slot),
+        tier: Tier::DEVICE,
+    }
+}
+
+fn bench_apply(c: &mut Criterion) {
+    let n = 100_000;
+    let s = seqs(n, 3);
+    let mut g = c.benchmark_group("shard_apply");
+    g.throughput(Throughput::Elements(n as u64));
+    g.bench_function("store_new_blocks", |b| {
+        b.iter_batched(
+            Shard::default,
+            |mut shard| {
+                let mut parent = None;
+                for &q in &s {
+                    shard.apply(store(q, parent, 0));
+                    parent = Some(q);
+                }
+                shard
+            },
+            BatchSize::LargeInput,
+        )
+    });
+    // Steady state: a warm shard, every op adds a second holder then removes it.
+    let mut warm = Shard::default();
+    for &q in &s {
+        warm.apply(store(q, None, 0));
+    }
+    g.throughput(Throughput::Elements(2 * n as u64));
+    g.bench_function("add_remove_holder_warm", |b| {
+        b.iter(|| {
+            for &q in &s {
+                warm.apply(store(q, None, 1));
+                warm.apply(ShardOp::Remove {
+                    index: IndexId(0),
+                    seq: q,
+                    slot: WorkerSlot(1),
+                    tiers: 0xff,
+                });
+            }
+        })
+    });
+    g.finish();
+}
+
+/// `prompts` chains of 512 blocks, prompt `i` held by slot `i % 16`, spread over `n` shards.
+fn indexed(n: usize, prompts: usize) -> (Vec<Shard>, Vec<Vec<SeqHash>>) {
+    let mut shards: Vec<Shard> = (0..n).map(|_| Shard::default()).collect();
+    let mut chains = Vec::new();
+    for p in 0..prompts {
+        let chain = seqs(512, 1000 + p as u64);
+        let mut parent = None;
+        for &q in &chain {
+            shards[kvix::partition::shard_of(q, n).0].apply(store(q, parent, (p % 16) as u32));
+            parent = Some(q);
+        }
+        chains.push(chain);
+    }
+    (shards, chains)
+}
+
+fn bench_query(c: &mut Criterion) {
+    let mut g = c.benchmark_group("query_512_blocks_1M_indexed");
+    for n in [1usize, 2, 4] {
+        let (shards, chains) = indexed(n, 2048);
+        g.throughput(Throughput::Elements(1));
+        g.bench_function(BenchmarkId::new("split_answer_gather", n), |b| {
+            let mut i = 0;
+            b.iter(|| {
+                i = (i + 7) % chains.len();
+                let q = &chains[i];
+                let replies: Vec<_> = query::split(q, n)
+                    .iter()
+                    .zip(&shards)
+                    .map(|(part, sh)| query::answer(sh, IndexId(0), part))
+                    .collect();
+                black_box(query::gather(q, &replies, 16, |_| true))
+            })
+        });
+        if n == 1 {
+            let prompt = tokens(512 * BS, 99);
+            let seed = hash::block_seed(None, None);
+            let mut hs = Vec::new();
+            g.bench_function("hash_then_lookup_gather_1_shard", |b| {
+                b.iter(|| {
+                    hash::seq_hashes_for_tokens(black_box(&prompt), BS, seed, &mut hs);
+                    let r = query::answer(&shards[0], IndexId(0), &hs);
+                    black_box(query::gather(&hs, std::slice::from_ref(&r), 16, |_| true))
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
+/// The index ceiling: one hashbrown probe per block, nothing else.
+fn bench_ceiling(c: &mut Criterion) {
+    let keys = seqs(1 << 20, 5);
+    let mut map: hashbrown::HashMap<SeqHash, u64, SeqHasherBuilder> = Default::default();
+    for (i, k) in keys.iter().enumerate() {
+        map.insert(*k, i as u64);
+    }
+    let mut g = c.benchmark_group("ceiling");
+    g.throughput(Throughput::Elements(512));
+    // Each iteration probes the next 512 keys of the whole table, so the cache is as
+    // cold as it is for real queries (the same 512 keys every time would stay cached).
+    g.bench_function("hashbrown_1M_lookup_x512", |b| {
+        let mut at = 0;
+        b.iter(|| {
+            at = (at + 512) % keys.len();
+            let mut s = 0u64;
+            for k in &keys[at..at + 512] {
+                s = s.wrapping_add(*map.get(k).unwrap_or(&0));
+            }
+            black_box(s)
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    bench_hash,
+    bench_decode,
+    bench_apply,
+    bench_query,
+    bench_ceiling
+);
+criterion_main!(benches);
