@@ -145,7 +145,7 @@ pub fn publish(
     let sentinels: Vec<Vec<u8>> = (0..n)
         .map(|w| {
             let mut ev = Vec::new();
-            let eh = splitmix(nonce ^ 0x5E47_1E1u64 ^ w as u64);
+            let eh = splitmix(nonce ^ 0x05E4_71E1_u64 ^ w as u64);
             enc_stored(&mut ev, &[eh], None, &sentinel_tokens(nonce, w, block_size), block_size, "GPU");
             enc_batch(1.7e9, 1, &ev)
         })

@@ -34,7 +34,10 @@ each, registered through POST /register) keep LRU KV caches and publish vLLM KVE
 (BlockStored/BlockRemoved). After the last frame each worker publishes a sentinel block; the run \
 polls POST /query until every sentinel is visible, giving blocks applied/s at the indexer. Query \
 phases then drive /query or /query_by_hash, open-loop at --rate (latency from the intended send \
-time) or closed-loop with --rate 0.\n\n\
+time) or closed-loop with --rate 0; an overloaded open-loop phase stops at twice --duration and \
+reports the requests it never sent.\n\n\
+Exit status: 0 when everything was applied and answered, 2 when the run finished but measured a \
+failure (sentinels not seen before --settle-timeout, query errors, no replies), 1 on errors.\n\n\
 Examples:\n  \
 kvix-load bench --url http://127.0.0.1:8090 --workers-count 64 --pid $(pidof kvix)\n  \
 kvix-load bench --requests 200 --duration 2            # CI smoke, a few seconds\n  \
@@ -314,7 +317,9 @@ fn run(cmd: Cmd) -> Result<bool, String> {
                 }
             }
         }
-        let mut cache: Option<((Endpoint, usize), Arc<Vec<Vec<u8>>>)> = None;
+        // Bodies of the last (endpoint, prompt length), reused by consecutive phases.
+        type Bodies = Arc<Vec<Vec<u8>>>;
+        let mut cache: Option<((Endpoint, usize), Bodies)> = None;
         for p in &phases {
             let key = (p.endpoint, p.prompt_tokens);
             let bodies = match &cache {

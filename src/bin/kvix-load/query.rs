@@ -52,6 +52,9 @@ pub struct PhaseResult {
     pub errors: u64,
     /// Replies whose `scores` were not empty.
     pub hits: u64,
+    /// Open loop only: scheduled requests never sent because the server fell more
+    /// than one `--duration` behind (the phase stops at twice its duration).
+    pub unsent: u64,
     pub elapsed_secs: f64,
     pub achieved_rps: f64,
     pub p50_us: f64,
@@ -63,6 +66,7 @@ pub struct PhaseResult {
 }
 
 /// Pre-serialized request bodies for a phase, cycled through by every connection.
+#[allow(clippy::too_many_arguments)]
 pub fn bodies(
     target: &Target,
     reqs: &[Request],
@@ -129,6 +133,7 @@ struct ThreadOut {
     completed: u64,
     errors: u64,
     hits: u64,
+    unsent: u64,
     finished: Instant,
 }
 
@@ -154,6 +159,7 @@ pub fn run(target: &Target, phase: &Phase, bodies: Arc<Vec<Vec<u8>>>, done: Arc<
                     completed: 0,
                     errors: 0,
                     hits: 0,
+                    unsent: 0,
                     finished: start,
                 };
                 let mut k = ci as u64;
@@ -166,6 +172,12 @@ pub fn run(target: &Target, phase: &Phase, bodies: Arc<Vec<Vec<u8>>>, done: Arc<
                         let now = Instant::now();
                         if intended > now {
                             std::thread::sleep(intended - now);
+                        } else if now >= end + dur {
+                            // Overloaded past a grace of one more duration: stop, and
+                            // count what was never sent rather than run on unboundedly.
+                            let total = (dur.as_secs_f64() * rate).ceil() as u64;
+                            out.unsent = total.saturating_sub(k).div_ceil(c as u64);
+                            break;
                         }
                         intended
                     } else {
@@ -197,13 +209,14 @@ pub fn run(target: &Target, phase: &Phase, bodies: Arc<Vec<Vec<u8>>>, done: Arc<
     barrier.wait();
     let start = *start_cell.get().unwrap();
     let mut hist: Histogram<u64> = Histogram::new_with_bounds(1, 600_000_000, 3).unwrap();
-    let (mut completed, mut errors, mut hits, mut finished) = (0, 0, 0, start);
+    let (mut completed, mut errors, mut hits, mut unsent, mut finished) = (0, 0, 0, 0, start);
     for h in handles {
         let o = h.join().expect("query thread panicked");
         hist.add(&o.hist).unwrap();
         completed += o.completed;
         errors += o.errors;
         hits += o.hits;
+        unsent += o.unsent;
         finished = finished.max(o.finished);
     }
     let elapsed = finished.duration_since(start).as_secs_f64().max(1e-9);
@@ -213,6 +226,7 @@ pub fn run(target: &Target, phase: &Phase, bodies: Arc<Vec<Vec<u8>>>, done: Arc<
         completed,
         errors,
         hits,
+        unsent,
         elapsed_secs: elapsed,
         achieved_rps: completed as f64 / elapsed,
         p50_us: q(0.50),

@@ -153,6 +153,9 @@ pub fn print_table(r: &Report) {
                 ms(q.p999_us),
                 ms(q.max_us)
             );
+            if q.unsent > 0 {
+                println!("  ^ overloaded: {} scheduled requests never sent (phase stopped at 2x --duration)", q.unsent);
+            }
         }
     }
     if let Some(b) = r.rss_after_queries_bytes {
