@@ -3,9 +3,28 @@
 //! Owns turning bytes into [`Batch`] (one decoded frame, borrowed where it
 //! can be, reusable across frames so decoding allocates nothing per block).
 //! Must never touch index state: resolving hashes is the ingest layer's job.
+//!
+//! One entry point, [`decode`], accepts every dialect seen on a kvix listener
+//! and detects it per event:
+//!
+//! * vLLM / SGLang `KVEventBatch` (positional or map events, every version;
+//!   see [`vllm`]),
+//! * Mooncake RFC #1527 event maps (`event_type` = stored/removed/cleared,
+//!   `seq_hashes`, ...; see [`map`]),
+//! * legacy Mooncake Store events (`BlockStoreEvent` / `BlockUpdateEvent` /
+//!   `RemoveAllEvent`; see [`mooncake`]).
+//!
+//! The batch envelope is always the vLLM one: `[ts, [events], dp_rank, ...]`
+//! (or a map with `ts`/`events`/`data_parallel_rank`|`attn_dp_rank`|`dp_rank`);
+//! a legacy Mooncake batch without a timestamp, `[[events]]`, is accepted too.
 
+mod batch;
+pub mod map;
+pub mod mooncake;
 pub mod msgpack;
 pub mod vllm;
+
+pub use batch::decode;
 
 use crate::types::EngineHash;
 use std::ops::Range;
@@ -43,7 +62,12 @@ pub enum WireError {
     Trailing,
 }
 
-/// What kind of change one event makes.
+/// What kind of change one event makes, as the index sees it.
+///
+/// Kept at three variants so existing consumers stay exhaustive; the finer
+/// [`EventOp`] (in [`EventRec::op`]) adds Mooncake's replica update, which is
+/// projected here onto `Stored` with no blocks (a no-op for a consumer that
+/// does not look at `op`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EventKind {
     Stored,
@@ -51,12 +75,81 @@ pub enum EventKind {
     Cleared,
 }
 
+/// The full-fidelity event operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum EventOp {
+    /// vLLM/SGLang `BlockStored`, RFC #1527 `stored`, legacy `BlockStoreEvent`.
+    #[default]
+    Stored,
+    /// vLLM/SGLang `BlockRemoved`, RFC #1527 `removed`.
+    Removed,
+    /// `AllBlocksCleared`, RFC #1527 `cleared`, legacy `RemoveAllEvent`.
+    /// An RFC event scopes the clear to its stream (`medium`, `dp_rank`, ...).
+    Cleared,
+    /// Legacy Mooncake `BlockUpdateEvent`: the replica list (`replicas`) of the
+    /// object `object_key` changed; no hashes, no tokens. `kind` is `Stored`.
+    Updated,
+}
+
+impl EventOp {
+    /// The three-way projection stored in [`EventRec::kind`].
+    pub fn kind(self) -> EventKind {
+        match self {
+            EventOp::Stored | EventOp::Updated => EventKind::Stored,
+            EventOp::Removed => EventKind::Removed,
+            EventOp::Cleared => EventKind::Cleared,
+        }
+    }
+}
+
+/// What the values in an event's `hashes` (and `parent`) are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum HashKind {
+    /// The engine's private block hashes (vLLM/SGLang, legacy Mooncake
+    /// `block_hash`): only comparable within one worker, resolved through tokens.
+    #[default]
+    Engine,
+    /// RFC #1527 standardized rolling sequence hashes (`seq_hashes`,
+    /// `parent_hash`, or a numeric Mooncake `object_key`): XXH3-64 seed 1337 of
+    /// LE u32 tokens, chained `XXH3(prev_le || local_le)`, i.e. kvix's own
+    /// `SeqHash`. Usable directly when the event carries no tokens.
+    Seq,
+}
+
+/// Which wire dialect an event was written in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Dialect {
+    /// vLLM or SGLang `BlockStored`/`BlockRemoved`/`AllBlocksCleared`.
+    #[default]
+    Engine,
+    /// Mooncake RFC #1527 event map (`event_type` key).
+    Rfc1527,
+    /// Legacy Mooncake Store `BlockStoreEvent`/`BlockUpdateEvent`/`RemoveAllEvent`.
+    MooncakeLegacy,
+}
+
+/// One replica location of a legacy Mooncake object: byte ranges into the payload.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaRec {
+    /// Replica type when the publisher sends `[type, location]` pairs
+    /// (`"memory"`, `"disk"`, `"local_disk"`); `None` for a bare address string.
+    pub kind: Option<Range<usize>>,
+    /// Transport endpoint or file path.
+    pub location: Range<usize>,
+}
+
 /// One decoded event; ranges index into the owning [`Batch`]'s arrays or the frame payload.
+///
+/// Every string range was validated as UTF-8 while decoding.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EventRec {
+    /// Three-way projection of `op` (see [`EventKind`]).
     pub kind: EventKind,
+    /// Block hashes, into [`Batch::hashes`]; their meaning is given by `hash_kind`.
     pub hashes: Range<usize>,
+    /// Hash of the block before the first one (same `hash_kind` as `hashes`).
     pub parent: Option<EngineHash>,
+    /// Token ids of all blocks, into [`Batch::tokens`].
     pub tokens: Range<usize>,
     pub block_size: Option<u32>,
     pub lora_id: Option<i64>,
@@ -64,17 +157,86 @@ pub struct EventRec {
     pub medium: Option<Range<usize>>,
     pub lora_name: Option<Range<usize>>,
     pub cache_salt: Option<Range<usize>>,
+    // ---- added for RFC #1527 / Mooncake; defaults reproduce the old meaning ----
+    /// Full-fidelity operation (adds `Updated`).
+    pub op: EventOp,
+    pub dialect: Dialect,
+    pub hash_kind: HashKind,
+    /// RFC #1527 `event_id`: per-stream monotonic sequence number.
+    pub event_id: Option<u64>,
+    /// RFC #1527 per-event `timestamp` (Unix ms), or a legacy event's float
+    /// seconds converted to ms. Informational only.
+    pub timestamp_ms: Option<u64>,
+    /// Per-event data-parallel rank (RFC #1527 `dp_rank`); overrides [`Batch::dp_rank`].
+    pub dp_rank: Option<u32>,
+    /// RFC #1527 `base_block_idx`: zero-based depth of the first block.
+    pub base_block_idx: Option<u32>,
+    /// vLLM `group_idx` (KV-cache group). Events of non-main groups are dropped
+    /// by the decoder (see [`Batch::ignored`]), so this is `None` or main.
+    pub group_idx: Option<u32>,
+    /// Token ids arrived as `(token, next_token)` pairs (EAGLE / SGLang DSv4);
+    /// `tokens` holds the first of each pair, i.e. the block's own tokens.
+    pub bigram_tokens: bool,
+    pub tenant_id: Option<Range<usize>>,
+    pub backend_id: Option<Range<usize>>,
+    /// `model_name` (RFC, legacy) or `model`.
+    pub model_name: Option<Range<usize>>,
+    /// RFC #1527 `additional_salt` (hash namespace; cf. `cache_salt`).
+    pub additional_salt: Option<Range<usize>>,
+    /// Mooncake store key (RFC `object_key`, legacy `mooncake_key`).
+    pub object_key: Option<Range<usize>>,
+    /// Legacy Mooncake replica list, into [`Batch::replicas`].
+    pub replicas: Range<usize>,
+}
+
+impl EventRec {
+    /// An event with no payload at the current ends of `out`'s arrays.
+    pub fn empty(op: EventOp, out: &Batch) -> EventRec {
+        EventRec {
+            kind: op.kind(),
+            hashes: out.hashes.len()..out.hashes.len(),
+            parent: None,
+            tokens: out.tokens.len()..out.tokens.len(),
+            block_size: None,
+            lora_id: None,
+            medium: None,
+            lora_name: None,
+            cache_salt: None,
+            op,
+            dialect: Dialect::Engine,
+            hash_kind: HashKind::Engine,
+            event_id: None,
+            timestamp_ms: None,
+            dp_rank: None,
+            base_block_idx: None,
+            group_idx: None,
+            bigram_tokens: false,
+            tenant_id: None,
+            backend_id: None,
+            model_name: None,
+            additional_salt: None,
+            object_key: None,
+            replicas: out.replicas.len()..out.replicas.len(),
+        }
+    }
 }
 
 /// One decoded frame. Reuse one `Batch` per listener: its vectors keep their capacity.
 #[derive(Default, Debug)]
 pub struct Batch {
     pub ts: f64,
-    /// `data_parallel_rank` (vLLM) or `attn_dp_rank` (SGLang); overrides the registered rank.
+    /// `data_parallel_rank` (vLLM) or `attn_dp_rank` (SGLang) or `dp_rank`
+    /// (map batches, Mooncake master: `0`); overrides the registered rank.
+    /// A per-event [`EventRec::dp_rank`] overrides this in turn.
     pub dp_rank: Option<u32>,
     pub events: Vec<EventRec>,
     pub hashes: Vec<EngineHash>,
     pub tokens: Vec<u32>,
+    pub replicas: Vec<ReplicaRec>,
+    /// Well-formed events the decoder dropped: vLLM events of a non-main
+    /// KV-cache group (`group_idx` != 0, or a `kv_cache_spec_kind` other than
+    /// full/MLA/sink-full attention), as Dynamo does. For metrics only.
+    pub ignored: u32,
 }
 
 /// A borrowed view of one event, for the ingest layer.
@@ -89,6 +251,62 @@ pub struct Event<'a> {
     pub lora_name: Option<&'a str>,
     pub cache_salt: Option<&'a str>,
     pub lora_id: Option<i64>,
+    pub op: EventOp,
+    pub dialect: Dialect,
+    pub hash_kind: HashKind,
+    pub event_id: Option<u64>,
+    pub timestamp_ms: Option<u64>,
+    pub dp_rank: Option<u32>,
+    pub base_block_idx: Option<u32>,
+    pub group_idx: Option<u32>,
+    pub bigram_tokens: bool,
+    pub tenant_id: Option<&'a str>,
+    pub backend_id: Option<&'a str>,
+    pub model_name: Option<&'a str>,
+    pub additional_salt: Option<&'a str>,
+    pub object_key: Option<&'a str>,
+    pub replicas: Replicas<'a>,
+}
+
+/// A legacy Mooncake object's replica list, borrowed.
+#[derive(Clone, Copy, Debug)]
+pub struct Replicas<'a> {
+    recs: &'a [ReplicaRec],
+    payload: &'a [u8],
+}
+
+/// One replica: `(type, location)`; `type` is `None` for a bare address string.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Replica<'a> {
+    pub kind: Option<&'a str>,
+    pub location: &'a str,
+}
+
+impl<'a> Replicas<'a> {
+    pub fn len(&self) -> usize {
+        self.recs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.recs.is_empty()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = Replica<'a>> + 'a {
+        let payload = self.payload;
+        self.recs.iter().map(move |r| Replica {
+            kind: r.kind.clone().map(|k| utf8(payload, k)),
+            location: utf8(payload, r.location.clone()),
+        })
+    }
+}
+
+/// Strings were validated as UTF-8 during decoding; a range that somehow is not
+/// (a payload other than the decoded one) reads as empty rather than panicking.
+fn utf8(payload: &[u8], r: Range<usize>) -> &str {
+    payload
+        .get(r)
+        .and_then(|b| std::str::from_utf8(b).ok())
+        .unwrap_or("")
 }
 
 impl Batch {
@@ -98,15 +316,13 @@ impl Batch {
         self.events.clear();
         self.hashes.clear();
         self.tokens.clear();
+        self.replicas.clear();
+        self.ignored = 0;
     }
 
     /// Iterate the events of a batch decoded from `payload`.
     pub fn events<'a>(&'a self, payload: &'a [u8]) -> impl Iterator<Item = Event<'a>> + 'a {
-        // Strings were validated as UTF-8 during decoding.
-        let text = move |r: &Option<Range<usize>>| {
-            r.clone()
-                .and_then(|r| std::str::from_utf8(&payload[r]).ok())
-        };
+        let text = move |r: &Option<Range<usize>>| r.clone().map(|r| utf8(payload, r));
         self.events.iter().map(move |e| Event {
             kind: e.kind,
             hashes: &self.hashes[e.hashes.clone()],
@@ -117,8 +333,49 @@ impl Batch {
             lora_name: text(&e.lora_name),
             cache_salt: text(&e.cache_salt),
             lora_id: e.lora_id,
+            op: e.op,
+            dialect: e.dialect,
+            hash_kind: e.hash_kind,
+            event_id: e.event_id,
+            timestamp_ms: e.timestamp_ms,
+            dp_rank: e.dp_rank,
+            base_block_idx: e.base_block_idx,
+            group_idx: e.group_idx,
+            bigram_tokens: e.bigram_tokens,
+            tenant_id: text(&e.tenant_id),
+            backend_id: text(&e.backend_id),
+            model_name: text(&e.model_name),
+            additional_salt: text(&e.additional_salt),
+            object_key: text(&e.object_key),
+            replicas: Replicas {
+                recs: &self.replicas[e.replicas.clone()],
+                payload,
+            },
         })
     }
+}
+
+/// Canonical tier name of an engine/store `medium` string, for media the
+/// well-known table may not list: SGLang `CPU_PINNED` → `CPU`, Mooncake
+/// replica types `memory` → `CPU`, `disk`/`local_disk` → `DISK`, plus
+/// case-insensitive `gpu`/`cpu`/`disk`. Anything else (e.g. SGLang `EXTERNAL`,
+/// `NPU`) is returned unchanged for the registry to map or intern.
+pub fn canonical_medium(m: &str) -> &str {
+    const MAP: [(&str, &str); 9] = [
+        ("GPU", "GPU"),
+        ("CPU", "CPU"),
+        ("DISK", "DISK"),
+        ("CPU_PINNED", "CPU"),
+        ("PINNED", "CPU"),
+        ("MEMORY", "CPU"),
+        ("LOCAL_DISK", "DISK"),
+        ("SSD", "DISK"),
+        ("HOST", "CPU"),
+    ];
+    MAP.iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case(m))
+        .map(|&(_, v)| v)
+        .unwrap_or(m)
 }
 
 /// The batch sequence number frame: 8 bytes, big-endian.

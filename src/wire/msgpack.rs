@@ -23,6 +23,21 @@ pub enum Int {
     I(i64),
 }
 
+/// The coarse type of the next msgpack value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Class {
+    Nil,
+    Bool,
+    Int,
+    Float,
+    Str,
+    Bin,
+    Array,
+    Map,
+    /// Ext types and the reserved marker.
+    Other,
+}
+
 impl Int {
     /// Two's-complement bits: how Python's signed 64-bit hashes map onto `u64`.
     pub fn bits(self) -> u64 {
@@ -242,6 +257,30 @@ impl<'a> Cursor<'a> {
             self.peek_marker()?,
             Marker::FixMap(_) | Marker::Map16 | Marker::Map32
         ))
+    }
+
+    /// What kind of value is next, without consuming it.
+    pub fn peek_class(&self) -> Result<Class, WireError> {
+        Ok(match self.peek_marker()? {
+            Marker::Null => Class::Nil,
+            Marker::True | Marker::False => Class::Bool,
+            Marker::FixPos(_)
+            | Marker::FixNeg(_)
+            | Marker::U8
+            | Marker::U16
+            | Marker::U32
+            | Marker::U64
+            | Marker::I8
+            | Marker::I16
+            | Marker::I32
+            | Marker::I64 => Class::Int,
+            Marker::F32 | Marker::F64 => Class::Float,
+            Marker::FixStr(_) | Marker::Str8 | Marker::Str16 | Marker::Str32 => Class::Str,
+            Marker::Bin8 | Marker::Bin16 | Marker::Bin32 => Class::Bin,
+            Marker::FixArray(_) | Marker::Array16 | Marker::Array32 => Class::Array,
+            Marker::FixMap(_) | Marker::Map16 | Marker::Map32 => Class::Map,
+            _ => Class::Other,
+        })
     }
 
     /// Skip one value of any type.

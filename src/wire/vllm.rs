@@ -1,234 +1,78 @@
-//! vLLM / SGLang `KVEventBatch` decoding (msgspec msgpack).
+//! vLLM / SGLang positional event decoding (msgspec msgpack).
 //!
-//! Accepts every encoding seen in the field: the batch as a positional array
-//! `[ts, events, dp_rank, ...]` or as a map, and each event as a tagged array
-//! `["BlockStored", hashes, parent, tokens, block_size, lora_id, medium,
-//! lora_name, extra_keys, ...tail]` or as a map with a `"type"` tag. Unknown
-//! trailing fields and unknown map keys are skipped. A frame is decoded whole
-//! before anything is returned, so a bad event rejects the frame, not half of it.
+//! Every layout seen in the field, as `["BlockStored", ...fields]`:
+//!
+//! | engine / version | BlockStored fields after the tag |
+//! |---|---|
+//! | vLLM ≤ 0.9, SGLang (old) | hashes, parent, tokens, block_size, lora_id |
+//! | SGLang (attn_dp_rank era) | … lora_id, medium |
+//! | SGLang with metadata | … lora_id, medium, `{"cache_salt": str}` |
+//! | vLLM 0.10+ | … lora_id, medium, lora_name |
+//! | vLLM 0.11+ | … lora_name, extra_keys |
+//! | vLLM (hybrid KV groups) | … extra_keys, group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window |
+//! | vLLM (newest) | … kv_cache_spec_sliding_window, locality, ... |
+//!
+//! `BlockRemoved`: hashes [, medium [, group_idx [, locality ...]]].
+//! `AllBlocksCleared`: no fields (tail tolerated). Unknown trailing fields are
+//! skipped; tail fields whose type changed between versions (`group_idx`,
+//! `kv_cache_spec_kind`) are read leniently. Events of a non-main KV-cache
+//! group are dropped (counted in [`Batch::ignored`](super::Batch)), as Dynamo does.
+//!
+//! Current vLLM and SGLang encode events as tagged *maps* inside a positional
+//! batch; those are decoded by [`super::map`]. The batch envelope is in
+//! `batch.rs`; [`decode`] here is the crate-wide entry point under its old name.
 
-use super::msgpack::{Cursor, Int};
-use super::{Batch, EventKind, EventRec, WireError};
-use crate::types::EngineHash;
-use std::ops::Range;
+use super::batch::{
+    aux_group, check_stored, hashes, lenient_str, lenient_u32, lora_id, opt_hash, text, tokens,
+    Fields,
+};
+use super::msgpack::Cursor;
+use super::{Batch, EventOp, EventRec, WireError};
 
-/// Decode one payload into `out` (cleared first).
+/// Decode one payload into `out`: the same as [`super::decode`] (every dialect).
 pub fn decode(payload: &[u8], out: &mut Batch) -> Result<(), WireError> {
-    out.clear();
-    let mut c = Cursor::new(payload);
-    let result = if c.is_map()? {
-        batch_map(&mut c, out)
-    } else {
-        batch_array(&mut c, out)
-    };
-    if let Err(e) = result {
-        out.clear();
-        return Err(e);
-    }
-    if c.remaining() != 0 {
-        out.clear();
-        return Err(WireError::Trailing);
-    }
-    Ok(())
+    super::decode(payload, out)
 }
 
-fn batch_array(c: &mut Cursor<'_>, out: &mut Batch) -> Result<(), WireError> {
-    let n = c.array("batch")?;
-    if n < 2 {
-        return Err(WireError::Missing { field: "events" });
-    }
-    out.ts = c.float("ts")?;
-    events(c, out)?;
-    if n >= 3 {
-        out.dp_rank = c.opt_u32("data_parallel_rank")?;
-    }
-    for _ in 3..n {
-        c.skip()?;
-    }
-    Ok(())
-}
-
-fn batch_map(c: &mut Cursor<'_>, out: &mut Batch) -> Result<(), WireError> {
-    let n = c.map("batch")?;
-    let mut saw_events = false;
-    for _ in 0..n {
-        let key = c.str("batch key")?;
-        match c.slice(key) {
-            b"ts" => out.ts = c.float("ts")?,
-            b"events" => {
-                events(c, out)?;
-                saw_events = true;
-            }
-            b"data_parallel_rank" | b"attn_dp_rank" | b"dp_rank" => {
-                if let Some(r) = c.opt_u32("data_parallel_rank")? {
-                    out.dp_rank = Some(r);
-                }
-            }
-            _ => c.skip()?,
-        }
-    }
-    if !saw_events {
-        return Err(WireError::Missing { field: "events" });
-    }
-    Ok(())
-}
-
-fn events(c: &mut Cursor<'_>, out: &mut Batch) -> Result<(), WireError> {
-    let n = c.array("events")?;
-    for _ in 0..n {
-        let ev = if c.is_map()? {
-            event_map(c, out)?
-        } else {
-            event_array(c, out)?
-        };
-        out.events.push(ev);
-    }
-    Ok(())
-}
-
-fn empty_event(kind: EventKind, out: &Batch) -> EventRec {
-    EventRec {
-        kind,
-        hashes: out.hashes.len()..out.hashes.len(),
-        parent: None,
-        tokens: out.tokens.len()..out.tokens.len(),
-        block_size: None,
-        lora_id: None,
-        medium: None,
-        lora_name: None,
-        cache_salt: None,
+/// The operation of a vLLM/SGLang event tag.
+pub(super) fn tag_op(tag: &[u8]) -> Option<EventOp> {
+    match tag {
+        b"BlockStored" => Some(EventOp::Stored),
+        b"BlockRemoved" => Some(EventOp::Removed),
+        b"AllBlocksCleared" => Some(EventOp::Cleared),
+        _ => None,
     }
 }
 
-fn tag(c: &mut Cursor<'_>) -> Result<EventKind, WireError> {
-    let r = c.str("type")?;
-    match c.slice(r) {
-        b"BlockStored" => Ok(EventKind::Stored),
-        b"BlockRemoved" => Ok(EventKind::Removed),
-        b"AllBlocksCleared" => Ok(EventKind::Cleared),
-        other => Err(WireError::UnknownTag(
-            String::from_utf8_lossy(&other[..other.len().min(64)]).into_owned(),
-        )),
-    }
-}
-
-/// Engine block hash: an integer (signed values keep their bits) or bytes
-/// (vLLM's sha256 digests; the last 8 bytes big-endian, as vLLM's own int conversion does).
-fn hash(c: &mut Cursor<'_>, field: &'static str) -> Result<EngineHash, WireError> {
-    if c.is_bin()? {
-        let r = c.bytes_or_str(field)?;
-        let b = c.slice(r);
-        let tail = &b[b.len().saturating_sub(8)..];
-        return Ok(EngineHash(
-            tail.iter().fold(0u64, |acc, x| (acc << 8) | *x as u64),
-        ));
-    }
-    c.int(field).map(|i| EngineHash(i.bits()))
-}
-
-fn hashes(c: &mut Cursor<'_>, out: &mut Batch) -> Result<Range<usize>, WireError> {
-    let n = c.array("block_hashes")?;
-    let start = out.hashes.len();
-    for _ in 0..n {
-        let h = hash(c, "block_hashes")?;
-        out.hashes.push(h);
-    }
-    Ok(start..out.hashes.len())
-}
-
-fn tokens(c: &mut Cursor<'_>, out: &mut Batch) -> Result<Range<usize>, WireError> {
-    let n = c.array("token_ids")?;
-    let start = out.tokens.len();
-    for _ in 0..n {
-        let t = c.u32("token_ids")?;
-        out.tokens.push(t);
-    }
-    Ok(start..out.tokens.len())
-}
-
-fn text(c: &mut Cursor<'_>, field: &'static str) -> Result<Option<Range<usize>>, WireError> {
-    let r = c.opt_str(field)?;
-    if let Some(r) = &r {
-        std::str::from_utf8(c.slice(r.clone())).map_err(|_| WireError::Type {
-            field,
-            expected: "UTF-8 string",
-        })?;
-    }
-    Ok(r)
-}
-
-fn lora_id(c: &mut Cursor<'_>) -> Result<Option<i64>, WireError> {
-    if c.nil()? {
-        return Ok(None);
-    }
-    match c.int("lora_id")? {
-        Int::I(i) => Ok(Some(i)),
-        Int::U(u) => i64::try_from(u)
-            .map(Some)
-            .map_err(|_| WireError::Range { field: "lora_id" }),
-    }
-}
-
-fn opt_parent(c: &mut Cursor<'_>) -> Result<Option<EngineHash>, WireError> {
-    if c.nil()? {
-        Ok(None)
-    } else {
-        hash(c, "parent_block_hash").map(Some)
-    }
-}
-
-fn check_stored(ev: &EventRec) -> Result<(), WireError> {
-    if let Some(bs) = ev.block_size {
-        let blocks = ev.hashes.len();
-        if bs == 0 || ev.tokens.len() != blocks * bs as usize {
-            return Err(WireError::TokenCount {
-                tokens: ev.tokens.len(),
-                blocks,
-                block_size: bs as usize,
-            });
-        }
-    }
-    Ok(())
-}
-
-fn event_array(c: &mut Cursor<'_>, out: &mut Batch) -> Result<EventRec, WireError> {
-    let n = c.array("event")?;
-    if n == 0 {
-        return Err(WireError::Missing { field: "type" });
-    }
-    let kind = tag(c)?;
-    let mut ev = empty_event(kind, out);
-    // Fields still unread in this positional event.
-    let mut left = n - 1;
-    let mut has = |needed: bool, field: &'static str| -> Result<bool, WireError> {
-        if left == 0 {
-            return if needed {
-                Err(WireError::Missing { field })
-            } else {
-                Ok(false)
-            };
-        }
-        left -= 1;
-        Ok(true)
-    };
-    match kind {
-        EventKind::Stored => {
-            has(true, "block_hashes")?;
-            ev.hashes = hashes(c, out)?;
-            has(true, "parent_block_hash")?;
-            ev.parent = opt_parent(c)?;
-            has(true, "token_ids")?;
-            ev.tokens = tokens(c, out)?;
-            if has(false, "block_size")? {
+/// The fields after the tag of one positional event (`left` of them).
+/// `Ok(None)`: a well-formed event of an auxiliary KV-cache group, dropped.
+pub(super) fn event_array(
+    c: &mut Cursor<'_>,
+    out: &mut Batch,
+    op: EventOp,
+    left: usize,
+) -> Result<Option<EventRec>, WireError> {
+    let mut ev = EventRec::empty(op, out);
+    let mut f = Fields::new(left);
+    let (mut group, mut spec_kind) = (None, None);
+    match op {
+        EventOp::Stored => {
+            f.next(true, "block_hashes")?;
+            ev.hashes = hashes(c, out, "block_hashes")?;
+            f.next(true, "parent_block_hash")?;
+            ev.parent = opt_hash(c, "parent_block_hash")?;
+            f.next(true, "token_ids")?;
+            (ev.tokens, ev.bigram_tokens) = tokens(c, out, "token_ids")?;
+            if f.next(false, "block_size")? {
                 ev.block_size = c.opt_u32("block_size")?;
             }
-            if has(false, "lora_id")? {
+            if f.next(false, "lora_id")? {
                 ev.lora_id = lora_id(c)?;
             }
-            if has(false, "medium")? {
+            if f.next(false, "medium")? {
                 ev.medium = text(c, "medium")?;
             }
-            if has(false, "lora_name")? {
+            if f.next(false, "lora_name")? {
                 // vLLM puts the LoRA name here; SGLang a map `{"cache_salt": str}`.
                 if c.is_map()? {
                     for _ in 0..c.map("lora_name")? {
@@ -243,73 +87,44 @@ fn event_array(c: &mut Cursor<'_>, out: &mut Batch) -> Result<EventRec, WireErro
                     ev.lora_name = text(c, "lora_name")?;
                 }
             }
+            if f.next(false, "extra_keys")? {
+                // Per-block MM/LoRA/salt keys: already folded into the engine's hashes.
+                c.skip()?;
+            }
+            if f.next(false, "group_idx")? {
+                group = lenient_u32(c)?;
+            }
+            if f.next(false, "kv_cache_spec_kind")? {
+                spec_kind = lenient_str(c)?;
+            }
             check_stored(&ev)?;
         }
-        EventKind::Removed => {
-            has(true, "block_hashes")?;
-            ev.hashes = hashes(c, out)?;
-            if has(false, "medium")? {
+        EventOp::Removed => {
+            f.next(true, "block_hashes")?;
+            ev.hashes = hashes(c, out, "block_hashes")?;
+            if f.next(false, "medium")? {
                 ev.medium = text(c, "medium")?;
             }
-        }
-        EventKind::Cleared => {}
-    }
-    // Newer tail fields (extra_keys, group index, cache-spec kind, ...) are tolerated.
-    for _ in 0..left {
-        c.skip()?;
-    }
-    Ok(ev)
-}
-
-fn event_map(c: &mut Cursor<'_>, out: &mut Batch) -> Result<EventRec, WireError> {
-    let n = c.map("event")?;
-    let mut kind = None;
-    let mut ev = empty_event(EventKind::Cleared, out);
-    let (mut saw_hashes, mut saw_tokens) = (false, false);
-    for _ in 0..n {
-        let key = c.str("event key")?;
-        match c.slice(key) {
-            b"type" => kind = Some(tag(c)?),
-            b"block_hashes" => {
-                ev.hashes = hashes(c, out)?;
-                saw_hashes = true;
+            if f.next(false, "group_idx")? {
+                group = lenient_u32(c)?;
             }
-            b"parent_block_hash" => ev.parent = opt_parent(c)?,
-            b"token_ids" => {
-                ev.tokens = tokens(c, out)?;
-                saw_tokens = true;
-            }
-            b"block_size" => ev.block_size = c.opt_u32("block_size")?,
-            b"lora_id" => ev.lora_id = lora_id(c)?,
-            b"medium" => ev.medium = text(c, "medium")?,
-            b"lora_name" => ev.lora_name = text(c, "lora_name")?,
-            b"cache_salt" => ev.cache_salt = text(c, "cache_salt")?,
-            _ => c.skip()?,
         }
+        EventOp::Cleared | EventOp::Updated => {}
     }
-    ev.kind = kind.ok_or(WireError::Missing { field: "type" })?;
-    match ev.kind {
-        EventKind::Stored if !saw_hashes => {
-            return Err(WireError::Missing {
-                field: "block_hashes",
-            });
-        }
-        EventKind::Stored if !saw_tokens => return Err(WireError::Missing { field: "token_ids" }),
-        EventKind::Stored => check_stored(&ev)?,
-        EventKind::Removed if !saw_hashes => {
-            return Err(WireError::Missing {
-                field: "block_hashes",
-            });
-        }
-        _ => {}
+    // Newer tail fields (sliding window, locality, ownership, ...) are tolerated.
+    f.skip_rest(c)?;
+    if aux_group(group, spec_kind.map(|r| c.slice(r))) {
+        return Ok(None);
     }
-    Ok(ev)
+    ev.group_idx = group;
+    Ok(Some(ev))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::Event;
+    use crate::types::EngineHash;
+    use crate::wire::{Event, EventKind};
 
     /// Payloads encoded by msgspec exactly as the engines encode them (scripts/gen_vllm_fixtures.py).
     pub fn fixture(name: &str) -> Vec<u8> {

@@ -1,0 +1,446 @@
+//! The batch envelope, per-event dialect dispatch, and the field readers the
+//! dialects share.
+//!
+//! Every length comes from an untrusted frame, so nothing here reserves
+//! capacity from a declared length: arrays are refused when their declared
+//! length exceeds the bytes left (see [`Cursor::array`]) and then grown one
+//! pushed value at a time. A frame is decoded whole before anything is
+//! returned, so a bad event rejects the frame, not half of it.
+
+use super::msgpack::{Class, Cursor, Int};
+use super::{Batch, EventRec, WireError};
+use crate::types::EngineHash;
+use std::ops::Range;
+
+/// Decode one payload into `out` (cleared first). On error `out` is left empty.
+pub fn decode(payload: &[u8], out: &mut Batch) -> Result<(), WireError> {
+    out.clear();
+    let mut c = Cursor::new(payload);
+    let result = if c.is_map()? {
+        batch_map(&mut c, out)
+    } else {
+        batch_array(&mut c, out)
+    };
+    if let Err(e) = result {
+        out.clear();
+        return Err(e);
+    }
+    if c.remaining() != 0 {
+        out.clear();
+        return Err(WireError::Trailing);
+    }
+    Ok(())
+}
+
+/// `[ts, [events], dp_rank, ...tail]`, or the legacy Mooncake `[[events]]`.
+fn batch_array(c: &mut Cursor<'_>, out: &mut Batch) -> Result<(), WireError> {
+    let n = c.array("batch")?;
+    if n == 1 && c.peek_class()? == Class::Array {
+        return events(c, out);
+    }
+    if n < 2 {
+        return Err(WireError::Missing { field: "events" });
+    }
+    out.ts = c.float("ts")?;
+    events(c, out)?;
+    if n >= 3 {
+        out.dp_rank = c.opt_u32("data_parallel_rank")?;
+    }
+    for _ in 3..n {
+        c.skip()?;
+    }
+    Ok(())
+}
+
+fn batch_map(c: &mut Cursor<'_>, out: &mut Batch) -> Result<(), WireError> {
+    let n = c.map("batch")?;
+    let mut saw_events = false;
+    for _ in 0..n {
+        let key = c.str("batch key")?;
+        match c.slice(key) {
+            b"ts" | b"timestamp" => {
+                if !c.nil()? {
+                    out.ts = c.float("ts")?;
+                }
+            }
+            b"events" => {
+                if saw_events {
+                    return Err(WireError::Type {
+                        field: "events",
+                        expected: "a single events list",
+                    });
+                }
+                events(c, out)?;
+                saw_events = true;
+            }
+            b"data_parallel_rank" | b"attn_dp_rank" | b"dp_rank" => {
+                if let Some(r) = c.opt_u32("data_parallel_rank")? {
+                    out.dp_rank = Some(r);
+                }
+            }
+            _ => c.skip()?,
+        }
+    }
+    if !saw_events {
+        return Err(WireError::Missing { field: "events" });
+    }
+    Ok(())
+}
+
+fn events(c: &mut Cursor<'_>, out: &mut Batch) -> Result<(), WireError> {
+    let n = c.array("events")?;
+    for _ in 0..n {
+        let mark = Mark::of(out);
+        let ev = match c.peek_class()? {
+            Class::Map => super::map::event(c, out)?,
+            Class::Array => event_array(c, out)?,
+            _ => {
+                return Err(WireError::Type {
+                    field: "event",
+                    expected: "array or map",
+                });
+            }
+        };
+        match ev {
+            Some(ev) => out.events.push(ev),
+            None => {
+                // A dropped event leaves nothing behind in the shared arrays.
+                mark.rewind(out);
+                out.ignored = out.ignored.saturating_add(1);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A tagged positional event: the tag picks the dialect.
+fn event_array(c: &mut Cursor<'_>, out: &mut Batch) -> Result<Option<EventRec>, WireError> {
+    let n = c.array("event")?;
+    if n == 0 {
+        return Err(WireError::Missing { field: "type" });
+    }
+    let r = c.str("type")?;
+    let tag = c.slice(r);
+    if let Some(op) = super::vllm::tag_op(tag) {
+        super::vllm::event_array(c, out, op, n - 1)
+    } else if let Some(op) = super::mooncake::tag_op(tag) {
+        super::mooncake::event_array(c, out, op, n - 1).map(Some)
+    } else {
+        Err(unknown_tag(tag))
+    }
+}
+
+pub(super) fn unknown_tag(tag: &[u8]) -> WireError {
+    WireError::UnknownTag(String::from_utf8_lossy(&tag[..tag.len().min(64)]).into_owned())
+}
+
+/// Array lengths of a batch before one event, to drop that event's values.
+#[derive(Clone, Copy)]
+pub(super) struct Mark {
+    hashes: usize,
+    tokens: usize,
+    replicas: usize,
+}
+
+impl Mark {
+    pub(super) fn of(out: &Batch) -> Mark {
+        Mark {
+            hashes: out.hashes.len(),
+            tokens: out.tokens.len(),
+            replicas: out.replicas.len(),
+        }
+    }
+
+    pub(super) fn rewind(self, out: &mut Batch) {
+        out.hashes.truncate(self.hashes);
+        out.tokens.truncate(self.tokens);
+        out.replicas.truncate(self.replicas);
+    }
+}
+
+/// Positional fields still unread in one array-encoded event.
+pub(super) struct Fields {
+    left: usize,
+}
+
+impl Fields {
+    pub(super) fn new(left: usize) -> Self {
+        Fields { left }
+    }
+
+    /// Whether another field follows; `Missing` if a required one does not.
+    pub(super) fn next(&mut self, required: bool, field: &'static str) -> Result<bool, WireError> {
+        if self.left == 0 {
+            return if required {
+                Err(WireError::Missing { field })
+            } else {
+                Ok(false)
+            };
+        }
+        self.left -= 1;
+        Ok(true)
+    }
+
+    /// Skip the fields nobody reads (newer tail fields are tolerated).
+    pub(super) fn skip_rest(&mut self, c: &mut Cursor<'_>) -> Result<(), WireError> {
+        for _ in 0..self.left {
+            c.skip()?;
+        }
+        self.left = 0;
+        Ok(())
+    }
+}
+
+/// Parse a hash written as text: decimal, or `0x` hex. Longer hex (a digest,
+/// with or without `0x`) keeps its last 16 digits, i.e. the last 8 bytes
+/// big-endian, as for binary hashes. `None` if it is neither.
+pub(super) fn hash_text(s: &[u8]) -> Option<u64> {
+    if let Some(v) = numeric_key(s) {
+        return Some(v);
+    }
+    let hex = s
+        .strip_prefix(b"0x")
+        .or_else(|| s.strip_prefix(b"0X"))
+        .unwrap_or(s);
+    if hex.len() > 16 && hex.iter().all(u8::is_ascii_hexdigit) {
+        return parse_hex(&hex[hex.len() - 16..]);
+    }
+    None
+}
+
+/// A Mooncake object key that encodes a `u64` seq hash: decimal, or `0x` hex
+/// of at most 16 digits. Anything else is an opaque key.
+pub(super) fn numeric_key(s: &[u8]) -> Option<u64> {
+    if let Some(hex) = s.strip_prefix(b"0x").or_else(|| s.strip_prefix(b"0X")) {
+        return if hex.len() <= 16 { parse_hex(hex) } else { None };
+    }
+    if s.is_empty() || s.len() > 20 || !s.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    s.iter().try_fold(0u64, |acc, d| {
+        acc.checked_mul(10)?.checked_add((d - b'0') as u64)
+    })
+}
+
+fn parse_hex(h: &[u8]) -> Option<u64> {
+    if h.is_empty() || h.len() > 16 {
+        return None;
+    }
+    h.iter().try_fold(0u64, |acc, d| {
+        let v = (*d as char).to_digit(16)? as u64;
+        Some((acc << 4) | v)
+    })
+}
+
+/// A block hash: an integer (signed values keep their bits), bytes (vLLM's
+/// sha256 digests: the last 8 bytes big-endian, as vLLM's own int conversion
+/// does) or text (Mooncake: decimal / `0x` hex, see [`hash_text`]).
+/// `Ok(None)` for nil and for the empty string (Mooncake's "unset").
+pub(super) fn opt_hash(c: &mut Cursor<'_>, field: &'static str) -> Result<Option<EngineHash>, WireError> {
+    match c.peek_class()? {
+        Class::Nil => {
+            c.nil()?;
+            Ok(None)
+        }
+        Class::Bin => {
+            let r = c.bytes_or_str(field)?;
+            let b = c.slice(r);
+            let tail = &b[b.len().saturating_sub(8)..];
+            Ok(Some(EngineHash(
+                tail.iter().fold(0u64, |acc, x| (acc << 8) | *x as u64),
+            )))
+        }
+        Class::Str => {
+            let r = c.str(field)?;
+            let s = c.slice(r);
+            if s.is_empty() {
+                return Ok(None);
+            }
+            hash_text(s).map(|h| Some(EngineHash(h))).ok_or(WireError::Type {
+                field,
+                expected: "hash (integer, bytes, decimal or hex text)",
+            })
+        }
+        _ => c.int(field).map(|i| Some(EngineHash(i.bits()))),
+    }
+}
+
+pub(super) fn hash(c: &mut Cursor<'_>, field: &'static str) -> Result<EngineHash, WireError> {
+    opt_hash(c, field)?.ok_or(WireError::Type {
+        field,
+        expected: "hash (integer, bytes, decimal or hex text)",
+    })
+}
+
+pub(super) fn hashes(
+    c: &mut Cursor<'_>,
+    out: &mut Batch,
+    field: &'static str,
+) -> Result<Range<usize>, WireError> {
+    let n = c.array(field)?;
+    let start = out.hashes.len();
+    for _ in 0..n {
+        let h = hash(c, field)?;
+        out.hashes.push(h);
+    }
+    Ok(start..out.hashes.len())
+}
+
+/// Token ids, flat `[t, ...]` or as `(token, next_token)` pairs (EAGLE,
+/// SGLang DSv4), whose first elements are kept. Returns the range and
+/// whether the ids were pairs; mixing both forms is rejected.
+pub(super) fn tokens(
+    c: &mut Cursor<'_>,
+    out: &mut Batch,
+    field: &'static str,
+) -> Result<(Range<usize>, bool), WireError> {
+    let n = c.array(field)?;
+    let start = out.tokens.len();
+    let mut bigram = None;
+    for _ in 0..n {
+        let pair = c.peek_class()? == Class::Array;
+        if *bigram.get_or_insert(pair) != pair {
+            return Err(WireError::Type {
+                field,
+                expected: "all integers or all (token, next_token) pairs",
+            });
+        }
+        if pair {
+            if c.array(field)? != 2 {
+                return Err(WireError::Type {
+                    field,
+                    expected: "(token, next_token) pair",
+                });
+            }
+            let t = c.u32(field)?;
+            c.u32(field)?;
+            out.tokens.push(t);
+        } else {
+            let t = c.u32(field)?;
+            out.tokens.push(t);
+        }
+    }
+    Ok((start..out.tokens.len(), bigram.unwrap_or(false)))
+}
+
+/// An optional string, validated as UTF-8.
+pub(super) fn text(c: &mut Cursor<'_>, field: &'static str) -> Result<Option<Range<usize>>, WireError> {
+    let r = c.opt_str(field)?;
+    if let Some(r) = &r {
+        std::str::from_utf8(c.slice(r.clone())).map_err(|_| WireError::Type {
+            field,
+            expected: "UTF-8 string",
+        })?;
+    }
+    Ok(r)
+}
+
+/// Like [`text`], but the empty string (C++ "unset") reads as `None`.
+pub(super) fn text_nonempty(
+    c: &mut Cursor<'_>,
+    field: &'static str,
+) -> Result<Option<Range<usize>>, WireError> {
+    Ok(text(c, field)?.filter(|r| !r.is_empty()))
+}
+
+pub(super) fn lora_id(c: &mut Cursor<'_>) -> Result<Option<i64>, WireError> {
+    if c.nil()? {
+        return Ok(None);
+    }
+    match c.int("lora_id")? {
+        Int::I(i) => Ok(Some(i)),
+        Int::U(u) => i64::try_from(u)
+            .map(Some)
+            .map_err(|_| WireError::Range { field: "lora_id" }),
+    }
+}
+
+pub(super) fn opt_u64(c: &mut Cursor<'_>, field: &'static str) -> Result<Option<u64>, WireError> {
+    if c.nil()? {
+        return Ok(None);
+    }
+    match c.int(field)? {
+        Int::U(u) => Ok(Some(u)),
+        Int::I(i) => u64::try_from(i)
+            .map(Some)
+            .map_err(|_| WireError::Range { field }),
+    }
+}
+
+/// Seconds (float or integer) as Unix milliseconds; `None` for nil or a
+/// value that is not a finite, non-negative time.
+pub(super) fn seconds_ms(c: &mut Cursor<'_>, field: &'static str) -> Result<Option<u64>, WireError> {
+    if c.nil()? {
+        return Ok(None);
+    }
+    let s = c.float(field)?;
+    Ok((s.is_finite() && s >= 0.0 && s < 1.0e16).then(|| (s * 1000.0) as u64))
+}
+
+/// A tolerated tail field that should be a small integer (`group_idx`):
+/// nil or any other type reads as `None` and is skipped.
+pub(super) fn lenient_u32(c: &mut Cursor<'_>) -> Result<Option<u32>, WireError> {
+    if c.peek_class()? == Class::Int {
+        return Ok(u32::try_from(c.int("group_idx")?.bits()).ok());
+    }
+    c.skip()?;
+    Ok(None)
+}
+
+/// A tolerated tail field that should be a string (`kv_cache_spec_kind`).
+pub(super) fn lenient_str(c: &mut Cursor<'_>) -> Result<Option<Range<usize>>, WireError> {
+    if c.peek_class()? == Class::Str {
+        return c.str("kv_cache_spec_kind").map(Some);
+    }
+    c.skip()?;
+    Ok(None)
+}
+
+/// Whether vLLM's KV-cache group metadata marks an event as belonging to an
+/// auxiliary group (sliding window, Mamba, ...), which the prefix index must
+/// not see: Dynamo's rule, so both indexers agree.
+pub(super) fn aux_group(group_idx: Option<u32>, spec_kind: Option<&[u8]>) -> bool {
+    if let Some(kind) = spec_kind {
+        return !matches!(
+            kind,
+            b"full_attention" | b"mla_attention" | b"sink_full_attention"
+        );
+    }
+    matches!(group_idx, Some(g) if g != 0)
+}
+
+/// vLLM/SGLang strictness: with a block size, tokens must fill the blocks exactly.
+pub(super) fn check_stored(ev: &EventRec) -> Result<(), WireError> {
+    if let Some(bs) = ev.block_size {
+        let blocks = ev.hashes.len();
+        if bs == 0 || ev.tokens.len() != blocks * bs as usize {
+            return Err(WireError::TokenCount {
+                tokens: ev.tokens.len(),
+                blocks,
+                block_size: bs as usize,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Mooncake strictness: tokens are optional; when present with a block size
+/// they must fill whole blocks, and match the hash count when there are hashes.
+pub(super) fn check_stored_optional_tokens(ev: &EventRec) -> Result<(), WireError> {
+    let (tokens, blocks) = (ev.tokens.len(), ev.hashes.len());
+    if tokens == 0 {
+        return Ok(());
+    }
+    if let Some(bs) = ev.block_size {
+        let bsz = bs as usize;
+        let ok = bsz != 0 && tokens % bsz == 0 && (blocks == 0 || tokens == blocks * bsz);
+        if !ok {
+            return Err(WireError::TokenCount {
+                tokens,
+                blocks,
+                block_size: bsz,
+            });
+        }
+    }
+    Ok(())
+}
