@@ -62,7 +62,12 @@ pub(super) fn event(c: &mut Cursor<'_>, out: &mut Batch) -> Result<Option<EventR
                 event_type = Some(rfc_op(s).ok_or_else(|| unknown_tag(s))?);
             }
             // Resolved at the end: `event_type`, if any, wins over it.
-            b"type" => type_tag = Some(c.str("type")?),
+            b"type" => {
+                if !c.nil()? {
+                    type_tag = Some(c.str("type")?);
+                }
+            }
+            b"seq_hashes" if c.nil()? => {}
             b"seq_hashes" => {
                 // Drop an alias list read just before, so hashes never double.
                 if let Some(a) = alias.take() {
@@ -72,6 +77,7 @@ pub(super) fn event(c: &mut Cursor<'_>, out: &mut Batch) -> Result<Option<EventR
                 }
                 seq = Some(hashes(c, out, "seq_hashes")?);
             }
+            b"block_hashes" if c.nil()? => {}
             b"block_hashes" if seq.is_none() => alias = Some(hashes(c, out, "block_hashes")?),
             b"block_hash" if seq.is_none() => {
                 let start = out.hashes.len();
@@ -83,6 +89,7 @@ pub(super) fn event(c: &mut Cursor<'_>, out: &mut Batch) -> Result<Option<EventR
             b"block_hashes" | b"block_hash" => c.skip()?,
             b"parent_hash" => parent_seq = opt_hash(c, "parent_hash")?,
             b"parent_block_hash" => parent_alias = opt_hash(c, "parent_block_hash")?,
+            b"token_ids" | b"token_id" if c.nil()? => {}
             b"token_ids" | b"token_id" => {
                 (ev.tokens, ev.bigram_tokens) = tokens(c, out, "token_ids")?;
                 saw_tokens = true;

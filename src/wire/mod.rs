@@ -385,3 +385,6 @@ pub fn split_seq(frame: &[u8]) -> Result<u64, WireError> {
         .map_err(|_| WireError::SeqFrame(frame.len()))?;
     Ok(u64::from_be_bytes(seq))
 }
+
+#[cfg(test)]
+mod tests;
