@@ -212,7 +212,11 @@ pub(super) fn hash_text(s: &[u8]) -> Option<u64> {
 /// of at most 16 digits. Anything else is an opaque key.
 pub(super) fn numeric_key(s: &[u8]) -> Option<u64> {
     if let Some(hex) = s.strip_prefix(b"0x").or_else(|| s.strip_prefix(b"0X")) {
-        return if hex.len() <= 16 { parse_hex(hex) } else { None };
+        return if hex.len() <= 16 {
+            parse_hex(hex)
+        } else {
+            None
+        };
     }
     if s.is_empty() || s.len() > 20 || !s.iter().all(u8::is_ascii_digit) {
         return None;
@@ -236,7 +240,10 @@ fn parse_hex(h: &[u8]) -> Option<u64> {
 /// sha256 digests: the last 8 bytes big-endian, as vLLM's own int conversion
 /// does) or text (Mooncake: decimal / `0x` hex, see [`hash_text`]).
 /// `Ok(None)` for nil and for the empty string (Mooncake's "unset").
-pub(super) fn opt_hash(c: &mut Cursor<'_>, field: &'static str) -> Result<Option<EngineHash>, WireError> {
+pub(super) fn opt_hash(
+    c: &mut Cursor<'_>,
+    field: &'static str,
+) -> Result<Option<EngineHash>, WireError> {
     match c.peek_class()? {
         Class::Nil => {
             c.nil()?;
@@ -256,10 +263,12 @@ pub(super) fn opt_hash(c: &mut Cursor<'_>, field: &'static str) -> Result<Option
             if s.is_empty() {
                 return Ok(None);
             }
-            hash_text(s).map(|h| Some(EngineHash(h))).ok_or(WireError::Type {
-                field,
-                expected: "hash (integer, bytes, decimal or hex text)",
-            })
+            hash_text(s)
+                .map(|h| Some(EngineHash(h)))
+                .ok_or(WireError::Type {
+                    field,
+                    expected: "hash (integer, bytes, decimal or hex text)",
+                })
         }
         _ => c.int(field).map(|i| Some(EngineHash(i.bits()))),
     }
@@ -324,7 +333,10 @@ pub(super) fn tokens(
 }
 
 /// An optional string, validated as UTF-8.
-pub(super) fn text(c: &mut Cursor<'_>, field: &'static str) -> Result<Option<Range<usize>>, WireError> {
+pub(super) fn text(
+    c: &mut Cursor<'_>,
+    field: &'static str,
+) -> Result<Option<Range<usize>>, WireError> {
     let r = c.opt_str(field)?;
     if let Some(r) = &r {
         std::str::from_utf8(c.slice(r.clone())).map_err(|_| WireError::Type {
@@ -369,12 +381,15 @@ pub(super) fn opt_u64(c: &mut Cursor<'_>, field: &'static str) -> Result<Option<
 
 /// Seconds (float or integer) as Unix milliseconds; `None` for nil or a
 /// value that is not a finite, non-negative time.
-pub(super) fn seconds_ms(c: &mut Cursor<'_>, field: &'static str) -> Result<Option<u64>, WireError> {
+pub(super) fn seconds_ms(
+    c: &mut Cursor<'_>,
+    field: &'static str,
+) -> Result<Option<u64>, WireError> {
     if c.nil()? {
         return Ok(None);
     }
     let s = c.float(field)?;
-    Ok((s.is_finite() && s >= 0.0 && s < 1.0e16).then(|| (s * 1000.0) as u64))
+    Ok((0.0..1.0e16).contains(&s).then_some((s * 1000.0) as u64))
 }
 
 /// A tolerated tail field that should be a small integer (`group_idx`):

@@ -70,10 +70,10 @@ pub(super) fn event(c: &mut Cursor<'_>, out: &mut Batch) -> Result<Option<EventR
             b"seq_hashes" if c.nil()? => {}
             b"seq_hashes" => {
                 // Drop an alias list read just before, so hashes never double.
-                if let Some(a) = alias.take() {
-                    if a.end == out.hashes.len() {
-                        out.hashes.truncate(a.start);
-                    }
+                if let Some(a) = alias.take()
+                    && a.end == out.hashes.len()
+                {
+                    out.hashes.truncate(a.start);
                 }
                 seq = Some(hashes(c, out, "seq_hashes")?);
             }
@@ -186,7 +186,9 @@ pub(super) fn event(c: &mut Cursor<'_>, out: &mut Batch) -> Result<Option<EventR
                         out.hashes.push(EngineHash(h));
                         ev.hashes = start..start + 1;
                     } else if !saw_hashes && ev.object_key.is_none() {
-                        return Err(WireError::Missing { field: "seq_hashes" });
+                        return Err(WireError::Missing {
+                            field: "seq_hashes",
+                        });
                     }
                 }
                 check_stored_optional_tokens(&ev)?;

@@ -23,8 +23,8 @@
 //! remove blocks. Trailing fields are tolerated. Map forms are in [`super::map`].
 
 use super::batch::{
-    check_stored_optional_tokens, lora_id, opt_hash, seconds_ms, text, text_nonempty, tokens,
-    Fields,
+    Fields, check_stored_optional_tokens, lora_id, opt_hash, seconds_ms, text, text_nonempty,
+    tokens,
 };
 use super::msgpack::{Class, Cursor};
 use super::{Batch, Dialect, EventOp, EventRec, HashKind, ReplicaRec, WireError};

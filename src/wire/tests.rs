@@ -38,7 +38,9 @@ fn decoded(name: &str) -> (Batch, Vec<u8>) {
 fn reject(bytes: &[u8]) -> WireError {
     let mut b = Batch::default();
     let e = decode(bytes, &mut b).expect_err("must be rejected");
-    assert!(b.events.is_empty() && b.hashes.is_empty() && b.tokens.is_empty() && b.replicas.is_empty());
+    assert!(
+        b.events.is_empty() && b.hashes.is_empty() && b.tokens.is_empty() && b.replicas.is_empty()
+    );
     e
 }
 
@@ -107,7 +109,11 @@ fn vllm_current_map_events_with_bytes_hashes() {
     let (b, p) = decoded("vllm_map_current");
     assert_eq!(b.dp_rank, Some(1));
     let ev: Vec<_> = b.events(&p).collect();
-    let tail = |s: u8| h(u64::from_be_bytes(std::array::from_fn(|i| s + 24 + i as u8)));
+    let tail = |s: u8| {
+        h(u64::from_be_bytes(std::array::from_fn(|i| {
+            s + 24 + i as u8
+        })))
+    };
     assert_eq!(ev[0].hashes, &[tail(0), tail(32)]);
     assert_eq!(ev[0].group_idx, Some(0));
     assert_eq!(ev[1].hashes, &[tail(32)]);
@@ -125,12 +131,18 @@ fn sglang_media_metadata_maps_and_bigrams() {
 
     let (b, p) = decoded("sglang_array_metadata");
     let ev: Vec<_> = b.events(&p).collect();
-    assert_eq!((ev[0].medium, ev[0].cache_salt, ev[0].lora_name), (Some("GPU"), Some("tenant-a"), None));
+    assert_eq!(
+        (ev[0].medium, ev[0].cache_salt, ev[0].lora_name),
+        (Some("GPU"), Some("tenant-a"), None)
+    );
 
     let (b, p) = decoded("sglang_map_events");
     assert_eq!(b.dp_rank, Some(3));
     let ev: Vec<_> = b.events(&p).collect();
-    assert_eq!((ev[0].medium, ev[0].cache_salt), (Some("EXTERNAL"), Some("tenant-b")));
+    assert_eq!(
+        (ev[0].medium, ev[0].cache_salt),
+        (Some("EXTERNAL"), Some("tenant-b"))
+    );
     assert_eq!(canonical_medium("EXTERNAL"), "EXTERNAL");
     assert_eq!(ev[1].kind, EventKind::Removed);
 
@@ -147,7 +159,10 @@ fn rfc_stored_with_aliases_counts_hashes_once() {
     let ev: Vec<_> = b.events(&p).collect();
     assert_eq!(ev.len(), 1);
     let e = &ev[0];
-    assert_eq!((e.op, e.dialect, e.hash_kind), (EventOp::Stored, Dialect::Rfc1527, HashKind::Seq));
+    assert_eq!(
+        (e.op, e.dialect, e.hash_kind),
+        (EventOp::Stored, Dialect::Rfc1527, HashKind::Seq)
+    );
     assert_eq!(e.hashes, &[h(1234567890), h(9876543210), h(1122334455)]);
     assert_eq!(b.hashes.len(), 3, "aliases must not add hashes");
     assert_eq!(e.parent, Some(h(9999999999)));
@@ -168,17 +183,37 @@ fn rfc_stored_with_aliases_counts_hashes_once() {
 fn rfc_tokens_removed_cleared_map_batch() {
     let (b, p) = decoded("mc_rfc_stored_tokens");
     let e = b.events(&p).next().unwrap();
-    assert_eq!((e.hashes, e.tokens), (&[h(501), h(502)][..], &[1, 2, 3, 4][..]));
-    assert_eq!((e.dp_rank, e.lora_name, e.base_block_idx, e.parent), (Some(1), Some("sql"), Some(0), None));
+    assert_eq!(
+        (e.hashes, e.tokens),
+        (&[h(501), h(502)][..], &[1, 2, 3, 4][..])
+    );
+    assert_eq!(
+        (e.dp_rank, e.lora_name, e.base_block_idx, e.parent),
+        (Some(1), Some("sql"), Some(0), None)
+    );
 
     let (b, p) = decoded("mc_rfc_removed");
     let e = b.events(&p).next().unwrap();
-    assert_eq!((e.kind, e.hash_kind, e.medium), (EventKind::Removed, HashKind::Seq, Some("cpu")));
-    assert_eq!((e.hashes, e.base_block_idx), (&[h(1122334455)][..], Some(7)));
+    assert_eq!(
+        (e.kind, e.hash_kind, e.medium),
+        (EventKind::Removed, HashKind::Seq, Some("cpu"))
+    );
+    assert_eq!(
+        (e.hashes, e.base_block_idx),
+        (&[h(1122334455)][..], Some(7))
+    );
 
     let (b, p) = decoded("mc_rfc_cleared");
     let e = b.events(&p).next().unwrap();
-    assert_eq!((e.kind, e.op, e.medium, e.backend_id), (EventKind::Cleared, EventOp::Cleared, Some("disk"), Some("mooncake-daemon-0")));
+    assert_eq!(
+        (e.kind, e.op, e.medium, e.backend_id),
+        (
+            EventKind::Cleared,
+            EventOp::Cleared,
+            Some("disk"),
+            Some("mooncake-daemon-0")
+        )
+    );
     assert_eq!(e.event_id, Some(44));
 
     let (b, p) = decoded("mc_rfc_map_batch");
@@ -198,8 +233,14 @@ fn rfc_object_keys() {
     assert_eq!(ev[1].tenant_id, Some("tenant-a"));
     assert!(ev[2].hashes.is_empty(), "an opaque key is no seq hash");
     assert!(ev[2].object_key.unwrap().starts_with("llama-3.1-8b@tp0@"));
-    assert_eq!((ev[3].kind, ev[3].hashes), (EventKind::Removed, &[h(123456789)][..]));
-    assert!(ev.iter().all(|e| e.model_name.is_none() && e.block_size.is_none() && e.dp_rank.is_none()));
+    assert_eq!(
+        (ev[3].kind, ev[3].hashes),
+        (EventKind::Removed, &[h(123456789)][..])
+    );
+    assert!(
+        ev.iter()
+            .all(|e| e.model_name.is_none() && e.block_size.is_none() && e.dp_rank.is_none())
+    );
 }
 
 #[test]
@@ -208,18 +249,53 @@ fn legacy_mooncake_seed_layout() {
     let ev: Vec<_> = b.events(&p).collect();
     assert_eq!(ev.len(), 4);
     let e = &ev[0];
-    assert_eq!((e.op, e.kind, e.dialect, e.hash_kind), (EventOp::Stored, EventKind::Stored, Dialect::MooncakeLegacy, HashKind::Engine));
-    assert_eq!((e.hashes, e.parent, e.tokens), (&[h(0xA1)][..], None, &[101, 15][..]));
-    assert_eq!((e.block_size, e.model_name, e.lora_name, e.lora_id), (Some(2), Some("deepseek"), None, Some(0)));
+    assert_eq!(
+        (e.op, e.kind, e.dialect, e.hash_kind),
+        (
+            EventOp::Stored,
+            EventKind::Stored,
+            Dialect::MooncakeLegacy,
+            HashKind::Engine
+        )
+    );
+    assert_eq!(
+        (e.hashes, e.parent, e.tokens),
+        (&[h(0xA1)][..], None, &[101, 15][..])
+    );
+    assert_eq!(
+        (e.block_size, e.model_name, e.lora_name, e.lora_id),
+        (Some(2), Some("deepseek"), None, Some(0))
+    );
     assert_eq!(e.object_key, Some("key-a"));
     assert_eq!(e.timestamp_ms, Some(1732300000500));
     let r: Vec<_> = e.replicas.iter().collect();
-    assert_eq!(r, vec![Replica { kind: None, location: "10.0.0.1:6000" }, Replica { kind: None, location: "10.0.0.2:6000" }]);
-    assert_eq!((ev[1].parent, ev[1].lora_name, ev[1].lora_id), (Some(h(0xA1)), Some("sql"), Some(3)));
-    assert_eq!((ev[2].op, ev[2].kind), (EventOp::Updated, EventKind::Stored));
+    assert_eq!(
+        r,
+        vec![
+            Replica {
+                kind: None,
+                location: "10.0.0.1:6000"
+            },
+            Replica {
+                kind: None,
+                location: "10.0.0.2:6000"
+            }
+        ]
+    );
+    assert_eq!(
+        (ev[1].parent, ev[1].lora_name, ev[1].lora_id),
+        (Some(h(0xA1)), Some("sql"), Some(3))
+    );
+    assert_eq!(
+        (ev[2].op, ev[2].kind),
+        (EventOp::Updated, EventKind::Stored)
+    );
     assert!(ev[2].hashes.is_empty() && ev[2].tokens.is_empty());
     assert_eq!((ev[2].object_key, ev[2].replicas.len()), (Some("key-a"), 1));
-    assert_eq!((ev[3].op, ev[3].kind), (EventOp::Cleared, EventKind::Cleared));
+    assert_eq!(
+        (ev[3].op, ev[3].kind),
+        (EventOp::Cleared, EventKind::Cleared)
+    );
 }
 
 #[test]
@@ -227,8 +303,14 @@ fn legacy_mooncake_store_layout_and_maps() {
     let (b, p) = decoded("mc_legacy_store");
     let ev: Vec<_> = b.events(&p).collect();
     let e = &ev[0];
-    assert_eq!((e.hashes, e.parent), (&[h(0x41234125)][..], Some(h(0x51512342))));
-    assert_eq!((e.tokens, e.block_size, e.model_name), (&[1, 2, 3, 4][..], Some(4), Some("llama2-7b")));
+    assert_eq!(
+        (e.hashes, e.parent),
+        (&[h(0x41234125)][..], Some(h(0x51512342)))
+    );
+    assert_eq!(
+        (e.tokens, e.block_size, e.model_name),
+        (&[1, 2, 3, 4][..], Some(4), Some("llama2-7b"))
+    );
     assert_eq!(e.timestamp_ms, None);
     let kinds: Vec<_> = e.replicas.iter().map(|r| r.kind.unwrap()).collect();
     assert_eq!(kinds, ["memory", "disk", "local_disk"]);
@@ -238,8 +320,14 @@ fn legacy_mooncake_store_layout_and_maps() {
 
     let (b, p) = decoded("mc_legacy_map");
     let ev: Vec<_> = b.events(&p).collect();
-    assert_eq!((ev[0].dialect, ev[0].hashes, ev[0].parent), (Dialect::MooncakeLegacy, &[h(0xC1)][..], None));
-    assert_eq!((ev[0].object_key, ev[0].lora_name, ev[0].replicas.len()), (Some("key-c"), None, 1));
+    assert_eq!(
+        (ev[0].dialect, ev[0].hashes, ev[0].parent),
+        (Dialect::MooncakeLegacy, &[h(0xC1)][..], None)
+    );
+    assert_eq!(
+        (ev[0].object_key, ev[0].lora_name, ev[0].replicas.len()),
+        (Some("key-c"), None, 1)
+    );
     assert_eq!(ev[1].op, EventOp::Cleared);
 }
 
@@ -251,13 +339,26 @@ fn seed001_fixtures_carry_kvix_hashes() {
     let (b, p) = decoded("seed001_disk_rfc");
     let ev: Vec<_> = b.events(&p).collect();
     assert_eq!(ev[0].hashes, &[h(seqs[0].0)]);
-    assert_eq!((ev[1].hashes, ev[1].parent, ev[1].base_block_idx), (&[h(seqs[2].0)][..], Some(h(seqs[1].0)), Some(2)));
-    assert!(ev.iter().all(|e| e.medium == Some("disk") && e.hash_kind == HashKind::Seq));
-    for (name, dp, n, medium) in [("seed001_gpu_dp0", 0, 4, "GPU"), ("seed001_gpu_dp1", 1, 2, "GPU"), ("seed001_cpu_dp0", 0, 4, "CPU")] {
+    assert_eq!(
+        (ev[1].hashes, ev[1].parent, ev[1].base_block_idx),
+        (&[h(seqs[2].0)][..], Some(h(seqs[1].0)), Some(2))
+    );
+    assert!(
+        ev.iter()
+            .all(|e| e.medium == Some("disk") && e.hash_kind == HashKind::Seq)
+    );
+    for (name, dp, n, medium) in [
+        ("seed001_gpu_dp0", 0, 4, "GPU"),
+        ("seed001_gpu_dp1", 1, 2, "GPU"),
+        ("seed001_cpu_dp0", 0, 4, "CPU"),
+    ] {
         let (b, p) = decoded(name);
         assert_eq!(b.dp_rank, Some(dp));
         let e = b.events(&p).next().unwrap();
-        assert_eq!((e.tokens, e.block_size, e.medium), (&tokens[..n], Some(2), Some(medium)));
+        assert_eq!(
+            (e.tokens, e.block_size, e.medium),
+            (&tokens[..n], Some(2), Some(medium))
+        );
     }
 }
 
@@ -305,27 +406,95 @@ fn malformed_rfc_events() {
         kvs.extend(extra.iter().cloned());
         batch_of(&[map_of(&kvs)])
     };
-    assert!(matches!(reject(&batch_of(&[map_of(&[("event_type", s("evicted"))])])), WireError::UnknownTag(t) if t == "evicted"));
-    assert_eq!(reject(&stored(&[])), WireError::Missing { field: "seq_hashes" });
-    assert_eq!(reject(&stored(&[("seq_hashes", s("1,2"))])), WireError::Type { field: "seq_hashes", expected: "array" });
-    assert_eq!(reject(&stored(&[("seq_hashes", vec![0x91, 0xc3])])), WireError::Type { field: "seq_hashes", expected: "integer" });
-    assert_eq!(reject(&stored(&[("seq_hashes", vec![0x91, 0xa2, b'z', b'z'])])).to_string(), "field `seq_hashes`: expected hash (integer, bytes, decimal or hex text)");
-    assert_eq!(reject(&stored(&[("seq_hashes", vec![0x91, 1]), ("event_id", vec![0xff])])), WireError::Range { field: "event_id" });
-    assert_eq!(reject(&stored(&[("seq_hashes", vec![0x91, 1]), ("dp_rank", s("0"))])), WireError::Type { field: "dp_rank", expected: "integer" });
-    assert_eq!(reject(&stored(&[("seq_hashes", vec![0x91, 1]), ("tenant_id", vec![0xa2, 0xff, 0xfe])])), WireError::Type { field: "tenant_id", expected: "UTF-8 string" });
+    assert!(
+        matches!(reject(&batch_of(&[map_of(&[("event_type", s("evicted"))])])), WireError::UnknownTag(t) if t == "evicted")
+    );
+    assert_eq!(
+        reject(&stored(&[])),
+        WireError::Missing {
+            field: "seq_hashes"
+        }
+    );
+    assert_eq!(
+        reject(&stored(&[("seq_hashes", s("1,2"))])),
+        WireError::Type {
+            field: "seq_hashes",
+            expected: "array"
+        }
+    );
+    assert_eq!(
+        reject(&stored(&[("seq_hashes", vec![0x91, 0xc3])])),
+        WireError::Type {
+            field: "seq_hashes",
+            expected: "integer"
+        }
+    );
+    assert_eq!(
+        reject(&stored(&[("seq_hashes", vec![0x91, 0xa2, b'z', b'z'])])).to_string(),
+        "field `seq_hashes`: expected hash (integer, bytes, decimal or hex text)"
+    );
+    assert_eq!(
+        reject(&stored(&[
+            ("seq_hashes", vec![0x91, 1]),
+            ("event_id", vec![0xff])
+        ])),
+        WireError::Range { field: "event_id" }
+    );
+    assert_eq!(
+        reject(&stored(&[
+            ("seq_hashes", vec![0x91, 1]),
+            ("dp_rank", s("0"))
+        ])),
+        WireError::Type {
+            field: "dp_rank",
+            expected: "integer"
+        }
+    );
+    assert_eq!(
+        reject(&stored(&[
+            ("seq_hashes", vec![0x91, 1]),
+            ("tenant_id", vec![0xa2, 0xff, 0xfe])
+        ])),
+        WireError::Type {
+            field: "tenant_id",
+            expected: "UTF-8 string"
+        }
+    );
     // Tokens that do not fill the declared blocks.
     assert!(matches!(
-        reject(&stored(&[("seq_hashes", vec![0x92, 1, 2]), ("block_size", vec![2]), ("token_ids", vec![0x93, 1, 2, 3])])),
-        WireError::TokenCount { tokens: 3, blocks: 2, block_size: 2 }
+        reject(&stored(&[
+            ("seq_hashes", vec![0x92, 1, 2]),
+            ("block_size", vec![2]),
+            ("token_ids", vec![0x93, 1, 2, 3])
+        ])),
+        WireError::TokenCount {
+            tokens: 3,
+            blocks: 2,
+            block_size: 2
+        }
     ));
     // Neither `type` nor `event_type`.
-    assert_eq!(reject(&batch_of(&[map_of(&[("seq_hashes", vec![0x90])])])), WireError::Missing { field: "type" });
+    assert_eq!(
+        reject(&batch_of(&[map_of(&[("seq_hashes", vec![0x90])])])),
+        WireError::Missing { field: "type" }
+    );
     // An `event_type` wins even over a junk alias tag.
     let mut ok = Batch::default();
-    decode(&stored(&[("type", s("Whatever")), ("seq_hashes", vec![0x91, 5])]), &mut ok).unwrap();
+    decode(
+        &stored(&[("type", s("Whatever")), ("seq_hashes", vec![0x91, 5])]),
+        &mut ok,
+    )
+    .unwrap();
     assert_eq!(ok.hashes, [h(5)]);
     // Alias list before seq_hashes is dropped, not doubled.
-    decode(&stored(&[("block_hashes", vec![0x92, 7, 8]), ("seq_hashes", vec![0x92, 7, 8])]), &mut ok).unwrap();
+    decode(
+        &stored(&[
+            ("block_hashes", vec![0x92, 7, 8]),
+            ("seq_hashes", vec![0x92, 7, 8]),
+        ]),
+        &mut ok,
+    )
+    .unwrap();
     assert_eq!(ok.hashes, [h(7), h(8)]);
 }
 
@@ -337,41 +506,139 @@ fn malformed_legacy_events() {
         batch_of(&[o])
     };
     // Missing key / address list.
-    assert_eq!(reject(&ev(vec![s("BlockStoreEvent"), vec![0x00]])), WireError::Missing { field: "mooncake_key" });
-    assert_eq!(reject(&ev(vec![s("BlockUpdateEvent"), s("k")])), WireError::Missing { field: "addr_list" });
+    assert_eq!(
+        reject(&ev(vec![s("BlockStoreEvent"), vec![0x00]])),
+        WireError::Missing {
+            field: "mooncake_key"
+        }
+    );
+    assert_eq!(
+        reject(&ev(vec![s("BlockUpdateEvent"), s("k")])),
+        WireError::Missing { field: "addr_list" }
+    );
     // Key of the wrong type in the seed layout.
-    assert_eq!(reject(&ev(vec![s("BlockUpdateEvent"), vec![0x00], vec![0x01], vec![0x90]])), WireError::Type { field: "mooncake_key", expected: "string" });
+    assert_eq!(
+        reject(&ev(vec![
+            s("BlockUpdateEvent"),
+            vec![0x00],
+            vec![0x01],
+            vec![0x90]
+        ])),
+        WireError::Type {
+            field: "mooncake_key",
+            expected: "string"
+        }
+    );
     // A replica triple, a numeric address.
     let triple = [vec![0x91, 0x93], s("memory"), s("a"), s("b")].concat();
-    assert!(matches!(reject(&ev(vec![s("BlockUpdateEvent"), s("k"), triple])), WireError::Type { field: "replica", .. }));
-    assert!(matches!(reject(&ev(vec![s("BlockUpdateEvent"), s("k"), vec![0x91, 0x05]])), WireError::Type { field: "addr_list", .. }));
+    assert!(matches!(
+        reject(&ev(vec![s("BlockUpdateEvent"), s("k"), triple])),
+        WireError::Type {
+            field: "replica",
+            ..
+        }
+    ));
+    assert!(matches!(
+        reject(&ev(vec![s("BlockUpdateEvent"), s("k"), vec![0x91, 0x05]])),
+        WireError::Type {
+            field: "addr_list",
+            ..
+        }
+    ));
     // Legacy store block whose tokens do not fill its block.
-    let bad = ev(vec![s("BlockStoreEvent"), vec![0x00], s("k"), vec![0x90], vec![0x11], vec![0x00], vec![0x93, 1, 2, 3], vec![0x02]]);
-    assert!(matches!(reject(&bad), WireError::TokenCount { tokens: 3, blocks: 1, block_size: 2 }));
+    let bad = ev(vec![
+        s("BlockStoreEvent"),
+        vec![0x00],
+        s("k"),
+        vec![0x90],
+        vec![0x11],
+        vec![0x00],
+        vec![0x93, 1, 2, 3],
+        vec![0x02],
+    ]);
+    assert!(matches!(
+        reject(&bad),
+        WireError::TokenCount {
+            tokens: 3,
+            blocks: 1,
+            block_size: 2
+        }
+    ));
     // Unknown tags.
-    assert!(matches!(reject(&ev(vec![s("BlockMigrated")])), WireError::UnknownTag(_)));
-    assert!(matches!(reject(&batch_of(&[map_of(&[("type", s("BlockMoveEvent"))])])), WireError::UnknownTag(_)));
+    assert!(matches!(
+        reject(&ev(vec![s("BlockMigrated")])),
+        WireError::UnknownTag(_)
+    ));
+    assert!(matches!(
+        reject(&batch_of(&[map_of(&[("type", s("BlockMoveEvent"))])])),
+        WireError::UnknownTag(_)
+    ));
     // Legacy map store without its key.
-    assert_eq!(reject(&batch_of(&[map_of(&[("type", s("BlockStoreEvent")), ("block_hash", vec![1])])])), WireError::Missing { field: "mooncake_key" });
+    assert_eq!(
+        reject(&batch_of(&[map_of(&[
+            ("type", s("BlockStoreEvent")),
+            ("block_hash", vec![1])
+        ])])),
+        WireError::Missing {
+            field: "mooncake_key"
+        }
+    );
 }
 
 #[test]
 fn malformed_engine_tail_and_tokens() {
     let stored = |tokens: Vec<u8>| {
-        let e = [vec![0x95], s("BlockStored"), vec![0x91, 0x01, 0xc0], tokens, vec![0x02]].concat();
+        let e = [
+            vec![0x95],
+            s("BlockStored"),
+            vec![0x91, 0x01, 0xc0],
+            tokens,
+            vec![0x02],
+        ]
+        .concat();
         batch_of(&[e])
     };
     // Mixed flat and pair token ids; a pair of three.
-    assert!(matches!(reject(&stored(vec![0x92, 0x01, 0x92, 0x02, 0x03])), WireError::Type { field: "token_ids", .. }));
-    assert!(matches!(reject(&stored(vec![0x92, 0x93, 1, 2, 3, 0x93, 2, 3, 4])), WireError::Type { field: "token_ids", .. }));
+    assert!(matches!(
+        reject(&stored(vec![0x92, 0x01, 0x92, 0x02, 0x03])),
+        WireError::Type {
+            field: "token_ids",
+            ..
+        }
+    ));
+    assert!(matches!(
+        reject(&stored(vec![0x92, 0x93, 1, 2, 3, 0x93, 2, 3, 4])),
+        WireError::Type {
+            field: "token_ids",
+            ..
+        }
+    ));
     // Negative token id.
-    assert_eq!(reject(&stored(vec![0x92, 0xff, 0x01])), WireError::Range { field: "token_ids" });
+    assert_eq!(
+        reject(&stored(vec![0x92, 0xff, 0x01])),
+        WireError::Range { field: "token_ids" }
+    );
     // An event that is neither array nor map; a batch with no events.
-    assert!(matches!(reject(&batch_of(&[vec![0x05]])), WireError::Type { field: "event", .. }));
-    assert_eq!(reject(&[0x91, 0x00]), WireError::Missing { field: "events" });
-    assert_eq!(reject(&[0x81, 0xa2, b't', b's', 0x00]), WireError::Missing { field: "events" });
+    assert!(matches!(
+        reject(&batch_of(&[vec![0x05]])),
+        WireError::Type { field: "event", .. }
+    ));
+    assert_eq!(
+        reject(&[0x91, 0x00]),
+        WireError::Missing { field: "events" }
+    );
+    assert_eq!(
+        reject(&[0x81, 0xa2, b't', b's', 0x00]),
+        WireError::Missing { field: "events" }
+    );
     // Two events lists in a map batch.
-    assert!(matches!(reject(&map_of(&[("events", vec![0x90]), ("events", vec![0x90])])), WireError::Type { field: "events", .. }));
+    assert!(matches!(
+        reject(&map_of(&[("events", vec![0x90]), ("events", vec![0x90])])),
+        WireError::Type {
+            field: "events",
+            ..
+        }
+    ));
 }
 
 #[test]
@@ -394,7 +661,11 @@ fn huge_declared_lengths_fail_fast() {
         // A skipped tail field of huge declared size.
         batch_of(&[[&[0x92][..], &s("AllBlocksCleared"), &huge_arr].concat()]),
         batch_of(&[[&[0x92][..], &s("AllBlocksCleared"), &huge_map].concat()]),
-        [&[0x94, 0x00, 0x90, 0xc0][..], &[0xc9, 0xff, 0xff, 0xff, 0xff, 0x01]].concat(),
+        [
+            &[0x94, 0x00, 0x90, 0xc0][..],
+            &[0xc9, 0xff, 0xff, 0xff, 0xff, 0x01],
+        ]
+        .concat(),
     ];
     for f in frames {
         let t = std::time::Instant::now();
@@ -439,7 +710,10 @@ fn hash_and_key_text() {
     assert_eq!(numeric_key(b""), None);
     assert_eq!(hash_text(b"0x41234125"), Some(0x41234125));
     assert_eq!(hash_text(&[b'a'; 64]), Some(0xaaaa_aaaa_aaaa_aaaa));
-    assert_eq!(hash_text(b"0x0000000000000000000000000000000000000000000000000000000000000001"), Some(1));
+    assert_eq!(
+        hash_text(b"0x0000000000000000000000000000000000000000000000000000000000000001"),
+        Some(1)
+    );
     assert_eq!(hash_text(b"abc"), None);
 }
 
@@ -451,7 +725,12 @@ fn decode_any(bytes: &[u8]) {
         Ok(()) => {
             // Every range the ingest layer will index is in bounds.
             for e in b.events(bytes) {
-                let _ = (e.hashes.len(), e.tokens.len(), e.replicas.iter().count(), e.object_key);
+                let _ = (
+                    e.hashes.len(),
+                    e.tokens.len(),
+                    e.replicas.iter().count(),
+                    e.object_key,
+                );
             }
         }
         Err(_) => assert!(b.events.is_empty()),
@@ -470,9 +749,21 @@ enum Mutation {
 fn mutation() -> impl Strategy<Value = Mutation> {
     prop_oneof![
         (any::<usize>(), any::<u8>()).prop_map(|(i, b)| Mutation::Flip(i, b)),
-        (any::<usize>(), prop_oneof![Just(0xddu8), Just(0xdf), Just(0xc0), Just(0x91), Just(0xff), Just(0xdb), any::<u8>()])
+        (
+            any::<usize>(),
+            prop_oneof![
+                Just(0xddu8),
+                Just(0xdf),
+                Just(0xc0),
+                Just(0x91),
+                Just(0xff),
+                Just(0xdb),
+                any::<u8>()
+            ]
+        )
             .prop_map(|(i, b)| Mutation::Set(i, b)),
-        (any::<usize>(), proptest::collection::vec(any::<u8>(), 1..8)).prop_map(|(i, v)| Mutation::Insert(i, v)),
+        (any::<usize>(), proptest::collection::vec(any::<u8>(), 1..8))
+            .prop_map(|(i, v)| Mutation::Insert(i, v)),
         (any::<usize>(), 1usize..8).prop_map(|(i, n)| Mutation::Remove(i, n)),
         any::<usize>().prop_map(Mutation::Truncate),
     ]

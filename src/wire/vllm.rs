@@ -23,8 +23,8 @@
 //! `batch.rs`; [`decode`] here is the crate-wide entry point under its old name.
 
 use super::batch::{
-    aux_group, check_stored, hashes, lenient_str, lenient_u32, lora_id, opt_hash, text, tokens,
-    Fields,
+    Fields, aux_group, check_stored, hashes, lenient_str, lenient_u32, lora_id, opt_hash, text,
+    tokens,
 };
 use super::msgpack::Cursor;
 use super::{Batch, EventOp, EventRec, WireError};
@@ -132,7 +132,10 @@ mod tests {
         let all: std::collections::HashMap<String, String> =
             serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
         let hex = &all[name];
-        (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect()
+        (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+            .collect()
     }
 
     fn decoded(name: &str) -> (Batch, Vec<u8>) {
@@ -153,7 +156,10 @@ mod tests {
         let ev = events(&b, &p);
         assert_eq!(ev.len(), 3);
         assert_eq!(ev[0].kind, EventKind::Stored);
-        assert_eq!(ev[0].hashes, &[EngineHash(-5i64 as u64), EngineHash(u64::MAX)]);
+        assert_eq!(
+            ev[0].hashes,
+            &[EngineHash(-5i64 as u64), EngineHash(u64::MAX)]
+        );
         assert_eq!(ev[0].parent, None);
         assert_eq!(ev[0].tokens, &[1, 2, 3, 4, 5, 6, 7, 8]);
         assert_eq!(ev[0].block_size, Some(4));
@@ -177,8 +183,18 @@ mod tests {
     fn bytes_hashes_use_last_eight_bytes() {
         let (b, p) = decoded("vllm_bytes_hashes");
         let ev = events(&b, &p);
-        assert_eq!(ev[0].hashes, &[EngineHash(u64::from_be_bytes([24, 25, 26, 27, 28, 29, 30, 31]))]);
-        assert_eq!(ev[0].parent, Some(EngineHash(u64::from_be_bytes([25, 26, 27, 28, 29, 30, 31, 32]))));
+        assert_eq!(
+            ev[0].hashes,
+            &[EngineHash(u64::from_be_bytes([
+                24, 25, 26, 27, 28, 29, 30, 31
+            ]))]
+        );
+        assert_eq!(
+            ev[0].parent,
+            Some(EngineHash(u64::from_be_bytes([
+                25, 26, 27, 28, 29, 30, 31, 32
+            ])))
+        );
         assert_eq!(ev[0].medium, Some("CPU"));
     }
 
@@ -198,7 +214,10 @@ mod tests {
     fn positional_batch_with_map_events() {
         let (b, p) = decoded("w2d1_s0_store");
         assert_eq!(b.dp_rank, Some(1));
-        assert_eq!(events(&b, &p)[0].hashes, &[EngineHash(301), EngineHash(302)]);
+        assert_eq!(
+            events(&b, &p)[0].hashes,
+            &[EngineHash(301), EngineHash(302)]
+        );
     }
 
     #[test]
@@ -214,7 +233,10 @@ mod tests {
     fn reject(bytes: &[u8]) -> WireError {
         let mut b = Batch::default();
         let e = decode(bytes, &mut b).expect_err("must be rejected");
-        assert!(b.events.is_empty(), "a rejected frame leaves nothing behind");
+        assert!(
+            b.events.is_empty(),
+            "a rejected frame leaves nothing behind"
+        );
         e
     }
 
@@ -227,7 +249,10 @@ mod tests {
         }
         // Unknown tag.
         let mut unknown = good.clone();
-        let pos = unknown.windows(11).position(|w| w == b"BlockStored").unwrap();
+        let pos = unknown
+            .windows(11)
+            .position(|w| w == b"BlockStored")
+            .unwrap();
         unknown[pos..pos + 11].copy_from_slice(b"BlockStorex");
         assert!(matches!(reject(&unknown), WireError::UnknownTag(_)));
         // Wrong type: a string where token ids belong.
@@ -237,9 +262,18 @@ mod tests {
             .chain(*b"BlockStored")
             .chain([0x91, 0x01, 0xc0, 0xa1, b'x'])
             .collect::<Vec<u8>>();
-        assert_eq!(reject(&bad), WireError::Type { field: "token_ids", expected: "array" });
+        assert_eq!(
+            reject(&bad),
+            WireError::Type {
+                field: "token_ids",
+                expected: "array"
+            }
+        );
         // A huge declared array with no bytes behind it.
-        assert_eq!(reject(&[0x92, 0x00, 0xdd, 0xff, 0xff, 0xff, 0xff]), WireError::Truncated);
+        assert_eq!(
+            reject(&[0x92, 0x00, 0xdd, 0xff, 0xff, 0xff, 0xff]),
+            WireError::Truncated
+        );
         // Token count that does not match the declared block size.
         let mismatch = [0x92, 0x00, 0x91, 0x95, 0xab]
             .iter()
