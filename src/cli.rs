@@ -39,6 +39,10 @@ pub struct Args {
     /// Number of ZMQ ingest threads (workers are spread over them)
     #[arg(long, default_value_t = 1)]
     pub ingest_threads: usize,
+    /// Microseconds an idle executor spins before parking (lower = less CPU when idle,
+    /// higher = faster cross-core scatter/gather)
+    #[arg(long, default_value_t = 200)]
+    pub spin_us: u64,
     /// Capacity of each ingest→shard ring, in ops
     #[arg(long, default_value_t = 65536)]
     pub ring_capacity: usize,

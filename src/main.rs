@@ -64,5 +64,5 @@ fn run(args: Args) -> Result<(), String> {
         app.register(reg)
             .map_err(|e| format!("--workers {}: {e}", w.endpoint))?;
     }
-    kvix::runtime::serve(app, addr).map_err(|e| e.to_string())
+    kvix::runtime::serve(app, addr, std::time::Duration::from_micros(args.spin_us)).map_err(|e| e.to_string())
 }

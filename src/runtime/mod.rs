@@ -163,11 +163,14 @@ async fn drain_loop(core: Rc<Core>) {
 }
 
 /// Start one executor per shard and serve HTTP on `addr` from all of them. Blocks.
-pub fn serve(app: Arc<App>, addr: SocketAddr) -> std::io::Result<()> {
+/// An idle executor spins for `spin` before parking: a parked core needs a kernel
+/// wake-up (tens of µs, milliseconds under load) when a peer scatters a query to it.
+pub fn serve(app: Arc<App>, addr: SocketAddr, spin: Duration) -> std::io::Result<()> {
     let shards = app.rings.shards();
     let mesh = MeshBuilder::<Msg, _>::full(shards, 1024);
     let handles = LocalExecutorPoolBuilder::new(PoolPlacement::MaxSpread(shards, None))
         .name("kvix-core")
+        .spin_before_park(spin)
         .on_all_shards(move || {
             let (app, mesh) = (app.clone(), mesh.clone());
             async move {
