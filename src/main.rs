@@ -60,6 +60,7 @@ fn run(args: Args) -> Result<(), String> {
             w.dp,
             w.endpoint.clone(),
             None,
+            Default::default(),
         );
         app.register(reg)
             .map_err(|e| format!("--workers {}: {e}", w.endpoint))?;

@@ -11,6 +11,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use thiserror::Error;
 
+/// First id given to an instance registered by a non-integer name.
+const NAMED_BASE: InstanceId = 1 << 63;
+
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum RegistryError {
     #[error(
@@ -51,6 +54,8 @@ pub struct SlotInfo {
 pub struct Endpoint {
     pub endpoint: String,
     pub replay_endpoint: Option<String>,
+    /// The registered publisher kind, if given.
+    pub publisher: Option<String>,
 }
 
 /// One (model, tenant) index.
@@ -89,6 +94,10 @@ pub struct Snapshot {
     pub indexes: Vec<Arc<IndexInfo>>,
     /// Names of tiers beyond the three well-known ones, by tier id - 3.
     pub extra_tiers: Vec<String>,
+    /// Router-facing names of instances registered by string (Mooncake's
+    /// `instance_id`); integer instances are their own name.
+    names: HashMap<InstanceId, String>,
+    ids: HashMap<String, InstanceId>,
 }
 
 impl Snapshot {
@@ -119,6 +128,27 @@ impl Snapshot {
         ids.into_iter().map(move |id| &self.indexes[id.0 as usize])
     }
 
+    /// An instance's router-facing name.
+    pub fn instance_name(&self, id: InstanceId) -> std::borrow::Cow<'_, str> {
+        match self.names.get(&id) {
+            Some(n) => std::borrow::Cow::Borrowed(n),
+            None => std::borrow::Cow::Owned(id.to_string()),
+        }
+    }
+
+    /// The id of an instance named `name`, if it is known (or is an integer).
+    pub fn instance_id(&self, name: &str) -> Option<InstanceId> {
+        self.ids
+            .get(name)
+            .copied()
+            .or_else(|| name.parse::<InstanceId>().ok().filter(|id| *id < NAMED_BASE))
+    }
+
+    /// True when some instance is known by a non-integer name.
+    pub fn has_names(&self) -> bool {
+        !self.names.is_empty()
+    }
+
     pub fn tier_name(&self, t: Tier) -> &str {
         match t {
             Tier::DEVICE => "GPU",
@@ -143,6 +173,17 @@ impl Snapshot {
     }
 }
 
+/// Per-listener defaults for what its events may leave out (Mooncake's `/register`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ListenerOpts {
+    /// `additionalsalt`: hash namespace for events that carry no salt of their own.
+    pub salt: Option<String>,
+    /// `lora_name`: adapter for events that name none.
+    pub lora_name: Option<String>,
+    /// `type`: the publisher kind as registered (`vLLM`, `SGLang`, `Mooncake`), for `/workers`.
+    pub publisher: Option<String>,
+}
+
 /// What `/register` asks for.
 #[derive(Clone, Debug)]
 pub struct Registration {
@@ -152,6 +193,7 @@ pub struct Registration {
     pub instance: InstanceId,
     pub dp: DpRank,
     pub endpoint: Endpoint,
+    pub opts: ListenerOpts,
 }
 
 #[derive(Default)]
@@ -177,6 +219,23 @@ impl Registry {
         let r = f(&mut next);
         self.snap.store(Arc::new(next));
         r
+    }
+
+    /// The id for an instance name: integers (below 2^63) are ids as they are;
+    /// other names get ids from 2^63 up, stable for the life of the process.
+    pub fn intern_instance(&self, name: &str) -> InstanceId {
+        if let Some(id) = self.snapshot().instance_id(name) {
+            return id;
+        }
+        self.update(|s| {
+            if let Some(id) = s.instance_id(name) {
+                return id;
+            }
+            let id = NAMED_BASE + s.names.len() as u64;
+            s.names.insert(id, name.to_string());
+            s.ids.insert(name.to_string(), id);
+            id
+        })
     }
 
     /// Find or create the index for (model, tenant).
@@ -219,6 +278,7 @@ impl Registry {
                 .entry(r.instance)
                 .or_default()
                 .insert(r.dp, r.endpoint.clone());
+
             let slot = intern_slot(ix, r.instance, r.dp)?;
             Ok((id, slot))
         })

@@ -6,7 +6,7 @@
 
 use crate::cli::validate_endpoint;
 use crate::ingest::Ingest;
-use crate::registry::{Endpoint, Registration, Registry, RegistryError};
+use crate::registry::{Endpoint, ListenerOpts, Registration, Registry, RegistryError};
 use crate::ring::Rings;
 use crate::types::{DpRank, InstanceId};
 use std::sync::atomic::AtomicUsize;
@@ -62,6 +62,7 @@ impl App {
             reg.dp,
             reg.block_size,
             reg.endpoint.clone(),
+            reg.opts.clone(),
         ) {
             let _ =
                 self.registry
@@ -72,17 +73,20 @@ impl App {
     }
 
     /// Stop listening to an instance (one dp rank, or all) and drop its blocks.
+    /// Returns the dp ranks whose listeners were removed.
     pub fn unregister(
         &self,
         model: &str,
         tenant: Option<&str>,
         instance: InstanceId,
         dp: Option<DpRank>,
-    ) -> Result<(), ControlError> {
-        for (index, _dps, slots) in self.registry.unregister(model, tenant, instance, dp)? {
+    ) -> Result<Vec<DpRank>, ControlError> {
+        let mut removed = Vec::new();
+        for (index, dps, slots) in self.registry.unregister(model, tenant, instance, dp)? {
             self.ingest.remove(index, instance, dp, slots);
+            removed.extend(dps);
         }
-        Ok(())
+        Ok(removed)
     }
 
     pub fn add_peer(&self, url: String) {
@@ -113,6 +117,7 @@ pub fn registration(
     dp: DpRank,
     endpoint: String,
     replay_endpoint: Option<String>,
+    opts: ListenerOpts,
 ) -> Registration {
     Registration {
         model,
@@ -123,6 +128,8 @@ pub fn registration(
         endpoint: Endpoint {
             endpoint,
             replay_endpoint,
+            publisher: opts.publisher.clone(),
         },
+        opts,
     }
 }

@@ -129,7 +129,9 @@ impl Sharded {
                     endpoint: Endpoint {
                         endpoint: format!("tcp://127.0.0.1:{}", 1000 + inst),
                         replay_endpoint: None,
+                        publisher: None,
                     },
+                    opts: Default::default(),
                 })
                 .unwrap();
             index = ix;

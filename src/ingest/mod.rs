@@ -8,7 +8,7 @@
 
 pub mod feed;
 
-use crate::registry::{Endpoint, Registry};
+use crate::registry::{Endpoint, ListenerOpts, Registry};
 use crate::ring::{OpSink, RingSink, Rings};
 use crate::shard::ShardOp;
 use crate::types::{DpRank, EngineHash, IndexId, InstanceId, SeqHash, WorkerSlot};
@@ -27,6 +27,7 @@ pub enum Command {
         dp: DpRank,
         block_size: u32,
         endpoint: Endpoint,
+        opts: ListenerOpts,
         done: mpsc::Sender<Result<Arc<FeedStats>, String>>,
     },
     /// Stop listeners of `instance` (one dp rank or all) and clear the slots they fed
@@ -107,6 +108,7 @@ impl Ingest {
         dp: DpRank,
         block_size: u32,
         endpoint: Endpoint,
+        opts: ListenerOpts,
     ) -> Result<(), String> {
         let (done, rx) = mpsc::channel();
         self.send(
@@ -117,6 +119,7 @@ impl Ingest {
                 dp,
                 block_size,
                 endpoint,
+                opts,
                 done,
             },
         );
@@ -254,10 +257,11 @@ impl IngestThread {
                 dp,
                 block_size,
                 endpoint,
+                opts,
                 done,
             } => {
                 let r = self.connect(&endpoint.endpoint).map(|socket| {
-                    let feed = WorkerFeed::new(index, instance, dp, block_size);
+                    let feed = WorkerFeed::with_opts(index, instance, dp, block_size, opts);
                     let stats = feed.stats.clone();
                     tracing::info!(instance, dp, endpoint = endpoint.endpoint, "listening");
                     self.listeners.push(Listener {
@@ -283,29 +287,32 @@ impl IngestThread {
                 also_clear,
                 done,
             } => {
-                let mut cleared: Vec<WorkerSlot> = Vec::new();
+                let mut cleared: Vec<(IndexId, WorkerSlot)> = Vec::new();
                 self.listeners.retain_mut(|l| {
                     let f = &mut l.feed;
-                    if f.index != index || f.instance != instance {
+                    if f.instance != instance {
                         return true;
                     }
-                    // A listener registered for one rank may have fed other ranks (batch dp override).
-                    cleared.extend(f.forget(dp));
-                    let stop = dp.is_none_or(|d| d == f.dp);
-                    if stop {
-                        tracing::info!(
-                            instance,
-                            dp = f.dp,
-                            endpoint = l.endpoint.endpoint,
-                            "stopped listening"
-                        );
+                    let stop = f.index == index && dp.is_none_or(|d| d == f.dp);
+                    if !stop {
+                        // Events may have fed this index under other dp ranks (batch dp
+                        // override) or tenants (event tenant_id): forget just those.
+                        cleared.extend(f.forget(index, dp));
+                        return true;
                     }
-                    !stop
+                    cleared.extend(f.forget_all());
+                    tracing::info!(
+                        instance,
+                        dp = f.dp,
+                        endpoint = l.endpoint.endpoint,
+                        "stopped listening"
+                    );
+                    false
                 });
-                cleared.extend(also_clear);
+                cleared.extend(also_clear.into_iter().map(|s| (index, s)));
                 cleared.sort();
                 cleared.dedup();
-                for slot in cleared {
+                for (index, slot) in cleared {
                     self.sink.broadcast(ShardOp::ClearSlot {
                         index,
                         slot,
@@ -316,8 +323,8 @@ impl IngestThread {
             }
             Command::EngineHashes { index, done } => {
                 let mut out = Vec::new();
-                for l in self.listeners.iter().filter(|l| l.feed.index == index) {
-                    l.feed.engine_hashes(&mut out);
+                for l in &self.listeners {
+                    l.feed.engine_hashes(index, &mut out);
                 }
                 let _ = done.send(out);
             }
@@ -347,7 +354,7 @@ impl IngestThread {
                         Err(wire::WireError::FrameCount(n))
                     } else {
                         wire::split_seq(&l.parts[1]).and_then(|seq| {
-                            wire::vllm::decode(&l.parts[2], &mut l.batch).map(|_| seq)
+                            wire::decode(&l.parts[2], &mut l.batch).map(|_| seq)
                         })
                     };
                     match parsed {

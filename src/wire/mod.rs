@@ -355,29 +355,6 @@ impl Batch {
     }
 }
 
-/// Canonical tier name of an engine/store `medium` string, for media the
-/// well-known table may not list: SGLang `CPU_PINNED` → `CPU`, Mooncake
-/// replica types `memory` → `CPU`, `disk`/`local_disk` → `DISK`, plus
-/// case-insensitive `gpu`/`cpu`/`disk`. Anything else (e.g. SGLang `EXTERNAL`,
-/// `NPU`) is returned unchanged for the registry to map or intern.
-pub fn canonical_medium(m: &str) -> &str {
-    const MAP: [(&str, &str); 9] = [
-        ("GPU", "GPU"),
-        ("CPU", "CPU"),
-        ("DISK", "DISK"),
-        ("CPU_PINNED", "CPU"),
-        ("PINNED", "CPU"),
-        ("MEMORY", "CPU"),
-        ("LOCAL_DISK", "DISK"),
-        ("SSD", "DISK"),
-        ("HOST", "CPU"),
-    ];
-    MAP.iter()
-        .find(|(k, _)| k.eq_ignore_ascii_case(m))
-        .map(|&(_, v)| v)
-        .unwrap_or(m)
-}
-
 /// The batch sequence number frame: 8 bytes, big-endian.
 pub fn split_seq(frame: &[u8]) -> Result<u64, WireError> {
     let seq: [u8; 8] = frame
