@@ -68,7 +68,9 @@ pub struct IndexInfo {
     pub slots: Vec<SlotInfo>,
     pub slot_of: HashMap<(InstanceId, DpRank), WorkerSlot>,
     /// Registered listeners: instance → dp rank → endpoint.
-    pub endpoints: BTreeMap<InstanceId, BTreeMap<DpRank, Endpoint>>,
+    /// Several listeners may feed one (instance, dp rank) when their publisher
+    /// kinds differ (an engine and a Mooncake Store publisher for its pools).
+    pub endpoints: BTreeMap<InstanceId, BTreeMap<DpRank, Vec<Endpoint>>>,
 }
 
 impl IndexInfo {
@@ -262,11 +264,16 @@ impl Registry {
         self.update(|s| {
             let id = ensure_index_in(s, &r.model, &r.tenant, r.block_size)?;
             let ix = Arc::make_mut(&mut s.indexes[id.0 as usize]);
-            if ix
+            let taken = ix
                 .endpoints
                 .get(&r.instance)
-                .is_some_and(|e| e.contains_key(&r.dp))
-            {
+                .and_then(|e| e.get(&r.dp))
+                .is_some_and(|eps| {
+                    eps.iter().any(|e| {
+                        e.endpoint == r.endpoint.endpoint || e.publisher == r.endpoint.publisher
+                    })
+                });
+            if taken {
                 return Err(RegistryError::AlreadyRegistered {
                     model: r.model.clone(),
                     tenant: r.tenant.clone(),
@@ -277,7 +284,9 @@ impl Registry {
             ix.endpoints
                 .entry(r.instance)
                 .or_default()
-                .insert(r.dp, r.endpoint.clone());
+                .entry(r.dp)
+                .or_default()
+                .push(r.endpoint.clone());
 
             let slot = intern_slot(ix, r.instance, r.dp)?;
             Ok((id, slot))

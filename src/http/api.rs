@@ -184,15 +184,19 @@ pub fn workers(core: &Core, query: &str) -> Result<Reply, ApiError> {
         for (inst, eps) in &ix.endpoints {
             let endpoints: serde_json::Map<String, serde_json::Value> = eps
                 .iter()
-                .map(|(dp, e)| (dp.to_string(), e.endpoint.clone().into()))
+                .map(|(dp, e)| (dp.to_string(), e[0].endpoint.clone().into()))
                 .collect();
             let listeners: serde_json::Map<String, serde_json::Value> = eps
                 .iter()
                 .map(|(dp, e)| {
-                    (
-                        dp.to_string(),
-                        serde_json::json!({"endpoint": e.endpoint, "status": "active"}),
-                    )
+                    let list: Vec<serde_json::Value> = e
+                        .iter()
+                        .map(|l| {
+                            serde_json::json!({"endpoint": l.endpoint, "type": l.publisher,
+                                               "replay_endpoint": l.replay_endpoint, "status": "active"})
+                        })
+                        .collect();
+                    (dp.to_string(), list.into())
                 })
                 .collect();
             let instance_id: serde_json::Value = if *inst >= 1 << 63 {
@@ -200,13 +204,8 @@ pub fn workers(core: &Core, query: &str) -> Result<Reply, ApiError> {
             } else {
                 (*inst).into()
             };
-            let publishers: serde_json::Map<String, serde_json::Value> = eps
-                .iter()
-                .filter_map(|(dp, e)| Some((dp.to_string(), e.publisher.clone()?.into())))
-                .collect();
             out.push(serde_json::json!({
                 "instance_id": instance_id,
-                "type": publishers,
                 "source": "zmq",
                 "status": "active",
                 "model_name": ix.model,

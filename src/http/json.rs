@@ -85,7 +85,8 @@ fn nested<V: Copy>(
 fn float(out: &mut Vec<u8>, v: f32) {
     // Scores are sums of weights in [0, 1]; four decimals keep them exact enough.
     let v = (v as f64 * 10_000.0).round() / 10_000.0;
-    out.extend_from_slice(v.to_string().as_bytes());
+    // `{:?}` keeps a decimal point (1.0, not 1): these are JSON floats.
+    out.extend_from_slice(format!("{v:?}").as_bytes());
 }
 
 /// One instance's conductor object: `{"longest_matched","GPU","DP":{dp:tokens},"CPU","DISK",...}`,
