@@ -51,10 +51,12 @@ fn every_dialect_in_both_shapes() {
             "scores": {"1": {"1": 8}},
             "frequencies": [1, 1],
             "tree_sizes": {"1": {"0": 0, "1": 2}, "2": {"0": 3}, "3": {"0": 4}, "4": {"0": 2}},
+            // Dynamo's cumulative view: cpu and disk extend the device prefix.
             "instances": {
-                "1": {"longest_matched": 8, "GPU": 8, "DP": {"0": 0, "1": 8}, "CPU": 8, "DISK": 0},
-                "3": {"longest_matched": 16, "GPU": 0, "DP": {"0": 0}, "CPU": 0, "DISK": 16},
-                "4": {"longest_matched": 8, "GPU": 0, "DP": {"0": 0}, "CPU": 8, "DISK": 0}
+                "1": {"longest_matched": 8, "gpu": 8, "dp": {"0": 0, "1": 8}, "cpu": 8, "disk": 8},
+                "2": {"longest_matched": 0, "gpu": 0, "dp": {"0": 0}, "cpu": 0, "disk": 0},
+                "3": {"longest_matched": 16, "gpu": 0, "dp": {"0": 0}, "cpu": 0, "disk": 16},
+                "4": {"longest_matched": 8, "gpu": 0, "dp": {"0": 0}, "cpu": 8, "disk": 8}
             }
         }),
     );

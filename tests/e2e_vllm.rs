@@ -91,8 +91,8 @@ fn vllm_events_to_dynamo_queries() {
         "frequencies": [3, 2, 1, 1],
         "tree_sizes": {"1": {"0": 4}, "2": {"0": 2, "1": 2}},
         "instances": {
-            "1": {"longest_matched": 16, "GPU": 16, "DP": {"0": 16}, "CPU": 0, "DISK": 0},
-            "2": {"longest_matched": 8, "GPU": 8, "DP": {"0": 8, "1": 4}, "CPU": 0, "DISK": 0}
+            "1": {"longest_matched": 16, "gpu": 16, "dp": {"0": 16}, "cpu": 16, "disk": 16},
+            "2": {"longest_matched": 8, "gpu": 8, "dp": {"0": 8, "1": 4}, "cpu": 8, "disk": 8}
         }
     });
     let prompt = tokens(1, 16);
@@ -109,7 +109,10 @@ fn vllm_events_to_dynamo_queries() {
     // A prompt sharing nothing scores nobody but still reports tree sizes.
     assert_eq!(
         s.post_json("/query", &query(&[9, 9, 9, 9])).1,
-        json!({"scores": {}, "frequencies": [], "tree_sizes": want["tree_sizes"], "instances": {}})
+        json!({"scores": {}, "frequencies": [], "tree_sizes": want["tree_sizes"], "instances": {
+            "1": {"longest_matched": 0, "gpu": 0, "dp": {"0": 0}, "cpu": 0, "disk": 0},
+            "2": {"longest_matched": 0, "gpu": 0, "dp": {"0": 0, "1": 0}, "cpu": 0, "disk": 0}
+        }})
     );
 
     let workers = s.get_json("/workers");
@@ -165,7 +168,8 @@ fn vllm_events_to_dynamo_queries() {
             "frequencies": [2],
             "tree_sizes": {"1": {"0": 0}, "2": {"0": 1, "1": 2}},
             "instances": {
-                "2": {"longest_matched": 4, "GPU": 4, "DP": {"0": 4, "1": 4}, "CPU": 0, "DISK": 0}
+                "1": {"longest_matched": 0, "gpu": 0, "dp": {"0": 0}, "cpu": 0, "disk": 0},
+                "2": {"longest_matched": 4, "gpu": 4, "dp": {"0": 4, "1": 4}, "cpu": 4, "disk": 4}
             }
         }),
     );
@@ -181,8 +185,8 @@ fn vllm_events_to_dynamo_queries() {
         "frequencies": [3, 1],
         "tree_sizes": {"1": {"0": 2}, "2": {"0": 1, "1": 2}},
         "instances": {
-            "1": {"longest_matched": 8, "GPU": 8, "DP": {"0": 8}, "CPU": 0, "DISK": 0},
-            "2": {"longest_matched": 4, "GPU": 4, "DP": {"0": 4, "1": 4}, "CPU": 0, "DISK": 0}
+            "1": {"longest_matched": 8, "gpu": 8, "dp": {"0": 8}, "cpu": 8, "disk": 8},
+            "2": {"longest_matched": 4, "gpu": 4, "dp": {"0": 4, "1": 4}, "cpu": 4, "disk": 4}
         }
     });
     s.wait_post_eq("/query", &query(&prompt), &after_restart);
@@ -242,7 +246,7 @@ fn malformed_frames_are_counted_logged_and_skipped() {
             "scores": {"7": {"0": 12}},
             "frequencies": [1, 1, 1],
             "tree_sizes": {"7": {"0": 3}},
-            "instances": {"7": {"longest_matched": 12, "GPU": 12, "DP": {"0": 12}, "CPU": 0, "DISK": 0}}
+            "instances": {"7": {"longest_matched": 12, "gpu": 12, "dp": {"0": 12}, "cpu": 12, "disk": 12}}
         }),
     );
     let log = s.stop();
@@ -279,8 +283,8 @@ fn workers_flag_registers_at_startup() {
             "frequencies": [2, 1],
             "tree_sizes": {"1": {"0": 3}, "2": {"1": 1}},
             "instances": {
-                "1": {"longest_matched": 8, "GPU": 8, "DP": {"0": 8}, "CPU": 0, "DISK": 0},
-                "2": {"longest_matched": 4, "GPU": 4, "DP": {"1": 4}, "CPU": 0, "DISK": 0}
+                "1": {"longest_matched": 8, "gpu": 8, "dp": {"0": 8}, "cpu": 8, "disk": 8},
+                "2": {"longest_matched": 4, "gpu": 4, "dp": {"1": 4}, "cpu": 4, "disk": 4}
             }
         }),
     );

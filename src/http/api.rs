@@ -367,15 +367,17 @@ async fn score(core: &Core, t: &Target, seqs: &[SeqHash]) -> Reply {
         info.live && t.only.is_none_or(|i| i == info.instance)
     };
     let snap = core.app.registry.snapshot();
-    let cond = conductor_overlap(ix, seqs, &replies, &live);
     let body = match t.shape {
-        Shape::Conductor => json::conductor(&snap, ix, &t.tenant, &cond),
+        Shape::Conductor => {
+            let cond = conductor_overlap(ix, seqs, &replies, &live);
+            json::conductor(&snap, ix, &t.tenant, &cond)
+        }
         Shape::Dynamo => {
             let overlap = gather(seqs, &replies, ix.slots.len(), live);
             let llmd = t
                 .weights
                 .map(|w| query::weighted(seqs, &replies, ix.slots.len(), live, &w));
-            json::scores(&snap, ix, &overlap, &cond, llmd.as_deref(), &live)
+            json::scores(&snap, ix, &overlap, llmd.as_deref(), &live)
         }
     };
     json::bytes(StatusCode::OK, body)

@@ -154,16 +154,16 @@ pub fn conductor(
     out
 }
 
-/// Dynamo's ScoreResponse plus kvix's additions:
+/// Dynamo's ScoreResponse (1.6: `scores`, `frequencies`, `instances`) plus the
+/// documented `tree_sizes` and, on request, llm-d scores:
 /// `{"scores":{inst:{dp:tokens}},"frequencies":[..],"tree_sizes":{inst:{dp:blocks}},
-///   "instances":{inst:{conductor object}}[, "llm_d":{inst:{dp:{"score","normalized"}}}]}`.
-/// `scores` counts device blocks, as Dynamo's router does; `instances` gives
-/// every tier (only instances that match something are listed).
+///   "instances":{inst:{"longest_matched","gpu","dp":{dp:tokens},"cpu","disk"}}
+///   [,"llm_d":{inst:{dp:{"score","normalized"}}}]}`.
+/// `scores` counts device blocks, as Dynamo's router does.
 pub fn scores(
     snap: &Snapshot,
     ix: &IndexInfo,
     ov: &Overlap,
-    per: &[(InstanceId, InstanceOverlap)],
     llmd: Option<&[f32]>,
     live: &impl Fn(WorkerSlot) -> bool,
 ) -> Vec<u8> {
@@ -198,15 +198,33 @@ pub fn scores(
         .map(|&(i, d, s)| (i, d, ov.tree_sizes.get(s.0 as usize).copied().unwrap_or(0) as u64))
         .collect();
     nested(&mut out, snap, &sizes, |o, v| num(o, v));
+    // Dynamo 1.6's `instances`: every live instance; `cpu` and `disk` extend the
+    // device prefix through the lower tiers (cumulative), per Dynamo's router.
     out.extend_from_slice(b",\"instances\":{");
-    let mut first = true;
-    for (inst, o) in per.iter().filter(|(_, o)| o.longest > 0) {
-        if !first {
+    for (g, group) in rows.chunk_by(|a, b| a.0 == b.0).enumerate() {
+        if g > 0 {
             out.push(b',');
         }
-        first = false;
-        inst_key(&mut out, snap, *inst);
-        instance_object(&mut out, snap, ix, o);
+        let max = |k: usize| group.iter().map(|r| matched(r.2)[k] as u64 * bs).max().unwrap_or(0);
+        let (gpu, cpu, disk) = (max(0), max(1), max(2));
+        inst_key(&mut out, snap, group[0].0);
+        out.extend_from_slice(b"{\"longest_matched\":");
+        num(&mut out, gpu.max(cpu).max(disk));
+        out.extend_from_slice(b",\"gpu\":");
+        num(&mut out, gpu);
+        out.extend_from_slice(b",\"dp\":{");
+        for (j, r) in group.iter().enumerate() {
+            if j > 0 {
+                out.push(b',');
+            }
+            key(&mut out, r.1);
+            num(&mut out, matched(r.2)[0] as u64 * bs);
+        }
+        out.extend_from_slice(b"},\"cpu\":");
+        num(&mut out, cpu);
+        out.extend_from_slice(b",\"disk\":");
+        num(&mut out, disk);
+        out.push(b'}');
     }
     out.push(b'}');
     if let Some(raw) = llmd {
