@@ -649,6 +649,18 @@ fx["e2e_legacy_store"] = LegacyBatch(
     ]
 )
 fx["e2e_legacy_remove_all"] = LegacyBatch([RemoveAllEvent()])
+# vLLM multimodal: block 2 carries an image whose Dynamo routing hash is 0xdeadbeef,
+# in extra_keys marker form (16 hex digits + 48 zeros); then the vLLM 0.19+ pair form.
+def mm_marker(h):
+    return f"{h:016x}" + "0" * 48
+
+
+fx["e2e_vllm_mm"] = EventBatch(
+    TS, [BlockStored([951, 952, 953], None, tokens(1, 12), 4, None, "GPU", None, [None, [mm_marker(0xDEADBEEF)], None])]
+)
+fx["e2e_vllm_mm_pairs"] = EventBatch(
+    TS, [BlockStored([961, 962, 963], None, tokens(1, 12), 4, None, "GPU", None, [None, [[mm_marker(0xDEADBEEF), 1]], None])]
+)
 print("e2e seq hashes:", E2E_SEQ)
 
 

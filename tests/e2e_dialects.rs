@@ -322,3 +322,36 @@ fn malformed_dialect_frames_are_skipped() {
     let log = s.stop();
     assert_eq!(log.matches("malformed frame skipped").count(), 3, "{log}");
 }
+
+/// Multimodal blocks: vLLM's `extra_keys` markers fold into the block hash as
+/// Dynamo folds them, so a query naming the same image matches and one without
+/// it stops before the image block. Both extra_keys forms (plain and pair) agree.
+#[test]
+fn multimodal_extra_keys_fold_into_block_hashes() {
+    let s = Server::start(&["--threads", "2"]);
+    let ctx = zmq::Context::new();
+    let mut a = Publisher::bind(&ctx);
+    let mut b = Publisher::bind(&ctx);
+    register(&s, 1, &a);
+    register(&s, 2, &b);
+    a.send(&fixture("e2e_vllm_mm"));
+    b.send(&fixture("e2e_vllm_mm_pairs"));
+    let image = json!({"token_ids": toks(1, 12), "model_name": "m",
+                       "block_mm_hashes": [null, [0xdead_beef_u64], null]});
+    s.eventually("multimodal blocks indexed", || {
+        let (_, v) = s.post_json("/query", &image);
+        (v["scores"] == json!({"1": {"0": 12}, "2": {"0": 12}}))
+            .then_some(())
+            .ok_or(v.to_string())
+    });
+    let (_, v) = s.post_json("/query", &json!({"token_ids": toks(1, 12), "model_name": "m"}));
+    assert_eq!(v["scores"], json!({"1": {"0": 4}, "2": {"0": 4}}), "{v}");
+    // The reference implementation's local hashes for the same blocks.
+    let vectors: Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/dynamo_mm_vectors.json")).unwrap(),
+    )
+    .unwrap();
+    let locals = &vectors["cases"][0]["local_block_hashes"];
+    let (_, v) = s.post_json("/query_by_hash", &json!({"block_hashes": locals, "model_name": "m"}));
+    assert_eq!(v["scores"], json!({"1": {"0": 12}, "2": {"0": 12}}), "{v}");
+}

@@ -417,6 +417,9 @@ fn conductor_overlap(
 struct QueryReq {
     token_ids: Vec<u32>,
     cache_salt: Option<String>,
+    /// Per block, the hashes of the multimodal objects it carries (or null),
+    /// folded into its hash as Dynamo does.
+    block_mm_hashes: Option<Vec<Option<Vec<HashNum>>>>,
     #[serde(flatten)]
     scope: Scope,
 }
@@ -427,7 +430,22 @@ pub async fn query(core: &Core, body: &[u8], forced: Option<Shape>) -> Result<Re
     let seed = hash::block_seed(t.lora.as_deref(), r.cache_salt.as_deref());
     let bs = t.ix.block_size as usize;
     let mut seqs = Vec::with_capacity(r.token_ids.len() / bs + 1);
-    hash::seq_hashes_for_tokens(&r.token_ids, bs, seed, &mut seqs);
+    match r.block_mm_hashes {
+        None => hash::seq_hashes_for_tokens(&r.token_ids, bs, seed, &mut seqs),
+        Some(mm) => {
+            let (mut parent, mut sorted, mut buf) = (None, Vec::new(), Vec::new());
+            for (i, chunk) in r.token_ids.chunks_exact(bs).enumerate() {
+                sorted.clear();
+                if let Some(Some(hs)) = mm.get(i) {
+                    sorted.extend(hs.iter().map(|h| h.0));
+                    sorted.sort_unstable();
+                }
+                let s = hash::chain(parent, hash::local_hash_mm(chunk, &sorted, seed, &mut buf));
+                seqs.push(s);
+                parent = Some(s);
+            }
+        }
+    }
     Ok(score(core, &t, &seqs).await)
 }
 

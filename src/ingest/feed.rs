@@ -68,6 +68,9 @@ pub struct WorkerFeed {
     tenants: Vec<(String, IndexId)>,
     /// (model, tenant) of `index`, read from the registry when first needed.
     home: Option<(String, String)>,
+    /// Scratch for multimodal block hashing (reused: no allocation per block).
+    mm_sorted: Vec<u64>,
+    mm_bytes: Vec<u8>,
     pub stats: Arc<FeedStats>,
 }
 
@@ -102,6 +105,8 @@ impl WorkerFeed {
             slots: Vec::new(),
             tenants: Vec::new(),
             home: None,
+            mm_sorted: Vec::new(),
+            mm_bytes: Vec::new(),
             stats: Arc::default(),
         }
     }
@@ -246,6 +251,7 @@ impl WorkerFeed {
             .or(ev.additional_salt)
             .filter(|s| !s.is_empty())
             .or(self.opts.salt.as_deref());
+        let (mm_sorted, mm_bytes) = (&mut self.mm_sorted, &mut self.mm_bytes);
         let sf = &mut self.slots[i];
         let (index, slot) = (sf.index, sf.slot);
         let dp = sf.dp;
@@ -300,8 +306,19 @@ impl WorkerFeed {
             },
         };
         let seed = hash::block_seed(lora.as_deref(), salt);
-        for (eh, chunk) in ev.hashes.iter().zip(ev.tokens.chunks_exact(block_size)) {
-            let local = hash::local_hash(chunk, seed);
+        let mut mm = ev.mm;
+        for (b, (eh, chunk)) in ev.hashes.iter().zip(ev.tokens.chunks_exact(block_size)).enumerate() {
+            mm_sorted.clear();
+            while let Some(&(blk, h)) = mm.first()
+                && blk as usize <= b
+            {
+                if blk as usize == b {
+                    mm_sorted.push(h);
+                }
+                mm = &mm[1..];
+            }
+            mm_sorted.sort_unstable();
+            let local = hash::local_hash_mm(chunk, mm_sorted, seed, mm_bytes);
             let seq = hash::chain(parent, local);
             let k = sf.blocks.entry(*eh).or_insert(Known { seq, tiers: 0 });
             if k.seq != seq {

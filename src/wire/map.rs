@@ -22,6 +22,7 @@
 //! Unknown keys are skipped, in every dialect.
 
 use super::batch::{
+    extra_keys,
     aux_group, check_stored, check_stored_optional_tokens, hashes, lenient_str, lenient_u32,
     lora_id, numeric_key, opt_hash, opt_u64, seconds_ms, text, tokens, unknown_tag,
 };
@@ -99,6 +100,7 @@ pub(super) fn event(c: &mut Cursor<'_>, out: &mut Batch) -> Result<Option<EventR
             b"medium" => ev.medium = text(c, "medium")?,
             b"lora_name" => ev.lora_name = text(c, "lora_name")?,
             b"cache_salt" => ev.cache_salt = text(c, "cache_salt")?,
+            b"extra_keys" => extra_keys(c, out, &mut ev)?,
             b"additional_salt" => ev.additional_salt = text(c, "additional_salt")?,
             b"model_name" | b"model" => ev.model_name = text(c, "model_name")?,
             b"tenant_id" => ev.tenant_id = text(c, "tenant_id")?,
