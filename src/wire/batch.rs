@@ -305,6 +305,19 @@ pub(super) fn tokens(
 ) -> Result<(Range<usize>, bool), WireError> {
     let n = c.array(field)?;
     let start = out.tokens.len();
+    if n > 0 && c.peek_class()? != Class::Array {
+        // The common case, flat ids: one tight loop (every id takes at least a byte,
+        // so a lying length runs out of input instead of memory).
+        if n > c.remaining() {
+            return Err(WireError::Truncated);
+        }
+        out.tokens.reserve(n);
+        for _ in 0..n {
+            let t = c.token(field)?;
+            out.tokens.push(t);
+        }
+        return Ok((start..out.tokens.len(), false));
+    }
     let mut bigram = None;
     for _ in 0..n {
         let pair = c.peek_class()? == Class::Array;
