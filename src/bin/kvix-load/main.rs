@@ -7,6 +7,7 @@
 
 mod events;
 mod http;
+mod plot;
 mod query;
 mod report;
 mod sim;
@@ -73,6 +74,24 @@ enum Cmd {
         common: Common,
         #[command(flatten)]
         q: QueryArgs,
+    },
+    /// SVG plots from `--json` reports (latency vs offered load, applied blocks/s)
+    Plot {
+        /// Reports with open-loop query phases, as `label=path` (one series each)
+        #[arg(long, value_delimiter = ',')]
+        latency: Vec<String>,
+        /// Event reports, as `label=path` (one bar each, e.g. `1 shard=ev1.json`)
+        #[arg(long, value_delimiter = ',')]
+        events: Vec<String>,
+        /// Endpoint of the latency plot
+        #[arg(long, default_value = "query")]
+        endpoint: String,
+        /// Prompt length of the latency plot
+        #[arg(long, default_value_t = 1024)]
+        prompt_tokens: u64,
+        /// Folder for latency.svg and events.svg
+        #[arg(long, default_value = ".")]
+        out: std::path::PathBuf,
     },
 }
 
@@ -183,10 +202,32 @@ fn main() {
 /// Run a command; Ok(false) when it completed but measured a failure
 /// (sentinels not seen, query errors, no replies).
 fn run(cmd: Cmd) -> Result<bool, String> {
+    if let Cmd::Plot {
+        latency,
+        events,
+        endpoint,
+        prompt_tokens,
+        out,
+    } = &cmd
+    {
+        std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
+        if !latency.is_empty() {
+            let path = out.join("latency.svg");
+            plot::latency_svg(&plot::labelled(latency), endpoint, *prompt_tokens, &path)?;
+            println!("{}", path.display());
+        }
+        if !events.is_empty() {
+            let path = out.join("events.svg");
+            plot::events_svg(&plot::labelled(events), &path)?;
+            println!("{}", path.display());
+        }
+        return Ok(true);
+    }
     let (common, ev, q) = match cmd {
         Cmd::Bench { common, ev, q } => (common, Some(ev), Some(q)),
         Cmd::Events { common, ev } => (common, Some(ev), None),
         Cmd::Query { common, q } => (common, None, Some(q)),
+        Cmd::Plot { .. } => unreachable!("handled above"),
     };
     let quiet = common.quiet;
     let target = Target::parse(&common.url)?;
