@@ -364,6 +364,7 @@ impl WorkerFeed {
                     k.tiers &= !bit;
                     if k.tiers == 0 {
                         sf.blocks.remove(eh);
+                        shrink_if_sparse(&mut sf.blocks);
                     }
                 }
                 None if ev.hash_kind == HashKind::Seq => sink.push(ShardOp::Remove {
@@ -394,13 +395,22 @@ impl WorkerFeed {
             tiers,
         });
         if tiers == 0xff {
-            sf.blocks.clear();
+            sf.blocks = HashMap::new();
         } else {
             sf.blocks.retain(|_, k| {
                 k.tiers &= !tiers;
                 k.tiers != 0
             });
+            shrink_if_sparse(&mut sf.blocks);
         }
+    }
+}
+
+/// Free most of a map's memory once it is a quarter full or less.
+fn shrink_if_sparse<K: Eq + std::hash::Hash, V>(m: &mut HashMap<K, V>) {
+    let cap = m.capacity();
+    if cap > 4096 && m.len() < cap / 4 {
+        m.shrink_to(m.len() * 2);
     }
 }
 

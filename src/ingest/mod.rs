@@ -74,6 +74,7 @@ impl Ingest {
                             sink,
                             registry,
                             listeners: Vec::new(),
+                            since_trim: 0,
                         }
                         .run()
                     })
@@ -206,6 +207,8 @@ struct IngestThread {
     sink: RingSink,
     registry: Arc<Registry>,
     listeners: Vec<Listener>,
+    /// Busy polls since the C heap was last trimmed.
+    since_trim: u64,
 }
 
 /// Frames drained from one socket before the others get a turn.
@@ -241,9 +244,21 @@ impl IngestThread {
                 }
                 items.iter().map(|i| i.is_readable()).collect()
             };
+            let busy = ready.iter().any(|r| *r);
             for (i, r) in ready.into_iter().enumerate() {
                 if r {
                     self.drain(i);
+                }
+            }
+            if busy {
+                self.since_trim += 1;
+            } else if self.since_trim > 0 {
+                // libzmq buffers frames with the C allocator; after a burst, hand the
+                // freed memory back to the OS instead of holding it for the next one.
+                self.since_trim = 0;
+                // SAFETY: malloc_trim only releases free heap pages; it touches no live allocation.
+                unsafe {
+                    libc::malloc_trim(0);
                 }
             }
         }
