@@ -59,7 +59,11 @@ fn stored_payload_seeded(blocks: usize, sglang: bool, seed: u64) -> Vec<u8> {
     write_str(&mut b, "BlockStored").unwrap();
     write_array_len(&mut b, blocks as u32).unwrap();
     for i in 0..blocks {
-        write_sint(&mut b, (i as i64 + 1 + seed as i64 * 1000) * -7_919_000_000_123).unwrap();
+        write_sint(
+            &mut b,
+            (i as i64 + 1 + seed as i64 * 1000) * -7_919_000_000_123,
+        )
+        .unwrap();
     }
     write_nil(&mut b).unwrap();
     write_array_len(&mut b, t.len() as u32).unwrap();
@@ -92,7 +96,9 @@ fn seqs(n: usize, seed: u64) -> Vec<SeqHash> {
     let mut x = seed;
     (0..n)
         .map(|_| {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             SeqHash(xxhash_rust::xxh3::xxh3_64(&x.to_le_bytes()))
         })
         .collect()
@@ -247,7 +253,12 @@ fn bench_ingest(c: &mut Criterion) {
     g.throughput(Throughput::Elements(64 * 32));
     g.bench_function("decode_feed_apply_2_shards", |b| {
         b.iter_batched(
-            || (WorkerFeed::new(index, 1, 0, BS as u32), InlineShards(vec![Shard::default(), Shard::default()])),
+            || {
+                (
+                    WorkerFeed::new(index, 1, 0, BS as u32),
+                    InlineShards(vec![Shard::default(), Shard::default()]),
+                )
+            },
             |(mut feed, mut sink)| {
                 let mut batch = Batch::default();
                 for p in &payloads {

@@ -198,14 +198,23 @@ mod tests {
         struct File {
             cases: Vec<MmCase>,
         }
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/dynamo_mm_vectors.json");
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/data/dynamo_mm_vectors.json"
+        );
         let f: File = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
         assert!(f.cases.len() >= 5);
         for c in &f.cases {
             let seed = block_seed(c.lora_name.as_deref(), c.cache_salt.as_deref());
-            let (mut buf, mut parent, mut locals, mut seqs) = (Vec::new(), None, Vec::new(), Vec::new());
+            let (mut buf, mut parent, mut locals, mut seqs) =
+                (Vec::new(), None, Vec::new(), Vec::new());
             for (i, chunk) in c.token_ids.chunks_exact(c.block_size).enumerate() {
-                let mut mm = c.block_mm_hashes.get(i).cloned().flatten().unwrap_or_default();
+                let mut mm = c
+                    .block_mm_hashes
+                    .get(i)
+                    .cloned()
+                    .flatten()
+                    .unwrap_or_default();
                 mm.sort_unstable();
                 let l = local_hash_mm(chunk, &mm, seed, &mut buf);
                 let s = chain(parent, l);

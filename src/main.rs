@@ -58,12 +58,12 @@ fn run(args: Args) -> Result<(), String> {
             args.block_size.unwrap_or_default(),
             w.instance,
             w.dp,
-            w.endpoint.clone(),
-            None,
+            kvix::registry::Endpoint::new(w.endpoint.clone(), None),
             Default::default(),
         );
         app.register(reg)
             .map_err(|e| format!("--workers {}: {e}", w.endpoint))?;
     }
-    kvix::runtime::serve(app, addr, std::time::Duration::from_micros(args.spin_us)).map_err(|e| e.to_string())
+    kvix::runtime::serve(app, addr, std::time::Duration::from_micros(args.spin_us))
+        .map_err(|e| e.to_string())
 }

@@ -206,7 +206,9 @@ pub fn conductor(
     }
     for (slot, inst) in instance_of.iter().enumerate() {
         if let Some(i) = inst {
-            out[*i].per_slot_device.push((WorkerSlot(slot as u32), device[slot]));
+            out[*i]
+                .per_slot_device
+                .push((WorkerSlot(slot as u32), device[slot]));
         }
     }
     out
@@ -333,7 +335,10 @@ mod tests {
         let o = conductor(&seqs, &[reply], &[Some(0), Some(0)], 1);
         assert_eq!(o[0].longest, 3);
         assert_eq!(o[0].per_tier[..3], [2, 2, 2]);
-        assert_eq!(o[0].per_slot_device, vec![(WorkerSlot(0), 2), (WorkerSlot(1), 1)]);
+        assert_eq!(
+            o[0].per_slot_device,
+            vec![(WorkerSlot(0), 2), (WorkerSlot(1), 1)]
+        );
     }
 
     /// Seed 004's three pods over blocks B0..B4: A holds B0..B3, B holds B0, B1
@@ -344,11 +349,20 @@ mod tests {
         let seqs: Vec<SeqHash> = (0..5).map(SeqHash).collect();
         let reply = ShardReply {
             holders: vec![
-                2, h(0, g), h(1, g),
-                2, h(0, g), h(1, g),
-                1, h(0, g),
-                3, h(0, g), h(1, g), h(2, g),
-                1, h(2, g),
+                2,
+                h(0, g),
+                h(1, g),
+                2,
+                h(0, g),
+                h(1, g),
+                1,
+                h(0, g),
+                3,
+                h(0, g),
+                h(1, g),
+                h(2, g),
+                1,
+                h(2, g),
             ],
             per_slot: vec![],
         };

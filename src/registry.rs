@@ -50,7 +50,7 @@ pub struct SlotInfo {
 }
 
 /// One registered ZMQ listener.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct Endpoint {
     pub endpoint: String,
     pub replay_endpoint: Option<String>,
@@ -71,6 +71,16 @@ pub struct IndexInfo {
     /// Several listeners may feed one (instance, dp rank) when their publisher
     /// kinds differ (an engine and a Mooncake Store publisher for its pools).
     pub endpoints: BTreeMap<InstanceId, BTreeMap<DpRank, Vec<Endpoint>>>,
+}
+
+impl Endpoint {
+    pub fn new(endpoint: String, replay_endpoint: Option<String>) -> Self {
+        Endpoint {
+            endpoint,
+            replay_endpoint,
+            publisher: None,
+        }
+    }
 }
 
 impl IndexInfo {
@@ -140,10 +150,11 @@ impl Snapshot {
 
     /// The id of an instance named `name`, if it is known (or is an integer).
     pub fn instance_id(&self, name: &str) -> Option<InstanceId> {
-        self.ids
-            .get(name)
-            .copied()
-            .or_else(|| name.parse::<InstanceId>().ok().filter(|id| *id < NAMED_BASE))
+        self.ids.get(name).copied().or_else(|| {
+            name.parse::<InstanceId>()
+                .ok()
+                .filter(|id| *id < NAMED_BASE)
+        })
     }
 
     /// True when some instance is known by a non-integer name.
@@ -185,6 +196,10 @@ pub struct ListenerOpts {
     /// `type`: the publisher kind as registered (`vLLM`, `SGLang`, `Mooncake`), for `/workers`.
     pub publisher: Option<String>,
 }
+
+/// Per index touched by an unregister: the dp ranks whose listeners went and
+/// the slots that stopped being live.
+pub type Unregistered = (IndexId, Vec<DpRank>, Vec<WorkerSlot>);
 
 /// What `/register` asks for.
 #[derive(Clone, Debug)]
@@ -340,7 +355,7 @@ impl Registry {
         tenant: Option<&str>,
         instance: InstanceId,
         dp: Option<DpRank>,
-    ) -> Result<Vec<(IndexId, Vec<DpRank>, Vec<WorkerSlot>)>, RegistryError> {
+    ) -> Result<Vec<Unregistered>, RegistryError> {
         self.update(|s| {
             let ids: Vec<IndexId> = match tenant {
                 Some(t) => s.lookup(model, t).map(|ix| ix.id).into_iter().collect(),

@@ -115,8 +115,7 @@ pub fn registration(
     block_size: u32,
     instance: InstanceId,
     dp: DpRank,
-    endpoint: String,
-    replay_endpoint: Option<String>,
+    endpoint: Endpoint,
     opts: ListenerOpts,
 ) -> Registration {
     Registration {
@@ -126,9 +125,8 @@ pub fn registration(
         instance,
         dp,
         endpoint: Endpoint {
-            endpoint,
-            replay_endpoint,
             publisher: opts.publisher.clone(),
+            ..endpoint
         },
         opts,
     }

@@ -99,7 +99,10 @@ fn every_dialect_in_both_shapes() {
     let hex: Vec<String> = seqs.iter().map(|h| format!("{h:#x}")).collect();
     let (_, v) = s.post_json("/query_by_hash", &json!({"block_hash": hex, "model": "m"}));
     assert_eq!(v["default"]["4"]["CPU"], 8, "{v}");
-    let (_, v) = s.post_json("/query_by_hash", &json!({"block_hashes": locals, "model_name": "m"}));
+    let (_, v) = s.post_json(
+        "/query_by_hash",
+        &json!({"block_hashes": locals, "model_name": "m"}),
+    );
     assert_eq!(v["scores"], json!({"1": {"1": 8}}));
 
     // LoRA namespaces: only the adapter's blocks match an adapter query.
@@ -143,7 +146,9 @@ fn every_dialect_in_both_shapes() {
     master.send(&fixture("e2e_rfc_cleared_disk"));
     s.eventually("disk cleared", || {
         let (_, v) = s.post_json("/query", &json!({"token_ids": toks(1, 16), "model": "m"}));
-        (v["default"]["3"] == zero).then_some(()).ok_or(v.to_string())
+        (v["default"]["3"] == zero)
+            .then_some(())
+            .ok_or(v.to_string())
     });
 
     // Unregistering without a tenant removes the instance from every tenant.
@@ -172,7 +177,10 @@ fn seed_001_worked_example_over_the_conductor_api() {
                     "instance_id": "vllm-1", "block_size": 2, "dp_rank": 0}),
         );
         assert_eq!(st, 200, "{v}");
-        assert_eq!(v, json!({"status": "registered successfully", "instance_id": "vllm-1"}));
+        assert_eq!(
+            v,
+            json!({"status": "registered successfully", "instance_id": "vllm-1"})
+        );
         p.wait_subscriber();
     };
     reg(&engine, "vLLM");
@@ -211,8 +219,11 @@ fn seed_001_worked_example_over_the_conductor_api() {
     );
 }
 
+/// One event: (tag, engine hashes, parent, token ids, medium).
+type Ev<'a> = (&'a str, &'a [u64], Option<u64>, &'a [u32], &'a str);
+
 /// vLLM positional `BlockStored` / `BlockRemoved` batch, as msgspec writes it.
-fn vllm_batch(events: &[(&str, &[u64], Option<u64>, &[u32], &str)]) -> Vec<u8> {
+fn vllm_batch(events: &[Ev<'_>]) -> Vec<u8> {
     use rmp::encode::*;
     let mut b = Vec::new();
     write_array_len(&mut b, 2).unwrap();
@@ -255,7 +266,13 @@ fn seed_004_three_pods_llm_d_scoring() {
     }
     let t = toks(1, 20);
     let all: Vec<u32> = t.clone();
-    pods[0].send(&vllm_batch(&[("BlockStored", &[1, 2, 3, 4], None, &all[..16], "GPU")]));
+    pods[0].send(&vllm_batch(&[(
+        "BlockStored",
+        &[1, 2, 3, 4],
+        None,
+        &all[..16],
+        "GPU",
+    )]));
     pods[1].send(&vllm_batch(&[
         ("BlockStored", &[1, 2, 3, 4], None, &all[..16], "GPU"),
         ("BlockRemoved", &[3], None, &[], "GPU"),
@@ -265,7 +282,13 @@ fn seed_004_three_pods_llm_d_scoring() {
         ("BlockRemoved", &[1, 2, 3], None, &[], "GPU"),
     ]));
     // A fourth pod holds B0, B1 on the host tier only: weight 0.8 each by default.
-    pods[3].send(&vllm_batch(&[("BlockStored", &[1, 2], None, &all[..8], "CPU")]));
+    pods[3].send(&vllm_batch(&[(
+        "BlockStored",
+        &[1, 2],
+        None,
+        &all[..8],
+        "CPU",
+    )]));
     let want = json!({
         "10": {"0": {"score": 4.0, "normalized": 1.0}},
         "11": {"0": {"score": 2.0, "normalized": 0.5}},
@@ -294,7 +317,11 @@ fn seed_004_three_pods_llm_d_scoring() {
         "/query",
         &json!({"token_ids": t, "model_name": "m", "tier_weights": {"CPU": 2.0}}),
     );
-    assert_eq!((st, v["field"].as_str()), (422, Some("tier_weights.CPU")), "{v}");
+    assert_eq!(
+        (st, v["field"].as_str()),
+        (422, Some("tier_weights.CPU")),
+        "{v}"
+    );
 }
 
 #[test]
@@ -309,7 +336,9 @@ fn malformed_dialect_frames_are_skipped() {
     let mut bad_legacy = fixture("e2e_legacy_store");
     bad_legacy.truncate(bad_legacy.len() - 3);
     // A batch declaring 2^32-1 events with nothing behind it.
-    let huge = [0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xdd, 0xff, 0xff, 0xff, 0xff];
+    let huge = [
+        0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xdd, 0xff, 0xff, 0xff, 0xff,
+    ];
     for f in [&bad_rfc[..], &bad_legacy[..], &huge[..]] {
         p.send(f);
     }
@@ -317,7 +346,9 @@ fn malformed_dialect_frames_are_skipped() {
     let want: Value = json!({"longest_matched": 8, "GPU": 0, "DP": {"0": 0}, "CPU": 8, "DISK": 0});
     s.eventually("the good frame after the bad ones", || {
         let (_, v) = s.post_json("/query", &json!({"token_ids": toks(1, 8), "model": "m"}));
-        (v["default"]["1"] == want).then_some(()).ok_or(v.to_string())
+        (v["default"]["1"] == want)
+            .then_some(())
+            .ok_or(v.to_string())
     });
     let log = s.stop();
     assert_eq!(log.matches("malformed frame skipped").count(), 3, "{log}");
@@ -344,14 +375,24 @@ fn multimodal_extra_keys_fold_into_block_hashes() {
             .then_some(())
             .ok_or(v.to_string())
     });
-    let (_, v) = s.post_json("/query", &json!({"token_ids": toks(1, 12), "model_name": "m"}));
+    let (_, v) = s.post_json(
+        "/query",
+        &json!({"token_ids": toks(1, 12), "model_name": "m"}),
+    );
     assert_eq!(v["scores"], json!({"1": {"0": 4}, "2": {"0": 4}}), "{v}");
     // The reference implementation's local hashes for the same blocks.
     let vectors: Value = serde_json::from_str(
-        &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/dynamo_mm_vectors.json")).unwrap(),
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/data/dynamo_mm_vectors.json"
+        ))
+        .unwrap(),
     )
     .unwrap();
     let locals = &vectors["cases"][0]["local_block_hashes"];
-    let (_, v) = s.post_json("/query_by_hash", &json!({"block_hashes": locals, "model_name": "m"}));
+    let (_, v) = s.post_json(
+        "/query_by_hash",
+        &json!({"block_hashes": locals, "model_name": "m"}),
+    );
     assert_eq!(v["scores"], json!({"1": {"0": 12}, "2": {"0": 12}}), "{v}");
 }

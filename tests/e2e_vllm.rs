@@ -151,7 +151,9 @@ fn vllm_events_to_dynamo_queries() {
     for (i, r) in rows.iter().enumerate() {
         if let Some(p) = r.3 {
             assert!(
-                rows[..i].iter().any(|q| q.0 == r.0 && q.1 == r.1 && q.2 == p),
+                rows[..i]
+                    .iter()
+                    .any(|q| q.0 == r.0 && q.1 == r.1 && q.2 == p),
                 "parent of {r:?} comes after it"
             );
         }
@@ -202,7 +204,10 @@ fn vllm_events_to_dynamo_queries() {
     );
     let v = s.post_json("/query", &query(&prompt)).1;
     assert_eq!(v["scores"], json!({"1": {"0": 8}, "2": {"0": 4}}));
-    s.post_ok("/unregister", &json!({"instance_id": 2, "model_name": MODEL}));
+    s.post_ok(
+        "/unregister",
+        &json!({"instance_id": 2, "model_name": MODEL}),
+    );
     let v = s.post_json("/query", &query(&prompt)).1;
     assert_eq!(v["scores"], json!({"1": {"0": 8}}));
     assert_eq!(v["tree_sizes"], json!({"1": {"0": 2}}));

@@ -8,11 +8,11 @@ use super::Reply;
 use super::error::{ApiError, parse};
 use super::json;
 use crate::hash;
+use crate::query;
 use crate::query::gather;
-use crate::registry::{IndexInfo, ListenerOpts};
+use crate::registry::{Endpoint, IndexInfo, ListenerOpts};
 use crate::runtime::Core;
 use crate::service::{ControlError, registration};
-use crate::query;
 use crate::types::{BlockHash, EngineHash, SeqHash, Tier, WorkerSlot};
 use hyper::StatusCode;
 use serde::Deserialize;
@@ -98,8 +98,7 @@ pub fn register(core: &Core, body: &[u8], forced: Option<Shape>) -> Result<Reply
             r.block_size,
             id,
             r.dp_rank,
-            r.endpoint,
-            r.replay_endpoint,
+            Endpoint::new(r.endpoint, r.replay_endpoint),
             opts,
         ))?;
         let out = serde_json::json!({"status": "registered successfully", "instance_id": name});
@@ -113,8 +112,7 @@ pub fn register(core: &Core, body: &[u8], forced: Option<Shape>) -> Result<Reply
         r.block_size,
         r.instance_id,
         r.dp_rank.unwrap_or(0),
-        r.endpoint,
-        r.replay_endpoint,
+        Endpoint::new(r.endpoint, r.replay_endpoint),
         ListenerOpts::default(),
     ))?;
     Ok(json::ok(StatusCode::CREATED))
@@ -143,9 +141,12 @@ pub fn unregister(core: &Core, body: &[u8], forced: Option<Shape>) -> Result<Rep
         let r: ConductorUnregisterReq = parse(body)?;
         let name = r.instance_id.name();
         let tenant = r.tenant_id.unwrap_or_else(|| DEFAULT_TENANT.into());
-        let id = core.app.registry.snapshot().instance_id(&name).ok_or_else(|| {
-            ApiError::NotFound(format!("no instance {name} registered"))
-        })?;
+        let id = core
+            .app
+            .registry
+            .snapshot()
+            .instance_id(&name)
+            .ok_or_else(|| ApiError::NotFound(format!("no instance {name} registered")))?;
         let dps = core
             .app
             .unregister(&r.modelname, Some(&tenant), id, r.dp_rank)?;
@@ -294,7 +295,12 @@ fn resolve(core: &Core, sc: Scope, forced: Option<Shape>) -> Result<Target, ApiE
         (_, None, None) => (Shape::Dynamo, None),
     };
     let model = model.ok_or_else(|| ApiError::Field {
-        field: if shape == Shape::Conductor { "model" } else { "model_name" }.into(),
+        field: if shape == Shape::Conductor {
+            "model"
+        } else {
+            "model_name"
+        }
+        .into(),
         msg: "missing field (`model_name` for Dynamo's API, `model` for Mooncake's)".into(),
     })?;
     if sc.lora_name.as_deref().is_some_and(|n| !n.is_empty()) && sc.lora_id.is_some() {
@@ -317,12 +323,13 @@ fn resolve(core: &Core, sc: Scope, forced: Option<Shape>) -> Result<Target, ApiE
         )));
     }
     let snap = core.app.registry.snapshot();
-    let only = match &sc.instance_id {
-        None => None,
-        Some(r) => Some(snap.instance_id(&r.name()).ok_or_else(|| {
-            ApiError::NotFound(format!("no instance {} registered", r.name()))
-        })?),
-    };
+    let only =
+        match &sc.instance_id {
+            None => None,
+            Some(r) => Some(snap.instance_id(&r.name()).ok_or_else(|| {
+                ApiError::NotFound(format!("no instance {} registered", r.name()))
+            })?),
+        };
     let weights = match (sc.scoring.as_deref(), sc.tier_weights) {
         (None, None) => None,
         (Some(s), _) if !s.eq_ignore_ascii_case("llm-d") && !s.eq_ignore_ascii_case("llmd") => {

@@ -91,12 +91,7 @@ fn float(out: &mut Vec<u8>, v: f32) {
 
 /// One instance's conductor object: `{"longest_matched","GPU","DP":{dp:tokens},"CPU","DISK",...}`,
 /// in matched tokens. Tiers beyond the three well-known ones appear by name when hit.
-fn instance_object(
-    out: &mut Vec<u8>,
-    snap: &Snapshot,
-    ix: &IndexInfo,
-    o: &InstanceOverlap,
-) {
+fn instance_object(out: &mut Vec<u8>, snap: &Snapshot, ix: &IndexInfo, o: &InstanceOverlap) {
     let bs = ix.block_size as u64;
     out.extend_from_slice(b"{\"longest_matched\":");
     num(out, o.longest as u64 * bs);
@@ -184,7 +179,7 @@ pub fn scores(
         .filter(|r| matched(r.2)[0] > 0)
         .map(|&(i, d, s)| (i, d, matched(s)[0] as u64 * bs))
         .collect();
-    nested(&mut out, snap, &device, |o, v| num(o, v));
+    nested(&mut out, snap, &device, num);
     out.extend_from_slice(b",\"frequencies\":[");
     for (i, f) in ov.frequencies.iter().enumerate() {
         if i > 0 {
@@ -195,9 +190,15 @@ pub fn scores(
     out.extend_from_slice(b"],\"tree_sizes\":");
     let sizes: Vec<_> = rows
         .iter()
-        .map(|&(i, d, s)| (i, d, ov.tree_sizes.get(s.0 as usize).copied().unwrap_or(0) as u64))
+        .map(|&(i, d, s)| {
+            (
+                i,
+                d,
+                ov.tree_sizes.get(s.0 as usize).copied().unwrap_or(0) as u64,
+            )
+        })
         .collect();
-    nested(&mut out, snap, &sizes, |o, v| num(o, v));
+    nested(&mut out, snap, &sizes, num);
     // Dynamo 1.6's `instances`: every live instance; `cpu` and `disk` extend the
     // device prefix through the lower tiers (cumulative), per Dynamo's router.
     out.extend_from_slice(b",\"instances\":{");
@@ -205,7 +206,13 @@ pub fn scores(
         if g > 0 {
             out.push(b',');
         }
-        let max = |k: usize| group.iter().map(|r| matched(r.2)[k] as u64 * bs).max().unwrap_or(0);
+        let max = |k: usize| {
+            group
+                .iter()
+                .map(|r| matched(r.2)[k] as u64 * bs)
+                .max()
+                .unwrap_or(0)
+        };
         let (gpu, cpu, disk) = (max(0), max(1), max(2));
         inst_key(&mut out, snap, group[0].0);
         out.extend_from_slice(b"{\"longest_matched\":");

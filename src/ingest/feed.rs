@@ -139,20 +139,32 @@ impl WorkerFeed {
                 Some(id)
             }
             Err(e) => {
-                tracing::warn!(instance = self.instance, tenant = t, "cannot index tenant: {e}");
+                tracing::warn!(
+                    instance = self.instance,
+                    tenant = t,
+                    "cannot index tenant: {e}"
+                );
                 None
             }
         }
     }
 
     fn slot_feed(&mut self, index: IndexId, dp: DpRank, registry: &Registry) -> Option<usize> {
-        if let Some(i) = self.slots.iter().position(|s| s.index == index && s.dp == dp) {
+        if let Some(i) = self
+            .slots
+            .iter()
+            .position(|s| s.index == index && s.dp == dp)
+        {
             return Some(i);
         }
         let slot = match registry.slot_for(index, self.instance, dp) {
             Ok(s) => s,
             Err(e) => {
-                tracing::warn!(instance = self.instance, dp, "cannot intern worker slot: {e}");
+                tracing::warn!(
+                    instance = self.instance,
+                    dp,
+                    "cannot intern worker slot: {e}"
+                );
                 return None;
             }
         };
@@ -242,10 +254,17 @@ impl WorkerFeed {
             return;
         }
         let tiers = Self::tiers_of(ev, registry);
-        let lora = ev.lora_name.filter(|n| !n.is_empty()).map(std::borrow::Cow::Borrowed).or_else(|| {
-            lora_from_id(ev.lora_id).map(std::borrow::Cow::Owned)
+        let lora = ev
+            .lora_name
+            .filter(|n| !n.is_empty())
+            .map(std::borrow::Cow::Borrowed)
+            .or_else(|| lora_from_id(ev.lora_id).map(std::borrow::Cow::Owned));
+        let lora = lora.or_else(|| {
+            self.opts
+                .lora_name
+                .as_deref()
+                .map(std::borrow::Cow::Borrowed)
         });
-        let lora = lora.or_else(|| self.opts.lora_name.as_deref().map(std::borrow::Cow::Borrowed));
         let salt = ev
             .cache_salt
             .or(ev.additional_salt)
@@ -307,7 +326,12 @@ impl WorkerFeed {
         };
         let seed = hash::block_seed(lora.as_deref(), salt);
         let mut mm = ev.mm;
-        for (b, (eh, chunk)) in ev.hashes.iter().zip(ev.tokens.chunks_exact(block_size)).enumerate() {
+        for (b, (eh, chunk)) in ev
+            .hashes
+            .iter()
+            .zip(ev.tokens.chunks_exact(block_size))
+            .enumerate()
+        {
             mm_sorted.clear();
             while let Some(&(blk, h)) = mm.first()
                 && blk as usize <= b
@@ -416,7 +440,9 @@ fn shrink_if_sparse<K: Eq + std::hash::Hash, V>(m: &mut HashMap<K, V>) {
 
 /// Each tier whose bit is set in `mask`.
 fn bits(mask: u8) -> impl Iterator<Item = Tier> {
-    (0..Tier::COUNT as u8).filter(move |t| mask & (1 << t) != 0).map(Tier)
+    (0..Tier::COUNT as u8)
+        .filter(move |t| mask & (1 << t) != 0)
+        .map(Tier)
 }
 
 /// The hash namespace of a legacy integer LoRA id (vLLM's `lora_id`, Mooncake's

@@ -47,12 +47,15 @@ pub enum Command {
     Shutdown,
 }
 
+/// One listener's identity and counters, for metrics.
+pub type ListenerStats = (IndexId, InstanceId, DpRank, Arc<FeedStats>);
+
 /// Handle to all ingest threads.
 pub struct Ingest {
     senders: Vec<Mutex<mpsc::Sender<Command>>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// Stats of every listener ever started, for metrics.
-    pub listeners: Mutex<Vec<(IndexId, InstanceId, DpRank, Arc<FeedStats>)>>,
+    pub listeners: Mutex<Vec<ListenerStats>>,
 }
 
 impl Ingest {
@@ -368,9 +371,8 @@ impl IngestThread {
                     let parsed = if n != 3 {
                         Err(wire::WireError::FrameCount(n))
                     } else {
-                        wire::split_seq(&l.parts[1]).and_then(|seq| {
-                            wire::decode(&l.parts[2], &mut l.batch).map(|_| seq)
-                        })
+                        wire::split_seq(&l.parts[1])
+                            .and_then(|seq| wire::decode(&l.parts[2], &mut l.batch).map(|_| seq))
                     };
                     match parsed {
                         Ok(seq) => {

@@ -480,7 +480,10 @@ const CACHE_SALT_PREFIX: &[u8] = b"dynamo-cache-salt:";
 /// it: 16 hex digits followed by 48 zeros. Native 64-digit vLLM hashes (and
 /// LoRA names, salts) are not routing hashes and are left alone, as Dynamo does.
 fn mm_marker(s: &[u8]) -> Option<u64> {
-    if s.len() != 64 || !s[..16].iter().all(u8::is_ascii_hexdigit) || !s[16..].iter().all(|&b| b == b'0') {
+    if s.len() != 64
+        || !s[..16].iter().all(u8::is_ascii_hexdigit)
+        || !s[16..].iter().all(|&b| b == b'0')
+    {
         return None;
     }
     u64::from_str_radix(std::str::from_utf8(&s[..16]).ok()?, 16).ok()

@@ -22,9 +22,8 @@
 //! Unknown keys are skipped, in every dialect.
 
 use super::batch::{
-    extra_keys,
-    aux_group, check_stored, check_stored_optional_tokens, hashes, lenient_str, lenient_u32,
-    lora_id, numeric_key, opt_hash, opt_u64, seconds_ms, text, tokens, unknown_tag,
+    aux_group, check_stored, check_stored_optional_tokens, extra_keys, hashes, lenient_str,
+    lenient_u32, lora_id, numeric_key, opt_hash, opt_u64, seconds_ms, text, tokens, unknown_tag,
 };
 use super::msgpack::{Class, Cursor};
 use super::{Batch, Dialect, EventOp, EventRec, HashKind, WireError};

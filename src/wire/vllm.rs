@@ -23,9 +23,8 @@
 //! `batch.rs`; [`decode`] here is the crate-wide entry point under its old name.
 
 use super::batch::{
-    extra_keys,
-    Fields, aux_group, check_stored, hashes, lenient_str, lenient_u32, lora_id, opt_hash, text,
-    tokens,
+    Fields, aux_group, check_stored, extra_keys, hashes, lenient_str, lenient_u32, lora_id,
+    opt_hash, text, tokens,
 };
 use super::msgpack::Cursor;
 use super::{Batch, EventOp, EventRec, WireError};

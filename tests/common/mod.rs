@@ -124,7 +124,10 @@ impl Server {
                 Err(e) => last = e,
             }
             if Instant::now() > deadline {
-                panic!("{what} never happened; last: {last}\nserver log:\n{}", self.log());
+                panic!(
+                    "{what} never happened; last: {last}\nserver log:\n{}",
+                    self.log()
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -221,7 +224,9 @@ impl Publisher {
 pub fn fixture(name: &str) -> Vec<u8> {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/wire_fixtures.json");
     let all: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let hex = all[name].as_str().unwrap_or_else(|| panic!("no fixture {name}"));
+    let hex = all[name]
+        .as_str()
+        .unwrap_or_else(|| panic!("no fixture {name}"));
     (0..hex.len())
         .step_by(2)
         .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())

@@ -107,7 +107,10 @@ struct Common {
     #[arg(long, default_value_t = 16)]
     block_size: usize,
     /// Mooncake trace (JSONL: timestamp, input_length, output_length, hash_ids)
-    #[arg(long, default_value = "../shared/traces/mooncake_conversation_trace.jsonl")]
+    #[arg(
+        long,
+        default_value = "../shared/traces/mooncake_conversation_trace.jsonl"
+    )]
     trace: String,
     /// Use the first N requests of the trace
     #[arg(long, default_value_t = 6000)]
@@ -234,7 +237,10 @@ fn run(cmd: Cmd) -> Result<bool, String> {
     if common.block_size == 0 {
         return Err("--block-size must be > 0".into());
     }
-    note(quiet, &format!("loading {} requests from {}", common.requests, common.trace));
+    note(
+        quiet,
+        &format!("loading {} requests from {}", common.requests, common.trace),
+    );
     let reqs = trace::load(&common.trace, common.requests, common.block_size)?;
     let mut report = Report {
         url: common.url.clone(),
@@ -385,13 +391,19 @@ fn run(cmd: Cmd) -> Result<bool, String> {
                 p.endpoint.path(),
                 p.prompt_tokens,
                 p.connections,
-                if p.rate > 0.0 { format!("{}/s", p.rate) } else { "closed".into() }
+                if p.rate > 0.0 {
+                    format!("{}/s", p.rate)
+                } else {
+                    "closed".into()
+                }
             );
             let b = bar(quiet, (p.duration_secs * 10.0) as u64, &label);
             b.set_style(
-                indicatif::ProgressStyle::with_template("{msg:>30} [{bar:40}] {elapsed_precise} {prefix}")
-                    .unwrap()
-                    .progress_chars("=> "),
+                indicatif::ProgressStyle::with_template(
+                    "{msg:>30} [{bar:40}] {elapsed_precise} {prefix}",
+                )
+                .unwrap()
+                .progress_chars("=> "),
             );
             let done = Arc::new(AtomicU64::new(0));
             let r = std::thread::scope(|s| {
@@ -427,7 +439,10 @@ fn run(cmd: Cmd) -> Result<bool, String> {
     }
 
     if common.json {
-        println!("{}", serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?
+        );
     } else {
         report::print_table(&report);
     }
@@ -437,7 +452,8 @@ fn run(cmd: Cmd) -> Result<bool, String> {
 /// Fill in the default capacities, which depend on the trace.
 fn resolve_capacity(mut cfg: SimConfig, reqs: &[trace::Request], ev: &EventArgs) -> SimConfig {
     if cfg.capacity == 0 {
-        let unique: hashbrown::HashSet<u64> = reqs.iter().flat_map(|r| r.seqs.iter().copied()).collect();
+        let unique: hashbrown::HashSet<u64> =
+            reqs.iter().flat_map(|r| r.seqs.iter().copied()).collect();
         cfg.capacity = (2 * unique.len()).div_ceil(cfg.workers).max(1);
     }
     if ev.offload {

@@ -34,7 +34,14 @@ pub fn latency_svg(
                     && q["prompt_tokens"].as_u64() == Some(prompt_tokens)
                     && f(&q["rate"]) > 0.0
             })
-            .map(|q| (f(&q["rate"]), f(&q["p50_us"]), f(&q["p99_us"]), f(&q["p999_us"])))
+            .map(|q| {
+                (
+                    f(&q["rate"]),
+                    f(&q["p50_us"]),
+                    f(&q["p99_us"]),
+                    f(&q["p999_us"]),
+                )
+            })
             .collect();
         pts.sort_by(|a, b| a.0.total_cmp(&b.0));
         if !pts.is_empty() {
@@ -42,9 +49,14 @@ pub fn latency_svg(
         }
     }
     if series.is_empty() {
-        return Err(format!("no open-loop {endpoint} phases with {prompt_tokens}-token prompts"));
+        return Err(format!(
+            "no open-loop {endpoint} phases with {prompt_tokens}-token prompts"
+        ));
     }
-    let xmax = series.iter().flat_map(|s| s.1.iter().map(|p| p.0)).fold(1.0, f64::max);
+    let xmax = series
+        .iter()
+        .flat_map(|s| s.1.iter().map(|p| p.0))
+        .fold(1.0, f64::max);
     let ymax = series
         .iter()
         .flat_map(|s| s.1.iter().map(|p| p.3))
@@ -112,7 +124,10 @@ pub fn events_svg(inputs: &[(String, String)], out: &Path) -> Result<(), String>
     root.fill(&WHITE).map_err(|e| e.to_string())?;
     let n = bars.len();
     let mut chart = ChartBuilder::on(&root)
-        .caption("blocks applied per second (ZMQ → decode → ring → shard)", ("sans-serif", 22))
+        .caption(
+            "blocks applied per second (ZMQ → decode → ring → shard)",
+            ("sans-serif", 22),
+        )
         .margin(16)
         .x_label_area_size(48)
         .y_label_area_size(72)
@@ -128,9 +143,11 @@ pub fn events_svg(inputs: &[(String, String)], out: &Path) -> Result<(), String>
         .draw()
         .map_err(|e| e.to_string())?;
     chart
-        .draw_series(bars.iter().enumerate().map(|(i, b)| {
-            Rectangle::new([(i, 0.0), (i + 1, b.1)], Palette99::pick(i).filled())
-        }))
+        .draw_series(
+            bars.iter().enumerate().map(|(i, b)| {
+                Rectangle::new([(i, 0.0), (i + 1, b.1)], Palette99::pick(i).filled())
+            }),
+        )
         .map_err(|e| e.to_string())?;
     root.present().map_err(|e| e.to_string())
 }
