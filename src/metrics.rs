@@ -170,27 +170,34 @@ impl Collector for Gathered {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         for f in &self.families {
             let mut me = enc.encode_descriptor(f.name, f.help, None, f.kind)?;
+            // A single unlabelled sample is written bare (`name 1`, not `name{} 1`).
+            if let [(labels, v)] = f.samples.as_slice()
+                && labels.is_empty()
+            {
+                encode_value(v, me)?;
+                continue;
+            }
             for (labels, v) in &f.samples {
-                let fam = me.encode_family(labels)?;
-                match v {
-                    Value::Counter(n) => ConstCounter::new(*n).encode(fam)?,
-                    Value::Gauge(n) => ConstGauge::new(*n).encode(fam)?,
-                    Value::Hist(h) => {
-                        let mut fam = fam;
-                        let buckets: Vec<(f64, u64)> = BUCKETS
-                            .iter()
-                            .copied()
-                            .chain([f64::INFINITY])
-                            .zip(h.counts.iter().copied())
-                            .collect();
-                        fam.encode_histogram::<Vec<(String, String)>>(
-                            h.sum, h.count, &buckets, None,
-                        )?
-                    }
-                }
+                encode_value(v, me.encode_family(labels)?)?;
             }
         }
         Ok(())
+    }
+}
+
+fn encode_value(v: &Value, mut enc: prometheus_client::encoding::MetricEncoder) -> Result<(), std::fmt::Error> {
+    match v {
+        Value::Counter(n) => ConstCounter::new(*n).encode(enc),
+        Value::Gauge(n) => ConstGauge::new(*n).encode(enc),
+        Value::Hist(h) => {
+            let buckets: Vec<(f64, u64)> = BUCKETS
+                .iter()
+                .copied()
+                .chain([f64::INFINITY])
+                .zip(h.counts.iter().copied())
+                .collect();
+            enc.encode_histogram::<Vec<(String, String)>>(h.sum, h.count, &buckets, None)
+        }
     }
 }
 
