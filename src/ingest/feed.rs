@@ -235,8 +235,13 @@ impl WorkerFeed {
 pub struct SeedBlock {
     /// The worker's own hash of the block (Dynamo's `block_hash`).
     pub engine: EngineHash,
-    /// The worker's hash of the parent block; `None` for a first block.
+    /// The worker's hash of the parent block; `None` for a first block (or when
+    /// `parent_seq` says it exactly).
     pub parent_engine: Option<EngineHash>,
+    /// The parent's kvix sequence hash, when the source knows it (kvix dumps and
+    /// snapshots): exact even when the parent itself is gone (a child outliving an
+    /// evicted parent), where the engine hash no longer resolves.
+    pub parent_seq: Option<SeqHash>,
     /// Dynamo local block hash (`tokens_hash`).
     pub local: crate::types::BlockHash,
     pub tier: crate::types::Tier,
@@ -272,9 +277,10 @@ impl WorkerFeed {
         }
         let mut skipped = 0;
         for b in blocks {
-            let parent = match b.parent_engine {
-                None => None,
-                Some(p) => match sf.blocks.get(&p) {
+            let parent = match (b.parent_seq, b.parent_engine) {
+                (Some(p), _) => Some(p),
+                (None, None) => None,
+                (None, Some(p)) => match sf.blocks.get(&p) {
                     Some(k) => Some(k.seq),
                     None => {
                         skipped += 1;

@@ -10,7 +10,7 @@
 
 use super::{IndexState, RecoveryError, State, WorkerBlocks};
 use crate::ingest::feed::SeedBlock;
-use crate::types::{BlockHash, DpRank, EngineHash, InstanceId, Tier};
+use crate::types::{BlockHash, DpRank, EngineHash, InstanceId, SeqHash, Tier};
 use serde_json::Value;
 use std::collections::BTreeMap;
 
@@ -69,6 +69,9 @@ pub fn parse(body: &[u8]) -> Result<State, RecoveryError> {
                     }
                 },
             };
+            // kvix peers add the parent's sequence hash: exact even for a block whose
+            // parent was evicted (its engine hash no longer resolves).
+            let mut parent_seq = stored["kvix_parent_seq"].as_u64().map(SeqHash);
             let Some(blocks) = stored["blocks"].as_array() else {
                 bad += 1;
                 continue;
@@ -82,10 +85,12 @@ pub fn parse(body: &[u8]) -> Result<State, RecoveryError> {
                 out.push(SeedBlock {
                     engine: EngineHash(bh),
                     parent_engine: parent,
+                    parent_seq,
                     local: BlockHash(th),
                     tier: t,
                 });
                 parent = Some(EngineHash(bh));
+                parent_seq = None;
             }
         }
         if bad > 0 {

@@ -74,6 +74,7 @@ pub async fn export(core: &Core) -> State {
                     out.push(SeedBlock {
                         engine: ext(slot, b.seq),
                         parent_engine: b.parent.map(|p| ext(slot, p)),
+                        parent_seq: b.parent,
                         local: b.local,
                         tier: Tier(t),
                     });

@@ -3,7 +3,7 @@
 //! Layout (little-endian): `b"KVIXSNAP"`, version `u32`, body length `u64`, XXH3-64 of
 //! the body `u64`, then the body: indexes (model, tenant, block size, listeners with
 //! endpoint, replay endpoint and last sequence), and per worker its blocks parents
-//! first as (engine hash, flags [bit 0: has parent, bits 1..3: tier], parent engine
+//! first as (engine hash, flags [bit 0: has parent, bits 1..3: tier], parent sequence
 //! hash if any, local hash). Written to `FILE.tmp`, fsynced, renamed over `FILE`,
 //! directory fsynced: a crash leaves the old or the new snapshot, never a mix. A file
 //! that fails any check is rejected whole before anything is applied.
@@ -11,7 +11,7 @@
 use super::{IndexState, ListenerState, RecoveryError, State, WorkerBlocks};
 use crate::ingest::feed::SeedBlock;
 use crate::registry::Endpoint;
-use crate::types::{BlockHash, EngineHash, Tier};
+use crate::types::{BlockHash, EngineHash, SeqHash, Tier};
 use std::io::Write;
 use std::path::Path;
 use xxhash_rust::xxh3::xxh3_64;
@@ -73,8 +73,9 @@ pub fn encode(state: &State) -> Vec<u8> {
             w.u64(wk.blocks.len() as u64);
             for b in &wk.blocks {
                 w.u64(b.engine.0);
-                w.u8(b.parent_engine.is_some() as u8 | (b.tier.0 & 7) << 1);
-                if let Some(p) = b.parent_engine {
+                // The parent is kept as its sequence hash (exact, see SeedBlock).
+                w.u8(b.parent_seq.is_some() as u8 | (b.tier.0 & 7) << 1);
+                if let Some(p) = b.parent_seq {
                     w.u64(p.0);
                 }
                 w.u64(b.local.0);
@@ -179,14 +180,15 @@ pub fn decode(data: &[u8]) -> Result<State, String> {
             for _ in 0..n {
                 let engine = EngineHash(r.u64()?);
                 let flags = r.u8()?;
-                let parent_engine = if flags & 1 == 1 {
-                    Some(EngineHash(r.u64()?))
+                let parent_seq = if flags & 1 == 1 {
+                    Some(SeqHash(r.u64()?))
                 } else {
                     None
                 };
                 blocks.push(SeedBlock {
                     engine,
-                    parent_engine,
+                    parent_engine: None,
+                    parent_seq,
                     local: BlockHash(r.u64()?),
                     tier: Tier((flags >> 1) & 7),
                 });
@@ -281,7 +283,8 @@ mod tests {
                     blocks: (0..blocks as u64)
                         .map(|i| SeedBlock {
                             engine: EngineHash(i + 1),
-                            parent_engine: (i > 0).then_some(EngineHash(i)),
+                            parent_engine: None,
+                            parent_seq: (i > 0).then_some(SeqHash(i)),
                             local: BlockHash(i * 31),
                             tier: Tier((i % 3) as u8),
                         })
