@@ -278,10 +278,10 @@ pub fn metric_in(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
         .iter()
         .filter(|s| s.metric == name)
         .filter(|s| labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
-        .map(|s| match s.value {
+        .map(|s| match &s.value {
             prometheus_parse::Value::Counter(v)
             | prometheus_parse::Value::Gauge(v)
-            | prometheus_parse::Value::Untyped(v) => v,
+            | prometheus_parse::Value::Untyped(v) => *v,
             _ => 0.0,
         })
         .sum()
