@@ -4,9 +4,9 @@ use clap::Parser;
 use kvix::cli::{Args, parse_peers, parse_workers};
 use kvix::recovery::{Options, bootstrap};
 use kvix::service::{App, SnapshotConfig, registration};
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
-use std::net::{SocketAddr, ToSocketAddrs};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -97,5 +97,6 @@ fn run(args: Args) -> Result<(), String> {
             .spawn(move || bootstrap(app, opts))
             .map_err(|e| e.to_string())?;
     }
-    kvix::runtime::serve(app, addr, std::time::Duration::from_micros(args.spin_us)).map_err(|e| e.to_string())
+    kvix::runtime::serve(app, addr, std::time::Duration::from_micros(args.spin_us))
+        .map_err(|e| e.to_string())
 }

@@ -19,8 +19,8 @@ use std::time::Duration;
 
 /// Upper bounds (seconds) of the latency histograms' buckets.
 pub const BUCKETS: [f64; 16] = [
-    0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05,
-    0.1, 0.25, 0.5, 1.0, 5.0,
+    0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1,
+    0.25, 0.5, 1.0, 5.0,
 ];
 
 /// One latency histogram: per-bucket (not cumulative) counts, the last for +Inf.
@@ -33,7 +33,10 @@ pub struct Hist {
 
 impl Hist {
     pub fn observe(&mut self, secs: f64) {
-        let i = BUCKETS.iter().position(|b| secs <= *b).unwrap_or(BUCKETS.len());
+        let i = BUCKETS
+            .iter()
+            .position(|b| secs <= *b)
+            .unwrap_or(BUCKETS.len());
         self.counts[i] += 1;
         self.sum += secs;
         self.count += 1;
@@ -81,7 +84,11 @@ const ROUTES: [&str; 12] = [
 
 impl HttpStats {
     pub fn record(&mut self, path: &str, method: &hyper::Method, status: u16, took: Duration) {
-        let endpoint = ROUTES.iter().find(|r| **r == path).copied().unwrap_or("other");
+        let endpoint = ROUTES
+            .iter()
+            .find(|r| **r == path)
+            .copied()
+            .unwrap_or("other");
         let method = match *method {
             hyper::Method::GET => "GET",
             hyper::Method::POST => "POST",
@@ -159,7 +166,10 @@ impl Gathered {
 impl Family {
     fn with(&mut self, labels: &[(&str, String)], v: Value) -> &mut Self {
         self.samples.push((
-            labels.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(),
+            labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect(),
             v,
         ));
         self
@@ -185,7 +195,10 @@ impl Collector for Gathered {
     }
 }
 
-fn encode_value(v: &Value, mut enc: prometheus_client::encoding::MetricEncoder) -> Result<(), std::fmt::Error> {
+fn encode_value(
+    v: &Value,
+    mut enc: prometheus_client::encoding::MetricEncoder,
+) -> Result<(), std::fmt::Error> {
     match v {
         Value::Counter(n) => ConstCounter::new(*n).encode(enc),
         Value::Gauge(n) => ConstGauge::new(*n).encode(enc),
@@ -237,9 +250,16 @@ pub fn render(app: &App, shards: &[ShardStats]) -> String {
         MetricType::Histogram,
     );
     for (ep, r) in &by_endpoint {
-        f.with(&[("endpoint", ep.to_string())], Value::Hist(r.latency.clone()));
+        f.with(
+            &[("endpoint", ep.to_string())],
+            Value::Hist(r.latency.clone()),
+        );
     }
-    let f = g.add("dynamo_kvindexer_requests", "Total HTTP requests", MetricType::Counter);
+    let f = g.add(
+        "dynamo_kvindexer_requests",
+        "Total HTTP requests",
+        MetricType::Counter,
+    );
     for ((ep, m), r) in &routes {
         f.with(
             &[("endpoint", ep.to_string()), ("method", m.to_string())],
@@ -382,7 +402,10 @@ pub fn render(app: &App, shards: &[ShardStats]) -> String {
         MetricType::Gauge,
     );
     for s in shards {
-        f.with(&[("shard", s.shard.to_string())], Value::Gauge(s.pending as i64));
+        f.with(
+            &[("shard", s.shard.to_string())],
+            Value::Gauge(s.pending as i64),
+        );
     }
     let f = g.add(
         "kvix_ring_full_stalls",
@@ -392,9 +415,16 @@ pub fn render(app: &App, shards: &[ShardStats]) -> String {
     for s in shards {
         f.with(&[("shard", s.shard.to_string())], Value::Counter(s.stalls));
     }
-    let f = g.add("kvix_shard_blocks", "Blocks held by each shard", MetricType::Gauge);
+    let f = g.add(
+        "kvix_shard_blocks",
+        "Blocks held by each shard",
+        MetricType::Gauge,
+    );
     for s in shards {
-        f.with(&[("shard", s.shard.to_string())], Value::Gauge(s.blocks as i64));
+        f.with(
+            &[("shard", s.shard.to_string())],
+            Value::Gauge(s.blocks as i64),
+        );
     }
     let f = g.add(
         "kvix_shard_tier_blocks",
@@ -417,7 +447,10 @@ pub fn render(app: &App, shards: &[ShardStats]) -> String {
         MetricType::Gauge,
     );
     for s in shards {
-        f.with(&[("shard", s.shard.to_string())], Value::Gauge(s.heap_bytes as i64));
+        f.with(
+            &[("shard", s.shard.to_string())],
+            Value::Gauge(s.heap_bytes as i64),
+        );
     }
     let f = g.add(
         "kvix_query_duration_seconds",
@@ -426,7 +459,10 @@ pub fn render(app: &App, shards: &[ShardStats]) -> String {
     );
     for (ep, r) in &by_endpoint {
         if ep.starts_with("/query") {
-            f.with(&[("endpoint", ep.to_string())], Value::Hist(r.latency.clone()));
+            f.with(
+                &[("endpoint", ep.to_string())],
+                Value::Hist(r.latency.clone()),
+            );
         }
     }
 

@@ -14,9 +14,12 @@ fn scrape(s: &Server) -> String {
     // Every line parses (the parser skips what it cannot read, so check it read all):
     // one sample per plain line (a histogram's _sum and _count included), one per label
     // set for a histogram's _bucket lines.
-    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
-        .expect("parse");
-    let hist = ["dynamo_kvindexer_request_duration_seconds", "kvix_query_duration_seconds"];
+    let scrape =
+        prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).expect("parse");
+    let hist = [
+        "dynamo_kvindexer_request_duration_seconds",
+        "kvix_query_duration_seconds",
+    ];
     let plain_lines = text
         .lines()
         .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
@@ -27,7 +30,10 @@ fn scrape(s: &Server) -> String {
         .iter()
         .filter(|s| !matches!(s.value, prometheus_parse::Value::Histogram(_)))
         .count();
-    assert_eq!(plain_samples, plain_lines, "every sample line parses:\n{text}");
+    assert_eq!(
+        plain_samples, plain_lines,
+        "every sample line parses:\n{text}"
+    );
     let hist_sets = text
         .lines()
         .filter(|l| hist.iter().any(|h| l.starts_with(&format!("{h}_count"))))
@@ -69,7 +75,11 @@ fn metrics_parse_and_move() {
     s.eventually("events applied", || {
         let t = scrape(&s);
         let ev = metric_in(&t, "kvix_events_applied_total", &[]);
-        if ev == 3.0 { Ok(()) } else { Err(format!("{ev}")) }
+        if ev == 3.0 {
+            Ok(())
+        } else {
+            Err(format!("{ev}"))
+        }
     });
     let q = json!({"token_ids": [1, 2, 3, 4, 5, 6, 7, 8], "model_name": MODEL});
     for _ in 0..5 {
@@ -85,27 +95,49 @@ fn metrics_parse_and_move() {
     assert_eq!(m("kvix_sequence_gaps_total", &[]), 1.0);
     assert_eq!(m("kvix_batches_received_total", &[]), 3.0);
     assert_eq!(
-        m("dynamo_kvindexer_requests_total", &[("endpoint", "/query"), ("method", "POST")]),
+        m(
+            "dynamo_kvindexer_requests_total",
+            &[("endpoint", "/query"), ("method", "POST")]
+        ),
         6.0
     );
     assert_eq!(
-        m("dynamo_kvindexer_requests_total", &[("endpoint", "/register"), ("method", "POST")]),
+        m(
+            "dynamo_kvindexer_requests_total",
+            &[("endpoint", "/register"), ("method", "POST")]
+        ),
         1.0
     );
     assert_eq!(
-        m("dynamo_kvindexer_errors_total", &[("endpoint", "/query"), ("status_class", "4xx")]),
+        m(
+            "dynamo_kvindexer_errors_total",
+            &[("endpoint", "/query"), ("status_class", "4xx")]
+        ),
         1.0
     );
     assert_eq!(
-        m("dynamo_kvindexer_request_duration_seconds_count", &[("endpoint", "/query")]),
+        m(
+            "dynamo_kvindexer_request_duration_seconds_count",
+            &[("endpoint", "/query")]
+        ),
         6.0
     );
-    assert_eq!(m("kvix_query_duration_seconds_count", &[("endpoint", "/query")]), 6.0);
+    assert_eq!(
+        m(
+            "kvix_query_duration_seconds_count",
+            &[("endpoint", "/query")]
+        ),
+        6.0
+    );
     // Blocks per shard and tier: 3 blocks (1, 2, 3; 9 was lost) on the device tier.
     assert_eq!(m("kvix_shard_blocks", &[]), 3.0);
     assert_eq!(m("kvix_shard_tier_blocks", &[("tier", "device")]), 3.0);
     assert_eq!(m("kvix_shard_tier_blocks", &[("tier", "host_pinned")]), 0.0);
-    assert!(m("kvix_shard_ops_applied_total", &[("shard", "0")]) + m("kvix_shard_ops_applied_total", &[("shard", "1")]) >= 3.0);
+    assert!(
+        m("kvix_shard_ops_applied_total", &[("shard", "0")])
+            + m("kvix_shard_ops_applied_total", &[("shard", "1")])
+            >= 3.0
+    );
     assert_eq!(m("kvix_ring_pending", &[]), 0.0);
     assert!(t.contains("kvix_ring_full_stalls_total{shard=\"1\"}"));
     assert_eq!(m("kvix_unknown_parent_blocks_total", &[]), 1.0);

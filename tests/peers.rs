@@ -20,7 +20,14 @@ fn replica_bootstraps_from_a_loaded_peer_while_it_keeps_ingesting() {
     let workers = format!("1={},2={}", engines[0].endpoint(), engines[1].endpoint());
     let args = |peers: Option<&str>| {
         let mut v: Vec<String> = [
-            "--threads", "2", "--block-size", "4", "--model-name", MODEL, "--workers", &workers,
+            "--threads",
+            "2",
+            "--block-size",
+            "4",
+            "--model-name",
+            MODEL,
+            "--workers",
+            &workers,
         ]
         .iter()
         .map(|s| s.to_string())
@@ -60,7 +67,11 @@ fn replica_bootstraps_from_a_loaded_peer_while_it_keeps_ingesting() {
     let b = Server::start(&b_args.iter().map(String::as_str).collect::<Vec<_>>());
     // B waits ~1 s after connecting, then fetches A's dump; keep loading past that.
     b.eventually("B recovered from A", || {
-        if b.log().contains("recovered from peer") { Ok(()) } else { Err("not yet".into()) }
+        if b.log().contains("recovered from peer") {
+            Ok(())
+        } else {
+            Err("not yet".into())
+        }
     });
     std::thread::sleep(Duration::from_millis(500));
     stop.store(true, Ordering::Relaxed);
@@ -84,18 +95,36 @@ fn unreachable_peers_mean_an_empty_start_said_in_the_log() {
     let dead = format!("http://127.0.0.1:{}", common::free_port());
     let workers = format!("1={}", e.endpoint());
     let s = Server::start(&[
-        "--threads", "2", "--block-size", "4", "--model-name", MODEL, "--workers", &workers,
-        "--peers", &dead, "--peer-wait-ms", "100",
+        "--threads",
+        "2",
+        "--block-size",
+        "4",
+        "--model-name",
+        MODEL,
+        "--workers",
+        &workers,
+        "--peers",
+        &dead,
+        "--peer-wait-ms",
+        "100",
     ]);
     e.publisher.wait_subscriber();
     s.eventually("no-peer log line", || {
-        if s.log().contains("no peer reachable") { Ok(()) } else { Err("not yet".into()) }
+        if s.log().contains("no peer reachable") {
+            Ok(())
+        } else {
+            Err("not yet".into())
+        }
     });
     // Live events still apply afterwards.
     e.publish(&stored(&[1], None, &[1, 2, 3, 4], 4));
     s.eventually("live event applied", || {
         let (rows, _) = dump_set(&s, MODEL);
-        if rows.len() == 1 { Ok(()) } else { Err(format!("{rows:?}")) }
+        if rows.len() == 1 {
+            Ok(())
+        } else {
+            Err(format!("{rows:?}"))
+        }
     });
 }
 
@@ -147,12 +176,26 @@ fn bootstraps_from_a_dynamo_indexer_dump() {
     let mut e = Engine::start(&ctx);
     let workers = format!("1={}", e.endpoint());
     let s = Server::start(&[
-        "--threads", "2", "--block-size", "4", "--model-name", MODEL, "--workers", &workers,
-        "--peers", &peer, "--peer-wait-ms", "100",
+        "--threads",
+        "2",
+        "--block-size",
+        "4",
+        "--model-name",
+        MODEL,
+        "--workers",
+        &workers,
+        "--peers",
+        &peer,
+        "--peer-wait-ms",
+        "100",
     ]);
     e.publisher.wait_subscriber();
     s.eventually("recovered", || {
-        if s.log().contains("recovered from peer") { Ok(()) } else { Err("not yet".into()) }
+        if s.log().contains("recovered from peer") {
+            Ok(())
+        } else {
+            Err("not yet".into())
+        }
     });
     // A live event whose parent is a block known only from the peer's dump resolves.
     e.publish(&stored(&[13], Some(12), &[9, 10, 11, 12], 4));
@@ -168,7 +211,13 @@ fn bootstraps_from_a_dynamo_indexer_dump() {
         }),
     );
     let (rows, _) = dump_set(&s, MODEL);
-    assert!(rows.iter().any(|r| r.2 == 12 && r.5 == "host_pinned"), "{rows:?}");
-    assert!(rows.iter().all(|r| r.0 == 1), "worker 9 is not listened to: {rows:?}");
+    assert!(
+        rows.iter().any(|r| r.2 == 12 && r.5 == "host_pinned"),
+        "{rows:?}"
+    );
+    assert!(
+        rows.iter().all(|r| r.0 == 1),
+        "worker 9 is not listened to: {rows:?}"
+    );
     let _ = same_answers;
 }

@@ -72,12 +72,23 @@ fn dropped_batches_are_replayed_and_answers_match_a_lossless_run() {
     let log = lossy.log();
     assert!(log.contains("sequence gap"), "{log}");
     assert!(log.contains("replayed missed batches"), "{log}");
-    assert!(e_lossy.replay_requests.load(std::sync::atomic::Ordering::Relaxed) >= 4);
+    assert!(
+        e_lossy
+            .replay_requests
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 4
+    );
 
     // last_seq survives unregister/register: batches published while the worker was
     // unregistered are replayed on the first frame the new listener hears.
-    lossy.post_ok("/unregister", &json!({"instance_id": 1, "model_name": MODEL}));
-    lossless.post_ok("/unregister", &json!({"instance_id": 1, "model_name": MODEL}));
+    lossy.post_ok(
+        "/unregister",
+        &json!({"instance_id": 1, "model_name": MODEL}),
+    );
+    lossless.post_ok(
+        "/unregister",
+        &json!({"instance_id": 1, "model_name": MODEL}),
+    );
     let mut w2 = Workload::new(8, 50_000);
     let lost: Vec<Vec<u8>> = (0..5).map(|_| w2.next()).collect();
     for p in &lost {
@@ -117,7 +128,11 @@ fn an_engine_that_never_answers_leaves_the_gap_counted_not_recovered() {
     }
     s.eventually("gap given up", || {
         let f = s.metric("kvix_replay_failures_total", &[]);
-        if f == 1.0 { Ok(()) } else { Err(format!("{f}")) }
+        if f == 1.0 {
+            Ok(())
+        } else {
+            Err(format!("{f}"))
+        }
     });
     assert_eq!(s.metric("kvix_sequence_gaps_total", &[]), 1.0);
     assert!(s.log().contains("gap not recovered"));

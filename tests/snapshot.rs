@@ -42,7 +42,14 @@ fn kill_9_then_restart_from_snapshot_plus_replay() {
     let p = path.to_str().unwrap();
     let mut e = Engine::start(&ctx);
     let reference = Server::start(&["--threads", "2"]);
-    let s = Server::start(&["--threads", "2", "--snapshot-path", p, "--snapshot-interval", "0.2"]);
+    let s = Server::start(&[
+        "--threads",
+        "2",
+        "--snapshot-path",
+        p,
+        "--snapshot-interval",
+        "0.2",
+    ]);
     register(&reference, &e);
     register(&s, &e);
     let mut w = Workload::new(11, 0);
@@ -54,7 +61,11 @@ fn kill_9_then_restart_from_snapshot_plus_replay() {
     let n0 = snapshots(&s);
     s.eventually("two more snapshots", || {
         let n = snapshots(&s);
-        if n >= n0 + 2.0 { Ok(()) } else { Err(format!("{n}")) }
+        if n >= n0 + 2.0 {
+            Ok(())
+        } else {
+            Err(format!("{n}"))
+        }
     });
     let mut s = Some(s);
     for i in 0..300 {
@@ -68,7 +79,14 @@ fn kill_9_then_restart_from_snapshot_plus_replay() {
         e.publish(&w.next());
     }
     let t0 = std::time::Instant::now();
-    let s2 = Server::start(&["--threads", "2", "--snapshot-path", p, "--snapshot-interval", "0"]);
+    let s2 = Server::start(&[
+        "--threads",
+        "2",
+        "--snapshot-path",
+        p,
+        "--snapshot-interval",
+        "0",
+    ]);
     s2.eventually("snapshot loaded and caught up", || {
         let log = s2.log();
         if log.contains("loaded snapshot") && log.contains("recovery done") {
@@ -96,7 +114,14 @@ fn kill_9_then_restart_from_snapshot_plus_replay() {
     assert_eq!(code, Some(0), "{log}");
     assert!(log.contains("snapshot written"), "{log}");
     assert!(std::fs::metadata(&path).unwrap().modified().unwrap() > before);
-    let s3 = Server::start(&["--threads", "2", "--snapshot-path", p, "--snapshot-interval", "0"]);
+    let s3 = Server::start(&[
+        "--threads",
+        "2",
+        "--snapshot-path",
+        p,
+        "--snapshot-interval",
+        "0",
+    ]);
     wait_same_dump(&s3, &reference, MODEL);
 }
 
@@ -106,7 +131,14 @@ fn corrupt_or_truncated_snapshots_are_rejected_whole() {
     let path = snap_path("corrupt.snap");
     let p = path.to_str().unwrap();
     let mut e = Engine::start(&ctx);
-    let s = Server::start(&["--threads", "2", "--snapshot-path", p, "--snapshot-interval", "0"]);
+    let s = Server::start(&[
+        "--threads",
+        "2",
+        "--snapshot-path",
+        p,
+        "--snapshot-interval",
+        "0",
+    ]);
     register(&s, &e);
     let mut w = Workload::new(5, 0);
     for _ in 0..50 {
@@ -114,7 +146,11 @@ fn corrupt_or_truncated_snapshots_are_rejected_whole() {
     }
     s.eventually("applied", || {
         let (rows, _) = dump_set(&s, MODEL);
-        if rows.len() > 20 { Ok(()) } else { Err(format!("{}", rows.len())) }
+        if rows.len() > 20 {
+            Ok(())
+        } else {
+            Err(format!("{}", rows.len()))
+        }
     });
     let (code, log) = s.terminate();
     assert_eq!(code, Some(0), "{log}");
@@ -131,7 +167,14 @@ fn corrupt_or_truncated_snapshots_are_rejected_whole() {
         ("not a kvix snapshot", b"garbage".to_vec()),
     ] {
         std::fs::write(&path, &bad).unwrap();
-        let s = Server::start(&["--threads", "2", "--snapshot-path", p, "--snapshot-interval", "0"]);
+        let s = Server::start(&[
+            "--threads",
+            "2",
+            "--snapshot-path",
+            p,
+            "--snapshot-interval",
+            "0",
+        ]);
         s.eventually("rejection logged", || {
             let log = s.log();
             if log.contains("snapshot rejected") && log.contains("recovery done") {

@@ -200,7 +200,8 @@ pub fn dump_events(
     // The engine hashes are gathered before the shards are read, so a block without one
     // was stored after that: a recovering peer receives it live. Leaving it out keeps
     // every dumped block_hash a real engine hash (later removes resolve on the peer).
-    let recent = |slot: WorkerSlot, seq: SeqHash| !engine.is_empty() && !engine.contains_key(&(slot, seq));
+    let recent =
+        |slot: WorkerSlot, seq: SeqHash| !engine.is_empty() && !engine.contains_key(&(slot, seq));
     out.push(b'[');
     let mut event_id = 0u64;
     for b in order {

@@ -56,12 +56,19 @@ pub enum Command {
         done: mpsc::Sender<SeedOutcome>,
     },
     /// Report the last batch sequence number of every endpoint this thread has heard.
-    Seqs { done: mpsc::Sender<Vec<SeqRecord>> },
+    Seqs {
+        done: mpsc::Sender<Vec<SeqRecord>>,
+    },
     /// Set an endpoint's last sequence number (from a snapshot), as if heard.
-    RestoreSeq { key: SeqKey, seq: u64 },
+    RestoreSeq {
+        key: SeqKey,
+        seq: u64,
+    },
     /// Replay, for every listener with a replay endpoint and a known last sequence,
     /// everything after it (after a snapshot load).
-    CatchUp { done: mpsc::Sender<()> },
+    CatchUp {
+        done: mpsc::Sender<()>,
+    },
     Shutdown,
 }
 
@@ -557,7 +564,11 @@ impl IngestThread {
                 }
                 Err(e) => {
                     FeedStats::bump(&l.feed.stats.malformed, 1);
-                    tracing::warn!(instance = l.feed.instance, seq, "malformed replayed batch skipped: {e}");
+                    tracing::warn!(
+                        instance = l.feed.instance,
+                        seq,
+                        "malformed replayed batch skipped: {e}"
+                    );
                 }
             }
             last = Some(*seq);
@@ -660,9 +671,8 @@ impl IngestThread {
                 let parsed = if n != 3 {
                     Err(wire::WireError::FrameCount(n))
                 } else {
-                    wire::split_seq(&l.parts[1]).and_then(|seq| {
-                        wire::vllm::decode(&l.parts[2], &mut l.batch).map(|_| seq)
-                    })
+                    wire::split_seq(&l.parts[1])
+                        .and_then(|seq| wire::vllm::decode(&l.parts[2], &mut l.batch).map(|_| seq))
                 };
                 match parsed {
                     // Sequence bookkeeping may need a replay (which borrows the whole

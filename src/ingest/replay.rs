@@ -52,10 +52,7 @@ pub fn fetch(
         let (seq, payload) = match body {
             [seq, payload] | [_, seq, payload] => (seq, payload),
             _ => {
-                return Err(ReplayError::Malformed(format!(
-                    "{} frames",
-                    frames.len()
-                )));
+                return Err(ReplayError::Malformed(format!("{} frames", frames.len())));
             }
         };
         if seq.as_slice() == END_SEQ || (payload.is_empty() && seq.len() == 8) {

@@ -132,7 +132,10 @@ mod tests {
         let s = parse(doc).unwrap();
         assert_eq!(s.indexes.len(), 1);
         let ix = &s.indexes[0];
-        assert_eq!((ix.model.as_str(), ix.tenant.as_str(), ix.block_size), ("m:x", "default", 4));
+        assert_eq!(
+            (ix.model.as_str(), ix.tenant.as_str(), ix.block_size),
+            ("m:x", "default", 4)
+        );
         assert_eq!(ix.workers.len(), 1);
         let w = &ix.workers[0];
         assert_eq!((w.instance, w.dp), (1, 1));

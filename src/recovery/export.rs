@@ -55,7 +55,13 @@ pub async fn export(core: &Core) -> State {
         let blocks = core.dump(ix.id).await;
         let depth = depths(&blocks);
         let mut order: Vec<&DumpedBlock> = blocks.iter().collect();
-        order.sort_by_key(|b| (b.holder.slot(), depth.get(&b.seq).copied().unwrap_or(0), b.seq));
+        order.sort_by_key(|b| {
+            (
+                b.holder.slot(),
+                depth.get(&b.seq).copied().unwrap_or(0),
+                b.seq,
+            )
+        });
         let ext = |slot: WorkerSlot, seq: SeqHash| {
             engine
                 .get(&(slot, seq))

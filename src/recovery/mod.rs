@@ -109,7 +109,10 @@ pub fn apply(app: &App, state: State, register: bool, replace: bool) -> (u64, u6
                     l.endpoint.replay_endpoint.clone(),
                 ));
                 match r {
-                    Ok(()) | Err(ControlError::Registry(crate::registry::RegistryError::AlreadyRegistered { .. })) => {}
+                    Ok(())
+                    | Err(ControlError::Registry(
+                        crate::registry::RegistryError::AlreadyRegistered { .. },
+                    )) => {}
                     Err(e) => tracing::warn!(
                         model = ix.model,
                         instance = l.instance,
@@ -151,7 +154,10 @@ pub fn apply(app: &App, state: State, register: bool, replace: bool) -> (u64, u6
         }
         for w in ix.workers {
             let n = w.blocks.len() as u64;
-            match app.ingest.seed(info.id, w.instance, w.dp, w.blocks, replace) {
+            match app
+                .ingest
+                .seed(info.id, w.instance, w.dp, w.blocks, replace)
+            {
                 SeedOutcome::Seeded { skipped: s } => {
                     seeded += n - s;
                     skipped += s;
@@ -187,7 +193,10 @@ pub fn fetch_peer(url: &str, timeout: Duration) -> Result<State, RecoveryError> 
         .build()
         .into();
     let dump_url = format!("{}/dump", url.trim_end_matches('/'));
-    let mut resp = agent.get(&dump_url).call().map_err(|e| err(e.to_string()))?;
+    let mut resp = agent
+        .get(&dump_url)
+        .call()
+        .map_err(|e| err(e.to_string()))?;
     let body = resp
         .body_mut()
         .with_config()
@@ -227,7 +236,9 @@ pub fn bootstrap(app: Arc<App>, opts: Options) {
                     "loaded snapshot"
                 );
             }
-            Ok(None) => tracing::info!(path = %path.display(), "no snapshot yet; starting without one"),
+            Ok(None) => {
+                tracing::info!(path = %path.display(), "no snapshot yet; starting without one")
+            }
             Err(e) => tracing::error!("snapshot rejected, starting without it: {e}"),
         }
     }
@@ -240,7 +251,13 @@ pub fn bootstrap(app: Arc<App>, opts: Options) {
                 Ok(state) => {
                     let n = state.blocks();
                     let (seeded, skipped) = apply(&app, state, false, true);
-                    tracing::info!(peer = url, blocks = n, seeded, skipped, "recovered from peer");
+                    tracing::info!(
+                        peer = url,
+                        blocks = n,
+                        seeded,
+                        skipped,
+                        "recovered from peer"
+                    );
                     recovered = true;
                     break;
                 }
@@ -255,5 +272,8 @@ pub fn bootstrap(app: Arc<App>, opts: Options) {
     app.ingest.catch_up();
     app.recovered
         .store(true, std::sync::atomic::Ordering::Release);
-    tracing::info!(took_ms = t0.elapsed().as_millis() as u64, "recovery done; ingesting live events");
+    tracing::info!(
+        took_ms = t0.elapsed().as_millis() as u64,
+        "recovery done; ingesting live events"
+    );
 }

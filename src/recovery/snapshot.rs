@@ -107,10 +107,14 @@ impl R<'_> {
         Ok(self.take(1)?[0])
     }
     fn u32(&mut self) -> Result<u32, String> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
     }
     fn u64(&mut self) -> Result<u64, String> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
     }
     fn str(&mut self) -> Result<String, String> {
         let n = self.u32()? as usize;
@@ -118,7 +122,11 @@ impl R<'_> {
     }
     /// A count, bounded by what the remaining bytes could hold (no huge allocations).
     fn count(&mut self, wide: bool, min_item: usize) -> Result<usize, String> {
-        let n = if wide { self.u64()? } else { self.u32()? as u64 };
+        let n = if wide {
+            self.u64()?
+        } else {
+            self.u32()? as u64
+        };
         if n.saturating_mul(min_item as u64) > self.0.len() as u64 {
             return Err("count exceeds body".into());
         }
@@ -299,7 +307,11 @@ mod tests {
         let s = sample(100);
         let img = encode(&s);
         assert_eq!(decode(&img).unwrap(), s);
-        assert!(decode(&img[..img.len() - 1]).unwrap_err().contains("truncated"));
+        assert!(
+            decode(&img[..img.len() - 1])
+                .unwrap_err()
+                .contains("truncated")
+        );
         let mut flipped = img.clone();
         flipped[HEADER + 40] ^= 1;
         assert!(decode(&flipped).unwrap_err().contains("checksum"));

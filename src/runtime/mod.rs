@@ -61,7 +61,9 @@ impl Core {
             // Apply everything already on the rings first, so a dump (or snapshot) taken
             // after the ingest threads reported their sequence numbers covers them.
             let mut shard = self.shard.borrow_mut();
-            self.app.rings.drain(self.id, usize::MAX, |op| shard.apply(op));
+            self.app
+                .rings
+                .drain(self.id, usize::MAX, |op| shard.apply(op));
         }
         let shard = self.shard.borrow();
         match req {

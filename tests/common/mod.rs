@@ -124,7 +124,10 @@ impl Server {
                 Err(e) => last = e,
             }
             if Instant::now() > deadline {
-                panic!("{what} never happened; last: {last}\nserver log:\n{}", self.log());
+                panic!(
+                    "{what} never happened; last: {last}\nserver log:\n{}",
+                    self.log()
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -229,7 +232,9 @@ impl Publisher {
 pub fn fixture(name: &str) -> Vec<u8> {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/wire_fixtures.json");
     let all: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let hex = all[name].as_str().unwrap_or_else(|| panic!("no fixture {name}"));
+    let hex = all[name]
+        .as_str()
+        .unwrap_or_else(|| panic!("no fixture {name}"));
     (0..hex.len())
         .step_by(2)
         .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
@@ -391,16 +396,23 @@ impl Workload {
 
     /// A few prompts: the prefixes of some live blocks.
     pub fn prompts(&self, n: usize) -> Vec<Vec<u32>> {
-        self.live.values().step_by((self.live.len() / n).max(1)).cloned().collect()
+        self.live
+            .values()
+            .step_by((self.live.len() / n).max(1))
+            .cloned()
+            .collect()
     }
 }
+
+/// An engine's replay ring buffer: (seq, payload) in publish order.
+type ReplayBuffer = Arc<Mutex<Vec<(u64, Vec<u8>)>>>;
 
 /// An engine: an XPUB publisher plus vLLM's replay ROUTER serving its ring buffer.
 /// Chosen sequence numbers can be dropped (buffered but never published).
 pub struct Engine {
     pub publisher: Publisher,
     pub replay_endpoint: String,
-    buffer: Arc<Mutex<Vec<(u64, Vec<u8>)>>>,
+    buffer: ReplayBuffer,
     next_seq: u64,
     pub drop: HashSet<u64>,
     /// Milliseconds the ROUTER waits before answering (lets live frames pile up).
@@ -417,13 +429,17 @@ impl Engine {
         router.set_linger(0).unwrap();
         router.bind("tcp://127.0.0.1:*").unwrap();
         let replay_endpoint = router.get_last_endpoint().unwrap().unwrap();
-        let buffer: Arc<Mutex<Vec<(u64, Vec<u8>)>>> = Arc::default();
+        let buffer: ReplayBuffer = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
         let delay = Arc::new(AtomicU64::new(0));
         let requests = Arc::new(AtomicU64::new(0));
         let thread = {
-            let (buffer, stop, delay, requests) =
-                (buffer.clone(), stop.clone(), delay.clone(), requests.clone());
+            let (buffer, stop, delay, requests) = (
+                buffer.clone(),
+                stop.clone(),
+                delay.clone(),
+                requests.clone(),
+            );
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
                     if router.poll(zmq::POLLIN, 50).unwrap_or(0) == 0 {
