@@ -190,3 +190,45 @@ fn corrupt_or_truncated_snapshots_are_rejected_whole() {
         assert_eq!(s.get_json("/workers"), json!([]));
     }
 }
+
+/// Figures for the README: snapshot write and warm restart with ~1M blocks.
+/// `cargo test --release --test snapshot -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn million_blocks_write_and_warm_restart() {
+    let ctx = zmq::Context::new();
+    let path = snap_path("million.snap");
+    let p = path.to_str().unwrap();
+    let mut e = Engine::start(&ctx);
+    let s = Server::start(&["--threads", "2", "--snapshot-path", p, "--snapshot-interval", "0"]);
+    register(&s, &e);
+    const CHAINS: u64 = 10_000;
+    const LEN: u64 = 100;
+    for c in 0..CHAINS {
+        let hashes: Vec<u64> = (0..LEN).map(|i| c * LEN + i + 1).collect();
+        let tokens: Vec<u32> = (0..LEN as u32 * 4).map(|i| (c as u32) << 12 | i).collect();
+        e.publish(&common::stored(&hashes, None, &tokens, 4));
+    }
+    let want = (CHAINS * LEN) as f64;
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while s.metric("kvix_shard_blocks", &[]) < want {
+        assert!(std::time::Instant::now() < deadline, "{}", s.log());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (code, log) = s.terminate();
+    assert_eq!(code, Some(0));
+    let line = log.lines().find(|l| l.contains("snapshot written")).unwrap().to_string();
+    let size = std::fs::metadata(&path).unwrap().len();
+    eprintln!("WRITE: {line}\nsize: {size} bytes");
+    let t0 = std::time::Instant::now();
+    let s2 = Server::start(&["--threads", "2", "--snapshot-path", p, "--snapshot-interval", "0"]);
+    let healthy = t0.elapsed();
+    s2.eventually("recovered", || {
+        if s2.log().contains("recovery done") { Ok(()) } else { Err("no".into()) }
+    });
+    let recovered = t0.elapsed();
+    let log = s2.log();
+    let line = log.lines().find(|l| l.contains("loaded snapshot")).unwrap().to_string();
+    eprintln!("LOAD: {line}\nhealthy after {healthy:?}, recovered after {recovered:?}");
+    assert_eq!(s2.metric("kvix_shard_blocks", &[]), want);
+}

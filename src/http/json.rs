@@ -188,7 +188,8 @@ pub fn dump_events(
         }
     }
     let mut order: Vec<&DumpedBlock> = blocks.iter().collect();
-    order.sort_by_key(|b| {
+    // Cached keys: a hash lookup per comparison is seconds at a million blocks.
+    order.sort_by_cached_key(|b| {
         (
             depth.get(&b.seq).copied().unwrap_or(0),
             b.holder.slot(),

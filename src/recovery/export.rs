@@ -9,17 +9,25 @@
 
 use super::{IndexState, ListenerState, State, WorkerBlocks};
 use crate::ingest::feed::SeedBlock;
+use crate::ingest::SeqKey;
+use crate::registry::IndexInfo;
 use crate::runtime::Core;
+use std::sync::Arc;
 use crate::shard::DumpedBlock;
 use crate::types::{EngineHash, SeqHash, Tier, WorkerSlot};
 use std::collections::{BTreeMap, HashMap};
 
+pub type SeqMap<V> = hashbrown::HashMap<SeqHash, V, crate::shard::SeqHasherBuilder>;
+
 /// Depth of every block in its chain (0 = root or parent missing), so that sorting by
 /// depth puts parents before children.
-pub fn depths(blocks: &[DumpedBlock]) -> HashMap<SeqHash, u32> {
-    let parent_of: HashMap<SeqHash, Option<SeqHash>> =
-        blocks.iter().map(|b| (b.seq, b.parent)).collect();
-    let mut depth: HashMap<SeqHash, u32> = HashMap::with_capacity(parent_of.len());
+/// Sequence hashes are XXH3 output: the shards' multiply-only hasher is enough.
+pub fn depths(blocks: &[DumpedBlock]) -> SeqMap<u32> {
+    let mut parent_of: SeqMap<Option<SeqHash>> = SeqMap::default();
+    parent_of.reserve(blocks.len());
+    parent_of.extend(blocks.iter().map(|b| (b.seq, b.parent)));
+    let mut depth: SeqMap<u32> = SeqMap::default();
+    depth.reserve(parent_of.len());
     let mut chain = Vec::new();
     for b in blocks {
         let mut cur = b.seq;
@@ -40,81 +48,107 @@ pub fn depths(blocks: &[DumpedBlock]) -> HashMap<SeqHash, u32> {
     depth
 }
 
-pub async fn export(core: &Core) -> State {
+/// What the executor gathers for a snapshot; turned into a [`State`] off the executor.
+pub struct Raw {
+    seqs: HashMap<SeqKey, u64>,
+    indexes: Vec<(Arc<IndexInfo>, Vec<(WorkerSlot, SeqHash, EngineHash)>, Vec<DumpedBlock>)>,
+}
+
+/// Gather sequence numbers, engine hashes and shard blocks (cheap, on the executor).
+pub async fn gather(core: &Core) -> Raw {
     let app = &core.app;
     let seqs: HashMap<_, _> = app.ingest.seqs().into_iter().collect();
     let snap = app.registry.snapshot_arc();
-    let mut state = State::default();
+    let mut indexes = Vec::new();
     for ix in snap.live_indexes() {
-        let engine: HashMap<(WorkerSlot, SeqHash), EngineHash> = app
-            .ingest
-            .engine_hashes(ix.id)
-            .into_iter()
-            .map(|(slot, seq, eh)| ((slot, seq), eh))
-            .collect();
+        let engine = app.ingest.engine_hashes(ix.id);
         let blocks = core.dump(ix.id).await;
-        let depth = depths(&blocks);
-        let mut order: Vec<&DumpedBlock> = blocks.iter().collect();
-        order.sort_by_key(|b| {
-            (
-                b.holder.slot(),
-                depth.get(&b.seq).copied().unwrap_or(0),
-                b.seq,
-            )
-        });
-        let ext = |slot: WorkerSlot, seq: SeqHash| {
-            engine
-                .get(&(slot, seq))
-                .copied()
-                .unwrap_or(EngineHash(seq.0))
-        };
-        let mut workers: BTreeMap<WorkerSlot, Vec<SeedBlock>> = BTreeMap::new();
-        for b in order {
-            let slot = b.holder.slot();
-            if !ix.slots.get(slot.0 as usize).is_some_and(|s| s.live) {
-                continue;
+        indexes.push((ix.clone(), engine, blocks));
+    }
+    Raw { seqs, indexes }
+}
+
+impl Raw {
+    /// Order every worker's blocks parents first and attach engine hashes (CPU work:
+    /// about a second per million blocks, so it runs on the snapshot writer's thread).
+    pub fn into_state(self) -> State {
+        let mut state = State::default();
+        for (ix, engine, blocks) in self.indexes {
+            let engine: hashbrown::HashMap<(WorkerSlot, SeqHash), EngineHash> = engine
+                .into_iter()
+                .map(|(slot, seq, eh)| ((slot, seq), eh))
+                .collect();
+            let depth = depths(&blocks);
+            // Keys computed once: a hash lookup per comparison costs seconds at 1M blocks.
+            let mut keyed: Vec<(WorkerSlot, u32, SeqHash, usize)> = blocks
+                .iter()
+                .enumerate()
+                .map(|(i, b)| {
+                    (b.holder.slot(), depth.get(&b.seq).copied().unwrap_or(0), b.seq, i)
+                })
+                .collect();
+            drop(depth);
+            keyed.sort_unstable();
+            let ext = |slot: WorkerSlot, seq: SeqHash| {
+                engine
+                    .get(&(slot, seq))
+                    .copied()
+                    .unwrap_or(EngineHash(seq.0))
+            };
+            let mut workers: BTreeMap<WorkerSlot, Vec<SeedBlock>> = BTreeMap::new();
+            for k in &keyed {
+                let b = &blocks[k.3];
+                let slot = k.0;
+                if !ix.slots.get(slot.0 as usize).is_some_and(|s| s.live) {
+                    continue;
+                }
+                let out = workers.entry(slot).or_default();
+                for t in 0..Tier::COUNT as u8 {
+                    if b.holder.has(Tier(t)) {
+                        out.push(SeedBlock {
+                            engine: ext(slot, b.seq),
+                            parent_engine: b.parent.map(|p| ext(slot, p)),
+                            parent_seq: b.parent,
+                            local: b.local,
+                            tier: Tier(t),
+                        });
+                    }
+                }
             }
-            let out = workers.entry(slot).or_default();
-            for t in 0..Tier::COUNT as u8 {
-                if b.holder.has(Tier(t)) {
-                    out.push(SeedBlock {
-                        engine: ext(slot, b.seq),
-                        parent_engine: b.parent.map(|p| ext(slot, p)),
-                        parent_seq: b.parent,
-                        local: b.local,
-                        tier: Tier(t),
+            let mut listeners = Vec::new();
+            for (inst, eps) in &ix.endpoints {
+                for (dp, ep) in eps {
+                    listeners.push(ListenerState {
+                        instance: *inst,
+                        dp: *dp,
+                        endpoint: ep.clone(),
+                        last_seq: self.seqs.get(&(*inst, *dp, ep.endpoint.clone())).copied(),
                     });
                 }
             }
+            state.indexes.push(IndexState {
+                model: ix.model.clone(),
+                tenant: ix.tenant.clone(),
+                block_size: ix.block_size,
+                listeners,
+                workers: workers
+                    .into_iter()
+                    .map(|(slot, blocks)| {
+                        let s = ix.slot(slot);
+                        WorkerBlocks {
+                            instance: s.instance,
+                            dp: s.dp,
+                            blocks,
+                        }
+                    })
+                    .collect(),
+            });
         }
-        let mut listeners = Vec::new();
-        for (inst, eps) in &ix.endpoints {
-            for (dp, ep) in eps {
-                listeners.push(ListenerState {
-                    instance: *inst,
-                    dp: *dp,
-                    endpoint: ep.clone(),
-                    last_seq: seqs.get(&(*inst, *dp, ep.endpoint.clone())).copied(),
-                });
-            }
-        }
-        state.indexes.push(IndexState {
-            model: ix.model.clone(),
-            tenant: ix.tenant.clone(),
-            block_size: ix.block_size,
-            listeners,
-            workers: workers
-                .into_iter()
-                .map(|(slot, blocks)| {
-                    let s = ix.slot(slot);
-                    WorkerBlocks {
-                        instance: s.instance,
-                        dp: s.dp,
-                        blocks,
-                    }
-                })
-                .collect(),
-        });
+        state
     }
-    state
+}
+
+/// The whole export in one call (gather, then order).
+pub async fn export(core: &Core) -> State {
+    gather(core).await.into_state()
 }

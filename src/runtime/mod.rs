@@ -207,12 +207,19 @@ async fn drain_loop(core: Rc<Core>) {
 /// own so the executor keeps serving. Returns when the file is durable.
 async fn write_snapshot(core: &Core, path: std::path::PathBuf) {
     let t0 = std::time::Instant::now();
-    let state = crate::recovery::export::export(core).await;
-    let blocks = state.blocks();
+    let raw = crate::recovery::export::gather(core).await;
+    let export_ms = t0.elapsed().as_millis() as u64;
     let (done_tx, done_rx) = std::sync::mpsc::channel();
+    // Ordering, encoding and file I/O off the executor: it keeps serving meanwhile.
     std::thread::spawn(move || {
+        let t = std::time::Instant::now();
+        let state = raw.into_state();
+        let blocks = state.blocks();
         let image = crate::recovery::snapshot::encode(&state);
-        let r = crate::recovery::snapshot::write(&path, &image).map(|_| (path, image.len()));
+        drop(state);
+        let encode_ms = t.elapsed().as_millis() as u64;
+        let r = crate::recovery::snapshot::write(&path, &image)
+            .map(|_| (path, image.len(), encode_ms, blocks));
         let _ = done_tx.send(r);
     });
     let r = loop {
@@ -226,7 +233,7 @@ async fn write_snapshot(core: &Core, path: std::path::PathBuf) {
     };
     let stats = &core.app.recovery;
     match r {
-        Ok((path, bytes)) => {
+        Ok((path, bytes, encode_ms, blocks)) => {
             stats
                 .snapshots_written
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -234,6 +241,8 @@ async fn write_snapshot(core: &Core, path: std::path::PathBuf) {
                 path = %path.display(),
                 blocks,
                 bytes,
+                gather_ms = export_ms,
+                order_encode_ms = encode_ms,
                 took_ms = t0.elapsed().as_millis() as u64,
                 "snapshot written"
             );
