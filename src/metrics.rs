@@ -67,7 +67,7 @@ pub struct HttpStats {
 }
 
 /// The routes kvix serves; anything else is counted as "other" (bounded label values).
-const ROUTES: [&str; 12] = [
+const ROUTES: [&str; 11] = [
     "/health",
     "/metrics",
     "/workers",
@@ -79,7 +79,6 @@ const ROUTES: [&str; 12] = [
     "/query_by_hash",
     "/register_peer",
     "/deregister_peer",
-    "/snapshot",
 ];
 
 impl HttpStats {

@@ -200,7 +200,14 @@ fn million_blocks_write_and_warm_restart() {
     let path = snap_path("million.snap");
     let p = path.to_str().unwrap();
     let mut e = Engine::start(&ctx);
-    let s = Server::start(&["--threads", "2", "--snapshot-path", p, "--snapshot-interval", "0"]);
+    let s = Server::start(&[
+        "--threads",
+        "2",
+        "--snapshot-path",
+        p,
+        "--snapshot-interval",
+        "0",
+    ]);
     register(&s, &e);
     const CHAINS: u64 = 10_000;
     const LEN: u64 = 100;
@@ -217,18 +224,37 @@ fn million_blocks_write_and_warm_restart() {
     }
     let (code, log) = s.terminate();
     assert_eq!(code, Some(0));
-    let line = log.lines().find(|l| l.contains("snapshot written")).unwrap().to_string();
+    let line = log
+        .lines()
+        .find(|l| l.contains("snapshot written"))
+        .unwrap()
+        .to_string();
     let size = std::fs::metadata(&path).unwrap().len();
     eprintln!("WRITE: {line}\nsize: {size} bytes");
     let t0 = std::time::Instant::now();
-    let s2 = Server::start(&["--threads", "2", "--snapshot-path", p, "--snapshot-interval", "0"]);
+    let s2 = Server::start(&[
+        "--threads",
+        "2",
+        "--snapshot-path",
+        p,
+        "--snapshot-interval",
+        "0",
+    ]);
     let healthy = t0.elapsed();
     s2.eventually("recovered", || {
-        if s2.log().contains("recovery done") { Ok(()) } else { Err("no".into()) }
+        if s2.log().contains("recovery done") {
+            Ok(())
+        } else {
+            Err("no".into())
+        }
     });
     let recovered = t0.elapsed();
     let log = s2.log();
-    let line = log.lines().find(|l| l.contains("loaded snapshot")).unwrap().to_string();
+    let line = log
+        .lines()
+        .find(|l| l.contains("loaded snapshot"))
+        .unwrap()
+        .to_string();
     eprintln!("LOAD: {line}\nhealthy after {healthy:?}, recovered after {recovered:?}");
     assert_eq!(s2.metric("kvix_shard_blocks", &[]), want);
 }

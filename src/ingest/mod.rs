@@ -326,6 +326,9 @@ struct Listener {
     /// After a replay: live frames up to this sequence were already applied from the
     /// replay and are skipped as duplicates.
     dedup_until: Option<u64>,
+    /// Last batch sequence applied; authoritative while the listener lives (no map
+    /// lookup per frame), saved to the thread's map when it stops.
+    last_seq: Option<u64>,
 }
 
 struct IngestThread {
@@ -334,8 +337,9 @@ struct IngestThread {
     sink: RingSink,
     registry: Arc<Registry>,
     listeners: Vec<Listener>,
-    /// Last sequence per engine stream; outlives listeners so that re-registering a
-    /// worker after a gap still detects (and replays) it, as Dynamo does.
+    /// Last sequence per engine stream of stopped (or not yet started) listeners; it
+    /// outlives them so that re-registering a worker after a gap still detects (and
+    /// replays) it, as Dynamo does.
     last_seq: HashMap<SeqKey, u64>,
     paused: Arc<AtomicBool>,
     replay_stats: Arc<ReplayStats>,
@@ -392,6 +396,10 @@ impl IngestThread {
                 endpoint,
                 done,
             } => {
+                let prior = self
+                    .last_seq
+                    .get(&(instance, dp, endpoint.endpoint.clone()))
+                    .copied();
                 let r = self.connect(&endpoint.endpoint).map(|socket| {
                     let feed = WorkerFeed::new(index, instance, dp, block_size);
                     let stats = feed.stats.clone();
@@ -407,6 +415,7 @@ impl IngestThread {
                             zmq::Message::new(),
                         ],
                         dedup_until: None,
+                        last_seq: prior,
                     });
                     stats
                 });
@@ -420,6 +429,7 @@ impl IngestThread {
                 done,
             } => {
                 let mut cleared: Vec<WorkerSlot> = Vec::new();
+                let mut saved = Vec::new();
                 self.listeners.retain_mut(|l| {
                     let f = &mut l.feed;
                     if f.index != index || f.instance != instance {
@@ -428,6 +438,9 @@ impl IngestThread {
                     // A listener registered for one rank may have fed other ranks (batch dp override).
                     cleared.extend(f.forget(dp));
                     let stop = dp.is_none_or(|d| d == f.dp);
+                    if stop && let Some(seq) = l.last_seq {
+                        saved.push(((f.instance, f.dp, l.endpoint.endpoint.clone()), seq));
+                    }
                     if stop {
                         tracing::info!(
                             instance,
@@ -438,6 +451,7 @@ impl IngestThread {
                     }
                     !stop
                 });
+                self.last_seq.extend(saved);
                 cleared.extend(also_clear);
                 cleared.sort();
                 cleared.dedup();
@@ -501,17 +515,27 @@ impl IngestThread {
                 let _ = done.send(r);
             }
             Command::Seqs { done } => {
-                let _ = done.send(self.last_seq.iter().map(|(k, v)| (k.clone(), *v)).collect());
+                let mut all = self.last_seq.clone();
+                for l in &self.listeners {
+                    if let Some(seq) = l.last_seq {
+                        all.insert(seq_key(l), seq);
+                    }
+                }
+                let _ = done.send(all.into_iter().collect());
             }
             Command::RestoreSeq { key, seq } => {
+                for l in &mut self.listeners {
+                    if seq_key(l) == key {
+                        l.last_seq = Some(seq);
+                    }
+                }
                 self.last_seq.insert(key, seq);
             }
             Command::CatchUp { done } => {
                 for i in 0..self.listeners.len() {
                     let l = &self.listeners[i];
-                    let key = seq_key(l);
                     if l.endpoint.replay_endpoint.is_some()
-                        && let Some(&last) = self.last_seq.get(&key)
+                        && let Some(last) = l.last_seq
                     {
                         self.replay(i, last.wrapping_add(1));
                     }
@@ -533,7 +557,6 @@ impl IngestThread {
         };
         let rs = self.replay_stats.clone();
         FeedStats::bump(&rs.requests, 1);
-        let key = seq_key(&self.listeners[i]);
         let pairs = match replay::fetch(&self.ctx, &ep, from, REPLAY_TIMEOUT) {
             Ok(p) => p,
             Err(e) => {
@@ -551,7 +574,7 @@ impl IngestThread {
         };
         let registry = self.registry.clone();
         let l = &mut self.listeners[i];
-        let mut last = self.last_seq.get(&key).copied();
+        let mut last = l.last_seq;
         let mut applied = 0u64;
         for (seq, payload) in &pairs {
             if last.is_some_and(|x| *seq <= x) {
@@ -575,7 +598,7 @@ impl IngestThread {
         }
         FeedStats::bump(&rs.batches, applied);
         if let Some(x) = last {
-            self.last_seq.insert(key, x);
+            l.last_seq = Some(x);
             l.feed.stats.last_seq.store(x, Ordering::Relaxed);
             l.dedup_until = Some(x);
         }
@@ -614,9 +637,8 @@ impl IngestThread {
     /// Decide what a well-formed frame with sequence `seq` (decoded into the listener's
     /// batch) means: duplicate of a replay, gap (replayed when possible), or next.
     fn sequenced(&mut self, i: usize, seq: u64) {
-        let key = seq_key(&self.listeners[i]);
-        let last = self.last_seq.get(&key).copied();
         let l = &mut self.listeners[i];
+        let last = l.last_seq;
         if let Some(until) = l.dedup_until {
             if seq <= until {
                 FeedStats::bump(&self.replay_stats.duplicates, 1);
@@ -642,7 +664,7 @@ impl IngestThread {
                 let held = l.parts[2].to_vec();
                 self.replay(i, last.wrapping_add(1));
                 let l = &mut self.listeners[i];
-                if self.last_seq.get(&key).is_some_and(|&x| seq <= x) {
+                if l.last_seq.is_some_and(|x| seq <= x) {
                     FeedStats::bump(&self.replay_stats.duplicates, 1);
                     return;
                 }
@@ -650,13 +672,13 @@ impl IngestThread {
                     l.feed
                         .apply(&l.batch, &held, &self.registry, &mut self.sink);
                 }
-                self.last_seq.insert(key, seq);
+                l.last_seq = Some(seq);
                 l.feed.stats.last_seq.store(seq, Ordering::Relaxed);
                 return;
             }
         }
         let l = &mut self.listeners[i];
-        self.last_seq.insert(key, seq);
+        l.last_seq = Some(seq);
         l.feed.stats.last_seq.store(seq, Ordering::Relaxed);
         l.feed
             .apply(&l.batch, &l.parts[2], &self.registry, &mut self.sink);

@@ -8,14 +8,14 @@
 //! on: a weakly consistent snapshot, like Dynamo's `/dump`.
 
 use super::{IndexState, ListenerState, State, WorkerBlocks};
-use crate::ingest::feed::SeedBlock;
 use crate::ingest::SeqKey;
+use crate::ingest::feed::SeedBlock;
 use crate::registry::IndexInfo;
 use crate::runtime::Core;
-use std::sync::Arc;
 use crate::shard::DumpedBlock;
 use crate::types::{EngineHash, SeqHash, Tier, WorkerSlot};
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 pub type SeqMap<V> = hashbrown::HashMap<SeqHash, V, crate::shard::SeqHasherBuilder>;
 
@@ -51,7 +51,11 @@ pub fn depths(blocks: &[DumpedBlock]) -> SeqMap<u32> {
 /// What the executor gathers for a snapshot; turned into a [`State`] off the executor.
 pub struct Raw {
     seqs: HashMap<SeqKey, u64>,
-    indexes: Vec<(Arc<IndexInfo>, Vec<(WorkerSlot, SeqHash, EngineHash)>, Vec<DumpedBlock>)>,
+    indexes: Vec<(
+        Arc<IndexInfo>,
+        Vec<(WorkerSlot, SeqHash, EngineHash)>,
+        Vec<DumpedBlock>,
+    )>,
 }
 
 /// Gather sequence numbers, engine hashes and shard blocks (cheap, on the executor).
@@ -84,7 +88,12 @@ impl Raw {
                 .iter()
                 .enumerate()
                 .map(|(i, b)| {
-                    (b.holder.slot(), depth.get(&b.seq).copied().unwrap_or(0), b.seq, i)
+                    (
+                        b.holder.slot(),
+                        depth.get(&b.seq).copied().unwrap_or(0),
+                        b.seq,
+                        i,
+                    )
                 })
                 .collect();
             drop(depth);
