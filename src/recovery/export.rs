@@ -48,14 +48,17 @@ pub fn depths(blocks: &[DumpedBlock]) -> SeqMap<u32> {
     depth
 }
 
+/// One index as gathered: its registry entry, its feeds' engine hashes, its blocks.
+type RawIndex = (
+    Arc<IndexInfo>,
+    Vec<(WorkerSlot, SeqHash, EngineHash)>,
+    Vec<DumpedBlock>,
+);
+
 /// What the executor gathers for a snapshot; turned into a [`State`] off the executor.
 pub struct Raw {
     seqs: HashMap<SeqKey, u64>,
-    indexes: Vec<(
-        Arc<IndexInfo>,
-        Vec<(WorkerSlot, SeqHash, EngineHash)>,
-        Vec<DumpedBlock>,
-    )>,
+    indexes: Vec<RawIndex>,
 }
 
 /// Gather sequence numbers, engine hashes and shard blocks (cheap, on the executor).
