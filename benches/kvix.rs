@@ -45,8 +45,12 @@ fn bench_hash(c: &mut Criterion) {
 /// A vLLM positional batch with one BlockStored of `blocks` blocks; `sglang` drops the
 /// medium/lora tail and adds `attn_dp_rank`.
 fn stored_payload(blocks: usize, sglang: bool) -> Vec<u8> {
+    stored_payload_seeded(blocks, sglang, 7)
+}
+
+fn stored_payload_seeded(blocks: usize, sglang: bool, seed: u64) -> Vec<u8> {
     use rmp::encode::*;
-    let t = tokens(blocks * BS, 7);
+    let t = tokens(blocks * BS, seed);
     let mut b = Vec::new();
     write_array_len(&mut b, 3).unwrap();
     write_f64(&mut b, 1.7e9).unwrap();
@@ -55,7 +59,11 @@ fn stored_payload(blocks: usize, sglang: bool) -> Vec<u8> {
     write_str(&mut b, "BlockStored").unwrap();
     write_array_len(&mut b, blocks as u32).unwrap();
     for i in 0..blocks {
-        write_sint(&mut b, (i as i64 + 1) * -7_919_000_000_123).unwrap();
+        write_sint(
+            &mut b,
+            (i as i64 + 1 + seed as i64 * 1000) * -7_919_000_000_123,
+        )
+        .unwrap();
     }
     write_nil(&mut b).unwrap();
     write_array_len(&mut b, t.len() as u32).unwrap();
@@ -88,7 +96,9 @@ fn seqs(n: usize, seed: u64) -> Vec<SeqHash> {
     let mut x = seed;
     (0..n)
         .map(|_| {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             SeqHash(xxhash_rust::xxh3::xxh3_64(&x.to_le_bytes()))
         })
         .collect()
@@ -196,6 +206,73 @@ fn bench_query(c: &mut Criterion) {
     g.finish();
 }
 
+/// Applies ops straight into in-process shards (the rings' consumer side, inline).
+struct InlineShards(Vec<Shard>);
+
+impl kvix::ring::OpSink for InlineShards {
+    fn push(&mut self, op: ShardOp) {
+        let seq = match op {
+            ShardOp::Store { seq, .. } | ShardOp::Remove { seq, .. } => seq,
+            ShardOp::ClearSlot { .. } => return self.broadcast(op),
+        };
+        let n = self.0.len();
+        self.0[kvix::partition::shard_of(seq, n).0].apply(op);
+    }
+    fn broadcast(&mut self, op: ShardOp) {
+        for s in &mut self.0 {
+            s.apply(op);
+        }
+    }
+}
+
+/// The whole event path on one thread: decode → engine-hash map → kvix hashes →
+/// shard apply, for 64 batches of 32 fresh blocks (2048 blocks per iteration).
+fn bench_ingest(c: &mut Criterion) {
+    use kvix::ingest::feed::WorkerFeed;
+    use kvix::registry::{Endpoint, Registration, Registry};
+    let registry = Registry::default();
+    let (index, _) = registry
+        .register(&Registration {
+            model: "m".into(),
+            tenant: "default".into(),
+            block_size: BS as u32,
+            instance: 1,
+            dp: 0,
+            endpoint: Endpoint {
+                endpoint: "tcp://127.0.0.1:1".into(),
+                replay_endpoint: None,
+                publisher: None,
+            },
+            opts: Default::default(),
+        })
+        .unwrap();
+    let payloads: Vec<Vec<u8>> = (0..64u64)
+        .map(|i| stored_payload_seeded(32, false, 100 + i))
+        .collect();
+    let mut g = c.benchmark_group("ingest_path");
+    g.throughput(Throughput::Elements(64 * 32));
+    g.bench_function("decode_feed_apply_2_shards", |b| {
+        b.iter_batched(
+            || {
+                (
+                    WorkerFeed::new(index, 1, 0, BS as u32),
+                    InlineShards(vec![Shard::default(), Shard::default()]),
+                )
+            },
+            |(mut feed, mut sink)| {
+                let mut batch = Batch::default();
+                for p in &payloads {
+                    wire::decode(p, &mut batch).unwrap();
+                    feed.apply(&batch, p, &registry, &mut sink);
+                }
+                (feed, sink)
+            },
+            BatchSize::LargeInput,
+        )
+    });
+    g.finish();
+}
+
 /// The index ceiling: one hashbrown probe per block, nothing else.
 fn bench_ceiling(c: &mut Criterion) {
     let keys = seqs(1 << 20, 5);
@@ -226,6 +303,7 @@ criterion_group!(
     bench_hash,
     bench_decode,
     bench_apply,
+    bench_ingest,
     bench_query,
     bench_ceiling
 );

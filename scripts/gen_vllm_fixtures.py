@@ -614,6 +614,56 @@ fx["seed001_disk_rfc"] = RfcBatch(
 print("seed001 seq hashes:", [f"{h:#018x}" for h in SEQ])
 
 
+# --- black-box scenario of tests/e2e_dialects.rs (block size 4, prompt tokens 1..16) --
+# SGLang (positional, attn_dp_rank 1): blocks 1..8 on GPU, offloaded to CPU_PINNED,
+# then the second block leaves the GPU (it stays on the host).
+fx["e2e_sglang_store"] = SgFullBatch(TS, [SgMBlockStored([901, 902], None, tokens(1, 8), 4, None, "GPU")], 1)
+fx["e2e_sglang_offload"] = SgFullBatch(TS, [SgMBlockStored([901, 902], None, tokens(1, 8), 4, None, "CPU_PINNED")], 1)
+fx["e2e_sglang_remove_gpu"] = SgFullBatch(TS, [SgMBlockRemoved([902], "GPU")], 1)
+# RFC #1527 with a non-standard hash (seq_hashes 701.. plus token_ids), LoRA "sql", dp 0.
+fx["e2e_rfc_store_tokens"] = RfcBatch(
+    TS, [RfcEvent(1, MS, "stored", "m", 4, None, "sql", "default", "w", "gpu", 0, [701, 702, 703], 0, None, tokens(1, 12))]
+)
+# RFC #1527 Mooncake master style: standardized seq hashes of tokens 1..16, no tokens, disk.
+E2E_SEQ = []
+for i in range(0, 16, 4):
+    E2E_SEQ.append(chain(E2E_SEQ[-1] if E2E_SEQ else None, local_hash(tokens(i + 1, i + 4))))
+fx["e2e_rfc_seq_disk"] = RfcBatch(
+    TS, [RfcEvent(1, MS, "stored", None, None, None, None, "default", "daemon", "disk", None, E2E_SEQ, 0, None, None)]
+)
+fx["e2e_rfc_removed_disk"] = RfcBatch(
+    TS, [RfcEvent(2, MS, "removed", None, None, None, None, "default", "daemon", "disk", None, E2E_SEQ[3:], 3)]
+)
+fx["e2e_rfc_cleared_disk"] = RfcBatch(
+    TS, [RfcCleared(3, MS, "cleared", None, None, None, None, "default", "daemon", "disk", None)]
+)
+# RFC #1527 event naming another tenant: indexed under (model, "tenant-x") only.
+fx["e2e_rfc_other_tenant"] = RfcBatch(
+    TS, [RfcEvent(4, MS, "stored", "m", 4, None, None, "tenant-x", "w", "gpu", 0, [801], 0, None, tokens(1, 4))]
+)
+# Legacy Mooncake Store (seed 001 layout): blocks 1..8 in the host pool, then RemoveAll.
+fx["e2e_legacy_store"] = LegacyBatch(
+    [
+        BlockStoreEvent(1732300000.5, "k1", ["10.0.0.1:6000"], 0xB1, 0, tokens(1, 4), 4, "m", "", 0),
+        BlockStoreEvent(1732300000.5, "k2", ["10.0.0.1:6000"], 0xB2, 0xB1, tokens(5, 8), 4, "m", "", 0),
+    ]
+)
+fx["e2e_legacy_remove_all"] = LegacyBatch([RemoveAllEvent()])
+# vLLM multimodal: block 2 carries an image whose Dynamo routing hash is 0xdeadbeef,
+# in extra_keys marker form (16 hex digits + 48 zeros); then the vLLM 0.19+ pair form.
+def mm_marker(h):
+    return f"{h:016x}" + "0" * 48
+
+
+fx["e2e_vllm_mm"] = EventBatch(
+    TS, [BlockStored([951, 952, 953], None, tokens(1, 12), 4, None, "GPU", None, [None, [mm_marker(0xDEADBEEF)], None])]
+)
+fx["e2e_vllm_mm_pairs"] = EventBatch(
+    TS, [BlockStored([961, 962, 963], None, tokens(1, 12), 4, None, "GPU", None, [None, [[mm_marker(0xDEADBEEF), 1]], None])]
+)
+print("e2e seq hashes:", E2E_SEQ)
+
+
 out = {name: enc.encode(v).hex() for name, v in fx.items()}
 here = os.path.dirname(os.path.abspath(__file__))
 path = os.path.join(here, "..", "tests", "data", "wire_fixtures.json")

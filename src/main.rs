@@ -77,8 +77,8 @@ fn run(args: Args) -> Result<(), String> {
             args.block_size.unwrap_or_default(),
             w.instance,
             w.dp,
-            w.endpoint.clone(),
-            None,
+            kvix::registry::Endpoint::new(w.endpoint.clone(), None),
+            Default::default(),
         );
         app.register(reg)
             .map_err(|e| format!("--workers {}: {e}", w.endpoint))?;

@@ -81,11 +81,22 @@ const ROUTES: [&str; 11] = [
     "/deregister_peer",
 ];
 
+const CONDUCTOR_ROUTES: [&str; 6] = [
+    "/conductor/health",
+    "/conductor/workers",
+    "/conductor/register",
+    "/conductor/unregister",
+    "/conductor/query",
+    "/conductor/query_by_hash",
+];
+
 impl HttpStats {
     pub fn record(&mut self, path: &str, method: &hyper::Method, status: u16, took: Duration) {
+        // Mooncake's conductor routes (`/conductor/...`) are labelled as such.
         let endpoint = ROUTES
             .iter()
             .find(|r| **r == path)
+            .or_else(|| CONDUCTOR_ROUTES.iter().find(|r| **r == path))
             .copied()
             .unwrap_or("other");
         let method = match *method {

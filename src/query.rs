@@ -1,10 +1,16 @@
 //! Gather: per-shard holder lists → per-worker prefix overlap.
 //!
-//! Owns the scoring rule: walking the query's blocks in prefix order, a worker
-//! scores block `i` only if it scored every block before it; the walk stops at
-//! the first block that extends nobody. Scores are kept for three cumulative
-//! tier sets (device; device+host; every tier), as Dynamo's `instances` and
-//! Mooncake's tiers need. Pure computation: no I/O, no shard access.
+//! Owns the scoring rules, all walking the query's blocks in prefix order:
+//! - Dynamo ([`gather`]): a worker scores block `i` only if it scored every
+//!   block before it; kept for three cumulative tier sets (device; device+host;
+//!   every tier);
+//! - Mooncake conductor ([`conductor`]): per instance, the longest prefix held
+//!   on any tier and dp rank, and within it the blocks found on each tier and
+//!   on each dp rank's device;
+//! - llm-d ([`weighted`]): per worker, the longest prefix held on a tier of
+//!   positive weight, each block counting its best tier's weight.
+//!
+//! Pure computation: no I/O, no shard access beyond [`answer`].
 
 use crate::partition::shard_of;
 use crate::shard::Shard;
@@ -68,7 +74,6 @@ pub fn gather(
     slots: usize,
     live: impl Fn(WorkerSlot) -> bool,
 ) -> Overlap {
-    let shards = replies.len();
     let mut out = Overlap {
         matched: vec![[0; 3]; slots],
         frequencies: Vec::new(),
@@ -79,15 +84,7 @@ pub fn gather(
             *t += c;
         }
     }
-    let mut cursor = vec![0usize; shards];
-    for (depth, seq) in seqs.iter().enumerate() {
-        let s = shard_of(*seq, shards).0;
-        let words = &replies[s].holders;
-        let Some(&n) = words.get(cursor[s]) else {
-            break;
-        };
-        let holders = &words[cursor[s] + 1..cursor[s] + 1 + n as usize];
-        cursor[s] += 1 + n as usize;
+    for (depth, holders) in Blocks::new(seqs, replies).enumerate() {
         let depth = depth as u32;
         let (mut advanced, mut freq) = (false, 0);
         for &h in holders {
@@ -115,6 +112,165 @@ pub fn gather(
         }
     }
     out
+}
+
+/// The holders of each query block, in prefix order, read from the shards' replies.
+struct Blocks<'a> {
+    seqs: std::slice::Iter<'a, SeqHash>,
+    replies: &'a [ShardReply],
+    cursor: Vec<usize>,
+}
+
+impl<'a> Blocks<'a> {
+    fn new(seqs: &'a [SeqHash], replies: &'a [ShardReply]) -> Self {
+        Blocks {
+            seqs: seqs.iter(),
+            replies,
+            cursor: vec![0; replies.len()],
+        }
+    }
+}
+
+impl<'a> Iterator for Blocks<'a> {
+    type Item = &'a [u32];
+    fn next(&mut self) -> Option<&'a [u32]> {
+        let seq = self.seqs.next()?;
+        let s = shard_of(*seq, self.replies.len()).0;
+        let words = &self.replies[s].holders;
+        let at = self.cursor[s];
+        let n = *words.get(at)? as usize;
+        let holders = words.get(at + 1..at + 1 + n)?;
+        self.cursor[s] = at + 1 + n;
+        Some(holders)
+    }
+}
+
+/// One instance's overlap in Mooncake's conductor terms (counts are blocks).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct InstanceOverlap {
+    /// Longest prefix held on any tier by any of the instance's dp ranks.
+    pub longest: u32,
+    /// Within that prefix, blocks present on each tier.
+    pub per_tier: [u32; Tier::COUNT],
+    /// Within that prefix, blocks on the device of each of the instance's slots.
+    pub per_slot_device: Vec<(WorkerSlot, u32)>,
+}
+
+/// Mooncake conductor scoring. `instance_of[slot]` is a dense instance number
+/// (`None` for slots not to be scored); returns one entry per dense instance.
+pub fn conductor(
+    seqs: &[SeqHash],
+    replies: &[ShardReply],
+    instance_of: &[Option<usize>],
+    instances: usize,
+) -> Vec<InstanceOverlap> {
+    let mut out = vec![InstanceOverlap::default(); instances];
+    let mut mask = vec![0u8; instances];
+    let mut device = vec![0u32; instance_of.len()];
+    for (depth, holders) in Blocks::new(seqs, replies).enumerate() {
+        let depth = depth as u32;
+        for &h in holders {
+            let h = Holder(h);
+            let Some(Some(i)) = instance_of.get(h.slot().0 as usize) else {
+                continue;
+            };
+            if out[*i].longest == depth {
+                mask[*i] |= h.tiers();
+            }
+        }
+        let mut advanced = false;
+        for (i, m) in mask.iter_mut().enumerate() {
+            if *m == 0 {
+                continue;
+            }
+            advanced = true;
+            out[i].longest += 1;
+            for (t, c) in out[i].per_tier.iter_mut().enumerate() {
+                *c += u32::from(*m & (1 << t) != 0);
+            }
+            *m = 0;
+        }
+        for &h in holders {
+            let h = Holder(h);
+            let slot = h.slot().0 as usize;
+            if let Some(Some(i)) = instance_of.get(slot)
+                && h.has(Tier::DEVICE)
+                && out[*i].longest == depth + 1
+            {
+                device[slot] += 1;
+            }
+        }
+        if !advanced {
+            break;
+        }
+    }
+    for (slot, inst) in instance_of.iter().enumerate() {
+        if let Some(i) = inst {
+            out[*i]
+                .per_slot_device
+                .push((WorkerSlot(slot as u32), device[slot]));
+        }
+    }
+    out
+}
+
+/// Default llm-d tier weights: device 1.0, host 0.8, every other tier 0.
+pub const LLMD_WEIGHTS: [f32; Tier::COUNT] = [1.0, 0.8, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0];
+
+/// llm-d scoring: per slot, the sum over its longest run of blocks held on a
+/// positively weighted tier of each block's best tier weight.
+pub fn weighted(
+    seqs: &[SeqHash],
+    replies: &[ShardReply],
+    slots: usize,
+    live: impl Fn(WorkerSlot) -> bool,
+    weights: &[f32; Tier::COUNT],
+) -> Vec<f32> {
+    let mut score = vec![0f32; slots];
+    let mut len = vec![0u32; slots];
+    for (depth, holders) in Blocks::new(seqs, replies).enumerate() {
+        let mut advanced = false;
+        for &h in holders {
+            let h = Holder(h);
+            let slot = h.slot();
+            let s = slot.0 as usize;
+            if s >= slots || len[s] != depth as u32 || !live(slot) {
+                continue;
+            }
+            let best = (0..Tier::COUNT)
+                .filter(|t| h.tiers() & (1 << t) != 0)
+                .map(|t| weights[t])
+                .fold(0f32, f32::max);
+            if best > 0.0 {
+                len[s] += 1;
+                score[s] += best;
+                advanced = true;
+            }
+        }
+        if !advanced {
+            break;
+        }
+    }
+    score
+}
+
+/// llm-d normalization to [0, 1] across the candidates: (s - min) / (max - min);
+/// when every candidate scores the same, all get 1 if they hold anything, else 0.
+pub fn normalize(scores: &[f32]) -> Vec<f32> {
+    let max = scores.iter().copied().fold(f32::MIN, f32::max);
+    let min = scores.iter().copied().fold(f32::MAX, f32::min);
+    scores
+        .iter()
+        .map(|&s| {
+            if max > min {
+                (s - min) / (max - min)
+            } else if max > 0.0 {
+                1.0
+            } else {
+                0.0
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -163,5 +319,67 @@ mod tests {
         let o = gather(&seqs, &[reply], 1, |_| false);
         assert_eq!(o.matched[0], [0, 0, 0]);
         assert!(o.frequencies.is_empty());
+    }
+
+    /// Seed 001's worked example: block size 2, dp2; H1 on GPU (dp0, dp1), CPU
+    /// and DISK; H2 on GPU (dp0) and CPU; H3 on DISK.
+    #[test]
+    fn conductor_seed_001() {
+        let (g, c, d) = (Tier::DEVICE.bit(), Tier::HOST.bit(), Tier::DISK.bit());
+        let seqs = [SeqHash(1), SeqHash(2), SeqHash(3)];
+        // Slots 0 and 1 are dp0 and dp1 of instance 0; host and disk copies are dp0's.
+        let reply = ShardReply {
+            holders: vec![2, h(0, g | c | d), h(1, g), 1, h(0, g | c), 1, h(0, d)],
+            per_slot: vec![],
+        };
+        let o = conductor(&seqs, &[reply], &[Some(0), Some(0)], 1);
+        assert_eq!(o[0].longest, 3);
+        assert_eq!(o[0].per_tier[..3], [2, 2, 2]);
+        assert_eq!(
+            o[0].per_slot_device,
+            vec![(WorkerSlot(0), 2), (WorkerSlot(1), 1)]
+        );
+    }
+
+    /// Seed 004's three pods over blocks B0..B4: A holds B0..B3, B holds B0, B1
+    /// (and B3), C holds B3 and B4 only: scores 4, 2, 0.
+    #[test]
+    fn llmd_three_pods() {
+        let g = Tier::DEVICE.bit();
+        let seqs: Vec<SeqHash> = (0..5).map(SeqHash).collect();
+        let reply = ShardReply {
+            holders: vec![
+                2,
+                h(0, g),
+                h(1, g),
+                2,
+                h(0, g),
+                h(1, g),
+                1,
+                h(0, g),
+                3,
+                h(0, g),
+                h(1, g),
+                h(2, g),
+                1,
+                h(2, g),
+            ],
+            per_slot: vec![],
+        };
+        let s = weighted(&seqs, &[reply], 3, |_| true, &LLMD_WEIGHTS);
+        assert_eq!(s, vec![4.0, 2.0, 0.0]);
+        assert_eq!(normalize(&s), vec![1.0, 0.5, 0.0]);
+    }
+
+    #[test]
+    fn llmd_takes_the_best_tier_and_skips_zero_weights() {
+        let (g, c, d) = (Tier::DEVICE.bit(), Tier::HOST.bit(), Tier::DISK.bit());
+        let seqs = [SeqHash(1), SeqHash(2), SeqHash(3)];
+        let reply = ShardReply {
+            holders: vec![1, h(0, g | c), 1, h(0, c), 1, h(0, d)],
+            per_slot: vec![],
+        };
+        let s = weighted(&seqs, &[reply], 1, |_| true, &LLMD_WEIGHTS);
+        assert!((s[0] - 1.8).abs() < 1e-6, "{s:?}");
     }
 }

@@ -11,6 +11,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use thiserror::Error;
 
+/// First id given to an instance registered by a non-integer name.
+const NAMED_BASE: InstanceId = 1 << 63;
+
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum RegistryError {
     #[error(
@@ -47,10 +50,12 @@ pub struct SlotInfo {
 }
 
 /// One registered ZMQ listener.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct Endpoint {
     pub endpoint: String,
     pub replay_endpoint: Option<String>,
+    /// The registered publisher kind, if given.
+    pub publisher: Option<String>,
 }
 
 /// One (model, tenant) index.
@@ -63,7 +68,19 @@ pub struct IndexInfo {
     pub slots: Vec<SlotInfo>,
     pub slot_of: HashMap<(InstanceId, DpRank), WorkerSlot>,
     /// Registered listeners: instance → dp rank → endpoint.
-    pub endpoints: BTreeMap<InstanceId, BTreeMap<DpRank, Endpoint>>,
+    /// Several listeners may feed one (instance, dp rank) when their publisher
+    /// kinds differ (an engine and a Mooncake Store publisher for its pools).
+    pub endpoints: BTreeMap<InstanceId, BTreeMap<DpRank, Vec<Endpoint>>>,
+}
+
+impl Endpoint {
+    pub fn new(endpoint: String, replay_endpoint: Option<String>) -> Self {
+        Endpoint {
+            endpoint,
+            replay_endpoint,
+            publisher: None,
+        }
+    }
 }
 
 impl IndexInfo {
@@ -89,6 +106,10 @@ pub struct Snapshot {
     pub indexes: Vec<Arc<IndexInfo>>,
     /// Names of tiers beyond the three well-known ones, by tier id - 3.
     pub extra_tiers: Vec<String>,
+    /// Router-facing names of instances registered by string (Mooncake's
+    /// `instance_id`); integer instances are their own name.
+    names: HashMap<InstanceId, String>,
+    ids: HashMap<String, InstanceId>,
 }
 
 impl Snapshot {
@@ -119,6 +140,28 @@ impl Snapshot {
         ids.into_iter().map(move |id| &self.indexes[id.0 as usize])
     }
 
+    /// An instance's router-facing name.
+    pub fn instance_name(&self, id: InstanceId) -> std::borrow::Cow<'_, str> {
+        match self.names.get(&id) {
+            Some(n) => std::borrow::Cow::Borrowed(n),
+            None => std::borrow::Cow::Owned(id.to_string()),
+        }
+    }
+
+    /// The id of an instance named `name`, if it is known (or is an integer).
+    pub fn instance_id(&self, name: &str) -> Option<InstanceId> {
+        self.ids.get(name).copied().or_else(|| {
+            name.parse::<InstanceId>()
+                .ok()
+                .filter(|id| *id < NAMED_BASE)
+        })
+    }
+
+    /// True when some instance is known by a non-integer name.
+    pub fn has_names(&self) -> bool {
+        !self.names.is_empty()
+    }
+
     pub fn tier_name(&self, t: Tier) -> &str {
         match t {
             Tier::DEVICE => "GPU",
@@ -143,6 +186,21 @@ impl Snapshot {
     }
 }
 
+/// Per-listener defaults for what its events may leave out (Mooncake's `/register`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ListenerOpts {
+    /// `additionalsalt`: hash namespace for events that carry no salt of their own.
+    pub salt: Option<String>,
+    /// `lora_name`: adapter for events that name none.
+    pub lora_name: Option<String>,
+    /// `type`: the publisher kind as registered (`vLLM`, `SGLang`, `Mooncake`), for `/workers`.
+    pub publisher: Option<String>,
+}
+
+/// Per index touched by an unregister: the dp ranks whose listeners went and
+/// the slots that stopped being live.
+pub type Unregistered = (IndexId, Vec<DpRank>, Vec<WorkerSlot>);
+
 /// What `/register` asks for.
 #[derive(Clone, Debug)]
 pub struct Registration {
@@ -152,6 +210,7 @@ pub struct Registration {
     pub instance: InstanceId,
     pub dp: DpRank,
     pub endpoint: Endpoint,
+    pub opts: ListenerOpts,
 }
 
 #[derive(Default)]
@@ -179,6 +238,23 @@ impl Registry {
         r
     }
 
+    /// The id for an instance name: integers (below 2^63) are ids as they are;
+    /// other names get ids from 2^63 up, stable for the life of the process.
+    pub fn intern_instance(&self, name: &str) -> InstanceId {
+        if let Some(id) = self.snapshot().instance_id(name) {
+            return id;
+        }
+        self.update(|s| {
+            if let Some(id) = s.instance_id(name) {
+                return id;
+            }
+            let id = NAMED_BASE + s.names.len() as u64;
+            s.names.insert(id, name.to_string());
+            s.ids.insert(name.to_string(), id);
+            id
+        })
+    }
+
     /// Find or create the index for (model, tenant).
     pub fn ensure_index(
         &self,
@@ -203,11 +279,16 @@ impl Registry {
         self.update(|s| {
             let id = ensure_index_in(s, &r.model, &r.tenant, r.block_size)?;
             let ix = Arc::make_mut(&mut s.indexes[id.0 as usize]);
-            if ix
+            let taken = ix
                 .endpoints
                 .get(&r.instance)
-                .is_some_and(|e| e.contains_key(&r.dp))
-            {
+                .and_then(|e| e.get(&r.dp))
+                .is_some_and(|eps| {
+                    eps.iter().any(|e| {
+                        e.endpoint == r.endpoint.endpoint || e.publisher == r.endpoint.publisher
+                    })
+                });
+            if taken {
                 return Err(RegistryError::AlreadyRegistered {
                     model: r.model.clone(),
                     tenant: r.tenant.clone(),
@@ -218,7 +299,10 @@ impl Registry {
             ix.endpoints
                 .entry(r.instance)
                 .or_default()
-                .insert(r.dp, r.endpoint.clone());
+                .entry(r.dp)
+                .or_default()
+                .push(r.endpoint.clone());
+
             let slot = intern_slot(ix, r.instance, r.dp)?;
             Ok((id, slot))
         })
@@ -271,7 +355,7 @@ impl Registry {
         tenant: Option<&str>,
         instance: InstanceId,
         dp: Option<DpRank>,
-    ) -> Result<Vec<(IndexId, Vec<DpRank>, Vec<WorkerSlot>)>, RegistryError> {
+    ) -> Result<Vec<Unregistered>, RegistryError> {
         self.update(|s| {
             let ids: Vec<IndexId> = match tenant {
                 Some(t) => s.lookup(model, t).map(|ix| ix.id).into_iter().collect(),

@@ -6,7 +6,7 @@
 
 use crate::cli::validate_endpoint;
 use crate::ingest::Ingest;
-use crate::registry::{Endpoint, Registration, Registry, RegistryError};
+use crate::registry::{Endpoint, ListenerOpts, Registration, Registry, RegistryError};
 use crate::ring::Rings;
 use crate::types::{DpRank, InstanceId};
 use std::sync::atomic::{AtomicBool, AtomicUsize};
@@ -92,6 +92,7 @@ impl App {
             reg.dp,
             reg.block_size,
             reg.endpoint.clone(),
+            reg.opts.clone(),
         ) {
             let _ =
                 self.registry
@@ -102,17 +103,20 @@ impl App {
     }
 
     /// Stop listening to an instance (one dp rank, or all) and drop its blocks.
+    /// Returns the dp ranks whose listeners were removed.
     pub fn unregister(
         &self,
         model: &str,
         tenant: Option<&str>,
         instance: InstanceId,
         dp: Option<DpRank>,
-    ) -> Result<(), ControlError> {
-        for (index, _dps, slots) in self.registry.unregister(model, tenant, instance, dp)? {
+    ) -> Result<Vec<DpRank>, ControlError> {
+        let mut removed = Vec::new();
+        for (index, dps, slots) in self.registry.unregister(model, tenant, instance, dp)? {
             self.ingest.remove(index, instance, dp, slots);
+            removed.extend(dps);
         }
-        Ok(())
+        Ok(removed)
     }
 
     pub fn add_peer(&self, url: String) {
@@ -141,8 +145,8 @@ pub fn registration(
     block_size: u32,
     instance: InstanceId,
     dp: DpRank,
-    endpoint: String,
-    replay_endpoint: Option<String>,
+    endpoint: Endpoint,
+    opts: ListenerOpts,
 ) -> Registration {
     Registration {
         model,
@@ -151,8 +155,9 @@ pub fn registration(
         instance,
         dp,
         endpoint: Endpoint {
-            endpoint,
-            replay_endpoint,
+            publisher: opts.publisher.clone(),
+            ..endpoint
         },
+        opts,
     }
 }

@@ -49,27 +49,40 @@ impl Tier {
     /// Tiers fit in an 8-bit mask per holder.
     pub const COUNT: usize = 8;
 
-    /// Map an engine's `medium` string to a tier; `None` (vLLM's default) is the device.
-    /// Returns `None` for unknown media, which the caller interns.
+    /// Map an engine's `medium` string (any case) to a tier; `None` (vLLM's
+    /// default) is the device. Device: GPU/NPU/HBM and other accelerators; host:
+    /// CPU, SGLang's `CPU_PINNED`, Mooncake replica type `memory`; disk: DISK,
+    /// SSD, NVMe, Mooncake `local_disk`, shared file systems (3FS, DFS, NFS).
+    /// Returns `None` for unknown media (e.g. SGLang `EXTERNAL`), which the
+    /// registry interns as tiers of their own.
     pub fn well_known(medium: Option<&str>) -> Option<Tier> {
         let Some(m) = medium else {
             return Some(Tier::DEVICE);
         };
-        let known: [(&str, Tier); 12] = [
+        const KNOWN: [(&str, Tier); 21] = [
             ("GPU", Tier::DEVICE),
             ("NPU", Tier::DEVICE),
             ("HBM", Tier::DEVICE),
             ("DEVICE", Tier::DEVICE),
             ("CUDA", Tier::DEVICE),
             ("XPU", Tier::DEVICE),
+            ("TPU", Tier::DEVICE),
             ("CPU", Tier::HOST),
+            ("CPU_PINNED", Tier::HOST),
+            ("PINNED", Tier::HOST),
             ("HOST", Tier::HOST),
+            ("HOST_PINNED", Tier::HOST),
             ("DRAM", Tier::HOST),
+            ("MEMORY", Tier::HOST),
             ("DISK", Tier::DISK),
+            ("LOCAL_DISK", Tier::DISK),
             ("SSD", Tier::DISK),
             ("NVME", Tier::DISK),
+            ("3FS", Tier::DISK),
+            ("DFS", Tier::DISK),
+            ("NFS", Tier::DISK),
         ];
-        known
+        KNOWN
             .iter()
             .find(|(name, _)| name.eq_ignore_ascii_case(m))
             .map(|&(_, t)| t)

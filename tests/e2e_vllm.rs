@@ -109,7 +109,10 @@ fn vllm_events_to_dynamo_queries() {
     // A prompt sharing nothing scores nobody but still reports tree sizes.
     assert_eq!(
         s.post_json("/query", &query(&[9, 9, 9, 9])).1,
-        json!({"scores": {}, "frequencies": [], "tree_sizes": want["tree_sizes"], "instances": {}})
+        json!({"scores": {}, "frequencies": [], "tree_sizes": want["tree_sizes"], "instances": {
+            "1": {"longest_matched": 0, "gpu": 0, "dp": {"0": 0}, "cpu": 0, "disk": 0},
+            "2": {"longest_matched": 0, "gpu": 0, "dp": {"0": 0, "1": 0}, "cpu": 0, "disk": 0}
+        }})
     );
 
     let workers = s.get_json("/workers");
@@ -148,7 +151,9 @@ fn vllm_events_to_dynamo_queries() {
     for (i, r) in rows.iter().enumerate() {
         if let Some(p) = r.3 {
             assert!(
-                rows[..i].iter().any(|q| q.0 == r.0 && q.1 == r.1 && q.2 == p),
+                rows[..i]
+                    .iter()
+                    .any(|q| q.0 == r.0 && q.1 == r.1 && q.2 == p),
                 "parent of {r:?} comes after it"
             );
         }
@@ -165,6 +170,7 @@ fn vllm_events_to_dynamo_queries() {
             "frequencies": [2],
             "tree_sizes": {"1": {"0": 0}, "2": {"0": 1, "1": 2}},
             "instances": {
+                "1": {"longest_matched": 0, "gpu": 0, "dp": {"0": 0}, "cpu": 0, "disk": 0},
                 "2": {"longest_matched": 4, "gpu": 4, "dp": {"0": 4, "1": 4}, "cpu": 4, "disk": 4}
             }
         }),
@@ -198,7 +204,10 @@ fn vllm_events_to_dynamo_queries() {
     );
     let v = s.post_json("/query", &query(&prompt)).1;
     assert_eq!(v["scores"], json!({"1": {"0": 8}, "2": {"0": 4}}));
-    s.post_ok("/unregister", &json!({"instance_id": 2, "model_name": MODEL}));
+    s.post_ok(
+        "/unregister",
+        &json!({"instance_id": 2, "model_name": MODEL}),
+    );
     let v = s.post_json("/query", &query(&prompt)).1;
     assert_eq!(v["scores"], json!({"1": {"0": 8}}));
     assert_eq!(v["tree_sizes"], json!({"1": {"0": 2}}));

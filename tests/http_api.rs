@@ -7,7 +7,9 @@ use common::Server;
 use serde_json::{Value, json};
 
 fn error_of(v: &Value) -> &str {
-    v["error"].as_str().unwrap_or_else(|| panic!("no error field in {v}"))
+    v["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no error field in {v}"))
 }
 
 #[test]
@@ -147,11 +149,23 @@ fn bad_input_gets_clear_errors() {
         "/query",
         &json!({"token_ids": [1, "two"], "model_name": "m"}),
     );
-    assert_eq!((st, v["field"].as_str()), (422, Some("token_ids[1]")), "{v}");
+    assert_eq!(
+        (st, v["field"].as_str()),
+        (422, Some("token_ids[1]")),
+        "{v}"
+    );
     let (st, v) = s.post_json("/query", &json!({"token_ids": [1, -2], "model_name": "m"}));
-    assert_eq!((st, v["field"].as_str()), (422, Some("token_ids[1]")), "{v}");
+    assert_eq!(
+        (st, v["field"].as_str()),
+        (422, Some("token_ids[1]")),
+        "{v}"
+    );
     let (st, v) = s.post_json("/query_by_hash", &json!({"model_name": "m"}));
-    assert_eq!((st, v["field"].as_str()), (422, Some("block_hashes")), "{v}");
+    assert_eq!(
+        (st, v["field"].as_str()),
+        (422, Some("block_hashes")),
+        "{v}"
+    );
 
     // Not JSON at all.
     let (st, body) = s.call("POST", "/query", Some("{\"token_ids\": [1,"));

@@ -12,11 +12,28 @@ use std::process::Command;
 #[test]
 fn kvix_load_bench_runs_against_kvix() {
     let s = Server::start(&["--threads", "2"]);
-    let trace = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/mooncake_trace_head500.jsonl");
+    let trace = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/mooncake_trace_head500.jsonl"
+    );
     let out = Command::new(env!("CARGO_BIN_EXE_kvix-load"))
         .args(["bench", "--url", &s.base, "--trace", trace])
-        .args(["--requests", "150", "--workers-count", "4", "--capacity-blocks", "20000"])
-        .args(["--connections", "1,2", "--duration", "1", "--endpoint", "query,query-by-hash"])
+        .args([
+            "--requests",
+            "150",
+            "--workers-count",
+            "4",
+            "--capacity-blocks",
+            "20000",
+        ])
+        .args([
+            "--connections",
+            "1,2",
+            "--duration",
+            "1",
+            "--endpoint",
+            "query,query-by-hash",
+        ])
         .args(["--json", "--quiet"])
         .output()
         .expect("run kvix-load");
@@ -32,9 +49,15 @@ fn kvix_load_bench_runs_against_kvix() {
     let ev = &r["events"];
     assert_eq!(ev["publish"]["all_sentinels_seen"], true, "{ev}");
     let live = ev["sim"]["live_pairs"].as_u64().unwrap();
-    assert!(ev["sim"]["blocks_removed"].as_u64().unwrap() > 0, "LRU evicted: {ev}");
+    assert!(
+        ev["sim"]["blocks_removed"].as_u64().unwrap() > 0,
+        "LRU evicted: {ev}"
+    );
     // One sentinel block per worker on top of the simulated live (block, worker) pairs.
-    assert_eq!(ev["publish"]["indexer_tree_sizes_sum"].as_u64(), Some(live + 4));
+    assert_eq!(
+        ev["publish"]["indexer_tree_sizes_sum"].as_u64(),
+        Some(live + 4)
+    );
     let phases = r["queries"].as_array().unwrap();
     assert_eq!(phases.len(), 4);
     for q in phases {

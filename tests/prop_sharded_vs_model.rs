@@ -67,10 +67,13 @@ fn engine_hash(inst: u64, prefix: &[u32]) -> u64 {
     h.finish()
 }
 
-/// The reference: per (instance, dp rank), engine hash → (token prefix, tier bits).
+/// What one worker holds: engine hash → (token prefix, tier bits).
+type Held = HashMap<u64, (Vec<u32>, u8)>;
+
+/// The reference: per (instance, dp rank), what it holds.
 #[derive(Default)]
 struct Model {
-    workers: HashMap<(u64, u32), HashMap<u64, (Vec<u32>, u8)>>,
+    workers: HashMap<(u64, u32), Held>,
 }
 
 impl Model {
@@ -91,9 +94,8 @@ impl Model {
         for (k, set) in query::TIER_SETS.iter().enumerate() {
             for depth in 1..=q.len() / BS {
                 let prefix = &q[..depth * BS];
-                let hit = held.is_some_and(|m| {
-                    m.values().any(|(p, tiers)| p == prefix && tiers & set != 0)
-                });
+                let hit = held
+                    .is_some_and(|m| m.values().any(|(p, tiers)| p == prefix && tiers & set != 0));
                 if !hit {
                     break;
                 }
@@ -129,7 +131,9 @@ impl Sharded {
                     endpoint: Endpoint {
                         endpoint: format!("tcp://127.0.0.1:{}", 1000 + inst),
                         replay_endpoint: None,
+                        publisher: None,
                     },
+                    opts: Default::default(),
                 })
                 .unwrap();
             index = ix;
@@ -152,7 +156,8 @@ impl Sharded {
         wire::vllm::decode(payload, &mut self.batch).expect("test frames are valid");
         self.feeds[inst as usize].apply(&self.batch, payload, &self.registry, &mut self.sink);
         for (i, shard) in self.shards.iter_mut().enumerate() {
-            self.rings.drain(ShardId(i), usize::MAX, |op| shard.apply(op));
+            self.rings
+                .drain(ShardId(i), usize::MAX, |op| shard.apply(op));
         }
     }
 

@@ -44,13 +44,15 @@ fn main() {
                 };
                 let _ = stream.set_nodelay(true);
                 glommio::spawn_local(async move {
-                    let service = hyper::service::service_fn(|req: hyper::Request<hyper::body::Incoming>| async {
-                        let body = req.into_body().collect().await.map(|b| b.to_bytes().len());
-                        let reply = Response::builder()
-                            .header("content-type", "application/json")
-                            .body(Full::new(Bytes::from_static(ANSWER)));
-                        body.map(|_| reply.expect("static response"))
-                    });
+                    let service = hyper::service::service_fn(
+                        |req: hyper::Request<hyper::body::Incoming>| async {
+                            let body = req.into_body().collect().await.map(|b| b.to_bytes().len());
+                            let reply = Response::builder()
+                                .header("content-type", "application/json")
+                                .body(Full::new(Bytes::from_static(ANSWER)));
+                            body.map(|_| reply.expect("static response"))
+                        },
+                    );
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(HyperStream(stream), service)
                         .await;

@@ -8,11 +8,12 @@ use super::Reply;
 use super::error::{ApiError, parse};
 use super::json;
 use crate::hash;
+use crate::query;
 use crate::query::gather;
-use crate::registry::IndexInfo;
+use crate::registry::{Endpoint, IndexInfo, ListenerOpts};
 use crate::runtime::Core;
 use crate::service::{ControlError, registration};
-use crate::types::{BlockHash, EngineHash, SeqHash, WorkerSlot};
+use crate::types::{BlockHash, EngineHash, SeqHash, Tier, WorkerSlot};
 use hyper::StatusCode;
 use serde::Deserialize;
 use std::collections::HashMap;
@@ -34,6 +35,25 @@ fn tenant(tenant_id: Option<String>, routing_group: Option<String>) -> Option<St
     tenant_id.or(routing_group)
 }
 
+/// Which API a control body speaks: Mooncake's names its model `modelname`.
+fn control_shape(body: &[u8], forced: Option<Shape>) -> Shape {
+    if let Some(s) = forced {
+        return s;
+    }
+    #[derive(Deserialize)]
+    struct Probe {
+        modelname: Option<serde::de::IgnoredAny>,
+        model_name: Option<serde::de::IgnoredAny>,
+    }
+    match serde_json::from_slice::<Probe>(body) {
+        Ok(Probe {
+            modelname: Some(_),
+            model_name: None,
+        }) => Shape::Conductor,
+        _ => Shape::Dynamo,
+    }
+}
+
 #[derive(Deserialize)]
 struct RegisterReq {
     instance_id: u64,
@@ -46,7 +66,44 @@ struct RegisterReq {
     replay_endpoint: Option<String>,
 }
 
-pub fn register(core: &Core, body: &[u8]) -> Result<Reply, ApiError> {
+/// Mooncake conductor `/register` (RFC #1403).
+#[derive(Deserialize)]
+struct ConductorRegisterReq {
+    endpoint: String,
+    replay_endpoint: Option<String>,
+    #[serde(rename = "type")]
+    publisher: String,
+    modelname: String,
+    lora_name: Option<String>,
+    tenant_id: Option<String>,
+    instance_id: InstanceRef,
+    block_size: u32,
+    dp_rank: u32,
+    additionalsalt: Option<String>,
+}
+
+pub fn register(core: &Core, body: &[u8], forced: Option<Shape>) -> Result<Reply, ApiError> {
+    if control_shape(body, forced) == Shape::Conductor {
+        let r: ConductorRegisterReq = parse(body)?;
+        let name = r.instance_id.name();
+        let id = core.app.registry.intern_instance(&name);
+        let opts = ListenerOpts {
+            salt: r.additionalsalt.filter(|s| !s.is_empty()),
+            lora_name: r.lora_name.filter(|s| !s.is_empty()),
+            publisher: Some(r.publisher),
+        };
+        core.app.register(registration(
+            r.modelname,
+            r.tenant_id.unwrap_or_else(|| DEFAULT_TENANT.into()),
+            r.block_size,
+            id,
+            r.dp_rank,
+            Endpoint::new(r.endpoint, r.replay_endpoint),
+            opts,
+        ))?;
+        let out = serde_json::json!({"status": "registered successfully", "instance_id": name});
+        return Ok(json::bytes(StatusCode::OK, out.to_string().into_bytes()));
+    }
     let r: RegisterReq = parse(body)?;
     let tenant = tenant(r.tenant_id, r.routing_group).unwrap_or_else(|| DEFAULT_TENANT.into());
     core.app.register(registration(
@@ -55,8 +112,8 @@ pub fn register(core: &Core, body: &[u8]) -> Result<Reply, ApiError> {
         r.block_size,
         r.instance_id,
         r.dp_rank.unwrap_or(0),
-        r.endpoint,
-        r.replay_endpoint,
+        Endpoint::new(r.endpoint, r.replay_endpoint),
+        ListenerOpts::default(),
     ))?;
     Ok(json::ok(StatusCode::CREATED))
 }
@@ -70,7 +127,36 @@ struct UnregisterReq {
     dp_rank: Option<u32>,
 }
 
-pub fn unregister(core: &Core, body: &[u8]) -> Result<Reply, ApiError> {
+/// Mooncake conductor `/unregister`: one subscription (instance, tenant, dp rank).
+#[derive(Deserialize)]
+struct ConductorUnregisterReq {
+    modelname: String,
+    instance_id: InstanceRef,
+    tenant_id: Option<String>,
+    dp_rank: Option<u32>,
+}
+
+pub fn unregister(core: &Core, body: &[u8], forced: Option<Shape>) -> Result<Reply, ApiError> {
+    if control_shape(body, forced) == Shape::Conductor {
+        let r: ConductorUnregisterReq = parse(body)?;
+        let name = r.instance_id.name();
+        let tenant = r.tenant_id.unwrap_or_else(|| DEFAULT_TENANT.into());
+        let id = core
+            .app
+            .registry
+            .snapshot()
+            .instance_id(&name)
+            .ok_or_else(|| ApiError::NotFound(format!("no instance {name} registered")))?;
+        let dps = core
+            .app
+            .unregister(&r.modelname, Some(&tenant), id, r.dp_rank)?;
+        let removed: Vec<String> = dps
+            .into_iter()
+            .map(|dp| format!("{name}|{tenant}|{dp}"))
+            .collect();
+        let out = serde_json::json!({"status": "unregistered successfully", "removed_instances": removed});
+        return Ok(json::bytes(StatusCode::OK, out.to_string().into_bytes()));
+    }
     let r: UnregisterReq = parse(body)?;
     let tenant = tenant(r.tenant_id, r.routing_group);
     core.app
@@ -99,19 +185,28 @@ pub fn workers(core: &Core, query: &str) -> Result<Reply, ApiError> {
         for (inst, eps) in &ix.endpoints {
             let endpoints: serde_json::Map<String, serde_json::Value> = eps
                 .iter()
-                .map(|(dp, e)| (dp.to_string(), e.endpoint.clone().into()))
+                .map(|(dp, e)| (dp.to_string(), e[0].endpoint.clone().into()))
                 .collect();
             let listeners: serde_json::Map<String, serde_json::Value> = eps
                 .iter()
                 .map(|(dp, e)| {
-                    (
-                        dp.to_string(),
-                        serde_json::json!({"endpoint": e.endpoint, "status": "active"}),
-                    )
+                    let list: Vec<serde_json::Value> = e
+                        .iter()
+                        .map(|l| {
+                            serde_json::json!({"endpoint": l.endpoint, "type": l.publisher,
+                                               "replay_endpoint": l.replay_endpoint, "status": "active"})
+                        })
+                        .collect();
+                    (dp.to_string(), list.into())
                 })
                 .collect();
+            let instance_id: serde_json::Value = if *inst >= 1 << 63 {
+                snap.instance_name(*inst).into_owned().into()
+            } else {
+                (*inst).into()
+            };
             out.push(serde_json::json!({
-                "instance_id": inst,
+                "instance_id": instance_id,
                 "source": "zmq",
                 "status": "active",
                 "model_name": ix.model,
@@ -139,38 +234,230 @@ fn index_for(core: &Core, model: &str, tenant: Option<&str>) -> Result<Arc<Index
         .ok_or_else(|| ApiError::NotFound(format!("no indexer for model={model} tenant={tenant}")))
 }
 
-async fn score(core: &Core, ix: &IndexInfo, seqs: &[SeqHash]) -> Reply {
+/// Which API's shape a query body speaks.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// Dynamo's standalone indexer: `model_name`, scores nested instance → dp rank.
+    Dynamo,
+    /// Mooncake conductor: `model`, tenant → instance → `longest_matched`, tiers, `DP`.
+    Conductor,
+}
+
+/// An instance as a router names it: Dynamo's integer or Mooncake's string.
+#[derive(Deserialize, Clone)]
+#[serde(untagged)]
+pub enum InstanceRef {
+    Int(u64),
+    Name(String),
+}
+
+impl InstanceRef {
+    fn name(&self) -> String {
+        match self {
+            InstanceRef::Int(i) => i.to_string(),
+            InstanceRef::Name(n) => n.clone(),
+        }
+    }
+}
+
+/// Fields every query route shares, in both shapes.
+#[derive(Deserialize)]
+struct Scope {
+    model_name: Option<String>,
+    model: Option<String>,
+    tenant_id: Option<String>,
+    routing_group: Option<String>,
+    lora_name: Option<String>,
+    lora_id: Option<i64>,
+    instance_id: Option<InstanceRef>,
+    block_size: Option<u32>,
+    /// `"llm-d"` adds tier-weighted, normalized scores to a Dynamo-shaped answer.
+    scoring: Option<String>,
+    /// llm-d tier weights by medium name (defaults: GPU 1.0, CPU 0.8).
+    tier_weights: Option<HashMap<String, f32>>,
+}
+
+/// A resolved query: which index, in which shape, for whom.
+struct Target {
+    ix: Arc<IndexInfo>,
+    shape: Shape,
+    tenant: String,
+    only: Option<u64>,
+    weights: Option<[f32; Tier::COUNT]>,
+    lora: Option<String>,
+}
+
+fn resolve(core: &Core, sc: Scope, forced: Option<Shape>) -> Result<Target, ApiError> {
+    let (shape, model) = match (forced, sc.model_name, sc.model) {
+        (Some(Shape::Conductor), m1, m2) => (Shape::Conductor, m2.or(m1)),
+        (_, Some(m), _) => (Shape::Dynamo, Some(m)),
+        (_, None, Some(m)) => (Shape::Conductor, Some(m)),
+        (_, None, None) => (Shape::Dynamo, None),
+    };
+    let model = model.ok_or_else(|| ApiError::Field {
+        field: if shape == Shape::Conductor {
+            "model"
+        } else {
+            "model_name"
+        }
+        .into(),
+        msg: "missing field (`model_name` for Dynamo's API, `model` for Mooncake's)".into(),
+    })?;
+    if sc.lora_name.as_deref().is_some_and(|n| !n.is_empty()) && sc.lora_id.is_some() {
+        return Err(ApiError::BadRequest(
+            "lora_name and lora_id must not be used together".into(),
+        ));
+    }
+    let lora = sc
+        .lora_name
+        .filter(|n| !n.is_empty())
+        .or_else(|| crate::ingest::feed::lora_from_id(sc.lora_id));
+    let tenant = tenant(sc.tenant_id, sc.routing_group).unwrap_or_else(|| DEFAULT_TENANT.into());
+    let ix = index_for(core, &model, Some(&tenant))?;
+    if let Some(bs) = sc.block_size
+        && bs != ix.block_size
+    {
+        return Err(ApiError::BadRequest(format!(
+            "block_size {bs} does not match block_size {} of the indexer for {model}:{tenant}",
+            ix.block_size
+        )));
+    }
+    let snap = core.app.registry.snapshot();
+    let only =
+        match &sc.instance_id {
+            None => None,
+            Some(r) => Some(snap.instance_id(&r.name()).ok_or_else(|| {
+                ApiError::NotFound(format!("no instance {} registered", r.name()))
+            })?),
+        };
+    let weights = match (sc.scoring.as_deref(), sc.tier_weights) {
+        (None, None) => None,
+        (Some(s), _) if !s.eq_ignore_ascii_case("llm-d") && !s.eq_ignore_ascii_case("llmd") => {
+            return Err(ApiError::Field {
+                field: "scoring".into(),
+                msg: format!("unknown scoring `{s}`; expected \"llm-d\""),
+            });
+        }
+        (_, w) => {
+            let mut out = query::LLMD_WEIGHTS;
+            for (medium, weight) in w.unwrap_or_default() {
+                if !(0.0..=1.0).contains(&weight) {
+                    return Err(ApiError::Field {
+                        field: format!("tier_weights.{medium}"),
+                        msg: "weights must lie in [0, 1]".into(),
+                    });
+                }
+                let t = snap.tier_of(Some(&medium)).ok_or_else(|| ApiError::Field {
+                    field: format!("tier_weights.{medium}"),
+                    msg: "unknown medium".into(),
+                })?;
+                out[t.0 as usize] = weight;
+            }
+            Some(out)
+        }
+    };
+    Ok(Target {
+        ix,
+        shape,
+        tenant,
+        only,
+        weights,
+        lora,
+    })
+}
+
+async fn score(core: &Core, t: &Target, seqs: &[SeqHash]) -> Reply {
+    let ix = &t.ix;
     let replies = core.lookup(ix.id, seqs).await;
-    let overlap = gather(seqs, &replies, ix.slots.len(), |s: WorkerSlot| {
-        ix.slot(s).live
-    });
-    json::bytes(StatusCode::OK, json::scores(ix, &overlap))
+    let live = |s: WorkerSlot| {
+        let info = ix.slot(s);
+        info.live && t.only.is_none_or(|i| i == info.instance)
+    };
+    let snap = core.app.registry.snapshot();
+    let body = match t.shape {
+        Shape::Conductor => {
+            let cond = conductor_overlap(ix, seqs, &replies, &live);
+            json::conductor(&snap, ix, &t.tenant, &cond)
+        }
+        Shape::Dynamo => {
+            let overlap = gather(seqs, &replies, ix.slots.len(), live);
+            let llmd = t
+                .weights
+                .map(|w| query::weighted(seqs, &replies, ix.slots.len(), live, &w));
+            json::scores(&snap, ix, &overlap, llmd.as_deref(), &live)
+        }
+    };
+    json::bytes(StatusCode::OK, body)
+}
+
+/// Conductor overlap of every live instance, in instance order.
+fn conductor_overlap(
+    ix: &IndexInfo,
+    seqs: &[SeqHash],
+    replies: &[crate::query::ShardReply],
+    live: &impl Fn(WorkerSlot) -> bool,
+) -> Vec<(u64, query::InstanceOverlap)> {
+    let mut instances: Vec<u64> = ix
+        .slots
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| live(WorkerSlot(*i as u32)))
+        .map(|(_, s)| s.instance)
+        .collect();
+    instances.sort_unstable();
+    instances.dedup();
+    let instance_of: Vec<Option<usize>> = ix
+        .slots
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            live(WorkerSlot(i as u32))
+                .then(|| instances.binary_search(&s.instance).ok())
+                .flatten()
+        })
+        .collect();
+    let per = query::conductor(seqs, replies, &instance_of, instances.len());
+    instances.into_iter().zip(per).collect()
 }
 
 #[derive(Deserialize)]
 struct QueryReq {
     token_ids: Vec<u32>,
-    model_name: String,
-    tenant_id: Option<String>,
-    routing_group: Option<String>,
-    lora_name: Option<String>,
     cache_salt: Option<String>,
+    /// Per block, the hashes of the multimodal objects it carries (or null),
+    /// folded into its hash as Dynamo does.
+    block_mm_hashes: Option<Vec<Option<Vec<HashNum>>>>,
+    #[serde(flatten)]
+    scope: Scope,
 }
 
-pub async fn query(core: &Core, body: &[u8]) -> Result<Reply, ApiError> {
+pub async fn query(core: &Core, body: &[u8], forced: Option<Shape>) -> Result<Reply, ApiError> {
     let r: QueryReq = parse(body)?;
-    let ix = index_for(
-        core,
-        &r.model_name,
-        tenant(r.tenant_id, r.routing_group).as_deref(),
-    )?;
-    let seed = hash::block_seed(r.lora_name.as_deref(), r.cache_salt.as_deref());
-    let mut seqs = Vec::with_capacity(r.token_ids.len() / ix.block_size as usize + 1);
-    hash::seq_hashes_for_tokens(&r.token_ids, ix.block_size as usize, seed, &mut seqs);
-    Ok(score(core, &ix, &seqs).await)
+    let t = resolve(core, r.scope, forced)?;
+    let seed = hash::block_seed(t.lora.as_deref(), r.cache_salt.as_deref());
+    let bs = t.ix.block_size as usize;
+    let mut seqs = Vec::with_capacity(r.token_ids.len() / bs + 1);
+    match r.block_mm_hashes {
+        None => hash::seq_hashes_for_tokens(&r.token_ids, bs, seed, &mut seqs),
+        Some(mm) => {
+            let (mut parent, mut sorted, mut buf) = (None, Vec::new(), Vec::new());
+            for (i, chunk) in r.token_ids.chunks_exact(bs).enumerate() {
+                sorted.clear();
+                if let Some(Some(hs)) = mm.get(i) {
+                    sorted.extend(hs.iter().map(|h| h.0));
+                    sorted.sort_unstable();
+                }
+                let s = hash::chain(parent, hash::local_hash_mm(chunk, &sorted, seed, &mut buf));
+                seqs.push(s);
+                parent = Some(s);
+            }
+        }
+    }
+    Ok(score(core, &t, &seqs).await)
 }
 
-/// A local block hash as JSON: any integer; negative values are two's-complement u64 bits.
+/// A block hash as JSON: any integer (negative values are two's-complement u64
+/// bits), or a decimal / `0x` hex string as Mooncake object keys write them.
 struct HashNum(u64);
 
 impl<'de> Deserialize<'de> for HashNum {
@@ -187,6 +474,15 @@ impl<'de> Deserialize<'de> for HashNum {
             fn visit_i64<E>(self, v: i64) -> Result<HashNum, E> {
                 Ok(HashNum(v as u64))
             }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<HashNum, E> {
+                let parsed = match v.strip_prefix("0x").or_else(|| v.strip_prefix("0X")) {
+                    Some(hex) => u64::from_str_radix(hex, 16),
+                    None => v.parse(),
+                };
+                parsed
+                    .map(HashNum)
+                    .map_err(|_| E::custom(format!("`{v}` is not a 64-bit hash")))
+            }
         }
         d.deserialize_any(V)
     }
@@ -194,30 +490,54 @@ impl<'de> Deserialize<'de> for HashNum {
 
 #[derive(Deserialize)]
 struct QueryByHashReq {
-    block_hashes: Vec<HashNum>,
-    model_name: String,
-    tenant_id: Option<String>,
-    routing_group: Option<String>,
+    /// Dynamo: local block hashes, chained here into sequence hashes.
+    block_hashes: Option<Vec<HashNum>>,
+    /// Mooncake: rolling sequence hashes (`block_hash` in earlier drafts).
+    seq_hashes: Option<Vec<HashNum>>,
+    block_hash: Option<Vec<HashNum>>,
     cache_salt: Option<serde_json::Value>,
+    #[serde(flatten)]
+    scope: Scope,
 }
 
-pub async fn query_by_hash(core: &Core, body: &[u8]) -> Result<Reply, ApiError> {
+pub async fn query_by_hash(
+    core: &Core,
+    body: &[u8],
+    forced: Option<Shape>,
+) -> Result<Reply, ApiError> {
     let r: QueryByHashReq = parse(body)?;
-    if r.cache_salt.as_ref().is_some_and(|v| !v.is_null()) {
-        return Err(ApiError::BadRequest(
-            "cache_salt is not accepted by /query_by_hash; block_hashes must already include the intended cache salt"
-                .into(),
-        ));
-    }
-    let ix = index_for(
-        core,
-        &r.model_name,
-        tenant(r.tenant_id, r.routing_group).as_deref(),
-    )?;
-    let locals: Vec<BlockHash> = r.block_hashes.iter().map(|h| BlockHash(h.0)).collect();
-    let mut seqs = Vec::with_capacity(locals.len());
-    hash::seq_hashes_for_locals(&locals, &mut seqs);
-    Ok(score(core, &ix, &seqs).await)
+    let t = resolve(core, r.scope, forced)?;
+    let seqs: Vec<SeqHash> = match t.shape {
+        Shape::Dynamo => {
+            if r.cache_salt.as_ref().is_some_and(|v| !v.is_null()) {
+                return Err(ApiError::BadRequest(
+                    "cache_salt is not accepted by /query_by_hash; block_hashes must already include the intended cache salt"
+                        .into(),
+                ));
+            }
+            let hashes = r.block_hashes.ok_or_else(|| ApiError::Field {
+                field: "block_hashes".into(),
+                msg: "missing field `block_hashes`".into(),
+            })?;
+            let locals: Vec<BlockHash> = hashes.iter().map(|h| BlockHash(h.0)).collect();
+            let mut seqs = Vec::with_capacity(locals.len());
+            hash::seq_hashes_for_locals(&locals, &mut seqs);
+            seqs
+        }
+        // Rolling hashes already carry their LoRA and salt namespaces.
+        Shape::Conductor => r
+            .seq_hashes
+            .or(r.block_hash)
+            .or(r.block_hashes)
+            .ok_or_else(|| ApiError::Field {
+                field: "seq_hashes".into(),
+                msg: "missing field `seq_hashes`".into(),
+            })?
+            .iter()
+            .map(|h| SeqHash(h.0))
+            .collect(),
+    };
+    Ok(score(core, &t, &seqs).await)
 }
 
 pub async fn dump(core: &Core) -> Result<Reply, ApiError> {

@@ -67,6 +67,11 @@ impl From<RegistryError> for ApiError {
 
 /// Parse a JSON body, naming the offending field on a shape error.
 pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    // Path tracking costs per element (1k token ids per query): only a body that
+    // fails is parsed again with it, to name the field.
+    if let Ok(v) = serde_json::from_slice::<T>(body) {
+        return Ok(v);
+    }
     let de = &mut serde_json::Deserializer::from_slice(body);
     match serde_path_to_error::deserialize::<_, T>(de) {
         Ok(v) => Ok(v),

@@ -4,8 +4,8 @@
 //! a byte buffer (this is the hot path); the rare control responses use serde_json.
 
 use super::Reply;
-use crate::query::Overlap;
-use crate::registry::IndexInfo;
+use crate::query::{InstanceOverlap, Overlap};
+use crate::registry::{IndexInfo, Snapshot};
 use crate::shard::DumpedBlock;
 use crate::types::{DpRank, EngineHash, InstanceId, SeqHash, Tier, WorkerSlot};
 use bytes::Bytes;
@@ -42,8 +42,24 @@ fn key(out: &mut Vec<u8>, n: impl itoa::Integer) {
     out.extend_from_slice(b"\":");
 }
 
+/// Write an instance's router-facing name as a JSON object key.
+fn inst_key(out: &mut Vec<u8>, snap: &Snapshot, inst: InstanceId) {
+    if snap.has_names() && inst >= 1 << 63 {
+        let name = serde_json::to_string(&snap.instance_name(inst)).unwrap_or_default();
+        out.extend_from_slice(name.as_bytes());
+        out.push(b':');
+    } else {
+        key(out, inst);
+    }
+}
+
 /// Write `{"<instance>":{"<dp>":v,...},...}` for rows sorted by (instance, dp).
-fn nested(out: &mut Vec<u8>, rows: &[(InstanceId, DpRank, u64)]) {
+fn nested<V: Copy>(
+    out: &mut Vec<u8>,
+    snap: &Snapshot,
+    rows: &[(InstanceId, DpRank, V)],
+    mut value: impl FnMut(&mut Vec<u8>, V),
+) {
     out.push(b'{');
     let mut prev: Option<InstanceId> = None;
     for &(inst, dp, v) in rows {
@@ -51,14 +67,14 @@ fn nested(out: &mut Vec<u8>, rows: &[(InstanceId, DpRank, u64)]) {
             if prev.is_some() {
                 out.extend_from_slice(b"},");
             }
-            key(out, inst);
+            inst_key(out, snap, inst);
             out.push(b'{');
             prev = Some(inst);
         } else {
             out.push(b',');
         }
         key(out, dp);
-        num(out, v);
+        value(out, v);
     }
     if prev.is_some() {
         out.push(b'}');
@@ -66,16 +82,92 @@ fn nested(out: &mut Vec<u8>, rows: &[(InstanceId, DpRank, u64)]) {
     out.push(b'}');
 }
 
-/// Dynamo's ScoreResponse, plus the older `tree_sizes`:
+fn float(out: &mut Vec<u8>, v: f32) {
+    // Scores are sums of weights in [0, 1]; four decimals keep them exact enough.
+    let v = (v as f64 * 10_000.0).round() / 10_000.0;
+    // `{:?}` keeps a decimal point (1.0, not 1): these are JSON floats.
+    out.extend_from_slice(format!("{v:?}").as_bytes());
+}
+
+/// One instance's conductor object: `{"longest_matched","GPU","DP":{dp:tokens},"CPU","DISK",...}`,
+/// in matched tokens. Tiers beyond the three well-known ones appear by name when hit.
+fn instance_object(out: &mut Vec<u8>, snap: &Snapshot, ix: &IndexInfo, o: &InstanceOverlap) {
+    let bs = ix.block_size as u64;
+    out.extend_from_slice(b"{\"longest_matched\":");
+    num(out, o.longest as u64 * bs);
+    out.extend_from_slice(b",\"GPU\":");
+    num(out, o.per_tier[Tier::DEVICE.0 as usize] as u64 * bs);
+    out.extend_from_slice(b",\"DP\":{");
+    let mut dps: Vec<(DpRank, u32)> = o
+        .per_slot_device
+        .iter()
+        .map(|(s, n)| (ix.slot(*s).dp, *n))
+        .collect();
+    dps.sort_unstable();
+    for (j, (dp, n)) in dps.iter().enumerate() {
+        if j > 0 {
+            out.push(b',');
+        }
+        key(out, *dp);
+        num(out, *n as u64 * bs);
+    }
+    out.extend_from_slice(b"},\"CPU\":");
+    num(out, o.per_tier[Tier::HOST.0 as usize] as u64 * bs);
+    out.extend_from_slice(b",\"DISK\":");
+    num(out, o.per_tier[Tier::DISK.0 as usize] as u64 * bs);
+    for t in 3..Tier::COUNT {
+        if o.per_tier[t] > 0 {
+            out.push(b',');
+            let name = serde_json::to_string(snap.tier_name(Tier(t as u8))).unwrap_or_default();
+            out.extend_from_slice(name.as_bytes());
+            out.push(b':');
+            num(out, o.per_tier[t] as u64 * bs);
+        }
+    }
+    out.push(b'}');
+}
+
+/// Mooncake conductor response: `{"<tenant>":{"<instance>":{...}}}` for every live instance.
+pub fn conductor(
+    snap: &Snapshot,
+    ix: &IndexInfo,
+    tenant: &str,
+    per: &[(InstanceId, InstanceOverlap)],
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 + per.len() * 96);
+    out.push(b'{');
+    out.extend_from_slice(serde_json::to_string(tenant).unwrap_or_default().as_bytes());
+    out.extend_from_slice(b":{");
+    for (i, (inst, o)) in per.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        inst_key(&mut out, snap, *inst);
+        instance_object(&mut out, snap, ix, o);
+    }
+    out.extend_from_slice(b"}}");
+    out
+}
+
+/// Dynamo's ScoreResponse (1.6: `scores`, `frequencies`, `instances`) plus the
+/// documented `tree_sizes` and, on request, llm-d scores:
 /// `{"scores":{inst:{dp:tokens}},"frequencies":[..],"tree_sizes":{inst:{dp:blocks}},
-///   "instances":{inst:{"longest_matched","gpu","dp":{dp:tokens},"cpu","disk"}}}`.
-pub fn scores(ix: &IndexInfo, ov: &Overlap) -> Vec<u8> {
+///   "instances":{inst:{"longest_matched","gpu","dp":{dp:tokens},"cpu","disk"}}
+///   [,"llm_d":{inst:{dp:{"score","normalized"}}}]}`.
+/// `scores` counts device blocks, as Dynamo's router does.
+pub fn scores(
+    snap: &Snapshot,
+    ix: &IndexInfo,
+    ov: &Overlap,
+    llmd: Option<&[f32]>,
+    live: &impl Fn(WorkerSlot) -> bool,
+) -> Vec<u8> {
     let bs = ix.block_size as u64;
     let mut rows: Vec<(InstanceId, DpRank, WorkerSlot)> = ix
         .slots
         .iter()
         .enumerate()
-        .filter(|(_, s)| s.live)
+        .filter(|(i, _)| live(WorkerSlot(*i as u32)))
         .map(|(i, s)| (s.instance, s.dp, WorkerSlot(i as u32)))
         .collect();
     rows.sort_unstable();
@@ -87,7 +179,7 @@ pub fn scores(ix: &IndexInfo, ov: &Overlap) -> Vec<u8> {
         .filter(|r| matched(r.2)[0] > 0)
         .map(|&(i, d, s)| (i, d, matched(s)[0] as u64 * bs))
         .collect();
-    nested(&mut out, &device);
+    nested(&mut out, snap, &device, num);
     out.extend_from_slice(b",\"frequencies\":[");
     for (i, f) in ov.frequencies.iter().enumerate() {
         if i > 0 {
@@ -106,15 +198,14 @@ pub fn scores(ix: &IndexInfo, ov: &Overlap) -> Vec<u8> {
             )
         })
         .collect();
-    nested(&mut out, &sizes);
+    nested(&mut out, snap, &sizes, num);
+    // Dynamo 1.6's `instances`: every live instance; `cpu` and `disk` extend the
+    // device prefix through the lower tiers (cumulative), per Dynamo's router.
     out.extend_from_slice(b",\"instances\":{");
-    let any: Vec<_> = rows.iter().filter(|r| matched(r.2)[2] > 0).collect();
-    let mut first = true;
-    for group in any.chunk_by(|a, b| a.0 == b.0) {
-        if !first {
+    for (g, group) in rows.chunk_by(|a, b| a.0 == b.0).enumerate() {
+        if g > 0 {
             out.push(b',');
         }
-        first = false;
         let max = |k: usize| {
             group
                 .iter()
@@ -123,7 +214,7 @@ pub fn scores(ix: &IndexInfo, ov: &Overlap) -> Vec<u8> {
                 .unwrap_or(0)
         };
         let (gpu, cpu, disk) = (max(0), max(1), max(2));
-        key(&mut out, group[0].0);
+        inst_key(&mut out, snap, group[0].0);
         out.extend_from_slice(b"{\"longest_matched\":");
         num(&mut out, gpu.max(cpu).max(disk));
         out.extend_from_slice(b",\"gpu\":");
@@ -142,7 +233,25 @@ pub fn scores(ix: &IndexInfo, ov: &Overlap) -> Vec<u8> {
         num(&mut out, disk);
         out.push(b'}');
     }
-    out.extend_from_slice(b"}}");
+    out.push(b'}');
+    if let Some(raw) = llmd {
+        let live_scores: Vec<f32> = rows.iter().map(|r| raw[r.2.0 as usize]).collect();
+        let norm = crate::query::normalize(&live_scores);
+        let vals: Vec<_> = rows
+            .iter()
+            .zip(live_scores.iter().zip(&norm))
+            .map(|(&(i, d, _), (&s, &n))| (i, d, (s, n)))
+            .collect();
+        out.extend_from_slice(b",\"llm_d\":");
+        nested(&mut out, snap, &vals, |o, (s, n)| {
+            o.extend_from_slice(b"{\"score\":");
+            float(o, s);
+            o.extend_from_slice(b",\"normalized\":");
+            float(o, n);
+            o.push(b'}');
+        });
+    }
+    out.push(b'}');
     out
 }
 

@@ -89,19 +89,25 @@ async fn route(core: &Rc<Core>, req: Request<Incoming>) -> Reply {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let query = req.uri().query().unwrap_or("").to_string();
-    let result = match (method, path.as_str()) {
+    // The conductor API under `/conductor/...` forces Mooncake's shapes; the shared
+    // routes tell the two APIs apart by their bodies (`model_name` vs `model`/`modelname`).
+    let (route, forced) = match path.strip_prefix("/conductor") {
+        Some(rest) if rest.starts_with('/') => (rest, Some(api::Shape::Conductor)),
+        _ => (path.as_str(), None),
+    };
+    let result = match (method, route) {
         (Method::GET, "/health") => Ok(json::empty(StatusCode::OK)),
         (Method::GET, "/workers") => api::workers(&core, &query),
         (Method::GET, "/dump") => api::dump(&core).await,
         (Method::GET, "/peers") => api::peers(&core),
         (Method::GET, "/metrics") => Ok(metrics(&core).await),
-        (Method::POST, route) => match body(req).await {
+        (Method::POST, r) => match body(req).await {
             Err(e) => Err(e),
-            Ok(b) => match route {
-                "/register" => api::register(&core, &b),
-                "/unregister" => api::unregister(&core, &b),
-                "/query" => api::query(&core, &b).await,
-                "/query_by_hash" => api::query_by_hash(&core, &b).await,
+            Ok(b) => match r {
+                "/register" => api::register(&core, &b, forced),
+                "/unregister" => api::unregister(&core, &b, forced),
+                "/query" => api::query(&core, &b, forced).await,
+                "/query_by_hash" => api::query_by_hash(&core, &b, forced).await,
                 "/register_peer" => api::register_peer(&core, &b),
                 "/deregister_peer" => api::deregister_peer(&core, &b),
                 _ => Err(ApiError::NoRoute(path.clone())),

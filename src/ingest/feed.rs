@@ -1,16 +1,19 @@
-//! One worker's event feed: engine hashes → kvix hashes, events → shard ops.
+//! One listener's event feed: engine hashes → kvix hashes, events → shard ops.
 //!
-//! Owns, per (instance, dp rank) slot, the map from the engine's block hashes
-//! to kvix sequence hashes, so `parent_block_hash` and `BlockRemoved` (which
-//! carry engine hashes) resolve. A store whose parent is unknown is counted
-//! and skipped, never guessed. Must never touch shard memory: it only emits ops.
+//! Owns, per (index, dp rank) slot the listener writes to, the map from the
+//! engine's block hashes to kvix sequence hashes, so `parent_block_hash` and
+//! `BlockRemoved` (which carry engine hashes) resolve. A store whose parent is
+//! unknown is counted and skipped, never guessed. Events that carry
+//! standardized rolling hashes (Mooncake RFC #1527 `seq_hashes`) and no tokens
+//! are indexed by those hashes directly. Must never touch shard memory: it
+//! only emits ops.
 
 use crate::hash;
-use crate::registry::Registry;
+use crate::registry::{ListenerOpts, Registry};
 use crate::ring::OpSink;
 use crate::shard::ShardOp;
-use crate::types::{DpRank, EngineHash, IndexId, InstanceId, SeqHash, WorkerSlot};
-use crate::wire::{Batch, EventKind};
+use crate::types::{BlockHash, DpRank, EngineHash, IndexId, InstanceId, SeqHash, Tier, WorkerSlot};
+use crate::wire::{Batch, Dialect, Event, EventOp, HashKind};
 use hashbrown::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,6 +29,9 @@ pub struct FeedStats {
     pub unknown_parent: AtomicU64,
     pub unknown_removed: AtomicU64,
     pub block_size_mismatch: AtomicU64,
+    /// Well-formed events with nothing kvix can index (Mooncake replica
+    /// updates, object-key-only events, auxiliary KV-cache groups).
+    pub ignored_events: AtomicU64,
     pub gaps: AtomicU64,
     pub last_seq: AtomicU64,
 }
@@ -43,6 +49,7 @@ struct Known {
 }
 
 struct SlotFeed {
+    index: IndexId,
     dp: DpRank,
     slot: WorkerSlot,
     blocks: HashMap<EngineHash, Known>,
@@ -50,36 +57,107 @@ struct SlotFeed {
 
 /// The feed of one registered listener (instance, registered dp rank).
 pub struct WorkerFeed {
+    /// The index the listener was registered into (its model and tenant).
     pub index: IndexId,
     pub instance: InstanceId,
     pub dp: DpRank,
     block_size: usize,
+    opts: ListenerOpts,
     slots: Vec<SlotFeed>,
+    /// Tenants named by events (`tenant_id`) other than the registered one.
+    tenants: Vec<(String, IndexId)>,
+    /// (model, tenant) of `index`, read from the registry when first needed.
+    home: Option<(String, String)>,
+    /// Scratch for multimodal block hashing (reused: no allocation per block).
+    mm_sorted: Vec<u64>,
+    mm_bytes: Vec<u8>,
     pub stats: Arc<FeedStats>,
+}
+
+/// Tier bits of a Mooncake Store object from its replica types; the store is a
+/// host pool, so untyped replicas are host memory.
+fn replica_tiers(ev: &Event<'_>, registry: &Registry) -> u8 {
+    let mut bits = 0;
+    for r in ev.replicas.iter() {
+        bits |= registry.tier_for(Some(r.kind.unwrap_or("memory"))).bit();
+    }
+    if bits == 0 { Tier::HOST.bit() } else { bits }
 }
 
 impl WorkerFeed {
     pub fn new(index: IndexId, instance: InstanceId, dp: DpRank, block_size: u32) -> Self {
+        Self::with_opts(index, instance, dp, block_size, ListenerOpts::default())
+    }
+
+    pub fn with_opts(
+        index: IndexId,
+        instance: InstanceId,
+        dp: DpRank,
+        block_size: u32,
+        opts: ListenerOpts,
+    ) -> Self {
         WorkerFeed {
             index,
             instance,
             dp,
             block_size: block_size as usize,
+            opts,
             slots: Vec::new(),
+            tenants: Vec::new(),
+            home: None,
+            mm_sorted: Vec::new(),
+            mm_bytes: Vec::new(),
             stats: Arc::default(),
         }
     }
 
     /// Slots this feed has written to (for clearing them on unregister).
-    pub fn slots(&self) -> impl Iterator<Item = (DpRank, WorkerSlot)> + '_ {
-        self.slots.iter().map(|s| (s.dp, s.slot))
+    pub fn slots(&self) -> impl Iterator<Item = (IndexId, DpRank, WorkerSlot)> + '_ {
+        self.slots.iter().map(|s| (s.index, s.dp, s.slot))
     }
 
-    fn slot_feed(&mut self, dp: DpRank, registry: &Registry) -> Option<&mut SlotFeed> {
-        if let Some(i) = self.slots.iter().position(|s| s.dp == dp) {
-            return Some(&mut self.slots[i]);
+    /// The index for an event's `tenant_id`: the registered one unless the event names another.
+    fn index_for(&mut self, tenant: Option<&str>, registry: &Registry) -> Option<IndexId> {
+        let Some(t) = tenant.filter(|t| !t.is_empty()) else {
+            return Some(self.index);
+        };
+        if self.home.is_none() {
+            let snap = registry.snapshot();
+            let ix = snap.indexes.get(self.index.0 as usize)?;
+            self.home = Some((ix.model.clone(), ix.tenant.clone()));
         }
-        let slot = match registry.slot_for(self.index, self.instance, dp) {
+        let (model, home_tenant) = self.home.as_ref()?;
+        if t == home_tenant {
+            return Some(self.index);
+        }
+        if let Some((_, id)) = self.tenants.iter().find(|(name, _)| name == t) {
+            return Some(*id);
+        }
+        match registry.ensure_index(model, t, self.block_size as u32) {
+            Ok(id) => {
+                self.tenants.push((t.to_string(), id));
+                Some(id)
+            }
+            Err(e) => {
+                tracing::warn!(
+                    instance = self.instance,
+                    tenant = t,
+                    "cannot index tenant: {e}"
+                );
+                None
+            }
+        }
+    }
+
+    fn slot_feed(&mut self, index: IndexId, dp: DpRank, registry: &Registry) -> Option<usize> {
+        if let Some(i) = self
+            .slots
+            .iter()
+            .position(|s| s.index == index && s.dp == dp)
+        {
+            return Some(i);
+        }
+        let slot = match registry.slot_for(index, self.instance, dp) {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(
@@ -91,31 +169,38 @@ impl WorkerFeed {
             }
         };
         self.slots.push(SlotFeed {
+            index,
             dp,
             slot,
             blocks: HashMap::new(),
         });
-        self.slots.last_mut()
+        Some(self.slots.len() - 1)
     }
 
-    /// Every (slot, sequence hash, engine hash) this feed knows, for `/dump`.
-    pub fn engine_hashes(&self, out: &mut Vec<(WorkerSlot, SeqHash, EngineHash)>) {
-        for sf in &self.slots {
+    /// Every (slot, sequence hash, engine hash) this feed knows in `index`, for `/dump`.
+    pub fn engine_hashes(&self, index: IndexId, out: &mut Vec<(WorkerSlot, SeqHash, EngineHash)>) {
+        for sf in self.slots.iter().filter(|s| s.index == index) {
             out.extend(sf.blocks.iter().map(|(eh, k)| (sf.slot, k.seq, *eh)));
         }
     }
 
-    /// Forget everything of `dp` (or of every rank) without emitting ops; the caller clears shards.
-    pub fn forget(&mut self, dp: Option<DpRank>) -> Vec<WorkerSlot> {
+    /// Forget what this feed wrote to `index` (for `dp`, or every rank) without
+    /// emitting ops; returns the slots for the caller to clear in the shards.
+    pub fn forget(&mut self, index: IndexId, dp: Option<DpRank>) -> Vec<(IndexId, WorkerSlot)> {
         let mut gone = Vec::new();
         self.slots.retain(|s| {
-            let hit = dp.is_none_or(|d| d == s.dp);
+            let hit = s.index == index && dp.is_none_or(|d| d == s.dp);
             if hit {
-                gone.push(s.slot);
+                gone.push((s.index, s.slot));
             }
             !hit
         });
         gone
+    }
+
+    /// Forget everything (the listener stops); returns every slot it fed.
+    pub fn forget_all(&mut self) -> Vec<(IndexId, WorkerSlot)> {
+        self.slots.drain(..).map(|s| (s.index, s.slot)).collect()
     }
 
     /// Apply one decoded batch: every event becomes shard ops on `sink`.
@@ -126,106 +211,245 @@ impl WorkerFeed {
         registry: &Registry,
         sink: &mut impl OpSink,
     ) {
-        let dp = batch.dp_rank.unwrap_or(self.dp);
-        let (index, instance, block_size) = (self.index, self.instance, self.block_size);
         let stats = self.stats.clone();
         FeedStats::bump(&stats.batches, 1);
         FeedStats::bump(&stats.events, batch.events.len() as u64);
-        let Some(sf) = self.slot_feed(dp, registry) else {
-            return;
-        };
-        let slot = sf.slot;
+        FeedStats::bump(&stats.ignored_events, batch.ignored as u64);
         for ev in batch.events(payload) {
-            match ev.kind {
-                EventKind::Stored => {
-                    if ev.tokens.len() != ev.hashes.len() * block_size {
-                        FeedStats::bump(&stats.block_size_mismatch, 1);
-                        tracing::warn!(
-                            instance,
-                            dp,
-                            tokens = ev.tokens.len(),
-                            blocks = ev.hashes.len(),
-                            block_size,
-                            "BlockStored does not match the indexer's block size; skipped"
-                        );
-                        continue;
-                    }
-                    let mut parent = match ev.parent {
-                        None => None,
-                        Some(p) => match sf.blocks.get(&p) {
-                            Some(k) => Some(k.seq),
-                            None => {
-                                FeedStats::bump(&stats.unknown_parent, 1);
-                                tracing::warn!(
-                                    instance,
-                                    dp,
-                                    parent = p.0,
-                                    "BlockStored with unknown parent; skipped"
-                                );
-                                continue;
-                            }
-                        },
-                    };
-                    let tier = registry.tier_for(ev.medium);
-                    let seed = hash::block_seed(ev.lora_name, ev.cache_salt);
-                    for (eh, chunk) in ev.hashes.iter().zip(ev.tokens.chunks_exact(block_size)) {
-                        let local = hash::local_hash(chunk, seed);
-                        let seq = hash::chain(parent, local);
-                        let k = sf.blocks.entry(*eh).or_insert(Known { seq, tiers: 0 });
-                        if k.seq != seq {
-                            // The engine reused a hash for other content: drop the old block first.
-                            sink.push(ShardOp::Remove {
-                                index,
-                                seq: k.seq,
-                                slot,
-                                tiers: k.tiers,
-                            });
-                            *k = Known { seq, tiers: 0 };
-                        }
-                        k.tiers |= tier.bit();
-                        sink.push(ShardOp::Store {
-                            index,
-                            seq,
-                            parent,
-                            local,
-                            slot,
-                            tier,
-                        });
-                        parent = Some(seq);
-                    }
-                    FeedStats::bump(&stats.blocks_stored, ev.hashes.len() as u64);
-                }
-                EventKind::Removed => {
-                    let bit = registry.tier_for(ev.medium).bit();
-                    for eh in ev.hashes {
-                        let Some(k) = sf.blocks.get_mut(eh) else {
-                            FeedStats::bump(&stats.unknown_removed, 1);
-                            continue;
-                        };
-                        sink.push(ShardOp::Remove {
-                            index,
-                            seq: k.seq,
-                            slot,
-                            tiers: bit,
-                        });
-                        k.tiers &= !bit;
-                        if k.tiers == 0 {
-                            sf.blocks.remove(eh);
-                        }
-                    }
-                    FeedStats::bump(&stats.blocks_removed, ev.hashes.len() as u64);
-                }
-                EventKind::Cleared => {
-                    sink.broadcast(ShardOp::ClearSlot {
-                        index,
-                        slot,
-                        tiers: 0xff,
-                    });
-                    sf.blocks.clear();
-                }
+            if ev.op == EventOp::Updated {
+                // A replica list changed; which blocks an object holds did not.
+                FeedStats::bump(&stats.ignored_events, 1);
+                continue;
+            }
+            let dp = ev.dp_rank.or(batch.dp_rank).unwrap_or(self.dp);
+            let Some(index) = self.index_for(ev.tenant_id, registry) else {
+                continue;
+            };
+            let Some(i) = self.slot_feed(index, dp, registry) else {
+                continue;
+            };
+            match ev.op {
+                EventOp::Stored => self.store(i, &ev, registry, sink),
+                EventOp::Removed => self.remove(i, &ev, registry, sink),
+                EventOp::Cleared => self.clear(i, &ev, registry, sink),
+                EventOp::Updated => {}
             }
         }
     }
+
+    /// Tier bits an event applies to.
+    fn tiers_of(ev: &Event<'_>, registry: &Registry) -> u8 {
+        match (ev.medium, ev.dialect) {
+            (None, Dialect::MooncakeLegacy) => replica_tiers(ev, registry),
+            (m, _) => registry.tier_for(m).bit(),
+        }
+    }
+
+    fn store(&mut self, i: usize, ev: &Event<'_>, registry: &Registry, sink: &mut impl OpSink) {
+        let (instance, block_size) = (self.instance, self.block_size);
+        let stats = self.stats.clone();
+        if ev.hashes.is_empty() {
+            // An opaque Mooncake object key: no block identity to index.
+            FeedStats::bump(&stats.ignored_events, 1);
+            return;
+        }
+        let tiers = Self::tiers_of(ev, registry);
+        let lora = ev
+            .lora_name
+            .filter(|n| !n.is_empty())
+            .map(std::borrow::Cow::Borrowed)
+            .or_else(|| lora_from_id(ev.lora_id).map(std::borrow::Cow::Owned));
+        let lora = lora.or_else(|| {
+            self.opts
+                .lora_name
+                .as_deref()
+                .map(std::borrow::Cow::Borrowed)
+        });
+        let salt = ev
+            .cache_salt
+            .or(ev.additional_salt)
+            .filter(|s| !s.is_empty())
+            .or(self.opts.salt.as_deref());
+        let (mm_sorted, mm_bytes) = (&mut self.mm_sorted, &mut self.mm_bytes);
+        let sf = &mut self.slots[i];
+        let (index, slot) = (sf.index, sf.slot);
+        let dp = sf.dp;
+        if ev.tokens.is_empty() && ev.hash_kind == HashKind::Seq {
+            // Standardized rolling hashes are kvix sequence hashes already.
+            let mut parent = ev.parent.map(|p| SeqHash(p.0));
+            for h in ev.hashes {
+                let seq = SeqHash(h.0);
+                for t in bits(tiers) {
+                    sink.push(ShardOp::Store {
+                        index,
+                        seq,
+                        parent,
+                        local: BlockHash(0),
+                        slot,
+                        tier: t,
+                    });
+                }
+                parent = Some(seq);
+            }
+            FeedStats::bump(&stats.blocks_stored, ev.hashes.len() as u64);
+            return;
+        }
+        if ev.tokens.len() != ev.hashes.len() * block_size {
+            FeedStats::bump(&stats.block_size_mismatch, 1);
+            tracing::warn!(
+                instance,
+                dp,
+                tokens = ev.tokens.len(),
+                blocks = ev.hashes.len(),
+                block_size,
+                "stored event does not match the indexer's block size; skipped"
+            );
+            return;
+        }
+        let mut parent = match ev.parent {
+            None => None,
+            Some(p) => match sf.blocks.get(&p) {
+                Some(k) => Some(k.seq),
+                // A standardized publisher's parent is a kvix sequence hash as is.
+                None if ev.hash_kind == HashKind::Seq => Some(SeqHash(p.0)),
+                None => {
+                    FeedStats::bump(&stats.unknown_parent, 1);
+                    tracing::warn!(
+                        instance,
+                        dp,
+                        parent = p.0,
+                        "stored event with unknown parent; skipped"
+                    );
+                    return;
+                }
+            },
+        };
+        let seed = hash::block_seed(lora.as_deref(), salt);
+        let mut mm = ev.mm;
+        for (b, (eh, chunk)) in ev
+            .hashes
+            .iter()
+            .zip(ev.tokens.chunks_exact(block_size))
+            .enumerate()
+        {
+            mm_sorted.clear();
+            while let Some(&(blk, h)) = mm.first()
+                && blk as usize <= b
+            {
+                if blk as usize == b {
+                    mm_sorted.push(h);
+                }
+                mm = &mm[1..];
+            }
+            mm_sorted.sort_unstable();
+            let local = hash::local_hash_mm(chunk, mm_sorted, seed, mm_bytes);
+            let seq = hash::chain(parent, local);
+            let k = sf.blocks.entry(*eh).or_insert(Known { seq, tiers: 0 });
+            if k.seq != seq {
+                // The engine reused a hash for other content: drop the old block first.
+                sink.push(ShardOp::Remove {
+                    index,
+                    seq: k.seq,
+                    slot,
+                    tiers: k.tiers,
+                });
+                *k = Known { seq, tiers: 0 };
+            }
+            k.tiers |= tiers;
+            for t in bits(tiers) {
+                sink.push(ShardOp::Store {
+                    index,
+                    seq,
+                    parent,
+                    local,
+                    slot,
+                    tier: t,
+                });
+            }
+            parent = Some(seq);
+        }
+        FeedStats::bump(&stats.blocks_stored, ev.hashes.len() as u64);
+    }
+
+    fn remove(&mut self, i: usize, ev: &Event<'_>, registry: &Registry, sink: &mut impl OpSink) {
+        let stats = self.stats.clone();
+        let bit = Self::tiers_of(ev, registry);
+        let sf = &mut self.slots[i];
+        let (index, slot) = (sf.index, sf.slot);
+        for eh in ev.hashes {
+            match sf.blocks.get_mut(eh) {
+                Some(k) => {
+                    sink.push(ShardOp::Remove {
+                        index,
+                        seq: k.seq,
+                        slot,
+                        tiers: bit,
+                    });
+                    k.tiers &= !bit;
+                    if k.tiers == 0 {
+                        sf.blocks.remove(eh);
+                        shrink_if_sparse(&mut sf.blocks);
+                    }
+                }
+                None if ev.hash_kind == HashKind::Seq => sink.push(ShardOp::Remove {
+                    index,
+                    seq: SeqHash(eh.0),
+                    slot,
+                    tiers: bit,
+                }),
+                None => FeedStats::bump(&stats.unknown_removed, 1),
+            }
+        }
+        FeedStats::bump(&stats.blocks_removed, ev.hashes.len() as u64);
+    }
+
+    /// A clear is scoped to its stream: an event naming a medium clears that
+    /// tier; a Mooncake Store `RemoveAllEvent` clears the store's host and disk
+    /// tiers; an engine's `AllBlocksCleared` clears every tier of the worker.
+    fn clear(&mut self, i: usize, ev: &Event<'_>, registry: &Registry, sink: &mut impl OpSink) {
+        let tiers = match (ev.medium, ev.dialect) {
+            (Some(m), _) => registry.tier_for(Some(m)).bit(),
+            (None, Dialect::MooncakeLegacy) => Tier::HOST.bit() | Tier::DISK.bit(),
+            (None, _) => 0xff,
+        };
+        let sf = &mut self.slots[i];
+        sink.broadcast(ShardOp::ClearSlot {
+            index: sf.index,
+            slot: sf.slot,
+            tiers,
+        });
+        if tiers == 0xff {
+            sf.blocks = HashMap::new();
+        } else {
+            sf.blocks.retain(|_, k| {
+                k.tiers &= !tiers;
+                k.tiers != 0
+            });
+            shrink_if_sparse(&mut sf.blocks);
+        }
+    }
+}
+
+/// Free most of a map's memory once it is a quarter full or less.
+fn shrink_if_sparse<K: Eq + std::hash::Hash, V>(m: &mut HashMap<K, V>) {
+    let cap = m.capacity();
+    if cap > 4096 && m.len() < cap / 4 {
+        m.shrink_to(m.len() * 2);
+    }
+}
+
+/// Each tier whose bit is set in `mask`.
+fn bits(mask: u8) -> impl Iterator<Item = Tier> {
+    (0..Tier::COUNT as u8)
+        .filter(move |t| mask & (1 << t) != 0)
+        .map(Tier)
+}
+
+/// The hash namespace of a legacy integer LoRA id (vLLM's `lora_id`, Mooncake's
+/// `lora_id`): absent, zero or negative (Mooncake's `-1`) mean the base model;
+/// adapter `n` hashes as if its name were `"n"`. Queries with `lora_id` use the same rule.
+pub fn lora_from_id(id: Option<i64>) -> Option<String> {
+    id.filter(|n| *n > 0).map(|n| n.to_string())
 }
 
 // ---- Recovery (issue 5): seeding a feed from a peer's dump or a local snapshot. ----
@@ -255,17 +479,18 @@ impl WorkerFeed {
     /// number of blocks skipped for an unknown parent.
     pub fn seed(
         &mut self,
+        index: IndexId,
         dp: DpRank,
         blocks: &[SeedBlock],
         replace: bool,
         registry: &Registry,
         sink: &mut impl OpSink,
     ) -> u64 {
-        let index = self.index;
         let stats = self.stats.clone();
-        let Some(sf) = self.slot_feed(dp, registry) else {
+        let Some(i) = self.slot_feed(index, dp, registry) else {
             return blocks.len() as u64;
         };
+        let sf = &mut self.slots[i];
         let slot = sf.slot;
         if replace {
             sink.broadcast(ShardOp::ClearSlot {

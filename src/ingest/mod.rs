@@ -9,7 +9,7 @@
 pub mod feed;
 pub mod replay;
 
-use crate::registry::{Endpoint, Registry};
+use crate::registry::{Endpoint, ListenerOpts, Registry};
 use crate::ring::{OpSink, RingSink, Rings};
 use crate::shard::ShardOp;
 use crate::types::{DpRank, EngineHash, IndexId, InstanceId, SeqHash, WorkerSlot};
@@ -30,6 +30,7 @@ pub enum Command {
         dp: DpRank,
         block_size: u32,
         endpoint: Endpoint,
+        opts: ListenerOpts,
         done: mpsc::Sender<Result<Arc<FeedStats>, String>>,
     },
     /// Stop listeners of `instance` (one dp rank or all) and clear the slots they fed
@@ -97,13 +98,15 @@ pub struct ReplayStats {
 
 /// How long an engine gets to answer a replay request before the gap is given up.
 pub const REPLAY_TIMEOUT: Duration = Duration::from_secs(3);
+/// One listener's identity and counters, for metrics.
+pub type ListenerStats = (IndexId, InstanceId, DpRank, Arc<FeedStats>);
 
 /// Handle to all ingest threads.
 pub struct Ingest {
     senders: Vec<Mutex<mpsc::Sender<Command>>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// Stats of every listener ever started, for metrics.
-    pub listeners: Mutex<Vec<(IndexId, InstanceId, DpRank, Arc<FeedStats>)>>,
+    pub listeners: Mutex<Vec<ListenerStats>>,
     /// While set, ingest threads run commands but leave SUB sockets unread (ZMQ buffers
     /// the frames): startup recovery seeds state first, then live frames apply on top.
     pub paused: Arc<AtomicBool>,
@@ -135,6 +138,7 @@ impl Ingest {
                             last_seq: HashMap::new(),
                             paused,
                             replay_stats,
+                            since_trim: 0,
                         }
                         .run()
                     })
@@ -171,6 +175,7 @@ impl Ingest {
         dp: DpRank,
         block_size: u32,
         endpoint: Endpoint,
+        opts: ListenerOpts,
     ) -> Result<(), String> {
         let (done, rx) = mpsc::channel();
         self.send(
@@ -181,6 +186,7 @@ impl Ingest {
                 dp,
                 block_size,
                 endpoint,
+                opts,
                 done,
             },
         );
@@ -343,6 +349,8 @@ struct IngestThread {
     last_seq: HashMap<SeqKey, u64>,
     paused: Arc<AtomicBool>,
     replay_stats: Arc<ReplayStats>,
+    /// Busy polls since the C heap was last trimmed.
+    since_trim: u64,
 }
 
 /// Frames drained from one socket before the others get a turn.
@@ -378,9 +386,21 @@ impl IngestThread {
                 }
                 items.iter().map(|i| i.is_readable()).collect()
             };
+            let busy = ready.iter().any(|r| *r);
             for (i, r) in ready.into_iter().enumerate() {
                 if r {
                     self.drain(i);
+                }
+            }
+            if busy {
+                self.since_trim += 1;
+            } else if self.since_trim > 0 {
+                // libzmq buffers frames with the C allocator; after a burst, hand the
+                // freed memory back to the OS instead of holding it for the next one.
+                self.since_trim = 0;
+                // SAFETY: malloc_trim only releases free heap pages; it touches no live allocation.
+                unsafe {
+                    libc::malloc_trim(0);
                 }
             }
         }
@@ -394,6 +414,7 @@ impl IngestThread {
                 dp,
                 block_size,
                 endpoint,
+                opts,
                 done,
             } => {
                 let prior = self
@@ -401,7 +422,7 @@ impl IngestThread {
                     .get(&(instance, dp, endpoint.endpoint.clone()))
                     .copied();
                 let r = self.connect(&endpoint.endpoint).map(|socket| {
-                    let feed = WorkerFeed::new(index, instance, dp, block_size);
+                    let feed = WorkerFeed::with_opts(index, instance, dp, block_size, opts);
                     let stats = feed.stats.clone();
                     tracing::info!(instance, dp, endpoint = endpoint.endpoint, "listening");
                     self.listeners.push(Listener {
@@ -428,34 +449,37 @@ impl IngestThread {
                 also_clear,
                 done,
             } => {
-                let mut cleared: Vec<WorkerSlot> = Vec::new();
+                let mut cleared: Vec<(IndexId, WorkerSlot)> = Vec::new();
                 let mut saved = Vec::new();
                 self.listeners.retain_mut(|l| {
                     let f = &mut l.feed;
-                    if f.index != index || f.instance != instance {
+                    if f.instance != instance {
                         return true;
                     }
-                    // A listener registered for one rank may have fed other ranks (batch dp override).
-                    cleared.extend(f.forget(dp));
-                    let stop = dp.is_none_or(|d| d == f.dp);
-                    if stop && let Some(seq) = l.last_seq {
+                    let stop = f.index == index && dp.is_none_or(|d| d == f.dp);
+                    if !stop {
+                        // Events may have fed this index under other dp ranks (batch dp
+                        // override) or tenants (event tenant_id): forget just those.
+                        cleared.extend(f.forget(index, dp));
+                        return true;
+                    }
+                    if let Some(seq) = l.last_seq {
                         saved.push(((f.instance, f.dp, l.endpoint.endpoint.clone()), seq));
                     }
-                    if stop {
-                        tracing::info!(
-                            instance,
-                            dp = f.dp,
-                            endpoint = l.endpoint.endpoint,
-                            "stopped listening"
-                        );
-                    }
-                    !stop
+                    cleared.extend(f.forget_all());
+                    tracing::info!(
+                        instance,
+                        dp = f.dp,
+                        endpoint = l.endpoint.endpoint,
+                        "stopped listening"
+                    );
+                    false
                 });
                 self.last_seq.extend(saved);
-                cleared.extend(also_clear);
+                cleared.extend(also_clear.into_iter().map(|s| (index, s)));
                 cleared.sort();
                 cleared.dedup();
-                for slot in cleared {
+                for (index, slot) in cleared {
                     self.sink.broadcast(ShardOp::ClearSlot {
                         index,
                         slot,
@@ -466,8 +490,8 @@ impl IngestThread {
             }
             Command::EngineHashes { index, done } => {
                 let mut out = Vec::new();
-                for l in self.listeners.iter().filter(|l| l.feed.index == index) {
-                    l.feed.engine_hashes(&mut out);
+                for l in &self.listeners {
+                    l.feed.engine_hashes(index, &mut out);
                 }
                 let _ = done.send(out);
             }
@@ -492,7 +516,7 @@ impl IngestThread {
                         self.listeners.iter().position(|l| {
                             l.feed.index == index
                                 && l.feed.instance == instance
-                                && l.feed.slots().any(|(d, _)| d == dp)
+                                && l.feed.slots().any(|(ix, d, _)| ix == index && d == dp)
                         })
                     })
                     .or_else(|| {
@@ -503,6 +527,7 @@ impl IngestThread {
                 let r = match pos {
                     Some(i) => SeedOutcome::Seeded {
                         skipped: self.listeners[i].feed.seed(
+                            index,
                             dp,
                             &blocks,
                             replace,
@@ -580,7 +605,7 @@ impl IngestThread {
             if last.is_some_and(|x| *seq <= x) {
                 continue;
             }
-            match wire::vllm::decode(payload, &mut l.batch) {
+            match wire::decode(payload, &mut l.batch) {
                 Ok(_) => {
                     l.feed.apply(&l.batch, payload, &registry, &mut self.sink);
                     applied += 1;
@@ -668,7 +693,7 @@ impl IngestThread {
                     FeedStats::bump(&self.replay_stats.duplicates, 1);
                     return;
                 }
-                if wire::vllm::decode(&held, &mut l.batch).is_ok() {
+                if wire::decode(&held, &mut l.batch).is_ok() {
                     l.feed
                         .apply(&l.batch, &held, &self.registry, &mut self.sink);
                 }
@@ -694,7 +719,7 @@ impl IngestThread {
                     Err(wire::WireError::FrameCount(n))
                 } else {
                     wire::split_seq(&l.parts[1])
-                        .and_then(|seq| wire::vllm::decode(&l.parts[2], &mut l.batch).map(|_| seq))
+                        .and_then(|seq| wire::decode(&l.parts[2], &mut l.batch).map(|_| seq))
                 };
                 match parsed {
                     // Sequence bookkeeping may need a replay (which borrows the whole

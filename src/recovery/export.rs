@@ -128,14 +128,16 @@ impl Raw {
                 }
             }
             let mut listeners = Vec::new();
-            for (inst, eps) in &ix.endpoints {
-                for (dp, ep) in eps {
-                    listeners.push(ListenerState {
-                        instance: *inst,
-                        dp: *dp,
-                        endpoint: ep.clone(),
-                        last_seq: self.seqs.get(&(*inst, *dp, ep.endpoint.clone())).copied(),
-                    });
+            for (inst, by_dp) in &ix.endpoints {
+                for (dp, eps) in by_dp {
+                    for ep in eps {
+                        listeners.push(ListenerState {
+                            instance: *inst,
+                            dp: *dp,
+                            endpoint: ep.clone(),
+                            last_seq: self.seqs.get(&(*inst, *dp, ep.endpoint.clone())).copied(),
+                        });
+                    }
                 }
             }
             state.indexes.push(IndexState {

@@ -105,8 +105,13 @@ pub fn apply(app: &App, state: State, register: bool, replace: bool) -> (u64, u6
                     ix.block_size,
                     l.instance,
                     l.dp,
-                    l.endpoint.endpoint.clone(),
-                    l.endpoint.replay_endpoint.clone(),
+                    l.endpoint.clone(),
+                    // Per-listener salt / LoRA defaults are not in the registry, so not
+                    // in the snapshot: re-register such listeners after a restart.
+                    crate::registry::ListenerOpts {
+                        publisher: l.endpoint.publisher.clone(),
+                        ..Default::default()
+                    },
                 ));
                 match r {
                     Ok(())

@@ -2,7 +2,7 @@
 //!
 //! Layout (little-endian): `b"KVIXSNAP"`, version `u32`, body length `u64`, XXH3-64 of
 //! the body `u64`, then the body: indexes (model, tenant, block size, listeners with
-//! endpoint, replay endpoint and last sequence), and per worker its blocks parents
+//! endpoint, replay endpoint, last sequence, publisher kind), and per worker its blocks parents
 //! first as (engine hash, flags [bit 0: has parent, bits 1..3: tier], parent sequence
 //! hash if any, local hash). Written to `FILE.tmp`, fsynced, renamed over `FILE`,
 //! directory fsynced: a crash leaves the old or the new snapshot, never a mix. A file
@@ -62,6 +62,13 @@ pub fn encode(state: &State) -> Vec<u8> {
                 Some(s) => {
                     w.u8(1);
                     w.u64(s);
+                }
+                None => w.u8(0),
+            }
+            match &l.endpoint.publisher {
+                Some(p) => {
+                    w.u8(1);
+                    w.str(p);
                 }
                 None => w.u8(0),
             }
@@ -163,18 +170,20 @@ pub fn decode(data: &[u8]) -> Result<State, String> {
         let tenant = r.str()?;
         let block_size = r.u32()?;
         let mut listeners = Vec::new();
-        for _ in 0..r.count(false, 18)? {
+        for _ in 0..r.count(false, 19)? {
             let instance = r.u64()?;
             let dp = r.u32()?;
             let endpoint = r.str()?;
             let replay_endpoint = if r.u8()? == 1 { Some(r.str()?) } else { None };
             let last_seq = if r.u8()? == 1 { Some(r.u64()?) } else { None };
+            let publisher = if r.u8()? == 1 { Some(r.str()?) } else { None };
             listeners.push(ListenerState {
                 instance,
                 dp,
                 endpoint: Endpoint {
                     endpoint,
                     replay_endpoint,
+                    publisher,
                 },
                 last_seq,
             });
@@ -282,6 +291,7 @@ mod tests {
                     endpoint: Endpoint {
                         endpoint: "tcp://127.0.0.1:5557".into(),
                         replay_endpoint: Some("tcp://127.0.0.1:5560".into()),
+                        publisher: Some("vLLM".into()),
                     },
                     last_seq: Some(42),
                 }],

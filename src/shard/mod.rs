@@ -109,6 +109,15 @@ impl IndexShard {
         self.blocks.len()
     }
 
+    /// Give memory back once the table is mostly empty (a quarter full or less),
+    /// keeping room to double: removals and clears must not pin peak memory.
+    fn shrink_if_sparse(&mut self) {
+        let cap = self.blocks.capacity();
+        if cap > 4096 && self.blocks.len() < cap / 4 {
+            self.blocks.shrink_to(self.blocks.len() * 2);
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.blocks.is_empty()
     }
@@ -178,6 +187,7 @@ impl Shard {
                 if node.holders.remove(slot, tiers, &mut ix.slab) {
                     if node.holders.is_empty() {
                         ix.blocks.remove(&seq);
+                        ix.shrink_if_sparse();
                     }
                     ix.count(slot, -1);
                 }
@@ -204,6 +214,7 @@ impl Shard {
                 if let Some(c) = per_slot.get_mut(slot.0 as usize) {
                     *c -= removed;
                 }
+                ix.shrink_if_sparse();
             }
         }
     }

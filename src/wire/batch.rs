@@ -305,6 +305,19 @@ pub(super) fn tokens(
 ) -> Result<(Range<usize>, bool), WireError> {
     let n = c.array(field)?;
     let start = out.tokens.len();
+    if n > 0 && c.peek_class()? != Class::Array {
+        // The common case, flat ids: one tight loop (every id takes at least a byte,
+        // so a lying length runs out of input instead of memory).
+        if n > c.remaining() {
+            return Err(WireError::Truncated);
+        }
+        out.tokens.reserve(n);
+        for _ in 0..n {
+            let t = c.token(field)?;
+            out.tokens.push(t);
+        }
+        return Ok((start..out.tokens.len(), false));
+    }
     let mut bigram = None;
     for _ in 0..n {
         let pair = c.peek_class()? == Class::Array;
@@ -457,5 +470,80 @@ pub(super) fn check_stored_optional_tokens(ev: &EventRec) -> Result<(), WireErro
             });
         }
     }
+    Ok(())
+}
+
+/// Prefix Dynamo puts on a cache salt it passes through vLLM's `extra_keys`.
+const CACHE_SALT_PREFIX: &[u8] = b"dynamo-cache-salt:";
+
+/// A multimodal hash in `extra_keys` marker form, as Dynamo's frontend issues
+/// it: 16 hex digits followed by 48 zeros. Native 64-digit vLLM hashes (and
+/// LoRA names, salts) are not routing hashes and are left alone, as Dynamo does.
+fn mm_marker(s: &[u8]) -> Option<u64> {
+    if s.len() != 64
+        || !s[..16].iter().all(u8::is_ascii_hexdigit)
+        || !s[16..].iter().all(|&b| b == b'0')
+    {
+        return None;
+    }
+    u64::from_str_radix(std::str::from_utf8(&s[..16]).ok()?, 16).ok()
+}
+
+/// vLLM `extra_keys`: nil, or one entry per block, each nil or a list of keys
+/// (strings, `[string, offset]` pairs, bytes, numbers). Multimodal markers go to
+/// [`Batch::mm`] as (block, hash); a tagged cache salt in the first block's keys
+/// becomes the event's `cache_salt` when it has none of its own.
+pub(super) fn extra_keys(
+    c: &mut Cursor<'_>,
+    out: &mut Batch,
+    ev: &mut EventRec,
+) -> Result<(), WireError> {
+    let start = out.mm.len();
+    if c.nil()? {
+        ev.mm = start..start;
+        return Ok(());
+    }
+    let blocks = c.array("extra_keys")?;
+    for block in 0..blocks {
+        if c.nil()? {
+            continue;
+        }
+        let keys = c.array("extra_keys")?;
+        for _ in 0..keys {
+            let s = match c.peek_class()? {
+                Class::Str => Some(c.str("extra_keys")?),
+                Class::Array => {
+                    // `[hash, start_offset]` (vLLM 0.19+).
+                    let n = c.array("extra_keys")?;
+                    let mut s = None;
+                    for i in 0..n {
+                        if i == 0 && c.peek_class()? == Class::Str {
+                            s = Some(c.str("extra_keys")?);
+                        } else {
+                            c.skip()?;
+                        }
+                    }
+                    s
+                }
+                _ => {
+                    c.skip()?;
+                    None
+                }
+            };
+            let Some(r) = s else { continue };
+            let bytes = c.slice(r.clone());
+            if let Some(h) = mm_marker(bytes) {
+                out.mm.push((block as u32, h));
+            } else if block == 0
+                && ev.cache_salt.is_none()
+                && bytes.starts_with(CACHE_SALT_PREFIX)
+                && bytes.len() > CACHE_SALT_PREFIX.len()
+                && std::str::from_utf8(bytes).is_ok()
+            {
+                ev.cache_salt = Some(r.start + CACHE_SALT_PREFIX.len()..r.end);
+            }
+        }
+    }
+    ev.mm = start..out.mm.len();
     Ok(())
 }

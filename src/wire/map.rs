@@ -22,8 +22,8 @@
 //! Unknown keys are skipped, in every dialect.
 
 use super::batch::{
-    aux_group, check_stored, check_stored_optional_tokens, hashes, lenient_str, lenient_u32,
-    lora_id, numeric_key, opt_hash, opt_u64, seconds_ms, text, tokens, unknown_tag,
+    aux_group, check_stored, check_stored_optional_tokens, extra_keys, hashes, lenient_str,
+    lenient_u32, lora_id, numeric_key, opt_hash, opt_u64, seconds_ms, text, tokens, unknown_tag,
 };
 use super::msgpack::{Class, Cursor};
 use super::{Batch, Dialect, EventOp, EventRec, HashKind, WireError};
@@ -99,6 +99,7 @@ pub(super) fn event(c: &mut Cursor<'_>, out: &mut Batch) -> Result<Option<EventR
             b"medium" => ev.medium = text(c, "medium")?,
             b"lora_name" => ev.lora_name = text(c, "lora_name")?,
             b"cache_salt" => ev.cache_salt = text(c, "cache_salt")?,
+            b"extra_keys" => extra_keys(c, out, &mut ev)?,
             b"additional_salt" => ev.additional_salt = text(c, "additional_salt")?,
             b"model_name" | b"model" => ev.model_name = text(c, "model_name")?,
             b"tenant_id" => ev.tenant_id = text(c, "tenant_id")?,

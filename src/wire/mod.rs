@@ -187,6 +187,8 @@ pub struct EventRec {
     pub object_key: Option<Range<usize>>,
     /// Legacy Mooncake replica list, into [`Batch::replicas`].
     pub replicas: Range<usize>,
+    /// Multimodal hashes from vLLM `extra_keys`, into [`Batch::mm`].
+    pub mm: Range<usize>,
 }
 
 impl EventRec {
@@ -217,6 +219,7 @@ impl EventRec {
             additional_salt: None,
             object_key: None,
             replicas: out.replicas.len()..out.replicas.len(),
+            mm: out.mm.len()..out.mm.len(),
         }
     }
 }
@@ -233,6 +236,8 @@ pub struct Batch {
     pub hashes: Vec<EngineHash>,
     pub tokens: Vec<u32>,
     pub replicas: Vec<ReplicaRec>,
+    /// (block index within its event, multimodal hash), per event in `EventRec::mm`.
+    pub mm: Vec<(u32, u64)>,
     /// Well-formed events the decoder dropped: vLLM events of a non-main
     /// KV-cache group (`group_idx` != 0, or a `kv_cache_spec_kind` other than
     /// full/MLA/sink-full attention), as Dynamo does. For metrics only.
@@ -266,6 +271,8 @@ pub struct Event<'a> {
     pub additional_salt: Option<&'a str>,
     pub object_key: Option<&'a str>,
     pub replicas: Replicas<'a>,
+    /// (block index, multimodal hash) pairs of this event, blocks ascending.
+    pub mm: &'a [(u32, u64)],
 }
 
 /// A legacy Mooncake object's replica list, borrowed.
@@ -317,6 +324,7 @@ impl Batch {
         self.hashes.clear();
         self.tokens.clear();
         self.replicas.clear();
+        self.mm.clear();
         self.ignored = 0;
     }
 
@@ -351,31 +359,9 @@ impl Batch {
                 recs: &self.replicas[e.replicas.clone()],
                 payload,
             },
+            mm: &self.mm[e.mm.clone()],
         })
     }
-}
-
-/// Canonical tier name of an engine/store `medium` string, for media the
-/// well-known table may not list: SGLang `CPU_PINNED` → `CPU`, Mooncake
-/// replica types `memory` → `CPU`, `disk`/`local_disk` → `DISK`, plus
-/// case-insensitive `gpu`/`cpu`/`disk`. Anything else (e.g. SGLang `EXTERNAL`,
-/// `NPU`) is returned unchanged for the registry to map or intern.
-pub fn canonical_medium(m: &str) -> &str {
-    const MAP: [(&str, &str); 9] = [
-        ("GPU", "GPU"),
-        ("CPU", "CPU"),
-        ("DISK", "DISK"),
-        ("CPU_PINNED", "CPU"),
-        ("PINNED", "CPU"),
-        ("MEMORY", "CPU"),
-        ("LOCAL_DISK", "DISK"),
-        ("SSD", "DISK"),
-        ("HOST", "CPU"),
-    ];
-    MAP.iter()
-        .find(|(k, _)| k.eq_ignore_ascii_case(m))
-        .map(|&(_, v)| v)
-        .unwrap_or(m)
 }
 
 /// The batch sequence number frame: 8 bytes, big-endian.

@@ -124,6 +124,33 @@ impl<'a> Cursor<'a> {
         })
     }
 
+    /// `u32` fast path for token ids: positive fixints and `uint 8/16/32`
+    /// (all msgspec writes for them) are read straight from the buffer; anything
+    /// else goes through [`Cursor::u32`].
+    #[inline]
+    pub fn token(&mut self, field: &'static str) -> Result<u32, WireError> {
+        let rest = &self.buf[self.pos..];
+        match rest {
+            [b, ..] if *b < 0x80 => {
+                self.pos += 1;
+                Ok(*b as u32)
+            }
+            [0xcc, b, ..] => {
+                self.pos += 2;
+                Ok(*b as u32)
+            }
+            [0xcd, a, b, ..] => {
+                self.pos += 3;
+                Ok(u16::from_be_bytes([*a, *b]) as u32)
+            }
+            [0xce, a, b, c, d, ..] => {
+                self.pos += 5;
+                Ok(u32::from_be_bytes([*a, *b, *c, *d]))
+            }
+            _ => self.u32(field),
+        }
+    }
+
     /// A non-negative integer that fits `u32`.
     pub fn u32(&mut self, field: &'static str) -> Result<u32, WireError> {
         match self.int(field)? {

@@ -2,7 +2,7 @@
 //! (scripts/gen_vllm_fixtures.py), malformed variants, and a never-panics proptest.
 
 use super::*;
-use crate::types::EngineHash;
+use crate::types::{EngineHash, Tier};
 use proptest::prelude::*;
 
 fn all_fixtures() -> Vec<(String, Vec<u8>)> {
@@ -125,7 +125,7 @@ fn sglang_media_metadata_maps_and_bigrams() {
     assert_eq!(b.dp_rank, Some(2), "attn_dp_rank is the 3rd batch element");
     let ev: Vec<_> = b.events(&p).collect();
     assert_eq!(ev[0].medium, Some("CPU_PINNED"));
-    assert_eq!(canonical_medium(ev[0].medium.unwrap()), "CPU");
+    assert_eq!(Tier::well_known(ev[0].medium), Some(Tier::HOST));
     assert_eq!(ev[0].parent, Some(h(40)));
     assert_eq!(ev[1].medium, Some("DISK"));
 
@@ -143,7 +143,7 @@ fn sglang_media_metadata_maps_and_bigrams() {
         (ev[0].medium, ev[0].cache_salt),
         (Some("EXTERNAL"), Some("tenant-b"))
     );
-    assert_eq!(canonical_medium("EXTERNAL"), "EXTERNAL");
+    assert_eq!(Tier::well_known(Some("EXTERNAL")), None);
     assert_eq!(ev[1].kind, EventKind::Removed);
 
     let (b, p) = decoded("sglang_bigram_tokens");
@@ -314,8 +314,8 @@ fn legacy_mooncake_store_layout_and_maps() {
     assert_eq!(e.timestamp_ms, None);
     let kinds: Vec<_> = e.replicas.iter().map(|r| r.kind.unwrap()).collect();
     assert_eq!(kinds, ["memory", "disk", "local_disk"]);
-    assert_eq!(canonical_medium("memory"), "CPU");
-    assert_eq!(canonical_medium("local_disk"), "DISK");
+    assert_eq!(Tier::well_known(Some("memory")), Some(Tier::HOST));
+    assert_eq!(Tier::well_known(Some("local_disk")), Some(Tier::DISK));
     assert_eq!(ev[1].op, EventOp::Updated);
 
     let (b, p) = decoded("mc_legacy_map");

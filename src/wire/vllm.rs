@@ -23,8 +23,8 @@
 //! `batch.rs`; [`decode`] here is the crate-wide entry point under its old name.
 
 use super::batch::{
-    Fields, aux_group, check_stored, hashes, lenient_str, lenient_u32, lora_id, opt_hash, text,
-    tokens,
+    Fields, aux_group, check_stored, extra_keys, hashes, lenient_str, lenient_u32, lora_id,
+    opt_hash, text, tokens,
 };
 use super::msgpack::Cursor;
 use super::{Batch, EventOp, EventRec, WireError};
@@ -88,8 +88,8 @@ pub(super) fn event_array(
                 }
             }
             if f.next(false, "extra_keys")? {
-                // Per-block MM/LoRA/salt keys: already folded into the engine's hashes.
-                c.skip()?;
+                // kvix rehashes from tokens, so multimodal keys must be folded in again.
+                extra_keys(c, out, &mut ev)?;
             }
             if f.next(false, "group_idx")? {
                 group = lenient_u32(c)?;

@@ -23,7 +23,11 @@ pub struct Publisher {
 }
 
 /// Bind one PUB socket per worker on a free loopback port.
-pub fn bind(ctx: &zmq::Context, count: usize, first_instance: u64) -> Result<Vec<Publisher>, String> {
+pub fn bind(
+    ctx: &zmq::Context,
+    count: usize,
+    first_instance: u64,
+) -> Result<Vec<Publisher>, String> {
     (0..count)
         .map(|i| {
             let s = ctx.socket(zmq::PUB).map_err(|e| e.to_string())?;
@@ -146,7 +150,14 @@ pub fn publish(
         .map(|w| {
             let mut ev = Vec::new();
             let eh = splitmix(nonce ^ 0x05E4_71E1_u64 ^ w as u64);
-            enc_stored(&mut ev, &[eh], None, &sentinel_tokens(nonce, w, block_size), block_size, "GPU");
+            enc_stored(
+                &mut ev,
+                &[eh],
+                None,
+                &sentinel_tokens(nonce, w, block_size),
+                block_size,
+                "GPU",
+            );
             enc_batch(1.7e9, 1, &ev)
         })
         .collect();
@@ -175,7 +186,10 @@ pub fn publish(
         .collect();
     let mut pubs: Vec<(usize, Publisher)> = Vec::with_capacity(n);
     for h in handles {
-        pubs.extend(h.join().map_err(|_| "publisher thread panicked".to_string())??);
+        pubs.extend(
+            h.join()
+                .map_err(|_| "publisher thread panicked".to_string())??,
+        );
     }
     pubs.sort_by_key(|(w, _)| *w);
     let pubs: Vec<Publisher> = pubs.into_iter().map(|(_, p)| p).collect();
@@ -184,7 +198,8 @@ pub fn publish(
     // Poll until each worker's sentinel shows a score for that worker.
     let bodies: Vec<Vec<u8>> = (0..n)
         .map(|w| {
-            let body = json!({"token_ids": sentinel_tokens(nonce, w, block_size), "model_name": model});
+            let body =
+                json!({"token_ids": sentinel_tokens(nonce, w, block_size), "model_name": model});
             target.request("POST", "/query", body.to_string().as_bytes())
         })
         .collect();
@@ -252,7 +267,9 @@ fn tree_sizes_sum(body: &[u8], instances: &[u64]) -> Option<u64> {
     let mut sum = 0;
     for i in instances {
         match t.get(i.to_string()) {
-            Some(serde_json::Value::Object(m)) => sum += m.values().filter_map(|x| x.as_u64()).sum::<u64>(),
+            Some(serde_json::Value::Object(m)) => {
+                sum += m.values().filter_map(|x| x.as_u64()).sum::<u64>()
+            }
             Some(x) => sum += x.as_u64().unwrap_or(0),
             None => {}
         }

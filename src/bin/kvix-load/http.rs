@@ -116,7 +116,9 @@ impl Conn {
             .ok_or_else(|| bad("bad status line"))?;
         let (mut len, mut chunked, mut close) = (None, false, false);
         for l in lines {
-            let Some((k, v)) = l.split_once(':') else { continue };
+            let Some((k, v)) = l.split_once(':') else {
+                continue;
+            };
             let v = v.trim();
             if k.eq_ignore_ascii_case("content-length") {
                 len = v.parse::<usize>().ok();
@@ -182,7 +184,10 @@ fn read_more(s: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<()> {
     match n {
         Ok(0) => {
             buf.truncate(old);
-            Err(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed"))
+            Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "connection closed",
+            ))
         }
         Ok(n) => {
             buf.truncate(old + n);

@@ -7,6 +7,7 @@
 
 mod events;
 mod http;
+mod plot;
 mod query;
 mod report;
 mod sim;
@@ -74,6 +75,24 @@ enum Cmd {
         #[command(flatten)]
         q: QueryArgs,
     },
+    /// SVG plots from `--json` reports (latency vs offered load, applied blocks/s)
+    Plot {
+        /// Reports with open-loop query phases, as `label=path` (one series each)
+        #[arg(long, value_delimiter = ',')]
+        latency: Vec<String>,
+        /// Event reports, as `label=path` (one bar each, e.g. `1 shard=ev1.json`)
+        #[arg(long, value_delimiter = ',')]
+        events: Vec<String>,
+        /// Endpoint of the latency plot
+        #[arg(long, default_value = "query")]
+        endpoint: String,
+        /// Prompt length of the latency plot
+        #[arg(long, default_value_t = 1024)]
+        prompt_tokens: u64,
+        /// Folder for latency.svg and events.svg
+        #[arg(long, default_value = ".")]
+        out: std::path::PathBuf,
+    },
 }
 
 #[derive(Args, Clone)]
@@ -88,7 +107,10 @@ struct Common {
     #[arg(long, default_value_t = 16)]
     block_size: usize,
     /// Mooncake trace (JSONL: timestamp, input_length, output_length, hash_ids)
-    #[arg(long, default_value = "../shared/traces/mooncake_conversation_trace.jsonl")]
+    #[arg(
+        long,
+        default_value = "../shared/traces/mooncake_conversation_trace.jsonl"
+    )]
     trace: String,
     /// Use the first N requests of the trace
     #[arg(long, default_value_t = 6000)]
@@ -183,17 +205,42 @@ fn main() {
 /// Run a command; Ok(false) when it completed but measured a failure
 /// (sentinels not seen, query errors, no replies).
 fn run(cmd: Cmd) -> Result<bool, String> {
+    if let Cmd::Plot {
+        latency,
+        events,
+        endpoint,
+        prompt_tokens,
+        out,
+    } = &cmd
+    {
+        std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
+        if !latency.is_empty() {
+            let path = out.join("latency.svg");
+            plot::latency_svg(&plot::labelled(latency), endpoint, *prompt_tokens, &path)?;
+            println!("{}", path.display());
+        }
+        if !events.is_empty() {
+            let path = out.join("events.svg");
+            plot::events_svg(&plot::labelled(events), &path)?;
+            println!("{}", path.display());
+        }
+        return Ok(true);
+    }
     let (common, ev, q) = match cmd {
         Cmd::Bench { common, ev, q } => (common, Some(ev), Some(q)),
         Cmd::Events { common, ev } => (common, Some(ev), None),
         Cmd::Query { common, q } => (common, None, Some(q)),
+        Cmd::Plot { .. } => unreachable!("handled above"),
     };
     let quiet = common.quiet;
     let target = Target::parse(&common.url)?;
     if common.block_size == 0 {
         return Err("--block-size must be > 0".into());
     }
-    note(quiet, &format!("loading {} requests from {}", common.requests, common.trace));
+    note(
+        quiet,
+        &format!("loading {} requests from {}", common.requests, common.trace),
+    );
     let reqs = trace::load(&common.trace, common.requests, common.block_size)?;
     let mut report = Report {
         url: common.url.clone(),
@@ -344,13 +391,19 @@ fn run(cmd: Cmd) -> Result<bool, String> {
                 p.endpoint.path(),
                 p.prompt_tokens,
                 p.connections,
-                if p.rate > 0.0 { format!("{}/s", p.rate) } else { "closed".into() }
+                if p.rate > 0.0 {
+                    format!("{}/s", p.rate)
+                } else {
+                    "closed".into()
+                }
             );
             let b = bar(quiet, (p.duration_secs * 10.0) as u64, &label);
             b.set_style(
-                indicatif::ProgressStyle::with_template("{msg:>30} [{bar:40}] {elapsed_precise} {prefix}")
-                    .unwrap()
-                    .progress_chars("=> "),
+                indicatif::ProgressStyle::with_template(
+                    "{msg:>30} [{bar:40}] {elapsed_precise} {prefix}",
+                )
+                .unwrap()
+                .progress_chars("=> "),
             );
             let done = Arc::new(AtomicU64::new(0));
             let r = std::thread::scope(|s| {
@@ -386,7 +439,10 @@ fn run(cmd: Cmd) -> Result<bool, String> {
     }
 
     if common.json {
-        println!("{}", serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?
+        );
     } else {
         report::print_table(&report);
     }
@@ -396,7 +452,8 @@ fn run(cmd: Cmd) -> Result<bool, String> {
 /// Fill in the default capacities, which depend on the trace.
 fn resolve_capacity(mut cfg: SimConfig, reqs: &[trace::Request], ev: &EventArgs) -> SimConfig {
     if cfg.capacity == 0 {
-        let unique: hashbrown::HashSet<u64> = reqs.iter().flat_map(|r| r.seqs.iter().copied()).collect();
+        let unique: hashbrown::HashSet<u64> =
+            reqs.iter().flat_map(|r| r.seqs.iter().copied()).collect();
         cfg.capacity = (2 * unique.len()).div_ceil(cfg.workers).max(1);
     }
     if ev.offload {

@@ -103,7 +103,11 @@ pub fn bodies(
                         }
                         let h = hash::local_hash(c, seed).0;
                         let mut f = itoa::Buffer::new();
-                        let s = if signed_hashes { f.format(h as i64) } else { f.format(h) };
+                        let s = if signed_hashes {
+                            f.format(h as i64)
+                        } else {
+                            f.format(h)
+                        };
                         b.extend_from_slice(s.as_bytes());
                     }
                 }
@@ -138,7 +142,12 @@ struct ThreadOut {
 }
 
 /// Run one phase. `done` counts completed requests for the progress bar.
-pub fn run(target: &Target, phase: &Phase, bodies: Arc<Vec<Vec<u8>>>, done: Arc<AtomicU64>) -> PhaseResult {
+pub fn run(
+    target: &Target,
+    phase: &Phase,
+    bodies: Arc<Vec<Vec<u8>>>,
+    done: Arc<AtomicU64>,
+) -> PhaseResult {
     let c = phase.connections.max(1);
     // Connect everyone first, then start all schedules at one shared instant.
     let barrier = Arc::new(std::sync::Barrier::new(c + 1));
@@ -205,7 +214,9 @@ pub fn run(target: &Target, phase: &Phase, bodies: Arc<Vec<Vec<u8>>>, done: Arc<
             })
         })
         .collect();
-    start_cell.set(Instant::now() + Duration::from_millis(20)).unwrap();
+    start_cell
+        .set(Instant::now() + Duration::from_millis(20))
+        .unwrap();
     barrier.wait();
     let start = *start_cell.get().unwrap();
     let mut hist: Histogram<u64> = Histogram::new_with_bounds(1, 600_000_000, 3).unwrap();
@@ -220,7 +231,13 @@ pub fn run(target: &Target, phase: &Phase, bodies: Arc<Vec<Vec<u8>>>, done: Arc<
         finished = finished.max(o.finished);
     }
     let elapsed = finished.duration_since(start).as_secs_f64().max(1e-9);
-    let q = |p: f64| if hist.is_empty() { 0.0 } else { hist.value_at_quantile(p) as f64 };
+    let q = |p: f64| {
+        if hist.is_empty() {
+            0.0
+        } else {
+            hist.value_at_quantile(p) as f64
+        }
+    };
     PhaseResult {
         phase: phase.clone(),
         completed,

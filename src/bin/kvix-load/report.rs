@@ -49,9 +49,11 @@ pub fn bar(quiet: bool, len: u64, msg: &str) -> ProgressBar {
     }
     let b = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
     b.set_style(
-        ProgressStyle::with_template("{msg:>24} [{bar:40}] {pos}/{len} {elapsed_precise} {per_sec}")
-            .unwrap()
-            .progress_chars("=> "),
+        ProgressStyle::with_template(
+            "{msg:>24} [{bar:40}] {pos}/{len} {elapsed_precise} {per_sec}",
+        )
+        .unwrap()
+        .progress_chars("=> "),
     );
     b.set_message(msg.to_string());
     b
@@ -85,34 +87,71 @@ fn ms(us: f64) -> String {
 }
 
 pub fn print_table(r: &Report) {
-    println!("kvix-load  url={} model={} block_size={} requests={}", r.url, r.model_name, r.block_size, r.requests);
+    println!(
+        "kvix-load  url={} model={} block_size={} requests={}",
+        r.url, r.model_name, r.block_size, r.requests
+    );
     if let Some(e) = &r.events {
         let s = &e.sim;
         println!();
-        println!("== events: {} workers, policy {:?}, {} events/batch{} ==", e.workers, e.policy, e.batch_events,
-            if e.offload { ", CPU offload" } else { "" });
+        println!(
+            "== events: {} workers, policy {:?}, {} events/batch{} ==",
+            e.workers,
+            e.policy,
+            e.batch_events,
+            if e.offload { ", CPU offload" } else { "" }
+        );
         let rows: Vec<(&str, String)> = vec![
             ("frames / events", format!("{} / {}", s.frames, s.events)),
             ("payload bytes", mib(s.payload_bytes)),
-            ("blocks stored / removed", format!("{} / {}", s.blocks_stored, s.blocks_removed)),
-            ("  of which CPU tier", format!("{} / {}", s.cpu_blocks_stored, s.cpu_blocks_removed)),
+            (
+                "blocks stored / removed",
+                format!("{} / {}", s.blocks_stored, s.blocks_removed),
+            ),
+            (
+                "  of which CPU tier",
+                format!("{} / {}", s.cpu_blocks_stored, s.cpu_blocks_removed),
+            ),
             ("blocks reused (hits)", s.blocks_hit.to_string()),
             ("capacity blocks/worker", s.capacity_blocks.to_string()),
             ("trace unique blocks", s.trace_unique_blocks.to_string()),
             ("live (block,worker) pairs", s.live_pairs.to_string()),
             ("live unique blocks", s.live_unique_blocks.to_string()),
             ("publish time", format!("{:.3} s", e.publish.publish_secs)),
-            ("publish rate", format!("{} blocks/s, {} frames/s", si(e.blocks_published_per_sec), si(e.frames_published_per_sec))),
-            ("applied time", format!("{:.3} s{}", e.publish.applied_secs,
-                if e.publish.all_sentinels_seen { "" } else { "  (TIMED OUT: not all sentinels seen)" })),
+            (
+                "publish rate",
+                format!(
+                    "{} blocks/s, {} frames/s",
+                    si(e.blocks_published_per_sec),
+                    si(e.frames_published_per_sec)
+                ),
+            ),
+            (
+                "applied time",
+                format!(
+                    "{:.3} s{}",
+                    e.publish.applied_secs,
+                    if e.publish.all_sentinels_seen {
+                        ""
+                    } else {
+                        "  (TIMED OUT: not all sentinels seen)"
+                    }
+                ),
+            ),
             ("blocks applied/s", si(e.blocks_applied_per_sec)),
-            ("indexer tree_sizes sum", match e.publish.indexer_tree_sizes_sum {
-                Some(n) => {
-                    let want = s.live_pairs + e.workers as u64;
-                    format!("{n} (expected {want}: live pairs + sentinels){}", if n == want { "" } else { "  MISMATCH" })
-                }
-                None => "n/a".into(),
-            }),
+            (
+                "indexer tree_sizes sum",
+                match e.publish.indexer_tree_sizes_sum {
+                    Some(n) => {
+                        let want = s.live_pairs + e.workers as u64;
+                        format!(
+                            "{n} (expected {want}: live pairs + sentinels){}",
+                            if n == want { "" } else { "  MISMATCH" }
+                        )
+                    }
+                    None => "n/a".into(),
+                },
+            ),
         ];
         for (k, v) in rows {
             println!("  {k:<28} {v}");
@@ -132,11 +171,31 @@ pub fn print_table(r: &Report) {
         println!("== queries (latency ms; open loop measured from intended send time) ==");
         println!(
             "  {:<14} {:>6} {:>5} {:>8} {:>10} {:>9} {:>7} {:>7} {:>8} {:>8} {:>8} {:>8} {:>8}",
-            "endpoint", "tokens", "conns", "rate", "req/s", "done", "errors", "hit%", "p50", "p90", "p99", "p99.9", "max"
+            "endpoint",
+            "tokens",
+            "conns",
+            "rate",
+            "req/s",
+            "done",
+            "errors",
+            "hit%",
+            "p50",
+            "p90",
+            "p99",
+            "p99.9",
+            "max"
         );
         for q in &r.queries {
-            let rate = if q.phase.rate > 0.0 { si(q.phase.rate) } else { "closed".into() };
-            let hit = if q.completed > 0 { 100.0 * q.hits as f64 / q.completed as f64 } else { 0.0 };
+            let rate = if q.phase.rate > 0.0 {
+                si(q.phase.rate)
+            } else {
+                "closed".into()
+            };
+            let hit = if q.completed > 0 {
+                100.0 * q.hits as f64 / q.completed as f64
+            } else {
+                0.0
+            };
             println!(
                 "  {:<14} {:>6} {:>5} {:>8} {:>10.1} {:>9} {:>7} {:>7.1} {:>8} {:>8} {:>8} {:>8} {:>8}",
                 q.phase.endpoint.path(),
@@ -154,7 +213,10 @@ pub fn print_table(r: &Report) {
                 ms(q.max_us)
             );
             if q.unsent > 0 {
-                println!("  ^ overloaded: {} scheduled requests never sent (phase stopped at 2x --duration)", q.unsent);
+                println!(
+                    "  ^ overloaded: {} scheduled requests never sent (phase stopped at 2x --duration)",
+                    q.unsent
+                );
             }
         }
     }

@@ -69,8 +69,7 @@ pub fn load(path: &str, limit: usize, block_size: usize) -> Result<Vec<Request>,
         if line.trim().is_empty() {
             continue;
         }
-        let l: Line =
-            serde_json::from_str(&line).map_err(|e| format!("{path}:{}: {e}", n + 1))?;
+        let l: Line = serde_json::from_str(&line).map_err(|e| format!("{path}:{}: {e}", n + 1))?;
         let mut tokens = Vec::with_capacity(l.input_length);
         for &h in &l.hash_ids {
             if tokens.len() >= l.input_length {

@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+"""Markdown tables from one perf/bench.sh folder (its JSON reports), to stdout."""
+import json
+import os
+import sys
+
+out = sys.argv[1]
+
+
+def load(name):
+    with open(os.path.join(out, name)) as f:
+        return json.load(f)
+
+
+def mb(x):
+    return f"{x / 1e6:.2f}M"
+
+
+print(f"Machine and run: `{open(os.path.join(out, 'machine.txt')).read().strip()}`\n".replace("\n", "; ").rstrip("; "))
+print()
+print("| shards | workers | blocks stored / removed | blocks applied/s | RSS growth | bytes / live (block, worker) | bytes / unique block |")
+print("|---|---|---|---|---|---|---|")
+for t in (1, 2):
+    for w in (16, 64):
+        e = load(f"events-t{t}-w{w}.json")["events"]
+        s = e["sim"]
+        grow = (e["rss_after_bytes"] - e["rss_before_bytes"]) / 2**20
+        print(
+            f"| {t} | {w} | {mb(s['blocks_stored'])} / {mb(s['blocks_removed'])} | {mb(e['blocks_applied_per_sec'])} "
+            f"| {grow:.0f} MiB | {e['bytes_per_live_pair']:.1f} | {e['bytes_per_unique_block']:.1f} |"
+        )
+print()
+
+closed = {("kvix", q["endpoint"], q["prompt_tokens"], q["connections"]): q for q in load("kvix-closed.json")["queries"]}
+hello = {(q["prompt_tokens"], q["connections"]): q for q in load("hello-closed.json")["queries"]}
+print("Closed loop (each connection sends its next request when the last is answered); latency in µs.\n")
+print("| server | endpoint | prompt tokens | connections | req/s | p50 | p99 | p99.9 | p50 / hello p50 |")
+print("|---|---|---|---|---|---|---|---|---|")
+for (srv, ep, tok, conns), q in sorted(closed.items()):
+    h = hello.get((tok, conns))
+    ratio = f"{q['p50_us'] / h['p50_us']:.2f}x" if h and h["p50_us"] else "-"
+    print(f"| kvix | /{ep} | {tok} | {conns} | {q['achieved_rps']:.0f} | {q['p50_us']:.0f} | {q['p99_us']:.0f} | {q['p999_us']:.0f} | {ratio} |")
+for (tok, conns), q in sorted(hello.items()):
+    print(f"| kvix-hello | /query | {tok} | {conns} | {q['achieved_rps']:.0f} | {q['p50_us']:.0f} | {q['p99_us']:.0f} | {q['p999_us']:.0f} | 1x |")
+print()
+print("Open loop, 16 connections, 1024-token /query; latency from the intended send time, in µs.\n")
+print("| server | offered req/s | achieved req/s | p50 | p90 | p99 | p99.9 | unsent |")
+print("|---|---|---|---|---|---|---|---|")
+for name, f in (("kvix", "kvix-open.json"), ("kvix-hello", "hello-open.json")):
+    for q in load(f)["queries"]:
+        print(
+            f"| {name} | {q['rate']:.0f} | {q['achieved_rps']:.0f} | {q['p50_us']:.0f} | {q['p90_us']:.0f} "
+            f"| {q['p99_us']:.0f} | {q['p999_us']:.0f} | {q['unsent']} |"
+        )
+print()
+churn = dict(line.split(": ") for line in open(os.path.join(out, "kvix-churn.txt")).read().split("\n") if line)
+print(
+    "Memory after churn (kvix --threads 2, 16-worker index): RSS loaded "
+    f"{int(churn['rss_loaded_kib']) / 1024:.0f} MiB, after unregistering every worker "
+    f"{int(churn['rss_after_unregister_kib']) / 1024:.0f} MiB, fresh process "
+    f"{int(churn['rss_fresh_kib']) / 1024:.0f} MiB."
+)
