@@ -46,6 +46,16 @@ pub struct Args {
     /// Capacity of each ingest→shard ring, in ops
     #[arg(long, default_value_t = 65536)]
     pub ring_capacity: usize,
+    /// Local snapshot file: loaded at start (before peers and replay), written on
+    /// SIGTERM and every --snapshot-interval
+    #[arg(long)]
+    pub snapshot_path: Option<std::path::PathBuf>,
+    /// Seconds between snapshots (0 = only on SIGTERM)
+    #[arg(long, default_value_t = 60.0)]
+    pub snapshot_interval: f64,
+    /// Milliseconds to wait after connecting ZMQ sockets before fetching a peer's /dump
+    #[arg(long, default_value_t = 1000)]
+    pub peer_wait_ms: u64,
 }
 
 /// One `--workers` entry.

@@ -6,6 +6,9 @@
 //! - queries: HTTP ([`http`]) → hash ([`hash`]) → scatter to shards ([`runtime`]) →
 //!   gather ([`query`]) → JSON ([`http::json`]).
 //!
+//! - recovery: gap replay ([`ingest::replay`]), peer `/dump` bootstrap and local
+//!   snapshots ([`recovery`]) feed the same rings; [`metrics`] renders `/metrics`.
+//!
 //! [`registry`] holds the control plane (models, tenants, workers); [`runtime`] is the
 //! only module that knows glommio.
 
@@ -13,8 +16,10 @@ pub mod cli;
 pub mod hash;
 pub mod http;
 pub mod ingest;
+pub mod metrics;
 pub mod partition;
 pub mod query;
+pub mod recovery;
 pub mod registry;
 pub mod ring;
 pub mod runtime;

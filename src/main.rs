@@ -2,8 +2,11 @@
 
 use clap::Parser;
 use kvix::cli::{Args, parse_peers, parse_workers};
-use kvix::service::{App, registration};
+use kvix::recovery::{Options, bootstrap};
+use kvix::service::{App, SnapshotConfig, registration};
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -47,9 +50,25 @@ fn run(args: Args) -> Result<(), String> {
         .map_err(|e| format!("bad --host/--port: {e}"))?
         .next()
         .ok_or("bad --host")?;
-    let app = App::start(shards, args.ingest_threads, args.ring_capacity);
+    let snapshot = args.snapshot_path.clone().map(|path| SnapshotConfig {
+        path,
+        interval: Duration::from_secs_f64(args.snapshot_interval.max(0.0)),
+    });
+    let app = App::start_with(shards, args.ingest_threads, args.ring_capacity, snapshot);
     for p in parse_peers(args.peers.as_deref().unwrap_or("")) {
         app.add_peer(p);
+    }
+    // SIGTERM/SIGINT: the snapshot task on core 0 writes a final snapshot and exits 0.
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, app.terminate.clone())
+            .map_err(|e| format!("cannot install signal handler: {e}"))?;
+    }
+    // Startup recovery: SUB sockets connect now but stay unread until the snapshot and
+    // a peer's dump are applied; then the buffered frames apply on top.
+    let recover = args.snapshot_path.is_some() || !app.peers().is_empty();
+    if recover {
+        app.recovered.store(false, Ordering::Release);
+        app.ingest.pause(true);
     }
     for w in workers {
         let reg = registration(
@@ -63,6 +82,20 @@ fn run(args: Args) -> Result<(), String> {
         );
         app.register(reg)
             .map_err(|e| format!("--workers {}: {e}", w.endpoint))?;
+    }
+    if recover {
+        let (app, opts) = (
+            app.clone(),
+            Options {
+                snapshot_path: args.snapshot_path.clone(),
+                peer_wait: Duration::from_millis(args.peer_wait_ms),
+            },
+        );
+        // On a thread of its own: seeding needs the executors (started below) draining.
+        std::thread::Builder::new()
+            .name("kvix-recovery".into())
+            .spawn(move || bootstrap(app, opts))
+            .map_err(|e| e.to_string())?;
     }
     kvix::runtime::serve(app, addr, std::time::Duration::from_micros(args.spin_us))
         .map_err(|e| e.to_string())

@@ -9,7 +9,7 @@ use crate::ingest::Ingest;
 use crate::registry::{Endpoint, ListenerOpts, Registration, Registry, RegistryError};
 use crate::ring::Rings;
 use crate::types::{DpRank, InstanceId};
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Mutex};
 use thiserror::Error;
 
@@ -30,6 +30,20 @@ pub struct App {
     pub peers: Mutex<Vec<String>>,
     /// Executors whose HTTP listener is bound; all bound = ready.
     pub listening: AtomicUsize,
+    pub recovery: crate::recovery::RecoveryStats,
+    /// Startup recovery (snapshot, peer, catch-up replay) has finished.
+    pub recovered: AtomicBool,
+    /// Where and how often to write local snapshots (`--snapshot-path`).
+    pub snapshot: Option<SnapshotConfig>,
+    /// Set by SIGTERM/SIGINT: write a final snapshot and exit.
+    pub terminate: Arc<AtomicBool>,
+}
+
+#[derive(Clone, Debug)]
+pub struct SnapshotConfig {
+    pub path: std::path::PathBuf,
+    /// Zero: only on SIGTERM.
+    pub interval: std::time::Duration,
 }
 
 impl App {
@@ -44,7 +58,23 @@ impl App {
             rings,
             peers: Mutex::default(),
             listening: AtomicUsize::new(0),
+            recovery: Default::default(),
+            recovered: AtomicBool::new(true),
+            snapshot: None,
+            terminate: Arc::default(),
         })
+    }
+
+    /// Like [`App::start`], with local snapshots configured.
+    pub fn start_with(
+        shards: usize,
+        ingest_threads: usize,
+        ring_capacity: usize,
+        snapshot: Option<SnapshotConfig>,
+    ) -> Arc<App> {
+        let mut app = Self::start(shards, ingest_threads, ring_capacity);
+        Arc::get_mut(&mut app).expect("fresh app").snapshot = snapshot;
+        app
     }
 
     /// Register a worker endpoint and start listening to it.

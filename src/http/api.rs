@@ -551,7 +551,7 @@ pub async fn dump(core: &Core) -> Result<Reply, ApiError> {
         .collect();
     let mut out = Vec::from(&b"{"[..]);
     for (i, ix) in indexes.iter().enumerate() {
-        let blocks = core.dump(ix.id).await;
+        // Engine hashes first, then the shards (see json::dump_events).
         let engine: HashMap<(WorkerSlot, SeqHash), EngineHash> = core
             .app
             .ingest
@@ -559,6 +559,7 @@ pub async fn dump(core: &Core) -> Result<Reply, ApiError> {
             .into_iter()
             .map(|(slot, seq, eh)| ((slot, seq), eh))
             .collect();
+        let blocks = core.dump(ix.id).await;
         if i > 0 {
             out.push(b',');
         }

@@ -74,6 +74,18 @@ async fn body(req: Request<Incoming>) -> Result<Bytes, ApiError> {
 }
 
 async fn handle(core: Rc<Core>, req: Request<Incoming>) -> Reply {
+    let t0 = std::time::Instant::now();
+    let (method, path) = (req.method().clone(), req.uri().path().to_string());
+    let reply = route(&core, req).await;
+    // Core-local counters (no atomics): gathered from every core on scrape.
+    core.http_stats
+        .borrow_mut()
+        .record(&path, &method, reply.status().as_u16(), t0.elapsed());
+    reply
+}
+
+async fn route(core: &Rc<Core>, req: Request<Incoming>) -> Reply {
+    let core = core.clone();
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let query = req.uri().query().unwrap_or("").to_string();
@@ -88,6 +100,7 @@ async fn handle(core: Rc<Core>, req: Request<Incoming>) -> Reply {
         (Method::GET, "/workers") => api::workers(&core, &query),
         (Method::GET, "/dump") => api::dump(&core).await,
         (Method::GET, "/peers") => api::peers(&core),
+        (Method::GET, "/metrics") => Ok(metrics(&core).await),
         (Method::POST, r) => match body(req).await {
             Err(e) => Err(e),
             Ok(b) => match r {
@@ -100,7 +113,7 @@ async fn handle(core: Rc<Core>, req: Request<Incoming>) -> Reply {
                 _ => Err(ApiError::NoRoute(path.clone())),
             },
         },
-        (_, "/health" | "/workers" | "/dump" | "/peers") => Err(ApiError::Method),
+        (_, "/health" | "/workers" | "/dump" | "/peers" | "/metrics") => Err(ApiError::Method),
         (
             _,
             "/register" | "/unregister" | "/query" | "/query_by_hash" | "/register_peer"
@@ -114,4 +127,16 @@ async fn handle(core: Rc<Core>, req: Request<Incoming>) -> Reply {
         }
         json::bytes(e.status(), e.body())
     })
+}
+
+/// `GET /metrics`: every core's figures, gathered over the mesh, as Prometheus text.
+async fn metrics(core: &Core) -> Reply {
+    let shards = core.stats().await;
+    let text = crate::metrics::render(&core.app, &shards);
+    let mut r = hyper::Response::new(Full::new(Bytes::from(text)));
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    r
 }

@@ -451,3 +451,90 @@ fn bits(mask: u8) -> impl Iterator<Item = Tier> {
 pub fn lora_from_id(id: Option<i64>) -> Option<String> {
     id.filter(|n| *n > 0).map(|n| n.to_string())
 }
+
+// ---- Recovery (issue 5): seeding a feed from a peer's dump or a local snapshot. ----
+
+/// One block to seed, as a dump or snapshot records it for one (instance, dp rank).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SeedBlock {
+    /// The worker's own hash of the block (Dynamo's `block_hash`).
+    pub engine: EngineHash,
+    /// The worker's hash of the parent block; `None` for a first block (or when
+    /// `parent_seq` says it exactly).
+    pub parent_engine: Option<EngineHash>,
+    /// The parent's kvix sequence hash, when the source knows it (kvix dumps and
+    /// snapshots): exact even when the parent itself is gone (a child outliving an
+    /// evicted parent), where the engine hash no longer resolves.
+    pub parent_seq: Option<SeqHash>,
+    /// Dynamo local block hash (`tokens_hash`).
+    pub local: crate::types::BlockHash,
+    pub tier: crate::types::Tier,
+}
+
+impl WorkerFeed {
+    /// Seed rank `dp` with `blocks` (parents first), exactly as BlockStored would: the
+    /// engine-hash map learns every block (so later live events resolve) and the same
+    /// `ShardOp::Store`s go onto the rings. With `replace`, the rank's current blocks are
+    /// cleared first (a peer's dump supersedes an older local snapshot). Returns the
+    /// number of blocks skipped for an unknown parent.
+    pub fn seed(
+        &mut self,
+        index: IndexId,
+        dp: DpRank,
+        blocks: &[SeedBlock],
+        replace: bool,
+        registry: &Registry,
+        sink: &mut impl OpSink,
+    ) -> u64 {
+        let stats = self.stats.clone();
+        let Some(i) = self.slot_feed(index, dp, registry) else {
+            return blocks.len() as u64;
+        };
+        let sf = &mut self.slots[i];
+        let slot = sf.slot;
+        if replace {
+            sink.broadcast(ShardOp::ClearSlot {
+                index,
+                slot,
+                tiers: 0xff,
+            });
+            sf.blocks.clear();
+        }
+        let mut skipped = 0;
+        for b in blocks {
+            let parent = match (b.parent_seq, b.parent_engine) {
+                (Some(p), _) => Some(p),
+                (None, None) => None,
+                (None, Some(p)) => match sf.blocks.get(&p) {
+                    Some(k) => Some(k.seq),
+                    None => {
+                        skipped += 1;
+                        continue;
+                    }
+                },
+            };
+            let seq = hash::chain(parent, b.local);
+            let k = sf.blocks.entry(b.engine).or_insert(Known { seq, tiers: 0 });
+            if k.seq != seq {
+                sink.push(ShardOp::Remove {
+                    index,
+                    seq: k.seq,
+                    slot,
+                    tiers: k.tiers,
+                });
+                *k = Known { seq, tiers: 0 };
+            }
+            k.tiers |= b.tier.bit();
+            sink.push(ShardOp::Store {
+                index,
+                seq,
+                parent,
+                local: b.local,
+                slot,
+                tier: b.tier,
+            });
+        }
+        FeedStats::bump(&stats.unknown_parent, skipped);
+        skipped
+    }
+}

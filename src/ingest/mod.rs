@@ -7,13 +7,16 @@
 //! order. Never runs on an executor, never blocks one.
 
 pub mod feed;
+pub mod replay;
 
 use crate::registry::{Endpoint, ListenerOpts, Registry};
 use crate::ring::{OpSink, RingSink, Rings};
 use crate::shard::ShardOp;
 use crate::types::{DpRank, EngineHash, IndexId, InstanceId, SeqHash, WorkerSlot};
 use crate::wire::{self, Batch};
-use feed::{FeedStats, WorkerFeed};
+use feed::{FeedStats, SeedBlock, WorkerFeed};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -44,9 +47,57 @@ pub enum Command {
         index: IndexId,
         done: mpsc::Sender<Vec<(WorkerSlot, SeqHash, EngineHash)>>,
     },
+    /// Seed one worker's feed from a dump or snapshot (see [`WorkerFeed::seed`]).
+    Seed {
+        index: IndexId,
+        instance: InstanceId,
+        dp: DpRank,
+        blocks: Vec<SeedBlock>,
+        replace: bool,
+        done: mpsc::Sender<SeedOutcome>,
+    },
+    /// Report the last batch sequence number of every endpoint this thread has heard.
+    Seqs {
+        done: mpsc::Sender<Vec<SeqRecord>>,
+    },
+    /// Set an endpoint's last sequence number (from a snapshot), as if heard.
+    RestoreSeq {
+        key: SeqKey,
+        seq: u64,
+    },
+    /// Replay, for every listener with a replay endpoint and a known last sequence,
+    /// everything after it (after a snapshot load).
+    CatchUp {
+        done: mpsc::Sender<()>,
+    },
     Shutdown,
 }
 
+/// Identifies an engine stream across unregister/register: (instance, dp rank, endpoint).
+pub type SeqKey = (InstanceId, DpRank, String);
+pub type SeqRecord = (SeqKey, u64);
+
+/// What a seed did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeedOutcome {
+    /// Seeded; this many blocks skipped for an unknown parent.
+    Seeded { skipped: u64 },
+    /// No listener of that worker on this thread: nothing seeded.
+    NoListener,
+}
+
+/// Replay counters, shared by all ingest threads; written only when a gap is handled
+/// (rare), never per frame.
+#[derive(Default, Debug)]
+pub struct ReplayStats {
+    pub requests: AtomicU64,
+    pub failures: AtomicU64,
+    pub batches: AtomicU64,
+    pub duplicates: AtomicU64,
+}
+
+/// How long an engine gets to answer a replay request before the gap is given up.
+pub const REPLAY_TIMEOUT: Duration = Duration::from_secs(3);
 /// One listener's identity and counters, for metrics.
 pub type ListenerStats = (IndexId, InstanceId, DpRank, Arc<FeedStats>);
 
@@ -56,6 +107,10 @@ pub struct Ingest {
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// Stats of every listener ever started, for metrics.
     pub listeners: Mutex<Vec<ListenerStats>>,
+    /// While set, ingest threads run commands but leave SUB sockets unread (ZMQ buffers
+    /// the frames): startup recovery seeds state first, then live frames apply on top.
+    pub paused: Arc<AtomicBool>,
+    pub replay_stats: Arc<ReplayStats>,
 }
 
 impl Ingest {
@@ -63,10 +118,13 @@ impl Ingest {
         let ctx = zmq::Context::new();
         let mut senders = Vec::new();
         let mut threads = Vec::new();
+        let paused = Arc::new(AtomicBool::new(false));
+        let replay_stats = Arc::new(ReplayStats::default());
         for producer in 0..rings.producers() {
             let (tx, rx) = mpsc::channel();
             let sink = RingSink::new(rings.clone(), producer);
             let (ctx, registry) = (ctx.clone(), registry.clone());
+            let (paused, replay_stats) = (paused.clone(), replay_stats.clone());
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("kvix-ingest-{producer}"))
@@ -77,6 +135,9 @@ impl Ingest {
                             sink,
                             registry,
                             listeners: Vec::new(),
+                            last_seq: HashMap::new(),
+                            paused,
+                            replay_stats,
                             since_trim: 0,
                         }
                         .run()
@@ -89,6 +150,8 @@ impl Ingest {
             senders,
             threads: Mutex::new(threads),
             listeners: Mutex::default(),
+            paused,
+            replay_stats,
         })
     }
 
@@ -177,6 +240,71 @@ impl Ingest {
         out
     }
 
+    /// Seed one worker from a dump or snapshot; returns once its ops are on the rings.
+    pub fn seed(
+        &self,
+        index: IndexId,
+        instance: InstanceId,
+        dp: DpRank,
+        blocks: Vec<SeedBlock>,
+        replace: bool,
+    ) -> SeedOutcome {
+        let (done, rx) = mpsc::channel();
+        self.send(
+            instance,
+            Command::Seed {
+                index,
+                instance,
+                dp,
+                blocks,
+                replace,
+                done,
+            },
+        );
+        rx.recv().unwrap_or(SeedOutcome::NoListener)
+    }
+
+    /// Last sequence number per engine stream, from every ingest thread.
+    pub fn seqs(&self) -> Vec<SeqRecord> {
+        let mut out = Vec::new();
+        for tx in &self.senders {
+            let (done, rx) = mpsc::channel();
+            let sent = tx
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .send(Command::Seqs { done });
+            if sent.is_ok()
+                && let Ok(mut v) = rx.recv()
+            {
+                out.append(&mut v);
+            }
+        }
+        out
+    }
+
+    pub fn restore_seq(&self, key: SeqKey, seq: u64) {
+        let instance = key.0;
+        self.send(instance, Command::RestoreSeq { key, seq });
+    }
+
+    /// Replay what every replayable listener missed since its last known sequence.
+    pub fn catch_up(&self) {
+        for tx in &self.senders {
+            let (done, rx) = mpsc::channel();
+            let sent = tx
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .send(Command::CatchUp { done });
+            if sent.is_ok() {
+                let _ = rx.recv();
+            }
+        }
+    }
+
+    pub fn pause(&self, on: bool) {
+        self.paused.store(on, Ordering::Release);
+    }
+
     pub fn shutdown(&self) {
         for tx in &self.senders {
             let _ = tx
@@ -201,7 +329,12 @@ struct Listener {
     feed: WorkerFeed,
     batch: Batch,
     parts: [zmq::Message; 3],
-    started: bool,
+    /// After a replay: live frames up to this sequence were already applied from the
+    /// replay and are skipped as duplicates.
+    dedup_until: Option<u64>,
+    /// Last batch sequence applied; authoritative while the listener lives (no map
+    /// lookup per frame), saved to the thread's map when it stops.
+    last_seq: Option<u64>,
 }
 
 struct IngestThread {
@@ -210,6 +343,12 @@ struct IngestThread {
     sink: RingSink,
     registry: Arc<Registry>,
     listeners: Vec<Listener>,
+    /// Last sequence per engine stream of stopped (or not yet started) listeners; it
+    /// outlives them so that re-registering a worker after a gap still detects (and
+    /// replays) it, as Dynamo does.
+    last_seq: HashMap<SeqKey, u64>,
+    paused: Arc<AtomicBool>,
+    replay_stats: Arc<ReplayStats>,
     /// Busy polls since the C heap was last trimmed.
     since_trim: u64,
 }
@@ -227,7 +366,7 @@ impl IngestThread {
                     Err(mpsc::TryRecvError::Empty) => break,
                 }
             }
-            if self.listeners.is_empty() {
+            if self.listeners.is_empty() || self.paused.load(Ordering::Acquire) {
                 match self.rx.recv_timeout(Duration::from_millis(50)) {
                     Ok(Command::Shutdown) | Err(mpsc::RecvTimeoutError::Disconnected) => return,
                     Ok(cmd) => self.command(cmd),
@@ -278,6 +417,10 @@ impl IngestThread {
                 opts,
                 done,
             } => {
+                let prior = self
+                    .last_seq
+                    .get(&(instance, dp, endpoint.endpoint.clone()))
+                    .copied();
                 let r = self.connect(&endpoint.endpoint).map(|socket| {
                     let feed = WorkerFeed::with_opts(index, instance, dp, block_size, opts);
                     let stats = feed.stats.clone();
@@ -292,7 +435,8 @@ impl IngestThread {
                             zmq::Message::new(),
                             zmq::Message::new(),
                         ],
-                        started: false,
+                        dedup_until: None,
+                        last_seq: prior,
                     });
                     stats
                 });
@@ -306,6 +450,7 @@ impl IngestThread {
                 done,
             } => {
                 let mut cleared: Vec<(IndexId, WorkerSlot)> = Vec::new();
+                let mut saved = Vec::new();
                 self.listeners.retain_mut(|l| {
                     let f = &mut l.feed;
                     if f.instance != instance {
@@ -318,6 +463,9 @@ impl IngestThread {
                         cleared.extend(f.forget(index, dp));
                         return true;
                     }
+                    if let Some(seq) = l.last_seq {
+                        saved.push(((f.instance, f.dp, l.endpoint.endpoint.clone()), seq));
+                    }
                     cleared.extend(f.forget_all());
                     tracing::info!(
                         instance,
@@ -327,6 +475,7 @@ impl IngestThread {
                     );
                     false
                 });
+                self.last_seq.extend(saved);
                 cleared.extend(also_clear.into_iter().map(|s| (index, s)));
                 cleared.sort();
                 cleared.dedup();
@@ -346,8 +495,146 @@ impl IngestThread {
                 }
                 let _ = done.send(out);
             }
+            Command::Seed {
+                index,
+                instance,
+                dp,
+                blocks,
+                replace,
+                done,
+            } => {
+                let registry = self.registry.clone();
+                let pos = self
+                    .listeners
+                    .iter()
+                    .position(|l| {
+                        l.feed.index == index && l.feed.instance == instance && l.feed.dp == dp
+                    })
+                    .or_else(|| {
+                        // A rank seen only on the wire (batch dp override) lives in the feed
+                        // of one of the instance's registered ranks.
+                        self.listeners.iter().position(|l| {
+                            l.feed.index == index
+                                && l.feed.instance == instance
+                                && l.feed.slots().any(|(ix, d, _)| ix == index && d == dp)
+                        })
+                    })
+                    .or_else(|| {
+                        self.listeners
+                            .iter()
+                            .position(|l| l.feed.index == index && l.feed.instance == instance)
+                    });
+                let r = match pos {
+                    Some(i) => SeedOutcome::Seeded {
+                        skipped: self.listeners[i].feed.seed(
+                            index,
+                            dp,
+                            &blocks,
+                            replace,
+                            &registry,
+                            &mut self.sink,
+                        ),
+                    },
+                    None => SeedOutcome::NoListener,
+                };
+                let _ = done.send(r);
+            }
+            Command::Seqs { done } => {
+                let mut all = self.last_seq.clone();
+                for l in &self.listeners {
+                    if let Some(seq) = l.last_seq {
+                        all.insert(seq_key(l), seq);
+                    }
+                }
+                let _ = done.send(all.into_iter().collect());
+            }
+            Command::RestoreSeq { key, seq } => {
+                for l in &mut self.listeners {
+                    if seq_key(l) == key {
+                        l.last_seq = Some(seq);
+                    }
+                }
+                self.last_seq.insert(key, seq);
+            }
+            Command::CatchUp { done } => {
+                for i in 0..self.listeners.len() {
+                    let l = &self.listeners[i];
+                    if l.endpoint.replay_endpoint.is_some()
+                        && let Some(last) = l.last_seq
+                    {
+                        self.replay(i, last.wrapping_add(1));
+                    }
+                }
+                let _ = done.send(());
+            }
             Command::Shutdown => {}
         }
+    }
+
+    /// Fetch and apply, in order, every batch after this listener's last sequence
+    /// starting at `from`. Blocks this thread for at most [`REPLAY_TIMEOUT`]; other
+    /// listeners' frames wait in their sockets meanwhile, and this listener's own live
+    /// frames wait in its SUB socket, to be applied after the replay (duplicates skipped).
+    /// Returns whether the engine answered.
+    fn replay(&mut self, i: usize, from: u64) -> bool {
+        let Some(ep) = self.listeners[i].endpoint.replay_endpoint.clone() else {
+            return false;
+        };
+        let rs = self.replay_stats.clone();
+        FeedStats::bump(&rs.requests, 1);
+        let pairs = match replay::fetch(&self.ctx, &ep, from, REPLAY_TIMEOUT) {
+            Ok(p) => p,
+            Err(e) => {
+                FeedStats::bump(&rs.failures, 1);
+                let l = &self.listeners[i];
+                tracing::warn!(
+                    instance = l.feed.instance,
+                    dp = l.feed.dp,
+                    replay_endpoint = ep,
+                    from,
+                    "gap not recovered: replay failed: {e}"
+                );
+                return false;
+            }
+        };
+        let registry = self.registry.clone();
+        let l = &mut self.listeners[i];
+        let mut last = l.last_seq;
+        let mut applied = 0u64;
+        for (seq, payload) in &pairs {
+            if last.is_some_and(|x| *seq <= x) {
+                continue;
+            }
+            match wire::decode(payload, &mut l.batch) {
+                Ok(_) => {
+                    l.feed.apply(&l.batch, payload, &registry, &mut self.sink);
+                    applied += 1;
+                }
+                Err(e) => {
+                    FeedStats::bump(&l.feed.stats.malformed, 1);
+                    tracing::warn!(
+                        instance = l.feed.instance,
+                        seq,
+                        "malformed replayed batch skipped: {e}"
+                    );
+                }
+            }
+            last = Some(*seq);
+        }
+        FeedStats::bump(&rs.batches, applied);
+        if let Some(x) = last {
+            l.last_seq = Some(x);
+            l.feed.stats.last_seq.store(x, Ordering::Relaxed);
+            l.dedup_until = Some(x);
+        }
+        tracing::info!(
+            instance = l.feed.instance,
+            dp = l.feed.dp,
+            from,
+            replayed = applied,
+            "replayed missed batches"
+        );
+        true
     }
 
     fn connect(&self, endpoint: &str) -> Result<zmq::Socket, String> {
@@ -361,55 +648,104 @@ impl IngestThread {
     }
 
     fn drain(&mut self, i: usize) {
-        let registry = self.registry.clone();
-        let l = &mut self.listeners[i];
         for _ in 0..BURST {
-            match recv_parts(&l.socket, &mut l.parts) {
-                Ok(None) => return,
-                Ok(Some(n)) => {
-                    let stats = l.feed.stats.clone();
-                    let parsed = if n != 3 {
-                        Err(wire::WireError::FrameCount(n))
-                    } else {
-                        wire::split_seq(&l.parts[1])
-                            .and_then(|seq| wire::decode(&l.parts[2], &mut l.batch).map(|_| seq))
-                    };
-                    match parsed {
-                        Ok(seq) => {
-                            let last = stats.last_seq.load(std::sync::atomic::Ordering::Relaxed);
-                            if l.started && seq > last.wrapping_add(1) {
-                                FeedStats::bump(&stats.gaps, 1);
-                                tracing::warn!(
-                                    instance = l.feed.instance,
-                                    last,
-                                    seq,
-                                    "sequence gap"
-                                );
-                            }
-                            l.started = true;
-                            stats
-                                .last_seq
-                                .store(seq, std::sync::atomic::Ordering::Relaxed);
-                            l.feed
-                                .apply(&l.batch, &l.parts[2], &registry, &mut self.sink);
-                        }
-                        Err(e) => {
-                            FeedStats::bump(&stats.malformed, 1);
-                            tracing::warn!(
-                                instance = l.feed.instance,
-                                dp = l.feed.dp,
-                                "malformed frame skipped: {e}"
-                            );
-                        }
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(instance = l.feed.instance, "zmq recv failed: {e}");
-                    return;
-                }
+            let mut pending = None;
+            if !self.drain_one(i, &mut pending) {
+                return;
+            }
+            if let Some(seq) = pending {
+                self.sequenced(i, seq);
             }
         }
     }
+
+    /// Decide what a well-formed frame with sequence `seq` (decoded into the listener's
+    /// batch) means: duplicate of a replay, gap (replayed when possible), or next.
+    fn sequenced(&mut self, i: usize, seq: u64) {
+        let l = &mut self.listeners[i];
+        let last = l.last_seq;
+        if let Some(until) = l.dedup_until {
+            if seq <= until {
+                FeedStats::bump(&self.replay_stats.duplicates, 1);
+                return;
+            }
+            l.dedup_until = None;
+        }
+        if let Some(last) = last
+            && seq > last.wrapping_add(1)
+        {
+            FeedStats::bump(&l.feed.stats.gaps, 1);
+            tracing::warn!(
+                instance = l.feed.instance,
+                dp = l.feed.dp,
+                last,
+                seq,
+                missing = seq - last - 1,
+                "sequence gap"
+            );
+            if l.endpoint.replay_endpoint.is_some() {
+                // The held frame is in `l.parts`; the replay decodes into `l.batch`, so
+                // keep a copy of the frame and decode it again afterwards.
+                let held = l.parts[2].to_vec();
+                self.replay(i, last.wrapping_add(1));
+                let l = &mut self.listeners[i];
+                if l.last_seq.is_some_and(|x| seq <= x) {
+                    FeedStats::bump(&self.replay_stats.duplicates, 1);
+                    return;
+                }
+                if wire::decode(&held, &mut l.batch).is_ok() {
+                    l.feed
+                        .apply(&l.batch, &held, &self.registry, &mut self.sink);
+                }
+                l.last_seq = Some(seq);
+                l.feed.stats.last_seq.store(seq, Ordering::Relaxed);
+                return;
+            }
+        }
+        let l = &mut self.listeners[i];
+        l.last_seq = Some(seq);
+        l.feed.stats.last_seq.store(seq, Ordering::Relaxed);
+        l.feed
+            .apply(&l.batch, &l.parts[2], &self.registry, &mut self.sink);
+    }
+
+    /// Receive and decode one frame. Returns false when the socket has nothing more.
+    fn drain_one(&mut self, i: usize, pending: &mut Option<u64>) -> bool {
+        let l = &mut self.listeners[i];
+        match recv_parts(&l.socket, &mut l.parts) {
+            Ok(None) => false,
+            Ok(Some(n)) => {
+                let parsed = if n != 3 {
+                    Err(wire::WireError::FrameCount(n))
+                } else {
+                    wire::split_seq(&l.parts[1])
+                        .and_then(|seq| wire::decode(&l.parts[2], &mut l.batch).map(|_| seq))
+                };
+                match parsed {
+                    // Sequence bookkeeping may need a replay (which borrows the whole
+                    // thread), so the caller does it outside this borrow.
+                    Ok(seq) => *pending = Some(seq),
+                    Err(e) => {
+                        FeedStats::bump(&l.feed.stats.malformed, 1);
+                        tracing::warn!(
+                            instance = l.feed.instance,
+                            dp = l.feed.dp,
+                            "malformed frame skipped: {e}"
+                        );
+                    }
+                }
+                true
+            }
+            Err(e) => {
+                tracing::warn!(instance = l.feed.instance, "zmq recv failed: {e}");
+                false
+            }
+        }
+    }
+}
+
+fn seq_key(l: &Listener) -> SeqKey {
+    (l.feed.instance, l.feed.dp, l.endpoint.endpoint.clone())
 }
 
 /// Receive one multipart message into `parts` without blocking. Returns the part

@@ -9,6 +9,7 @@
 pub mod io;
 
 use crate::http;
+use crate::metrics::{HttpStats, ShardStats};
 use crate::query::{self, ShardReply};
 use crate::service::App;
 use crate::shard::{DumpedBlock, Shard};
@@ -27,11 +28,13 @@ use std::time::Duration;
 enum Req {
     Lookup { index: IndexId, seqs: Vec<SeqHash> },
     Dump { index: IndexId },
+    Stats,
 }
 
 enum Rep {
     Lookup(ShardReply),
     Dump(Vec<DumpedBlock>),
+    Stats(Box<ShardStats>),
 }
 
 enum Msg {
@@ -48,12 +51,35 @@ pub struct Core {
     mesh: Senders<Msg>,
     pending: RefCell<HashMap<u64, LocalSender<Rep>>>,
     next_qid: Cell<u64>,
+    /// This core's HTTP counters; core-local (no atomics), gathered on scrape.
+    pub http_stats: RefCell<HttpStats>,
 }
 
 impl Core {
     fn answer(&self, req: Req) -> Rep {
+        if matches!(req, Req::Dump { .. }) {
+            // Apply everything already on the rings first, so a dump (or snapshot) taken
+            // after the ingest threads reported their sequence numbers covers them.
+            let mut shard = self.shard.borrow_mut();
+            self.app
+                .rings
+                .drain(self.id, usize::MAX, |op| shard.apply(op));
+        }
         let shard = self.shard.borrow();
         match req {
+            Req::Stats => {
+                let (blocks, tier_blocks) = shard.tier_counts();
+                Rep::Stats(Box::new(ShardStats {
+                    shard: self.id.0,
+                    applied: shard.applied,
+                    pending: self.app.rings.pending(self.id) as u64,
+                    stalls: self.app.rings.stalls(self.id),
+                    blocks,
+                    tier_blocks,
+                    heap_bytes: shard.heap_bytes() as u64,
+                    http: self.http_stats.borrow().clone(),
+                }))
+            }
             Req::Lookup { index, seqs } => Rep::Lookup(query::answer(&shard, index, &seqs)),
             Req::Dump { index } => {
                 let mut out = Vec::new();
@@ -129,6 +155,20 @@ impl Core {
             .collect()
     }
 
+    /// Every shard's figures, for `/metrics`.
+    pub async fn stats(&self) -> Vec<ShardStats> {
+        let reqs = (0..self.shards).map(|_| Some(Req::Stats)).collect();
+        self.scatter(reqs)
+            .await
+            .into_iter()
+            .flatten()
+            .filter_map(|r| match r {
+                Rep::Stats(s) => Some(*s),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Every (block, holder) of one index, from all shards.
     pub async fn dump(&self, index: IndexId) -> Vec<DumpedBlock> {
         let reqs = (0..self.shards)
@@ -163,6 +203,91 @@ async fn drain_loop(core: Rc<Core>) {
     }
 }
 
+/// Export the state and write it as a snapshot; the file I/O runs on a thread of its
+/// own so the executor keeps serving. Returns when the file is durable.
+async fn write_snapshot(core: &Core, path: std::path::PathBuf) {
+    let t0 = std::time::Instant::now();
+    let raw = crate::recovery::export::gather(core).await;
+    let export_ms = t0.elapsed().as_millis() as u64;
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    // Ordering, encoding and file I/O off the executor: it keeps serving meanwhile.
+    std::thread::spawn(move || {
+        let t = std::time::Instant::now();
+        let state = raw.into_state();
+        let blocks = state.blocks();
+        let image = crate::recovery::snapshot::encode(&state);
+        drop(state);
+        let encode_ms = t.elapsed().as_millis() as u64;
+        let r = crate::recovery::snapshot::write(&path, &image)
+            .map(|_| (path, image.len(), encode_ms, blocks));
+        let _ = done_tx.send(r);
+    });
+    let r = loop {
+        match done_rx.try_recv() {
+            Ok(r) => break r,
+            Err(std::sync::mpsc::TryRecvError::Empty) => {
+                glommio::timer::sleep(Duration::from_millis(2)).await
+            }
+            Err(std::sync::mpsc::TryRecvError::Disconnected) => return,
+        }
+    };
+    let stats = &core.app.recovery;
+    match r {
+        Ok((path, bytes, encode_ms, blocks)) => {
+            stats
+                .snapshots_written
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tracing::info!(
+                path = %path.display(),
+                blocks,
+                bytes,
+                gather_ms = export_ms,
+                order_encode_ms = encode_ms,
+                took_ms = t0.elapsed().as_millis() as u64,
+                "snapshot written"
+            );
+        }
+        Err(e) => {
+            stats
+                .snapshot_failures
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tracing::error!("snapshot not written: {e}");
+        }
+    }
+}
+
+/// On core 0: write a snapshot every `--snapshot-interval`, and on SIGTERM/SIGINT write a
+/// final one and exit 0. No snapshot is taken before startup recovery finished (it
+/// would be emptier than the one it replaces).
+async fn snapshot_loop(core: Rc<Core>) {
+    use std::sync::atomic::Ordering;
+    let cfg = core.app.snapshot.clone();
+    let mut next = cfg
+        .as_ref()
+        .filter(|c| !c.interval.is_zero())
+        .map(|c| std::time::Instant::now() + c.interval);
+    loop {
+        glommio::timer::sleep(Duration::from_millis(20)).await;
+        let recovered = core.app.recovered.load(Ordering::Acquire);
+        if core.app.terminate.load(Ordering::Acquire) {
+            if let Some(c) = &cfg
+                && recovered
+            {
+                write_snapshot(&core, c.path.clone()).await;
+            }
+            tracing::info!("terminating");
+            std::process::exit(0);
+        }
+        if let (Some(c), Some(at)) = (&cfg, next)
+            && recovered
+            && std::time::Instant::now() >= at
+        {
+            write_snapshot(&core, c.path.clone()).await;
+            next = Some(std::time::Instant::now() + c.interval);
+        }
+    }
+}
+
 /// Start one executor per shard and serve HTTP on `addr` from all of them. Blocks.
 /// An idle executor spins for `spin` before parking: a parked core needs a kernel
 /// wake-up (tens of µs, milliseconds under load) when a peer scatters a query to it.
@@ -185,6 +310,7 @@ pub fn serve(app: Arc<App>, addr: SocketAddr, spin: Duration) -> std::io::Result
                     mesh: senders,
                     pending: RefCell::default(),
                     next_qid: Cell::new(0),
+                    http_stats: RefCell::default(),
                 });
                 for (peer, stream) in receivers.streams() {
                     let core = core.clone();
@@ -196,6 +322,9 @@ pub fn serve(app: Arc<App>, addr: SocketAddr, spin: Duration) -> std::io::Result
                     .detach();
                 }
                 glommio::spawn_local(drain_loop(core.clone())).detach();
+                if id.0 == 0 {
+                    glommio::spawn_local(snapshot_loop(core.clone())).detach();
+                }
                 if let Err(e) = http::serve(core, addr).await {
                     tracing::error!("HTTP server on {addr} failed: {e}");
                     std::process::exit(1);

@@ -253,6 +253,26 @@ impl Shard {
     pub fn heap_bytes(&self) -> usize {
         self.indexes.iter().map(IndexShard::heap_bytes).sum()
     }
+
+    /// Blocks in this shard (all indexes), and (block, holder) pairs per tier, for
+    /// metrics. Walks every node: called on scrape only.
+    pub fn tier_counts(&self) -> (u64, [u64; Tier::COUNT]) {
+        let mut tiers = [0u64; Tier::COUNT];
+        let mut blocks = 0;
+        for ix in &self.indexes {
+            blocks += ix.blocks.len() as u64;
+            for node in ix.blocks.values() {
+                for &h in node.holders.as_slice(&ix.slab) {
+                    for (t, n) in tiers.iter_mut().enumerate() {
+                        if Holder(h).has(Tier(t as u8)) {
+                            *n += 1;
+                        }
+                    }
+                }
+            }
+        }
+        (blocks, tiers)
+    }
 }
 
 #[cfg(test)]

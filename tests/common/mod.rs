@@ -175,6 +175,8 @@ impl Publisher {
 
     pub fn bind_at(ctx: &zmq::Context, addr: &str) -> Publisher {
         let sock = ctx.socket(zmq::XPUB).unwrap();
+        // Pass every subscribe up, also a repeat of a topic (a re-registered listener).
+        sock.set_xpub_verbose(true).unwrap();
         sock.set_sndhwm(0).unwrap();
         sock.set_linger(0).unwrap();
         // A just-closed socket releases its port asynchronously (ZMQ's I/O thread).
@@ -195,11 +197,17 @@ impl Publisher {
     /// Block until a subscriber has subscribed (the indexer connected).
     pub fn wait_subscriber(&self) {
         self.sock.set_rcvtimeo(10_000).unwrap();
-        let msg = self
-            .sock
-            .recv_bytes(0)
-            .expect("no subscriber connected within 10 s");
-        assert_eq!(msg.first(), Some(&1u8), "expected a subscribe message");
+        // Unsubscribes (0) of a listener that just went away are skipped.
+        loop {
+            let msg = self
+                .sock
+                .recv_bytes(0)
+                .expect("no subscriber connected within 10 s");
+            if msg.first() == Some(&1u8) {
+                break;
+            }
+            assert_eq!(msg.first(), Some(&0u8), "expected a (un)subscribe message");
+        }
     }
 
     /// Send `[topic, seq (8 bytes BE), payload]` with the next sequence number.
@@ -231,4 +239,342 @@ pub fn fixture(name: &str) -> Vec<u8> {
         .step_by(2)
         .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
         .collect()
+}
+
+// ---- Recovery harness (issue 5): engines with a replay ROUTER, workloads, dumps. ----
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+impl Server {
+    /// Send SIGTERM (graceful stop: final snapshot) and wait for the exit code.
+    pub fn terminate(mut self) -> (Option<i32>, String) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let code = loop {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                break st.code();
+            }
+            if Instant::now() > deadline {
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        (code, self.log())
+    }
+
+    /// One scalar of `/metrics` (sum over every sample of `name` whose labels include `labels`).
+    pub fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        let (st, text) = self.call("GET", "/metrics", None);
+        assert_eq!(st, 200);
+        metric_in(&text, name, labels)
+    }
+}
+
+/// Sum of the samples of `name` (with `labels` among theirs) in Prometheus text.
+pub fn metric_in(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
+        .expect("metrics parse");
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == name)
+        .filter(|s| labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .map(|s| match &s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => *v,
+            _ => 0.0,
+        })
+        .sum()
+}
+
+/// vLLM positional `KVEventBatch` with one `BlockStored` (device tier).
+pub fn stored(hashes: &[u64], parent: Option<u64>, tokens: &[u32], block_size: u32) -> Vec<u8> {
+    let mut b = Vec::new();
+    rmp::encode::write_array_len(&mut b, 2).unwrap();
+    rmp::encode::write_f64(&mut b, 1.5).unwrap();
+    rmp::encode::write_array_len(&mut b, 1).unwrap();
+    rmp::encode::write_array_len(&mut b, 7).unwrap();
+    rmp::encode::write_str(&mut b, "BlockStored").unwrap();
+    rmp::encode::write_array_len(&mut b, hashes.len() as u32).unwrap();
+    for h in hashes {
+        rmp::encode::write_uint(&mut b, *h).unwrap();
+    }
+    match parent {
+        Some(h) => {
+            rmp::encode::write_uint(&mut b, h).unwrap();
+        }
+        None => rmp::encode::write_nil(&mut b).unwrap(),
+    }
+    rmp::encode::write_array_len(&mut b, tokens.len() as u32).unwrap();
+    for t in tokens {
+        rmp::encode::write_uint(&mut b, *t as u64).unwrap();
+    }
+    rmp::encode::write_uint(&mut b, block_size as u64).unwrap();
+    rmp::encode::write_nil(&mut b).unwrap();
+    rmp::encode::write_nil(&mut b).unwrap();
+    b
+}
+
+/// vLLM positional `KVEventBatch` with one `BlockRemoved`.
+pub fn removed(hashes: &[u64]) -> Vec<u8> {
+    let mut b = Vec::new();
+    rmp::encode::write_array_len(&mut b, 2).unwrap();
+    rmp::encode::write_f64(&mut b, 1.5).unwrap();
+    rmp::encode::write_array_len(&mut b, 1).unwrap();
+    rmp::encode::write_array_len(&mut b, 3).unwrap();
+    rmp::encode::write_str(&mut b, "BlockRemoved").unwrap();
+    rmp::encode::write_array_len(&mut b, hashes.len() as u32).unwrap();
+    for h in hashes {
+        rmp::encode::write_uint(&mut b, *h).unwrap();
+    }
+    rmp::encode::write_nil(&mut b).unwrap();
+    b
+}
+
+/// A deterministic engine workload (block size 4): stores that extend earlier blocks or
+/// start new chains, and removes of leaf-ish blocks. Remembers every live block's token
+/// prefix so tests can query it.
+pub struct Workload {
+    rng: u64,
+    base: u64,
+    next_hash: u64,
+    /// engine hash → full token prefix up to and including that block.
+    pub live: BTreeMap<u64, Vec<u32>>,
+}
+
+impl Workload {
+    pub fn new(seed: u64, base: u64) -> Workload {
+        Workload {
+            rng: seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
+            base,
+            next_hash: 1,
+            live: BTreeMap::new(),
+        }
+    }
+
+    fn rand(&mut self, n: u64) -> u64 {
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        self.rng % n.max(1)
+    }
+
+    /// The next batch payload.
+    pub fn next(&mut self) -> Vec<u8> {
+        if self.live.len() > 8 && self.rand(5) == 0 {
+            let keys: Vec<u64> = self.live.keys().copied().collect();
+            let h = keys[self.rand(keys.len() as u64) as usize];
+            self.live.remove(&h);
+            return removed(&[h]);
+        }
+        let parent = if self.live.is_empty() || self.rand(3) == 0 {
+            None
+        } else {
+            let keys: Vec<u64> = self.live.keys().copied().collect();
+            Some(keys[self.rand(keys.len() as u64) as usize])
+        };
+        let mut prefix = parent.map(|p| self.live[&p].clone()).unwrap_or_default();
+        let n = 1 + self.rand(3) as usize;
+        let mut hashes = Vec::new();
+        let mut tokens = Vec::new();
+        for _ in 0..n {
+            let h = self.base + self.next_hash;
+            self.next_hash += 1;
+            let t: Vec<u32> = (0..4).map(|_| self.rand(50) as u32).collect();
+            tokens.extend_from_slice(&t);
+            prefix.extend_from_slice(&t);
+            self.live.insert(h, prefix.clone());
+            hashes.push(h);
+        }
+        stored(&hashes, parent, &tokens, 4)
+    }
+
+    /// A few prompts: the prefixes of some live blocks.
+    pub fn prompts(&self, n: usize) -> Vec<Vec<u32>> {
+        self.live
+            .values()
+            .step_by((self.live.len() / n).max(1))
+            .cloned()
+            .collect()
+    }
+}
+
+/// An engine's replay ring buffer: (seq, payload) in publish order.
+type ReplayBuffer = Arc<Mutex<Vec<(u64, Vec<u8>)>>>;
+
+/// An engine: an XPUB publisher plus vLLM's replay ROUTER serving its ring buffer.
+/// Chosen sequence numbers can be dropped (buffered but never published).
+pub struct Engine {
+    pub publisher: Publisher,
+    pub replay_endpoint: String,
+    buffer: ReplayBuffer,
+    next_seq: u64,
+    pub drop: HashSet<u64>,
+    /// Milliseconds the ROUTER waits before answering (lets live frames pile up).
+    pub replay_delay_ms: Arc<AtomicU64>,
+    pub replay_requests: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Engine {
+    pub fn start(ctx: &zmq::Context) -> Engine {
+        let publisher = Publisher::bind(ctx);
+        let router = ctx.socket(zmq::ROUTER).unwrap();
+        router.set_linger(0).unwrap();
+        router.bind("tcp://127.0.0.1:*").unwrap();
+        let replay_endpoint = router.get_last_endpoint().unwrap().unwrap();
+        let buffer: ReplayBuffer = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let delay = Arc::new(AtomicU64::new(0));
+        let requests = Arc::new(AtomicU64::new(0));
+        let thread = {
+            let (buffer, stop, delay, requests) = (
+                buffer.clone(),
+                stop.clone(),
+                delay.clone(),
+                requests.clone(),
+            );
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    if router.poll(zmq::POLLIN, 50).unwrap_or(0) == 0 {
+                        continue;
+                    }
+                    let frames = router.recv_multipart(0).unwrap();
+                    // vLLM: [client_id, b"", start_seq (8 bytes BE)].
+                    assert_eq!(frames.len(), 3, "replay request frames");
+                    assert!(frames[1].is_empty());
+                    let start = u64::from_be_bytes(frames[2].as_slice().try_into().unwrap());
+                    requests.fetch_add(1, Ordering::Relaxed);
+                    std::thread::sleep(Duration::from_millis(delay.load(Ordering::Relaxed)));
+                    let items: Vec<(u64, Vec<u8>)> = buffer
+                        .lock()
+                        .unwrap()
+                        .iter()
+                        .filter(|(s, _)| *s >= start)
+                        .cloned()
+                        .collect();
+                    let id = &frames[0];
+                    for (seq, payload) in items {
+                        router
+                            .send_multipart([&id[..], b"", &seq.to_be_bytes(), &payload], 0)
+                            .unwrap();
+                    }
+                    router
+                        .send_multipart([&id[..], b"", &(-1i64).to_be_bytes(), b""], 0)
+                        .unwrap();
+                }
+            })
+        };
+        Engine {
+            publisher,
+            replay_endpoint,
+            buffer,
+            next_seq: 0,
+            drop: HashSet::new(),
+            replay_delay_ms: delay,
+            replay_requests: requests,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    pub fn endpoint(&self) -> String {
+        self.publisher.endpoint.clone()
+    }
+
+    /// Buffer `payload` under the next sequence number and publish it (unless dropped).
+    pub fn publish(&mut self, payload: &[u8]) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.buffer.lock().unwrap().push((seq, payload.to_vec()));
+        if !self.drop.contains(&seq) {
+            self.publisher.send_seq(seq, payload);
+        }
+        seq
+    }
+
+    /// Buffer without publishing (the frame is lost on the wire).
+    pub fn lose(&mut self, payload: &[u8]) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.buffer.lock().unwrap().push((seq, payload.to_vec()));
+        seq
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One dump event reduced to what identifies it:
+/// (worker_id, dp_rank, block_hash, parent_hash, tokens_hash, storage_tier).
+pub type Row = (u64, u64, u64, Option<u64>, u64, String);
+
+/// `/dump` of `model:default` as a set of rows (and the count, to catch duplicates).
+pub fn dump_set(s: &Server, model: &str) -> (BTreeSet<Row>, usize) {
+    let d = s.get_json("/dump");
+    let Some(events) = d[format!("{model}:default")]["events"].as_array().cloned() else {
+        return (BTreeSet::new(), 0);
+    };
+    let rows: Vec<Row> = events
+        .iter()
+        .map(|e| {
+            let st = &e["event"]["data"]["stored"];
+            let b = &st["blocks"][0];
+            (
+                e["worker_id"].as_u64().unwrap(),
+                e["event"]["dp_rank"].as_u64().unwrap(),
+                b["block_hash"].as_u64().unwrap(),
+                st["parent_hash"].as_u64(),
+                b["tokens_hash"].as_u64().unwrap(),
+                e["storage_tier"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let n = rows.len();
+    (rows.into_iter().collect(), n)
+}
+
+/// Wait until `a`'s and `b`'s dumps are equal as sets (and without duplicates).
+pub fn wait_same_dump(a: &Server, b: &Server, model: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (sa, na) = dump_set(a, model);
+        let (sb, nb) = dump_set(b, model);
+        if sa == sb && na == sa.len() && nb == sb.len() && !sa.is_empty() {
+            return;
+        }
+        if Instant::now() > deadline {
+            let only_a: Vec<_> = sa.difference(&sb).take(5).collect();
+            let only_b: Vec<_> = sb.difference(&sa).take(5).collect();
+            panic!(
+                "dumps differ: {} vs {} rows ({na}/{nb} events); only in a: {only_a:?}; only in b: {only_b:?}\nlog a:\n{}\nlog b:\n{}",
+                sa.len(),
+                sb.len(),
+                a.log(),
+                b.log()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Assert both servers answer `/query` identically for every prompt.
+pub fn same_answers(a: &Server, b: &Server, model: &str, prompts: &[Vec<u32>]) {
+    for p in prompts {
+        let q = serde_json::json!({"token_ids": p, "model_name": model});
+        let (ra, rb) = (a.post_json("/query", &q), b.post_json("/query", &q));
+        assert_eq!(ra, rb, "query {p:?}");
+    }
 }

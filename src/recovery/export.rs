@@ -1,0 +1,168 @@
+//! Export the running service's state as [`State`] (for local snapshots).
+//!
+//! Gathers, in this order: every engine stream's last sequence number and every feed's
+//! engine hashes (from the ingest threads), then each shard's blocks (each shard first
+//! applies what its rings hold). So the blocks are at least as new as the recorded
+//! sequence numbers, and replaying from `last_seq + 1` after a restart can only re-apply
+//! events, never skip one. Shards are read one request at a time while ingestion goes
+//! on: a weakly consistent snapshot, like Dynamo's `/dump`.
+
+use super::{IndexState, ListenerState, State, WorkerBlocks};
+use crate::ingest::SeqKey;
+use crate::ingest::feed::SeedBlock;
+use crate::registry::IndexInfo;
+use crate::runtime::Core;
+use crate::shard::DumpedBlock;
+use crate::types::{EngineHash, SeqHash, Tier, WorkerSlot};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+pub type SeqMap<V> = hashbrown::HashMap<SeqHash, V, crate::shard::SeqHasherBuilder>;
+
+/// Depth of every block in its chain (0 = root or parent missing), so that sorting by
+/// depth puts parents before children.
+/// Sequence hashes are XXH3 output: the shards' multiply-only hasher is enough.
+pub fn depths(blocks: &[DumpedBlock]) -> SeqMap<u32> {
+    let mut parent_of: SeqMap<Option<SeqHash>> = SeqMap::default();
+    parent_of.reserve(blocks.len());
+    parent_of.extend(blocks.iter().map(|b| (b.seq, b.parent)));
+    let mut depth: SeqMap<u32> = SeqMap::default();
+    depth.reserve(parent_of.len());
+    let mut chain = Vec::new();
+    for b in blocks {
+        let mut cur = b.seq;
+        let base = loop {
+            if let Some(d) = depth.get(&cur) {
+                break d + 1;
+            }
+            chain.push(cur);
+            match parent_of.get(&cur).copied().flatten() {
+                Some(p) if parent_of.contains_key(&p) && chain.len() <= parent_of.len() => cur = p,
+                _ => break 0,
+            }
+        };
+        for (i, s) in chain.drain(..).rev().enumerate() {
+            depth.insert(s, base + i as u32);
+        }
+    }
+    depth
+}
+
+/// One index as gathered: its registry entry, its feeds' engine hashes, its blocks.
+type RawIndex = (
+    Arc<IndexInfo>,
+    Vec<(WorkerSlot, SeqHash, EngineHash)>,
+    Vec<DumpedBlock>,
+);
+
+/// What the executor gathers for a snapshot; turned into a [`State`] off the executor.
+pub struct Raw {
+    seqs: HashMap<SeqKey, u64>,
+    indexes: Vec<RawIndex>,
+}
+
+/// Gather sequence numbers, engine hashes and shard blocks (cheap, on the executor).
+pub async fn gather(core: &Core) -> Raw {
+    let app = &core.app;
+    let seqs: HashMap<_, _> = app.ingest.seqs().into_iter().collect();
+    let snap = app.registry.snapshot_arc();
+    let mut indexes = Vec::new();
+    for ix in snap.live_indexes() {
+        let engine = app.ingest.engine_hashes(ix.id);
+        let blocks = core.dump(ix.id).await;
+        indexes.push((ix.clone(), engine, blocks));
+    }
+    Raw { seqs, indexes }
+}
+
+impl Raw {
+    /// Order every worker's blocks parents first and attach engine hashes (CPU work:
+    /// about a second per million blocks, so it runs on the snapshot writer's thread).
+    pub fn into_state(self) -> State {
+        let mut state = State::default();
+        for (ix, engine, blocks) in self.indexes {
+            let engine: hashbrown::HashMap<(WorkerSlot, SeqHash), EngineHash> = engine
+                .into_iter()
+                .map(|(slot, seq, eh)| ((slot, seq), eh))
+                .collect();
+            let depth = depths(&blocks);
+            // Keys computed once: a hash lookup per comparison costs seconds at 1M blocks.
+            let mut keyed: Vec<(WorkerSlot, u32, SeqHash, usize)> = blocks
+                .iter()
+                .enumerate()
+                .map(|(i, b)| {
+                    (
+                        b.holder.slot(),
+                        depth.get(&b.seq).copied().unwrap_or(0),
+                        b.seq,
+                        i,
+                    )
+                })
+                .collect();
+            drop(depth);
+            keyed.sort_unstable();
+            let ext = |slot: WorkerSlot, seq: SeqHash| {
+                engine
+                    .get(&(slot, seq))
+                    .copied()
+                    .unwrap_or(EngineHash(seq.0))
+            };
+            let mut workers: BTreeMap<WorkerSlot, Vec<SeedBlock>> = BTreeMap::new();
+            for k in &keyed {
+                let b = &blocks[k.3];
+                let slot = k.0;
+                if !ix.slots.get(slot.0 as usize).is_some_and(|s| s.live) {
+                    continue;
+                }
+                let out = workers.entry(slot).or_default();
+                for t in 0..Tier::COUNT as u8 {
+                    if b.holder.has(Tier(t)) {
+                        out.push(SeedBlock {
+                            engine: ext(slot, b.seq),
+                            parent_engine: b.parent.map(|p| ext(slot, p)),
+                            parent_seq: b.parent,
+                            local: b.local,
+                            tier: Tier(t),
+                        });
+                    }
+                }
+            }
+            let mut listeners = Vec::new();
+            for (inst, by_dp) in &ix.endpoints {
+                for (dp, eps) in by_dp {
+                    for ep in eps {
+                        listeners.push(ListenerState {
+                            instance: *inst,
+                            dp: *dp,
+                            endpoint: ep.clone(),
+                            last_seq: self.seqs.get(&(*inst, *dp, ep.endpoint.clone())).copied(),
+                        });
+                    }
+                }
+            }
+            state.indexes.push(IndexState {
+                model: ix.model.clone(),
+                tenant: ix.tenant.clone(),
+                block_size: ix.block_size,
+                listeners,
+                workers: workers
+                    .into_iter()
+                    .map(|(slot, blocks)| {
+                        let s = ix.slot(slot);
+                        WorkerBlocks {
+                            instance: s.instance,
+                            dp: s.dp,
+                            blocks,
+                        }
+                    })
+                    .collect(),
+            });
+        }
+        state
+    }
+}
+
+/// The whole export in one call (gather, then order).
+pub async fn export(core: &Core) -> State {
+    gather(core).await.into_state()
+}
