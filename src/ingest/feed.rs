@@ -42,17 +42,113 @@ impl FeedStats {
     }
 }
 
-#[derive(Clone, Copy)]
-struct Known {
-    seq: SeqHash,
-    tiers: u8,
+/// One worker's engine hash → kvix sequence hash map, with each block's tiers.
+///
+/// Sized for memory: the common block lives on the device only and costs one
+/// 16-byte entry; the tier set of any other block is kept in a side map.
+#[derive(Default)]
+struct EngineMap {
+    seqs: HashMap<EngineHash, SeqHash>,
+    /// Tier bits of blocks whose tiers are not exactly {device}.
+    tiers: HashMap<EngineHash, u8>,
+}
+
+const DEVICE_ONLY: u8 = Tier::DEVICE.bit();
+
+impl EngineMap {
+    fn get(&self, eh: &EngineHash) -> Option<SeqHash> {
+        self.seqs.get(eh).copied()
+    }
+
+    fn tiers_of(&self, eh: &EngineHash) -> u8 {
+        self.tiers.get(eh).copied().unwrap_or(DEVICE_ONLY)
+    }
+
+    fn set_tiers(&mut self, eh: EngineHash, bits: u8) {
+        if bits == DEVICE_ONLY {
+            self.tiers.remove(&eh);
+        } else {
+            self.tiers.insert(eh, bits);
+        }
+    }
+
+    /// Record `eh` → `seq` on `bits`. If the engine reused `eh` for other
+    /// content, returns the old block and its tiers for the caller to remove.
+    fn add(&mut self, eh: EngineHash, seq: SeqHash, bits: u8) -> Option<(SeqHash, u8)> {
+        match self.seqs.insert(eh, seq) {
+            None => {
+                self.set_tiers(eh, bits);
+                None
+            }
+            Some(old) if old == seq => {
+                let t = self.tiers_of(&eh) | bits;
+                self.set_tiers(eh, t);
+                None
+            }
+            Some(old) => {
+                let old_tiers = self.tiers_of(&eh);
+                self.set_tiers(eh, bits);
+                Some((old, old_tiers))
+            }
+        }
+    }
+
+    /// Drop `bits` from `eh`; forgets it once no tier is left. Returns its block if known.
+    fn remove(&mut self, eh: &EngineHash, bits: u8) -> Option<SeqHash> {
+        let seq = self.get(eh)?;
+        let left = self.tiers_of(eh) & !bits;
+        if left == 0 {
+            self.seqs.remove(eh);
+            self.tiers.remove(eh);
+            self.shrink_if_sparse();
+        } else {
+            self.set_tiers(*eh, left);
+        }
+        Some(seq)
+    }
+
+    /// Drop `bits` from every block (a clear scoped to some tiers).
+    fn clear_tiers(&mut self, bits: u8) {
+        if bits == 0xff {
+            *self = EngineMap::default();
+            return;
+        }
+        let tiers = &mut self.tiers;
+        self.seqs.retain(|eh, _| {
+            let left = tiers.get(eh).copied().unwrap_or(DEVICE_ONLY) & !bits;
+            match left {
+                0 => {
+                    tiers.remove(eh);
+                    false
+                }
+                DEVICE_ONLY => {
+                    tiers.remove(eh);
+                    true
+                }
+                t => {
+                    tiers.insert(*eh, t);
+                    true
+                }
+            }
+        });
+        self.shrink_if_sparse();
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&EngineHash, &SeqHash)> {
+        self.seqs.iter()
+    }
+
+    fn shrink_if_sparse(&mut self) {
+        shrink_if_sparse(&mut self.seqs);
+        shrink_if_sparse(&mut self.tiers);
+    }
 }
 
 struct SlotFeed {
     index: IndexId,
     dp: DpRank,
     slot: WorkerSlot,
-    blocks: HashMap<EngineHash, Known>,
+    blocks: EngineMap,
 }
 
 /// The feed of one registered listener (instance, registered dp rank).
@@ -172,7 +268,7 @@ impl WorkerFeed {
             index,
             dp,
             slot,
-            blocks: HashMap::new(),
+            blocks: EngineMap::default(),
         });
         Some(self.slots.len() - 1)
     }
@@ -180,7 +276,7 @@ impl WorkerFeed {
     /// Every (slot, sequence hash, engine hash) this feed knows in `index`, for `/dump`.
     pub fn engine_hashes(&self, index: IndexId, out: &mut Vec<(WorkerSlot, SeqHash, EngineHash)>) {
         for sf in self.slots.iter().filter(|s| s.index == index) {
-            out.extend(sf.blocks.iter().map(|(eh, k)| (sf.slot, k.seq, *eh)));
+            out.extend(sf.blocks.iter().map(|(eh, seq)| (sf.slot, *seq, *eh)));
         }
     }
 
@@ -309,7 +405,7 @@ impl WorkerFeed {
         let mut parent = match ev.parent {
             None => None,
             Some(p) => match sf.blocks.get(&p) {
-                Some(k) => Some(k.seq),
+                Some(seq) => Some(seq),
                 // A standardized publisher's parent is a kvix sequence hash as is.
                 None if ev.hash_kind == HashKind::Seq => Some(SeqHash(p.0)),
                 None => {
@@ -344,18 +440,15 @@ impl WorkerFeed {
             mm_sorted.sort_unstable();
             let local = hash::local_hash_mm(chunk, mm_sorted, seed, mm_bytes);
             let seq = hash::chain(parent, local);
-            let k = sf.blocks.entry(*eh).or_insert(Known { seq, tiers: 0 });
-            if k.seq != seq {
+            if let Some((old, old_tiers)) = sf.blocks.add(*eh, seq, tiers) {
                 // The engine reused a hash for other content: drop the old block first.
                 sink.push(ShardOp::Remove {
                     index,
-                    seq: k.seq,
+                    seq: old,
                     slot,
-                    tiers: k.tiers,
+                    tiers: old_tiers,
                 });
-                *k = Known { seq, tiers: 0 };
             }
-            k.tiers |= tiers;
             for t in bits(tiers) {
                 sink.push(ShardOp::Store {
                     index,
@@ -377,20 +470,13 @@ impl WorkerFeed {
         let sf = &mut self.slots[i];
         let (index, slot) = (sf.index, sf.slot);
         for eh in ev.hashes {
-            match sf.blocks.get_mut(eh) {
-                Some(k) => {
-                    sink.push(ShardOp::Remove {
-                        index,
-                        seq: k.seq,
-                        slot,
-                        tiers: bit,
-                    });
-                    k.tiers &= !bit;
-                    if k.tiers == 0 {
-                        sf.blocks.remove(eh);
-                        shrink_if_sparse(&mut sf.blocks);
-                    }
-                }
+            match sf.blocks.remove(eh, bit) {
+                Some(seq) => sink.push(ShardOp::Remove {
+                    index,
+                    seq,
+                    slot,
+                    tiers: bit,
+                }),
                 None if ev.hash_kind == HashKind::Seq => sink.push(ShardOp::Remove {
                     index,
                     seq: SeqHash(eh.0),
@@ -418,15 +504,7 @@ impl WorkerFeed {
             slot: sf.slot,
             tiers,
         });
-        if tiers == 0xff {
-            sf.blocks = HashMap::new();
-        } else {
-            sf.blocks.retain(|_, k| {
-                k.tiers &= !tiers;
-                k.tiers != 0
-            });
-            shrink_if_sparse(&mut sf.blocks);
-        }
+        sf.blocks.clear_tiers(tiers);
     }
 }
 
@@ -498,7 +576,7 @@ impl WorkerFeed {
                 slot,
                 tiers: 0xff,
             });
-            sf.blocks.clear();
+            sf.blocks.clear_tiers(0xff);
         }
         let mut skipped = 0;
         for b in blocks {
@@ -506,7 +584,7 @@ impl WorkerFeed {
                 (Some(p), _) => Some(p),
                 (None, None) => None,
                 (None, Some(p)) => match sf.blocks.get(&p) {
-                    Some(k) => Some(k.seq),
+                    Some(seq) => Some(seq),
                     None => {
                         skipped += 1;
                         continue;
@@ -514,17 +592,14 @@ impl WorkerFeed {
                 },
             };
             let seq = hash::chain(parent, b.local);
-            let k = sf.blocks.entry(b.engine).or_insert(Known { seq, tiers: 0 });
-            if k.seq != seq {
+            if let Some((old, old_tiers)) = sf.blocks.add(b.engine, seq, b.tier.bit()) {
                 sink.push(ShardOp::Remove {
                     index,
-                    seq: k.seq,
+                    seq: old,
                     slot,
-                    tiers: k.tiers,
+                    tiers: old_tiers,
                 });
-                *k = Known { seq, tiers: 0 };
             }
-            k.tiers |= b.tier.bit();
             sink.push(ShardOp::Store {
                 index,
                 seq,
