@@ -71,7 +71,7 @@ fi
 say "event + query load against kvix (pid $KVIX, $THREADS threads, $WORKERS workers)"
 $BIN/kvix-load bench --url "http://127.0.0.1:$PORT" --trace "$TRACE" --requests "$REQUESTS" \
     --workers-count "$WORKERS" --pid "$KVIX" --keep --quiet --json \
-    --connections 1,16 --prompt-tokens 1024,8192 --endpoint query,query_by_hash \
+    --connections 1,16 --prompt-tokens 1024,8192 --endpoint query,query-by-hash \
     --duration "$DURATION" >"$OUT/kvix-bench.json"
 [ -n "${PSTAT:-}" ] && kill -INT "$PSTAT" && wait "$PSTAT" 2>/dev/null || true
 
