@@ -145,21 +145,12 @@ fn bad_input_gets_clear_errors() {
         &json!({"instance_id": 3, "endpoint": "tcp://127.0.0.1:1", "model_name": "m", "block_size": "16"}),
     );
     assert_eq!((st, v["field"].as_str()), (422, Some("block_size")), "{v}");
-    let (st, v) = s.post_json(
-        "/query",
-        &json!({"token_ids": [1, "two"], "model_name": "m"}),
-    );
-    assert_eq!(
-        (st, v["field"].as_str()),
-        (422, Some("token_ids[1]")),
-        "{v}"
-    );
-    let (st, v) = s.post_json("/query", &json!({"token_ids": [1, -2], "model_name": "m"}));
-    assert_eq!(
-        (st, v["field"].as_str()),
-        (422, Some("token_ids[1]")),
-        "{v}"
-    );
+    // Token ids are read by a fast path; the error still names the element.
+    for bad in [json!([1, "two"]), json!([1, -2])] {
+        let (st, v) = s.post_json("/query", &json!({"token_ids": bad, "model_name": "m"}));
+        assert_eq!((st, v["field"].as_str()), (422, Some("token_ids")), "{v}");
+        assert!(error_of(&v).contains("element [1]"), "{v}");
+    }
     let (st, v) = s.post_json("/query_by_hash", &json!({"model_name": "m"}));
     assert_eq!(
         (st, v["field"].as_str()),

@@ -420,9 +420,85 @@ fn conductor_overlap(
     instances.into_iter().zip(per).collect()
 }
 
+/// Token ids read straight from their JSON text: a query's body is mostly a
+/// thousand or more of them, and the generic per-element path dominated its cost
+/// (callgrind: serde_json's integer parsing was the top symbol). Anything but plain
+/// non-negative integers falls back to serde_json, which reports the exact error.
+struct TokenIds(Vec<u32>);
+
+impl<'de> Deserialize<'de> for TokenIds {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw: Box<serde_json::value::RawValue> = Deserialize::deserialize(d)?;
+        if let Some(v) = plain_u32_array(raw.get().as_bytes()) {
+            return Ok(TokenIds(v));
+        }
+        let de = &mut serde_json::Deserializer::from_str(raw.get());
+        serde_path_to_error::deserialize::<_, Vec<u32>>(de)
+            .map(TokenIds)
+            .map_err(|e| {
+                let at = e.path().to_string();
+                serde::de::Error::custom(format!("element {at}: {}", e.into_inner()))
+            })
+    }
+}
+
+/// `[1, 22, 333]` → ids; `None` for anything else (signs, fractions, exponents,
+/// leading zeros, overflow, other types), which the caller hands to serde_json.
+fn plain_u32_array(s: &[u8]) -> Option<Vec<u32>> {
+    let ws = |b: u8| matches!(b, b' ' | b'\n' | b'\r' | b'\t');
+    let mut i = 0;
+    let skip = |i: &mut usize| {
+        while *i < s.len() && ws(s[*i]) {
+            *i += 1;
+        }
+    };
+    skip(&mut i);
+    if s.get(i) != Some(&b'[') {
+        return None;
+    }
+    i += 1;
+    // Every id takes at least two bytes ("1,"): a safe capacity bound.
+    let mut out = Vec::with_capacity(s.len() / 2);
+    skip(&mut i);
+    if s.get(i) == Some(&b']') {
+        i += 1;
+        skip(&mut i);
+        return (i == s.len()).then_some(out);
+    }
+    loop {
+        let start = i;
+        let mut v: u64 = 0;
+        while i < s.len() && s[i].is_ascii_digit() {
+            v = v * 10 + (s[i] - b'0') as u64;
+            i += 1;
+            if i - start > 10 {
+                return None;
+            }
+        }
+        let len = i - start;
+        if len == 0 || (len > 1 && s[start] == b'0') || v > u32::MAX as u64 {
+            return None;
+        }
+        out.push(v as u32);
+        skip(&mut i);
+        match s.get(i) {
+            Some(b',') => {
+                i += 1;
+                skip(&mut i);
+            }
+            Some(b']') => {
+                i += 1;
+                skip(&mut i);
+                return (i == s.len()).then_some(out);
+            }
+            _ => return None,
+        }
+    }
+}
+
 #[derive(Deserialize)]
 struct QueryReq {
-    token_ids: Vec<u32>,
+    token_ids: TokenIds,
     cache_salt: Option<String>,
     /// Per block, the hashes of the multimodal objects it carries (or null),
     /// folded into its hash as Dynamo does.
@@ -434,14 +510,15 @@ struct QueryReq {
 pub async fn query(core: &Core, body: &[u8], forced: Option<Shape>) -> Result<Reply, ApiError> {
     let r: QueryReq = parse(body)?;
     let t = resolve(core, r.scope, forced)?;
+    let token_ids = r.token_ids.0;
     let seed = hash::block_seed(t.lora.as_deref(), r.cache_salt.as_deref());
     let bs = t.ix.block_size as usize;
-    let mut seqs = Vec::with_capacity(r.token_ids.len() / bs + 1);
+    let mut seqs = Vec::with_capacity(token_ids.len() / bs + 1);
     match r.block_mm_hashes {
-        None => hash::seq_hashes_for_tokens(&r.token_ids, bs, seed, &mut seqs),
+        None => hash::seq_hashes_for_tokens(&token_ids, bs, seed, &mut seqs),
         Some(mm) => {
             let (mut parent, mut sorted, mut buf) = (None, Vec::new(), Vec::new());
-            for (i, chunk) in r.token_ids.chunks_exact(bs).enumerate() {
+            for (i, chunk) in token_ids.chunks_exact(bs).enumerate() {
                 sorted.clear();
                 if let Some(Some(hs)) = mm.get(i) {
                     sorted.extend(hs.iter().map(|h| h.0));
@@ -603,4 +680,40 @@ pub fn peers(core: &Core) -> Result<Reply, ApiError> {
         StatusCode::OK,
         serde_json::to_vec(&core.app.peers()).unwrap_or_default(),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::plain_u32_array;
+
+    #[test]
+    fn plain_token_arrays_parse_and_anything_else_falls_back() {
+        assert_eq!(
+            plain_u32_array(b"[1, 22,333 ,\n4294967295]"),
+            Some(vec![1, 22, 333, u32::MAX])
+        );
+        assert_eq!(plain_u32_array(b" [ ] "), Some(vec![]));
+        assert_eq!(plain_u32_array(b"[0,10]"), Some(vec![0, 10]));
+        for bad in [
+            &b"[4294967296]"[..],
+            b"[-1]",
+            b"[1.0]",
+            b"[1e3]",
+            b"[01]",
+            b"[1,]",
+            b"[1 2]",
+            b"[\"1\"]",
+            b"[1",
+            b"[1]]",
+            b"{}",
+            b"[99999999999999999999]",
+        ] {
+            assert_eq!(
+                plain_u32_array(bad),
+                None,
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
 }
