@@ -26,27 +26,15 @@ while [ $# -gt 0 ]; do
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
 done
-[ -f "$TRACE" ] || TRACE=tests/data/mooncake_trace_head500.jsonl
+. perf/lib.sh
+pick_trace
 mkdir -p "$OUT"
 exec 3>&2 2>"$OUT/bench.log"
 say() { echo "perf/bench.sh: $*" >&3; echo "== $*" >&2; }
 
-cargo build --release --bin kvix --bin kvix-load --bin kvix-hello
-BIN=target/release
-{
-    echo "date: $(date -u +%FT%TZ)"
-    echo "commit: $(git rev-parse --short HEAD)$(git diff --quiet || echo -dirty)"
-    echo "nproc: $(nproc)"
-    echo "cpu: $(lscpu | sed -n 's/^Model name:[[:space:]]*//p')"
-    echo "kernel: $(uname -r)"
-    echo "requests: $REQUESTS duration: $DURATION trace: $TRACE"
-} >"$OUT/machine.txt"
+build_release
+describe_machine "$OUT/machine.txt" "requests: $REQUESTS duration: $DURATION trace: $TRACE"
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_health() {
-    for _ in $(seq 200); do curl -fs "http://127.0.0.1:$1/health" >/dev/null && return 0; sleep 0.05; done
-    return 1
-}
 rss_kib() { awk '/VmRSS/ {print $2}' "/proc/$1/status"; }
 PID=""
 cleanup() { [ -n "$PID" ] && kill "$PID" 2>/dev/null; wait 2>/dev/null || true; }

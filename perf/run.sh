@@ -28,27 +28,15 @@ while [ $# -gt 0 ]; do
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
 done
-[ -f "$TRACE" ] || TRACE=tests/data/mooncake_trace_head500.jsonl
+. perf/lib.sh
+pick_trace
 mkdir -p "$OUT"
 exec 3>&2 2>"$OUT/run.log"
 say() { echo "perf/run.sh: $*" >&3; echo "$*" >&2; }
 
-cargo build --release --bin kvix --bin kvix-load --bin kvix-hello
-BIN=target/release
-{
-    echo "date: $(date -u +%FT%TZ)"
-    echo "commit: $(git rev-parse --short HEAD)$(git diff --quiet || echo -dirty)"
-    echo "nproc: $(nproc)"
-    echo "cpu: $(lscpu | sed -n 's/^Model name:[[:space:]]*//p')"
-    echo "kernel: $(uname -r)"
-    echo "threads: $THREADS workers: $WORKERS requests: $REQUESTS duration: $DURATION trace: $TRACE"
-} >"$OUT/machine.txt"
+build_release
+describe_machine "$OUT/machine.txt" "threads: $THREADS workers: $WORKERS requests: $REQUESTS duration: $DURATION trace: $TRACE"
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_health() {
-    for _ in $(seq 200); do curl -fs "http://127.0.0.1:$1/health" >/dev/null && return 0; sleep 0.05; done
-    return 1
-}
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Publisher, Server, fixture};
+use common::{Publisher, Row, Server, dump_rows, fixture};
 use kvix::hash::{block_seed, local_hash};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
@@ -39,33 +39,6 @@ fn query(t: &[u32]) -> Value {
 fn query_by_hash(t: &[u32]) -> Value {
     let hashes: Vec<u64> = t.chunks_exact(4).map(local).collect();
     json!({"block_hashes": hashes, "model_name": MODEL})
-}
-
-/// One dump event reduced to what identifies it.
-type DumpRow = (u64, u64, u64, Option<u64>, u64, String);
-
-fn dump_rows(s: &Server) -> (u64, Vec<DumpRow>) {
-    let d = s.get_json("/dump");
-    let ix = &d[format!("{MODEL}:default")];
-    let bs = ix["block_size"].as_u64().expect("block_size");
-    let rows = ix["events"]
-        .as_array()
-        .expect("events")
-        .iter()
-        .map(|e| {
-            let st = &e["event"]["data"]["stored"];
-            let b = &st["blocks"][0];
-            (
-                e["worker_id"].as_u64().unwrap(),
-                e["event"]["dp_rank"].as_u64().unwrap(),
-                b["block_hash"].as_u64().unwrap(),
-                st["parent_hash"].as_u64(),
-                b["tokens_hash"].as_u64().unwrap(),
-                e["storage_tier"].as_str().unwrap().to_string(),
-            )
-        })
-        .collect();
-    (bs, rows)
 }
 
 #[test]
@@ -131,10 +104,10 @@ fn vllm_events_to_dynamo_queries() {
     );
 
     // /dump: one stored event per (block, holder), engine hashes, parents first.
-    let (bs, rows) = dump_rows(&s);
-    assert_eq!(bs, 4);
+    let (bs, rows) = dump_rows(&s, MODEL);
+    assert_eq!(bs, Some(4));
     let dev = || "device".to_string();
-    let want_rows: BTreeSet<DumpRow> = [
+    let want_rows: BTreeSet<Row> = [
         (1, 0, 101, None, local(&tokens(1, 4)), dev()),
         (1, 0, 102, Some(101), local(&tokens(5, 8)), dev()),
         (1, 0, 103, Some(102), local(&tokens(9, 12)), dev()),

@@ -274,28 +274,7 @@ pub fn dump_events(
     blocks: &[DumpedBlock],
     engine: &HashMap<(WorkerSlot, SeqHash), EngineHash>,
 ) {
-    let parent_of: HashMap<SeqHash, Option<SeqHash>> =
-        blocks.iter().map(|b| (b.seq, b.parent)).collect();
-    let mut depth: HashMap<SeqHash, u32> = HashMap::with_capacity(parent_of.len());
-    let mut chain = Vec::new();
-    for b in blocks {
-        // Climb until a block of known depth, a root, or a parent missing from the dump;
-        // then number the climbed blocks top-down.
-        let mut cur = b.seq;
-        let base = loop {
-            if let Some(d) = depth.get(&cur) {
-                break d + 1;
-            }
-            chain.push(cur);
-            match parent_of.get(&cur).copied().flatten() {
-                Some(p) if parent_of.contains_key(&p) && chain.len() <= parent_of.len() => cur = p,
-                _ => break 0,
-            }
-        };
-        for (i, s) in chain.drain(..).rev().enumerate() {
-            depth.insert(s, base + i as u32);
-        }
-    }
+    let depth = crate::shard::chain_depths(blocks);
     let mut order: Vec<&DumpedBlock> = blocks.iter().collect();
     // Cached keys: a hash lookup per comparison is seconds at a million blocks.
     order.sort_by_cached_key(|b| {

@@ -521,14 +521,14 @@ impl Drop for Engine {
 /// (worker_id, dp_rank, block_hash, parent_hash, tokens_hash, storage_tier).
 pub type Row = (u64, u64, u64, Option<u64>, u64, String);
 
-/// `/dump` of `model:default` as a set of rows (and the count, to catch duplicates).
-pub fn dump_set(s: &Server, model: &str) -> (BTreeSet<Row>, usize) {
+/// `/dump` of `model:default`: its block size and its events as rows, in dump order.
+pub fn dump_rows(s: &Server, model: &str) -> (Option<u64>, Vec<Row>) {
     let d = s.get_json("/dump");
-    let Some(events) = d[format!("{model}:default")]["events"].as_array().cloned() else {
-        return (BTreeSet::new(), 0);
-    };
-    let rows: Vec<Row> = events
-        .iter()
+    let ix = &d[format!("{model}:default")];
+    let rows = ix["events"]
+        .as_array()
+        .into_iter()
+        .flatten()
         .map(|e| {
             let st = &e["event"]["data"]["stored"];
             let b = &st["blocks"][0];
@@ -542,6 +542,12 @@ pub fn dump_set(s: &Server, model: &str) -> (BTreeSet<Row>, usize) {
             )
         })
         .collect();
+    (ix["block_size"].as_u64(), rows)
+}
+
+/// `/dump` of `model:default` as a set of rows (and the count, to catch duplicates).
+pub fn dump_set(s: &Server, model: &str) -> (BTreeSet<Row>, usize) {
+    let rows = dump_rows(s, model).1;
     let n = rows.len();
     (rows.into_iter().collect(), n)
 }

@@ -1,0 +1,31 @@
+# Shared by perf/run.sh and perf/bench.sh (sourced, not run): the trace fallback,
+# the release build, the machine description and small server helpers.
+
+# Use the shared Mooncake trace when present, else the 500-request head kept in tests/data.
+pick_trace() {
+    [ -f "$TRACE" ] || TRACE=tests/data/mooncake_trace_head500.jsonl
+}
+
+build_release() {
+    cargo build --release --bin kvix --bin kvix-load --bin kvix-hello
+    BIN=target/release
+}
+
+# describe_machine FILE EXTRA: what the figures were measured on.
+describe_machine() {
+    {
+        echo "date: $(date -u +%FT%TZ)"
+        echo "commit: $(git rev-parse --short HEAD)$(git diff --quiet || echo -dirty)"
+        echo "nproc: $(nproc)"
+        echo "cpu: $(lscpu | sed -n 's/^Model name:[[:space:]]*//p')"
+        echo "kernel: $(uname -r)"
+        echo "$2"
+    } >"$1"
+}
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+wait_health() {
+    for _ in $(seq 200); do curl -fs "http://127.0.0.1:$1/health" >/dev/null && return 0; sleep 0.05; done
+    return 1
+}
