@@ -141,7 +141,6 @@ pub(super) fn event(c: &mut Cursor<'_>, out: &mut Batch) -> Result<Option<EventR
         (None, None) => return Err(WireError::Missing { field: "type" }),
     };
     ev.op = op;
-    ev.kind = op.kind();
     ev.dialect = dialect;
 
     // Which hashes.

@@ -62,20 +62,7 @@ pub enum WireError {
     Trailing,
 }
 
-/// What kind of change one event makes, as the index sees it.
-///
-/// Kept at three variants so existing consumers stay exhaustive; the finer
-/// [`EventOp`] (in [`EventRec::op`]) adds Mooncake's replica update, which is
-/// projected here onto `Stored` with no blocks (a no-op for a consumer that
-/// does not look at `op`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EventKind {
-    Stored,
-    Removed,
-    Cleared,
-}
-
-/// The full-fidelity event operation.
+/// What one event does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum EventOp {
     /// vLLM/SGLang `BlockStored`, RFC #1527 `stored`, legacy `BlockStoreEvent`.
@@ -87,19 +74,8 @@ pub enum EventOp {
     /// An RFC event scopes the clear to its stream (`medium`, `dp_rank`, ...).
     Cleared,
     /// Legacy Mooncake `BlockUpdateEvent`: the replica list (`replicas`) of the
-    /// object `object_key` changed; no hashes, no tokens. `kind` is `Stored`.
+    /// object `object_key` changed; no hashes, no tokens.
     Updated,
-}
-
-impl EventOp {
-    /// The three-way projection stored in [`EventRec::kind`].
-    pub fn kind(self) -> EventKind {
-        match self {
-            EventOp::Stored | EventOp::Updated => EventKind::Stored,
-            EventOp::Removed => EventKind::Removed,
-            EventOp::Cleared => EventKind::Cleared,
-        }
-    }
 }
 
 /// What the values in an event's `hashes` (and `parent`) are.
@@ -143,8 +119,6 @@ pub struct ReplicaRec {
 /// Every string range was validated as UTF-8 while decoding.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EventRec {
-    /// Three-way projection of `op` (see [`EventKind`]).
-    pub kind: EventKind,
     /// Block hashes, into [`Batch::hashes`]; their meaning is given by `hash_kind`.
     pub hashes: Range<usize>,
     /// Hash of the block before the first one (same `hash_kind` as `hashes`).
@@ -195,7 +169,6 @@ impl EventRec {
     /// An event with no payload at the current ends of `out`'s arrays.
     pub fn empty(op: EventOp, out: &Batch) -> EventRec {
         EventRec {
-            kind: op.kind(),
             hashes: out.hashes.len()..out.hashes.len(),
             parent: None,
             tokens: out.tokens.len()..out.tokens.len(),
@@ -247,7 +220,6 @@ pub struct Batch {
 /// A borrowed view of one event, for the ingest layer.
 #[derive(Clone, Copy, Debug)]
 pub struct Event<'a> {
-    pub kind: EventKind,
     pub hashes: &'a [EngineHash],
     pub parent: Option<EngineHash>,
     pub tokens: &'a [u32],
@@ -332,7 +304,6 @@ impl Batch {
     pub fn events<'a>(&'a self, payload: &'a [u8]) -> impl Iterator<Item = Event<'a>> + 'a {
         let text = move |r: &Option<Range<usize>>| r.clone().map(|r| utf8(payload, r));
         self.events.iter().map(move |e| Event {
-            kind: e.kind,
             hashes: &self.hashes[e.hashes.clone()],
             parent: e.parent,
             tokens: &self.tokens[e.tokens.clone()],

@@ -67,7 +67,7 @@ fn vllm_oldest_layout() {
     assert_eq!(ev[0].hashes, &[h(11), h(12)]);
     assert_eq!(ev[0].block_size, Some(4));
     assert_eq!(ev[0].medium, None);
-    assert_eq!(ev[1].kind, EventKind::Removed);
+    assert_eq!(ev[1].op, EventOp::Removed);
     assert_eq!(ev[1].hashes, &[h(12)]);
     assert_eq!(ev[1].medium, None);
 }
@@ -90,7 +90,7 @@ fn vllm_every_tail_field() {
     assert_eq!(ev[1].hashes, &[h(22)]);
     assert_eq!(ev[1].medium, Some("GPU"));
     assert_eq!(ev[1].group_idx, Some(0));
-    assert_eq!(ev[2].kind, EventKind::Cleared);
+    assert_eq!(ev[2].op, EventOp::Cleared);
 }
 
 #[test]
@@ -144,7 +144,7 @@ fn sglang_media_metadata_maps_and_bigrams() {
         (Some("EXTERNAL"), Some("tenant-b"))
     );
     assert_eq!(Tier::well_known(Some("EXTERNAL")), None);
-    assert_eq!(ev[1].kind, EventKind::Removed);
+    assert_eq!(ev[1].op, EventOp::Removed);
 
     let (b, p) = decoded("sglang_bigram_tokens");
     let ev: Vec<_> = b.events(&p).collect();
@@ -195,8 +195,8 @@ fn rfc_tokens_removed_cleared_map_batch() {
     let (b, p) = decoded("mc_rfc_removed");
     let e = b.events(&p).next().unwrap();
     assert_eq!(
-        (e.kind, e.hash_kind, e.medium),
-        (EventKind::Removed, HashKind::Seq, Some("cpu"))
+        (e.op, e.hash_kind, e.medium),
+        (EventOp::Removed, HashKind::Seq, Some("cpu"))
     );
     assert_eq!(
         (e.hashes, e.base_block_idx),
@@ -206,13 +206,8 @@ fn rfc_tokens_removed_cleared_map_batch() {
     let (b, p) = decoded("mc_rfc_cleared");
     let e = b.events(&p).next().unwrap();
     assert_eq!(
-        (e.kind, e.op, e.medium, e.backend_id),
-        (
-            EventKind::Cleared,
-            EventOp::Cleared,
-            Some("disk"),
-            Some("mooncake-daemon-0")
-        )
+        (e.op, e.medium, e.backend_id),
+        (EventOp::Cleared, Some("disk"), Some("mooncake-daemon-0"))
     );
     assert_eq!(e.event_id, Some(44));
 
@@ -234,8 +229,8 @@ fn rfc_object_keys() {
     assert!(ev[2].hashes.is_empty(), "an opaque key is no seq hash");
     assert!(ev[2].object_key.unwrap().starts_with("llama-3.1-8b@tp0@"));
     assert_eq!(
-        (ev[3].kind, ev[3].hashes),
-        (EventKind::Removed, &[h(123456789)][..])
+        (ev[3].op, ev[3].hashes),
+        (EventOp::Removed, &[h(123456789)][..])
     );
     assert!(
         ev.iter()
@@ -250,13 +245,8 @@ fn legacy_mooncake_seed_layout() {
     assert_eq!(ev.len(), 4);
     let e = &ev[0];
     assert_eq!(
-        (e.op, e.kind, e.dialect, e.hash_kind),
-        (
-            EventOp::Stored,
-            EventKind::Stored,
-            Dialect::MooncakeLegacy,
-            HashKind::Engine
-        )
+        (e.op, e.dialect, e.hash_kind),
+        (EventOp::Stored, Dialect::MooncakeLegacy, HashKind::Engine)
     );
     assert_eq!(
         (e.hashes, e.parent, e.tokens),
@@ -286,16 +276,10 @@ fn legacy_mooncake_seed_layout() {
         (ev[1].parent, ev[1].lora_name, ev[1].lora_id),
         (Some(h(0xA1)), Some("sql"), Some(3))
     );
-    assert_eq!(
-        (ev[2].op, ev[2].kind),
-        (EventOp::Updated, EventKind::Stored)
-    );
+    assert_eq!(ev[2].op, EventOp::Updated);
     assert!(ev[2].hashes.is_empty() && ev[2].tokens.is_empty());
     assert_eq!((ev[2].object_key, ev[2].replicas.len()), (Some("key-a"), 1));
-    assert_eq!(
-        (ev[3].op, ev[3].kind),
-        (EventOp::Cleared, EventKind::Cleared)
-    );
+    assert_eq!(ev[3].op, EventOp::Cleared);
 }
 
 #[test]

@@ -124,7 +124,7 @@ pub(super) fn event_array(
 mod tests {
     use super::*;
     use crate::types::EngineHash;
-    use crate::wire::{Event, EventKind};
+    use crate::wire::{Event, EventOp};
 
     /// Payloads encoded by msgspec exactly as the engines encode them (scripts/gen_vllm_fixtures.py).
     pub fn fixture(name: &str) -> Vec<u8> {
@@ -155,7 +155,7 @@ mod tests {
         assert_eq!(b.dp_rank, Some(3));
         let ev = events(&b, &p);
         assert_eq!(ev.len(), 3);
-        assert_eq!(ev[0].kind, EventKind::Stored);
+        assert_eq!(ev[0].op, EventOp::Stored);
         assert_eq!(
             ev[0].hashes,
             &[EngineHash(-5i64 as u64), EngineHash(u64::MAX)]
@@ -165,9 +165,9 @@ mod tests {
         assert_eq!(ev[0].block_size, Some(4));
         assert_eq!(ev[0].medium, Some("GPU"));
         assert_eq!(ev[0].lora_name, Some("my-lora"));
-        assert_eq!(ev[1].kind, EventKind::Removed);
+        assert_eq!(ev[1].op, EventOp::Removed);
         assert_eq!(ev[1].hashes, &[EngineHash(-5i64 as u64)]);
-        assert_eq!(ev[2].kind, EventKind::Cleared);
+        assert_eq!(ev[2].op, EventOp::Cleared);
     }
 
     #[test]
@@ -203,11 +203,11 @@ mod tests {
         let (b, p) = decoded("vllm_map");
         assert_eq!(b.dp_rank, Some(2));
         let ev = events(&b, &p);
-        assert_eq!(ev[0].kind, EventKind::Stored);
+        assert_eq!(ev[0].op, EventOp::Stored);
         assert_eq!(ev[0].parent, Some(EngineHash(9)));
         assert_eq!(ev[0].lora_name, Some("sql"));
-        assert_eq!(ev[1].kind, EventKind::Removed);
-        assert_eq!(ev[2].kind, EventKind::Cleared);
+        assert_eq!(ev[1].op, EventOp::Removed);
+        assert_eq!(ev[2].op, EventOp::Cleared);
     }
 
     #[test]
