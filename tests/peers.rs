@@ -66,13 +66,7 @@ fn replica_bootstraps_from_a_loaded_peer_while_it_keeps_ingesting() {
     let b_args = args(Some(&a.base));
     let b = Server::start(&b_args.iter().map(String::as_str).collect::<Vec<_>>());
     // B waits ~1 s after connecting, then fetches A's dump; keep loading past that.
-    b.eventually("B recovered from A", || {
-        if b.log().contains("recovered from peer") {
-            Ok(())
-        } else {
-            Err("not yet".into())
-        }
-    });
+    b.wait_log("recovered from peer");
     std::thread::sleep(Duration::from_millis(500));
     stop.store(true, Ordering::Relaxed);
     let (_engines, batches) = load.join().unwrap();
@@ -109,13 +103,7 @@ fn unreachable_peers_mean_an_empty_start_said_in_the_log() {
         "100",
     ]);
     e.publisher.wait_subscriber();
-    s.eventually("no-peer log line", || {
-        if s.log().contains("no peer reachable") {
-            Ok(())
-        } else {
-            Err("not yet".into())
-        }
-    });
+    s.wait_log("no peer reachable");
     // Live events still apply afterwards.
     e.publish(&stored(&[1], None, &[1, 2, 3, 4], 4));
     s.eventually("live event applied", || {
@@ -190,13 +178,7 @@ fn bootstraps_from_a_dynamo_indexer_dump() {
         "100",
     ]);
     e.publisher.wait_subscriber();
-    s.eventually("recovered", || {
-        if s.log().contains("recovered from peer") {
-            Ok(())
-        } else {
-            Err("not yet".into())
-        }
-    });
+    s.wait_log("recovered from peer");
     // A live event whose parent is a block known only from the peer's dump resolves.
     e.publish(&stored(&[13], Some(12), &[9, 10, 11, 12], 4));
     let q = json!({"token_ids": (1..=12).collect::<Vec<u32>>(), "model_name": MODEL});

@@ -241,13 +241,7 @@ fn million_blocks_write_and_warm_restart() {
         "0",
     ]);
     let healthy = t0.elapsed();
-    s2.eventually("recovered", || {
-        if s2.log().contains("recovery done") {
-            Ok(())
-        } else {
-            Err("no".into())
-        }
-    });
+    s2.wait_log("recovery done");
     let recovered = t0.elapsed();
     let log = s2.log();
     let line = log

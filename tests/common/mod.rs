@@ -133,6 +133,17 @@ impl Server {
         }
     }
 
+    /// Wait until the server has logged a line containing `needle`.
+    pub fn wait_log(&self, needle: &str) {
+        self.eventually(&format!("log line `{needle}`"), || {
+            if self.log().contains(needle) {
+                Ok(())
+            } else {
+                Err("not logged yet".into())
+            }
+        });
+    }
+
     /// Poll a JSON POST until its answer equals `want`.
     pub fn wait_post_eq(&self, path: &str, body: &Value, want: &Value) {
         self.eventually(&format!("POST {path} {body} == {want}"), || {
