@@ -7,6 +7,7 @@
 use super::Reply;
 use super::error::{ApiError, parse};
 use super::json;
+use super::token_ids;
 use crate::hash;
 use crate::query;
 use crate::query::gather;
@@ -420,16 +421,15 @@ fn conductor_overlap(
     instances.into_iter().zip(per).collect()
 }
 
-/// Token ids read straight from their JSON text: a query's body is mostly a
-/// thousand or more of them, and the generic per-element path dominated its cost
-/// (callgrind: serde_json's integer parsing was the top symbol). Anything but plain
-/// non-negative integers falls back to serde_json, which reports the exact error.
+/// Token ids when serde_json parses the body (see [`token_ids`] for the usual path):
+/// plain arrays still skip the per-element path; anything else goes through
+/// serde_json, which reports the exact error.
 struct TokenIds(Vec<u32>);
 
 impl<'de> Deserialize<'de> for TokenIds {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let raw: Box<serde_json::value::RawValue> = Deserialize::deserialize(d)?;
-        if let Some(v) = plain_u32_array(raw.get().as_bytes()) {
+        if let Some(v) = token_ids::plain_u32_array(raw.get().as_bytes()) {
             return Ok(TokenIds(v));
         }
         let de = &mut serde_json::Deserializer::from_str(raw.get());
@@ -439,60 +439,6 @@ impl<'de> Deserialize<'de> for TokenIds {
                 let at = e.path().to_string();
                 serde::de::Error::custom(format!("element {at}: {}", e.into_inner()))
             })
-    }
-}
-
-/// `[1, 22, 333]` → ids; `None` for anything else (signs, fractions, exponents,
-/// leading zeros, overflow, other types), which the caller hands to serde_json.
-fn plain_u32_array(s: &[u8]) -> Option<Vec<u32>> {
-    let ws = |b: u8| matches!(b, b' ' | b'\n' | b'\r' | b'\t');
-    let mut i = 0;
-    let skip = |i: &mut usize| {
-        while *i < s.len() && ws(s[*i]) {
-            *i += 1;
-        }
-    };
-    skip(&mut i);
-    if s.get(i) != Some(&b'[') {
-        return None;
-    }
-    i += 1;
-    // Every id takes at least two bytes ("1,"): a safe capacity bound.
-    let mut out = Vec::with_capacity(s.len() / 2);
-    skip(&mut i);
-    if s.get(i) == Some(&b']') {
-        i += 1;
-        skip(&mut i);
-        return (i == s.len()).then_some(out);
-    }
-    loop {
-        let start = i;
-        let mut v: u64 = 0;
-        while i < s.len() && s[i].is_ascii_digit() {
-            v = v * 10 + (s[i] - b'0') as u64;
-            i += 1;
-            if i - start > 10 {
-                return None;
-            }
-        }
-        let len = i - start;
-        if len == 0 || (len > 1 && s[start] == b'0') || v > u32::MAX as u64 {
-            return None;
-        }
-        out.push(v as u32);
-        skip(&mut i);
-        match s.get(i) {
-            Some(b',') => {
-                i += 1;
-                skip(&mut i);
-            }
-            Some(b']') => {
-                i += 1;
-                skip(&mut i);
-                return (i == s.len()).then_some(out);
-            }
-            _ => return None,
-        }
     }
 }
 
@@ -508,7 +454,17 @@ struct QueryReq {
 }
 
 pub async fn query(core: &Core, body: &[u8], forced: Option<Shape>) -> Result<Reply, ApiError> {
-    let r: QueryReq = parse(body)?;
+    let r: QueryReq = match token_ids::split(body) {
+        Some((ids, rest)) => match serde_json::from_slice::<QueryReq>(&rest) {
+            Ok(r) => QueryReq {
+                token_ids: TokenIds(ids),
+                ..r
+            },
+            // Errors are reported against the body as sent.
+            Err(_) => parse(body)?,
+        },
+        None => parse(body)?,
+    };
     let t = resolve(core, r.scope, forced)?;
     let token_ids = r.token_ids.0;
     let seed = hash::block_seed(t.lora.as_deref(), r.cache_salt.as_deref());
@@ -680,40 +636,4 @@ pub fn peers(core: &Core) -> Result<Reply, ApiError> {
         StatusCode::OK,
         serde_json::to_vec(&core.app.peers()).unwrap_or_default(),
     ))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::plain_u32_array;
-
-    #[test]
-    fn plain_token_arrays_parse_and_anything_else_falls_back() {
-        assert_eq!(
-            plain_u32_array(b"[1, 22,333 ,\n4294967295]"),
-            Some(vec![1, 22, 333, u32::MAX])
-        );
-        assert_eq!(plain_u32_array(b" [ ] "), Some(vec![]));
-        assert_eq!(plain_u32_array(b"[0,10]"), Some(vec![0, 10]));
-        for bad in [
-            &b"[4294967296]"[..],
-            b"[-1]",
-            b"[1.0]",
-            b"[1e3]",
-            b"[01]",
-            b"[1,]",
-            b"[1 2]",
-            b"[\"1\"]",
-            b"[1",
-            b"[1]]",
-            b"{}",
-            b"[99999999999999999999]",
-        ] {
-            assert_eq!(
-                plain_u32_array(bad),
-                None,
-                "{}",
-                String::from_utf8_lossy(bad)
-            );
-        }
-    }
 }

@@ -7,6 +7,7 @@
 pub mod api;
 pub mod error;
 pub mod json;
+pub mod token_ids;
 
 use crate::runtime::Core;
 use crate::runtime::io::HyperStream;
