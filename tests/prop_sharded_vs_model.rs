@@ -11,7 +11,7 @@ use kvix::hash;
 use kvix::ingest::feed::WorkerFeed;
 use kvix::query::{self, Overlap};
 use kvix::registry::{Endpoint, Registration, Registry};
-use kvix::ring::{RingSink, Rings};
+use kvix::ring::{OpSink, RingSink, Rings};
 use kvix::shard::Shard;
 use kvix::types::{IndexId, ShardId, WorkerSlot};
 use kvix::wire::{self, Batch};
@@ -155,6 +155,7 @@ impl Sharded {
     fn publish(&mut self, inst: u64, payload: &[u8]) {
         wire::vllm::decode(payload, &mut self.batch).expect("test frames are valid");
         self.feeds[inst as usize].apply(&self.batch, payload, &self.registry, &mut self.sink);
+        self.sink.flush();
         for (i, shard) in self.shards.iter_mut().enumerate() {
             self.rings
                 .drain(ShardId(i), usize::MAX, |op| shard.apply(op));

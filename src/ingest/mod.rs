@@ -392,6 +392,7 @@ impl IngestThread {
                     self.drain(i);
                 }
             }
+            self.sink.flush();
             if busy {
                 self.since_trim += 1;
             } else if self.since_trim > 0 {
@@ -407,6 +408,9 @@ impl IngestThread {
     }
 
     fn command(&mut self, cmd: Command) {
+        // A command may answer (sequence numbers, "done"): ops pushed before it, and
+        // by it, must be visible to the shards by then.
+        self.sink.flush();
         match cmd {
             Command::Add {
                 index,
@@ -440,6 +444,7 @@ impl IngestThread {
                     });
                     stats
                 });
+                self.sink.flush();
                 let _ = done.send(r);
             }
             Command::Remove {
@@ -486,6 +491,7 @@ impl IngestThread {
                         tiers: 0xff,
                     });
                 }
+                self.sink.flush();
                 let _ = done.send(());
             }
             Command::EngineHashes { index, done } => {
@@ -493,6 +499,7 @@ impl IngestThread {
                 for l in &self.listeners {
                     l.feed.engine_hashes(index, &mut out);
                 }
+                self.sink.flush();
                 let _ = done.send(out);
             }
             Command::Seed {
@@ -537,6 +544,7 @@ impl IngestThread {
                     },
                     None => SeedOutcome::NoListener,
                 };
+                self.sink.flush();
                 let _ = done.send(r);
             }
             Command::Seqs { done } => {
@@ -546,6 +554,7 @@ impl IngestThread {
                         all.insert(seq_key(l), seq);
                     }
                 }
+                self.sink.flush();
                 let _ = done.send(all.into_iter().collect());
             }
             Command::RestoreSeq { key, seq } => {
@@ -565,6 +574,7 @@ impl IngestThread {
                         self.replay(i, last.wrapping_add(1));
                     }
                 }
+                self.sink.flush();
                 let _ = done.send(());
             }
             Command::Shutdown => {}
