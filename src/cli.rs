@@ -36,8 +36,9 @@ pub struct Args {
     /// Comma-separated peer URLs for P2P recovery (e.g. "http://host1:8090,http://host2:8091")
     #[arg(long)]
     pub peers: Option<String>,
-    /// Number of ZMQ ingest threads (workers are spread over them)
-    #[arg(long, default_value_t = 1)]
+    /// Number of ZMQ ingest threads (workers are spread over them); 0: one per
+    /// executor thread
+    #[arg(long, default_value_t = 0)]
     pub ingest_threads: usize,
     /// Microseconds an idle executor spins before parking (lower = less CPU when idle,
     /// higher = faster cross-core scatter/gather)

@@ -54,7 +54,13 @@ fn run(args: Args) -> Result<(), String> {
         path,
         interval: Duration::from_secs_f64(args.snapshot_interval.max(0.0)),
     });
-    let app = App::start_with(shards, args.ingest_threads, args.ring_capacity, snapshot);
+    // Decoding is the serial stage of the event path: one ingest thread per executor
+    // applied 1.6-1.8x the blocks/s of a single one on 2 cores (BENCHMARKS.md).
+    let ingest_threads = match args.ingest_threads {
+        0 => shards,
+        n => n,
+    };
+    let app = App::start_with(shards, ingest_threads, args.ring_capacity, snapshot);
     for p in parse_peers(args.peers.as_deref().unwrap_or("")) {
         app.add_peer(p);
     }

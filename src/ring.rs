@@ -237,10 +237,16 @@ mod tests {
         let consumer = {
             let rings = rings.clone();
             std::thread::spawn(move || {
+                // Drain only once the producer has found the ring full.
+                let t0 = std::time::Instant::now();
+                while rings.stalls(ShardId(0)) == 0 {
+                    assert!(t0.elapsed().as_secs() < 10, "producer never waited");
+                    std::thread::yield_now();
+                }
                 let mut n = 0;
                 while n < total {
                     n += rings.drain(ShardId(0), usize::MAX, |_| {});
-                    std::thread::sleep(std::time::Duration::from_millis(1));
+                    std::thread::yield_now();
                 }
                 n
             })
@@ -250,6 +256,5 @@ mod tests {
         }
         sink.flush();
         assert_eq!(consumer.join().unwrap(), total);
-        assert!(rings.stalls(ShardId(0)) > 0);
     }
 }
