@@ -39,9 +39,11 @@ rss_kib() { awk '/VmRSS/ {print $2}' "/proc/$1/status"; }
 PID=""
 cleanup() { [ -n "$PID" ] && kill "$PID" 2>/dev/null; wait 2>/dev/null || true; }
 trap cleanup EXIT
-start() { # start BINARY THREADS → sets PID and PORT
+start() { # start BINARY THREADS [ARGS...] → sets PID and PORT
+    local bin=$1 threads=$2
+    shift 2
     PORT=$(free_port)
-    "$BIN/$1" --host 127.0.0.1 --port "$PORT" --threads "$2" 2>>"$OUT/server.log" &
+    "$BIN/$bin" --host 127.0.0.1 --port "$PORT" --threads "$threads" "$@" 2>>"$OUT/server.log" &
     PID=$!
     wait_health "$PORT"
 }
@@ -58,6 +60,15 @@ for threads in 1 2; do
             --pid "$PID" --keep >"$OUT/events-t$threads-w$workers.json"
         stop
     done
+done
+
+# Ingest threads: the serial stage of the event path, spread over 1-3 threads.
+for ingest in 1 2 3; do
+    say "events: --threads 2 --ingest-threads $ingest, 16 workers"
+    start kvix 2 --ingest-threads "$ingest"
+    "${LOAD[@]}" events --url "http://127.0.0.1:$PORT" "${COMMON[@]}" --workers-count 16 \
+        --pid "$PID" --keep >"$OUT/events-t2-w16-i$ingest.json"
+    stop
 done
 
 # 2. Queries against a --threads 2 kvix holding the 16-worker index.

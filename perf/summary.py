@@ -18,8 +18,8 @@ def mb(x):
 
 print(f"Machine and run: `{open(os.path.join(out, 'machine.txt')).read().strip()}`\n".replace("\n", "; ").rstrip("; "))
 print()
-print("| shards | workers | blocks stored / removed | blocks applied/s | RSS growth | bytes / live (block, worker) | bytes / unique block |")
-print("|---|---|---|---|---|---|---|")
+print("| shards | workers | blocks stored / removed | blocks applied/s | RSS growth (settled) | bytes / live (block, worker) | same, at last sentinel | bytes / unique block |")
+print("|---|---|---|---|---|---|---|---|")
 for t in (1, 2):
     for w in (16, 64):
         e = load(f"events-t{t}-w{w}.json")["events"]
@@ -27,9 +27,20 @@ for t in (1, 2):
         grow = (e["rss_after_bytes"] - e["rss_before_bytes"]) / 2**20
         print(
             f"| {t} | {w} | {mb(s['blocks_stored'])} / {mb(s['blocks_removed'])} | {mb(e['blocks_applied_per_sec'])} "
-            f"| {grow:.0f} MiB | {e['bytes_per_live_pair']:.1f} | {e['bytes_per_unique_block']:.1f} |"
+            f"| {grow:.0f} MiB | {e['bytes_per_live_pair']:.1f} | {e.get('bytes_per_live_pair_at_apply') or 0:.1f} "
+            f"| {e['bytes_per_unique_block']:.1f} |"
         )
 print()
+sweep = [(i, f"events-t2-w16-i{i}.json") for i in (1, 2, 3)]
+if all(os.path.exists(os.path.join(out, f)) for _, f in sweep):
+    print("Ingest threads (--threads 2, 16 workers; the default is one per executor):")
+    print()
+    print("| --ingest-threads | blocks applied/s | bytes / live (block, worker) |")
+    print("|---|---|---|")
+    for i, f in sweep:
+        e = load(f)["events"]
+        print(f"| {i} | {mb(e['blocks_applied_per_sec'])} | {e['bytes_per_live_pair']:.1f} |")
+    print()
 
 closed = {("kvix", q["endpoint"], q["prompt_tokens"], q["connections"]): q for q in load("kvix-closed.json")["queries"]}
 hello = {(q["prompt_tokens"], q["connections"]): q for q in load("hello-closed.json")["queries"]}

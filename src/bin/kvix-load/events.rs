@@ -278,6 +278,21 @@ fn tree_sizes_sum(body: &[u8], instances: &[u64]) -> Option<u64> {
 }
 
 /// Resident set size of a process in bytes, from /proc/PID/status.
+/// RSS once it stops falling: sampled every 250 ms until a sample is within 1% of
+/// the one before (at most 3 s), so buffers freed after a burst are not counted.
+pub fn settled_rss_bytes(pid: u32) -> Option<u64> {
+    let mut last = rss_bytes(pid)?;
+    for _ in 0..12 {
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        let now = rss_bytes(pid)?;
+        if now + last / 100 >= last {
+            return Some(now.min(last));
+        }
+        last = now;
+    }
+    Some(last)
+}
+
 pub fn rss_bytes(pid: u32) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = s.lines().find(|l| l.starts_with("VmRSS:"))?;

@@ -324,12 +324,16 @@ fn run(cmd: Cmd) -> Result<bool, String> {
         if !publish.all_sentinels_seen {
             note(quiet, "not every sentinel was seen before --settle-timeout");
         }
-        let rss_after = common.pid.and_then(events::rss_bytes);
+        // RSS right after the last sentinel still holds frames the indexer buffered
+        // during the burst; live memory is read once RSS stops falling.
+        let rss_applied = common.pid.and_then(events::rss_bytes);
+        let rss_after = common.pid.and_then(events::settled_rss_bytes);
         let blocks = (sim_stats.blocks_stored + sim_stats.blocks_removed) as f64;
-        let growth = match (rss_before, rss_after) {
+        let growth = |after: Option<u64>| match (rss_before, after) {
             (Some(b), Some(a)) => Some(a as f64 - b as f64),
             _ => None,
         };
+        let (growth_applied, growth) = (growth(rss_applied), growth(rss_after));
         report.events = Some(EventReport {
             workers: ev.workers_count,
             policy: ev.policy,
@@ -339,7 +343,10 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             blocks_published_per_sec: blocks / publish.publish_secs.max(1e-9),
             frames_published_per_sec: total_frames as f64 / publish.publish_secs.max(1e-9),
             rss_before_bytes: rss_before,
+            rss_applied_bytes: rss_applied,
             rss_after_bytes: rss_after,
+            bytes_per_live_pair_at_apply: growth_applied
+                .map(|g| g / sim_stats.live_pairs.max(1) as f64),
             bytes_per_live_pair: growth.map(|g| g / sim_stats.live_pairs.max(1) as f64),
             bytes_per_unique_block: growth.map(|g| g / sim_stats.live_unique_blocks.max(1) as f64),
             sim: sim_stats,

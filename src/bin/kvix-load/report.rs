@@ -35,8 +35,13 @@ pub struct EventReport {
     pub blocks_published_per_sec: f64,
     pub frames_published_per_sec: f64,
     pub rss_before_bytes: Option<u64>,
+    /// RSS when the last sentinel was seen (burst buffers included).
+    pub rss_applied_bytes: Option<u64>,
+    /// RSS once it stopped falling after the burst.
     pub rss_after_bytes: Option<u64>,
-    /// RSS growth over live (block, worker) pairs.
+    /// RSS growth at the last sentinel over live pairs (the burst's transient peak).
+    pub bytes_per_live_pair_at_apply: Option<f64>,
+    /// Settled RSS growth over live (block, worker) pairs.
     pub bytes_per_live_pair: Option<f64>,
     /// RSS growth over distinct live blocks.
     pub bytes_per_unique_block: Option<f64>,
@@ -157,10 +162,13 @@ pub fn print_table(r: &Report) {
             println!("  {k:<28} {v}");
         }
         if let (Some(b), Some(a)) = (e.rss_before_bytes, e.rss_after_bytes) {
-            println!("  {:<28} {} -> {}", "indexer RSS", mib(b), mib(a));
+            println!("  {:<28} {} -> {}", "indexer RSS (settled)", mib(b), mib(a));
         }
         if let Some(x) = e.bytes_per_live_pair {
             println!("  {:<28} {x:.1}", "RSS bytes / live pair");
+        }
+        if let Some(x) = e.bytes_per_live_pair_at_apply {
+            println!("  {:<28} {x:.1}", "  same, at last sentinel");
         }
         if let Some(x) = e.bytes_per_unique_block {
             println!("  {:<28} {x:.1}", "RSS bytes / unique block");
