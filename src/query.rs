@@ -20,7 +20,8 @@ use crate::types::{IndexId, SeqHash, Tier, WorkerSlot};
 /// What one shard answers for its part of a query.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct ShardReply {
-    /// Per requested block, in order: `[n, holder_1 .. holder_n]`.
+    /// Per requested block, in order: `[n, holder_1 .. holder_n]`, ending at the
+    /// first block with no holder (the prefix ends there for every worker).
     pub holders: Vec<u32>,
     /// Blocks held per slot in this shard (for `tree_sizes`).
     pub per_slot: Vec<u32>,
@@ -114,7 +115,8 @@ pub fn gather(
     out
 }
 
-/// The holders of each query block, in prefix order, read from the shards' replies.
+/// The holders of each query block, in prefix order, read from the shards' replies;
+/// ends where a reply ends (past a block nobody holds).
 struct Blocks<'a> {
     seqs: std::slice::Iter<'a, SeqHash>,
     replies: &'a [ShardReply],

@@ -251,16 +251,25 @@ impl Shard {
     }
 
     /// Holders of each block in `seqs`, appended to `out` as `[n, h1..hn]` per block.
+    /// Holders of `seqs` (one part of a query, in prefix order) as `[n, holder..]`
+    /// per block, up to and including the first block nobody holds: no worker's
+    /// prefix reaches past it, so the blocks after it are not looked up.
     pub fn lookup(&self, index: IndexId, seqs: &[SeqHash], out: &mut Vec<u32>) {
-        let ix = self.index(index);
+        let Some(ix) = self.index(index) else {
+            out.extend(seqs.first().map(|_| 0));
+            return;
+        };
         for s in seqs {
-            match ix.and_then(|ix| ix.blocks.get(s).map(|n| (n, &ix.slab))) {
-                Some((node, slab)) => {
-                    let hs = node.holders.as_slice(slab);
+            match ix.blocks.get(s) {
+                Some(node) => {
+                    let hs = node.holders.as_slice(&ix.slab);
                     out.push(hs.len() as u32);
                     out.extend_from_slice(hs);
                 }
-                None => out.push(0),
+                None => {
+                    out.push(0);
+                    return;
+                }
             }
         }
     }
@@ -325,6 +334,21 @@ mod tests {
         let mut out = Vec::new();
         s.lookup(IndexId(0), &[SeqHash(seq)], &mut out);
         out[1..].to_vec()
+    }
+
+    #[test]
+    fn lookup_stops_after_the_first_block_nobody_holds() {
+        let mut s = Shard::default();
+        for seq in [1, 2, 4] {
+            s.apply(store(seq, 3, Tier::DEVICE));
+        }
+        let h = Holder::new(WorkerSlot(3), Tier::DEVICE.bit()).0;
+        let mut out = Vec::new();
+        s.lookup(IndexId(0), &[1, 2, 3, 4].map(SeqHash), &mut out);
+        assert_eq!(out, vec![1, h, 1, h, 0]);
+        out.clear();
+        s.lookup(IndexId(9), &[1, 2].map(SeqHash), &mut out);
+        assert_eq!(out, vec![0]);
     }
 
     #[test]
