@@ -113,16 +113,16 @@ impl Core {
         }
     }
 
-    /// Send `req` to every shard (answering our own directly) and collect the replies by shard.
+    /// Send `req` to every shard and collect the replies by shard. Peers are asked
+    /// first and our own part is answered while they work.
     async fn scatter(&self, mut reqs: Vec<Option<Req>>) -> Vec<Option<Rep>> {
         let mut out: Vec<Option<Rep>> = (0..self.shards).map(|_| None).collect();
         let mut waits = Vec::new();
         for (i, req) in reqs.iter_mut().enumerate() {
-            let Some(req) = req.take() else { continue };
             if i == self.id.0 {
-                out[i] = Some(self.answer(req));
                 continue;
             }
+            let Some(req) = req.take() else { continue };
             let qid = self.next_qid.get();
             self.next_qid.set(qid + 1);
             let (tx, rx) = local_channel::new_bounded(1);
@@ -132,6 +132,9 @@ impl Core {
                 continue;
             }
             waits.push((i, rx));
+        }
+        if let Some(req) = reqs.get_mut(self.id.0).and_then(Option::take) {
+            out[self.id.0] = Some(self.answer(req));
         }
         for (i, rx) in waits {
             out[i] = rx.recv().await;
