@@ -451,6 +451,15 @@ pub fn render(app: &App, shards: &[ShardStats]) -> String {
             }
         }
     }
+    g.add(
+        "kvix_engine_map_heap_bytes",
+        "Heap bytes of the ingest threads' engine-hash maps (one entry per live block and worker)",
+        MetricType::Gauge,
+    )
+    .with(
+        &[],
+        Value::Gauge(sum(|s| s.engine_map_bytes.load(Ordering::Relaxed)) as i64),
+    );
     let f = g.add(
         "kvix_shard_heap_bytes",
         "Approximate heap bytes of each shard's index",

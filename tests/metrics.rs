@@ -141,4 +141,19 @@ fn metrics_parse_and_move() {
     assert_eq!(m("kvix_ring_pending", &[]), 0.0);
     assert!(t.contains("kvix_ring_full_stalls_total{shard=\"1\"}"));
     assert_eq!(m("kvix_unknown_parent_blocks_total", &[]), 1.0);
+    // The worker's three live blocks sit in its engine-hash map (16 bytes or more
+    // each); unregistering the worker frees the map.
+    assert!(m("kvix_engine_map_heap_bytes", &[]) >= 48.0);
+    s.post_ok(
+        "/unregister",
+        &json!({"instance_id": 3, "model_name": MODEL}),
+    );
+    s.eventually("engine maps freed", || {
+        let b = metric_in(&scrape(&s), "kvix_engine_map_heap_bytes", &[]);
+        if b == 0.0 {
+            Ok(())
+        } else {
+            Err(format!("{b}"))
+        }
+    });
 }

@@ -34,6 +34,8 @@ pub struct FeedStats {
     pub ignored_events: AtomicU64,
     pub gaps: AtomicU64,
     pub last_seq: AtomicU64,
+    /// Heap bytes of this listener's engine-hash maps (a gauge, set after each batch).
+    pub engine_map_bytes: AtomicU64,
 }
 
 impl FeedStats {
@@ -291,12 +293,27 @@ impl WorkerFeed {
             }
             !hit
         });
+        self.account();
         gone
     }
 
     /// Forget everything (the listener stops); returns every slot it fed.
     pub fn forget_all(&mut self) -> Vec<(IndexId, WorkerSlot)> {
-        self.slots.drain(..).map(|s| (s.index, s.slot)).collect()
+        let gone = self.slots.drain(..).map(|s| (s.index, s.slot)).collect();
+        self.account();
+        gone
+    }
+
+    /// Publish the engine-hash maps' heap size (for memory accounting in `/metrics`).
+    fn account(&self) {
+        let bytes: usize = self
+            .slots
+            .iter()
+            .map(|s| s.blocks.seqs.allocation_size() + s.blocks.tiers.allocation_size())
+            .sum();
+        self.stats
+            .engine_map_bytes
+            .store(bytes as u64, Ordering::Relaxed);
     }
 
     /// Apply one decoded batch: every event becomes shard ops on `sink`.
@@ -331,6 +348,7 @@ impl WorkerFeed {
                 EventOp::Updated => {}
             }
         }
+        self.account();
     }
 
     /// Tier bits an event applies to.
