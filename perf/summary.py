@@ -16,7 +16,19 @@ def mb(x):
     return f"{x / 1e6:.2f}M"
 
 
+def spread(name, key):
+    """min–max of `key` over the repeated runs of NAME (its -rN.json files)."""
+    import glob
+    vals = sorted(json.load(open(f))["events"][key] for f in glob.glob(os.path.join(out, f"{name}-r*.json")))
+    if len(vals) < 2:
+        return ""
+    fmt = mb if key == "blocks_applied_per_sec" else (lambda v: f"{v:.0f}")
+    return f" ({fmt(vals[0])}–{fmt(vals[-1])})"
+
+
 print(f"Machine and run: `{open(os.path.join(out, 'machine.txt')).read().strip()}`\n".replace("\n", "; ").rstrip("; "))
+print()
+print("Events: the median of the repeated runs, their range in parentheses.")
 print()
 print("| shards | workers | blocks stored / removed | blocks applied/s | RSS growth (settled) | bytes / live (block, worker) | same, at last sentinel | bytes / unique block |")
 print("|---|---|---|---|---|---|---|---|")
@@ -26,8 +38,10 @@ for t in (1, 2):
         s = e["sim"]
         grow = (e["rss_after_bytes"] - e["rss_before_bytes"]) / 2**20
         print(
-            f"| {t} | {w} | {mb(s['blocks_stored'])} / {mb(s['blocks_removed'])} | {mb(e['blocks_applied_per_sec'])} "
-            f"| {grow:.0f} MiB | {e['bytes_per_live_pair']:.1f} | {e.get('bytes_per_live_pair_at_apply') or 0:.1f} "
+            f"| {t} | {w} | {mb(s['blocks_stored'])} / {mb(s['blocks_removed'])} "
+            f"| {mb(e['blocks_applied_per_sec'])}{spread(f'events-t{t}-w{w}', 'blocks_applied_per_sec')} "
+            f"| {grow:.0f} MiB | {e['bytes_per_live_pair']:.1f}{spread(f'events-t{t}-w{w}', 'bytes_per_live_pair')} "
+            f"| {e.get('bytes_per_live_pair_at_apply') or 0:.1f} "
             f"| {e['bytes_per_unique_block']:.1f} |"
         )
 print()
@@ -39,7 +53,11 @@ if all(os.path.exists(os.path.join(out, f)) for _, f in sweep):
     print("|---|---|---|")
     for i, f in sweep:
         e = load(f)["events"]
-        print(f"| {i} | {mb(e['blocks_applied_per_sec'])} | {e['bytes_per_live_pair']:.1f} |")
+        name = f"events-t2-w16-i{i}"
+        print(
+            f"| {i} | {mb(e['blocks_applied_per_sec'])}{spread(name, 'blocks_applied_per_sec')} "
+            f"| {e['bytes_per_live_pair']:.1f}{spread(name, 'bytes_per_live_pair')} |"
+        )
     print()
 
 closed = {("kvix", q["endpoint"], q["prompt_tokens"], q["connections"]): q for q in load("kvix-closed.json")["queries"]}
