@@ -408,8 +408,9 @@ impl IngestThread {
     }
 
     fn command(&mut self, cmd: Command) {
-        // A command may answer (sequence numbers, "done"): ops pushed before it, and
-        // by it, must be visible to the shards by then.
+        // A command may answer (sequence numbers, "done"): ops pushed before it must be
+        // visible to the shards by then, and so must ops it pushes itself (flushed again
+        // before those answers).
         self.sink.flush();
         match cmd {
             Command::Add {
@@ -499,7 +500,6 @@ impl IngestThread {
                 for l in &self.listeners {
                     l.feed.engine_hashes(index, &mut out);
                 }
-                self.sink.flush();
                 let _ = done.send(out);
             }
             Command::Seed {
@@ -554,7 +554,6 @@ impl IngestThread {
                         all.insert(seq_key(l), seq);
                     }
                 }
-                self.sink.flush();
                 let _ = done.send(all.into_iter().collect());
             }
             Command::RestoreSeq { key, seq } => {
