@@ -15,7 +15,6 @@ cd "$(dirname "$0")/.."
 
 REQUESTS=6000 DURATION=10 QUICK=0 REPEAT=3
 OUT="perf/out/bench-$(date +%Y%m%d-%H%M%S)"
-TRACE="${TRACE:-../shared/traces/mooncake_conversation_trace.jsonl}"
 RATES="1000,2000,5000,10000,20000,30000,40000"
 while [ $# -gt 0 ]; do
     case "$1" in

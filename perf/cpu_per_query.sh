@@ -7,7 +7,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . perf/lib.sh
-TRACE="${TRACE:-../shared/traces/mooncake_conversation_trace.jsonl}"
 pick_trace
 SERVER=${1:-kvix}
 shift || true

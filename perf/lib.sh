@@ -1,8 +1,10 @@
 # Shared by perf/run.sh and perf/bench.sh (sourced, not run): the trace fallback,
 # the release build, the machine description and small server helpers.
 
-# Use the shared Mooncake trace when present, else the 500-request head kept in tests/data.
+# $TRACE, by default the shared Mooncake trace; when that file is absent, the
+# 500-request head kept in tests/data.
 pick_trace() {
+    TRACE="${TRACE:-../shared/traces/mooncake_conversation_trace.jsonl}"
     [ -f "$TRACE" ] || TRACE=tests/data/mooncake_trace_head500.jsonl
 }
 

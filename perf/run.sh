@@ -16,7 +16,6 @@ cd "$(dirname "$0")/.."
 
 THREADS=2 WORKERS=16 REQUESTS=6000 DURATION=10 QUICK=0
 OUT="perf/out/$(date +%Y%m%d-%H%M%S)"
-TRACE="${TRACE:-../shared/traces/mooncake_conversation_trace.jsonl}"
 while [ $# -gt 0 ]; do
     case "$1" in
         --threads) THREADS="$2"; shift 2 ;;
