@@ -44,8 +44,9 @@ pub struct Args {
     /// higher = faster cross-core scatter/gather)
     #[arg(long, default_value_t = 200)]
     pub spin_us: u64,
-    /// Capacity of each ingest→shard ring, in ops
-    #[arg(long, default_value_t = 65536)]
+    /// Capacity of each ingest→shard ring, in ops. ZMQ's queues absorb bursts
+    /// upstream; a larger ring only keeps more chunks alive after one
+    #[arg(long, default_value_t = 16384)]
     pub ring_capacity: usize,
     /// Local snapshot file: loaded at start (before peers and replay), written on
     /// SIGTERM and every --snapshot-interval

@@ -44,10 +44,13 @@ pub struct HolderSet {
 pub struct HolderSlab {
     words: Vec<u32>,
     free: [Vec<u32>; 25],
+    /// Chunks handed out and not released.
+    live: u32,
 }
 
 impl HolderSlab {
     fn alloc(&mut self, class: u32) -> u32 {
+        self.live += 1;
         if let Some(off) = self.free[class as usize].pop() {
             return off;
         }
@@ -60,6 +63,13 @@ impl HolderSlab {
     }
 
     fn release(&mut self, off: u32) {
+        self.live -= 1;
+        if self.live == 0 {
+            // Nothing points into the slab any more: give its memory back rather
+            // than keep the peak of a burst that has since been removed.
+            *self = HolderSlab::default();
+            return;
+        }
         let class = self.words[off as usize] >> 24;
         self.words[off as usize] = class << 24;
         self.free[class as usize].push(off);
@@ -71,9 +81,9 @@ impl HolderSlab {
         &self.words[off as usize + 1..off as usize + 1 + len]
     }
 
-    /// Words in use, for memory accounting.
+    /// Heap bytes, for memory accounting.
     pub fn capacity_bytes(&self) -> usize {
-        self.words.capacity() * 4
+        self.words.capacity() * 4 + self.free.iter().map(|f| f.capacity() * 4).sum::<usize>()
     }
 }
 

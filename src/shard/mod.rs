@@ -403,6 +403,34 @@ mod tests {
     }
 
     #[test]
+    fn slab_memory_is_returned_once_no_set_spills() {
+        let mut s = Shard::default();
+        for seq in 0..100 {
+            for slot in 1..=3 {
+                s.apply(store(seq, slot, Tier::DEVICE));
+            }
+        }
+        assert!(s.index(IndexId(0)).unwrap().slab.capacity_bytes() > 0);
+        s.apply(ShardOp::ClearSlot {
+            index: IndexId(0),
+            slot: WorkerSlot(2),
+            tiers: 0xff,
+        });
+        assert_eq!(s.index(IndexId(0)).unwrap().slab.capacity_bytes(), 0);
+        for seq in 0..100 {
+            s.apply(store(seq, 4, Tier::DEVICE));
+            s.apply(store(seq, 5, Tier::DEVICE));
+        }
+        for seq in 0..100 {
+            let slots: Vec<u32> = holders(&s, seq)
+                .iter()
+                .map(|h| Holder(*h).slot().0)
+                .collect();
+            assert_eq!(slots, vec![1, 3, 4, 5]);
+        }
+    }
+
+    #[test]
     fn clear_slot_leaves_other_slots() {
         let mut s = Shard::default();
         for seq in 0..100 {
