@@ -30,6 +30,9 @@ const EMPTY: u32 = 0;
 /// Marks a spilled set; cannot collide with a holder since slots stay below `WorkerSlot::MAX`.
 const SPILLED: u32 = u32::MAX;
 const MIN_CLASS: u32 = 2; // 4 holders
+/// An empty slab at least this big (256 KiB) is freed; a smaller one is kept, so a
+/// lone block moving between two and three holders does not allocate each time.
+const RELEASE_WORDS: usize = 1 << 16;
 
 /// Inline-or-spilled set of holders; 8 bytes.
 #[derive(Clone, Copy, Debug)]
@@ -64,7 +67,7 @@ impl HolderSlab {
 
     fn release(&mut self, off: u32) {
         self.live -= 1;
-        if self.live == 0 {
+        if self.live == 0 && self.words.capacity() >= RELEASE_WORDS {
             // Nothing points into the slab any more: give its memory back rather
             // than keep the peak of a burst that has since been removed.
             *self = HolderSlab::default();
