@@ -231,7 +231,7 @@ fn bench_ingest(c: &mut Criterion) {
     use kvix::ingest::feed::WorkerFeed;
     use kvix::registry::{Endpoint, Registration, Registry};
     let registry = Registry::default();
-    let (index, _) = registry
+    let index = registry
         .register(&Registration {
             model: "m".into(),
             tenant: "default".into(),
@@ -245,7 +245,8 @@ fn bench_ingest(c: &mut Criterion) {
             },
             opts: Default::default(),
         })
-        .unwrap();
+        .unwrap()
+        .index;
     let payloads: Vec<Vec<u8>> = (0..64u64)
         .map(|i| stored_payload_seeded(32, false, 100 + i))
         .collect();

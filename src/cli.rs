@@ -13,51 +13,75 @@ use clap::Parser;
 )]
 pub struct Args {
     /// HTTP server port
-    #[arg(long, default_value_t = 8090)]
+    #[arg(long, env = "KVIX_PORT", default_value_t = 8090)]
     pub port: u16,
     /// Address to bind the HTTP server to
-    #[arg(long, default_value = "0.0.0.0")]
+    #[arg(long, env = "KVIX_HOST", default_value = "0.0.0.0")]
     pub host: String,
     /// Number of executor threads (one shard each, pinned); clamped to the cores available
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, env = "KVIX_THREADS", default_value_t = 4)]
     pub threads: usize,
     /// KV cache block size for initial workers registered via --workers
-    #[arg(long)]
+    #[arg(long, env = "KVIX_BLOCK_SIZE")]
     pub block_size: Option<u32>,
     /// Initial workers as "worker_id[:dp_rank]=zmq_address,..." (e.g. "1=tcp://host:5557,1:1=tcp://host:5558")
-    #[arg(long)]
+    #[arg(long, env = "KVIX_WORKERS")]
     pub workers: Option<String>,
     /// Model name for initial workers registered via --workers
-    #[arg(long, default_value = "default")]
+    #[arg(long, env = "KVIX_MODEL_NAME", default_value = "default")]
     pub model_name: String,
     /// Tenant for initial workers registered via --workers
-    #[arg(long, default_value = "default", alias = "routing-group")]
+    #[arg(
+        long,
+        env = "KVIX_TENANT_ID",
+        default_value = "default",
+        alias = "routing-group"
+    )]
     pub tenant_id: String,
     /// Comma-separated peer URLs for P2P recovery (e.g. "http://host1:8090,http://host2:8091")
-    #[arg(long)]
+    #[arg(long, env = "KVIX_PEERS")]
     pub peers: Option<String>,
     /// Number of ZMQ ingest threads (workers are spread over them); 0: one per
     /// executor thread
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, env = "KVIX_INGEST_THREADS", default_value_t = 0)]
     pub ingest_threads: usize,
     /// Microseconds an idle executor spins before parking (lower = less CPU when idle,
     /// higher = faster cross-core scatter/gather)
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, env = "KVIX_SPIN_US", default_value_t = 200)]
     pub spin_us: u64,
     /// Capacity of each ingest→shard ring, in ops. ZMQ's queues absorb bursts
     /// upstream; a larger ring only keeps more chunks alive after one
-    #[arg(long, default_value_t = 16384)]
+    #[arg(long, env = "KVIX_RING_CAPACITY", default_value_t = 16384)]
     pub ring_capacity: usize,
     /// Local snapshot file: loaded at start (before peers and replay), written on
     /// SIGTERM and every --snapshot-interval
-    #[arg(long)]
+    #[arg(long, env = "KVIX_SNAPSHOT_PATH")]
     pub snapshot_path: Option<std::path::PathBuf>,
     /// Seconds between snapshots (0 = only on SIGTERM)
-    #[arg(long, default_value_t = 60.0)]
+    #[arg(long, env = "KVIX_SNAPSHOT_INTERVAL", default_value_t = 60.0)]
     pub snapshot_interval: f64,
     /// Milliseconds to wait after connecting ZMQ sockets before fetching a peer's /dump
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, env = "KVIX_PEER_WAIT_MS", default_value_t = 1000)]
     pub peer_wait_ms: u64,
+    /// At start, subscribe to the workers the first answering peer lists in /workers
+    /// (so a replica given only --peers stays live); false: seed only workers given here
+    #[arg(long, env = "KVIX_ADOPT_WORKERS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub adopt_workers: bool,
+    /// Open HTTP connections per core; beyond it new connections wait in the kernel's
+    /// backlog. 0: derived from the open-file limit (RLIMIT_NOFILE)
+    #[arg(long, env = "KVIX_MAX_CONNECTIONS", default_value_t = 0)]
+    pub max_connections: usize,
+    /// Milliseconds a connection may take, from when it waits for a request (accepted
+    /// or its previous response sent), to send that request's headers: bounds slow
+    /// headers and idle keep-alive connections
+    #[arg(long, env = "KVIX_HEADER_TIMEOUT_MS", default_value_t = 60_000)]
+    pub header_timeout_ms: u64,
+    /// Milliseconds a client may take to send a request body after its headers
+    #[arg(long, env = "KVIX_BODY_TIMEOUT_MS", default_value_t = 30_000)]
+    pub body_timeout_ms: u64,
+    /// Log format on stderr: `text` or `json` (one JSON object per line)
+    #[arg(long, env = "KVIX_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    pub log_format: String,
 }
 
 /// One `--workers` entry.

@@ -16,6 +16,8 @@ pub mod cli;
 pub mod hash;
 pub mod http;
 pub mod ingest;
+pub mod lifecycle;
+pub mod mesh;
 pub mod metrics;
 pub mod partition;
 pub mod query;

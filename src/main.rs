@@ -1,11 +1,12 @@
-//! The `kvix` binary: parse flags, start ingest, register `--workers`, serve.
+//! The `kvix` binary: validate flags, claim the port, start ingest, register
+//! `--workers`, start recovery, serve.
 
 use clap::Parser;
 use kvix::cli::{Args, parse_peers, parse_workers};
 use kvix::recovery::{Options, bootstrap};
-use kvix::service::{App, SnapshotConfig, registration};
+use kvix::runtime::ServeOptions;
+use kvix::service::{App, Config, SnapshotConfig, registration};
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 #[global_allocator]
@@ -30,14 +31,8 @@ fn return_freed_memory_promptly() {
 
 fn main() {
     return_freed_memory_promptly();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
     let args = Args::parse();
+    init_logs(&args.log_format);
     if let Err(e) = run(args) {
         tracing::error!("{e}");
         eprintln!("kvix: {e}");
@@ -45,54 +40,143 @@ fn main() {
     }
 }
 
+fn init_logs(format: &str) {
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if format == "json" {
+        logs.json().init();
+    } else {
+        logs.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init();
+    }
+}
+
+/// Clamp a numeric flag into `[lo, hi]`, saying so when it moves.
+fn clamp<T: PartialOrd + Copy + std::fmt::Display>(flag: &str, v: T, lo: T, hi: T) -> T {
+    let c = if v < lo {
+        lo
+    } else if v > hi {
+        hi
+    } else {
+        v
+    };
+    if c != v {
+        tracing::warn!("--{flag} {v} is outside [{lo}, {hi}]; using {c}");
+    }
+    c
+}
+
+/// Connections per core when `--max-connections` is 0: the open-file limit, less a
+/// reserve for ZMQ sockets, io_uring and logs, shared by the cores.
+fn default_max_connections(cores: usize) -> usize {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes only the struct we pass.
+    let nofile = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+        lim.rlim_cur.min(1 << 20) as usize
+    } else {
+        1024
+    };
+    let reserve = (nofile / 2).min(256);
+    ((nofile - reserve) / cores.max(1)).max(1)
+}
+
+/// glommio needs io_uring and locks memory for its buffers: say which limit is too low
+/// and how to raise it, instead of failing later inside an executor.
+fn check_memlock(cores: usize) {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes only the struct we pass.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } != 0 {
+        return;
+    }
+    let need = (cores as u64) * 512 * 1024;
+    if lim.rlim_cur != libc::RLIM_INFINITY && lim.rlim_cur < need {
+        tracing::warn!(
+            memlock_bytes = lim.rlim_cur,
+            "RLIMIT_MEMLOCK is low for io_uring on older kernels; raise it with `ulimit -l unlimited` \
+             or LimitMEMLOCK=infinity in the systemd unit if executors fail to start"
+        );
+    }
+}
+
 fn run(args: Args) -> Result<(), String> {
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
-    let shards = args.threads.clamp(1, cores);
+    if args.threads == 0 {
+        return Err("--threads must be at least 1".into());
+    }
+    let shards = args.threads.min(cores);
     if shards < args.threads {
-        tracing::info!(
-            "--threads {} clamped to the {cores} cores available",
+        tracing::warn!(
+            "--threads {} is above the {cores} CPUs this process may run on; using {shards}",
             args.threads
         );
     }
+    check_memlock(shards);
     let workers = match &args.workers {
         Some(w) => parse_workers(w)?,
         None => Vec::new(),
     };
+    if args.block_size == Some(0) {
+        return Err("--block-size must be positive".into());
+    }
     if !workers.is_empty() && args.block_size.is_none() {
         return Err("--block-size is required when --workers is specified".into());
+    }
+    if !args.snapshot_interval.is_finite() || args.snapshot_interval < 0.0 {
+        return Err("--snapshot-interval must be a number of seconds ≥ 0".into());
     }
     let addr: SocketAddr = (args.host.as_str(), args.port)
         .to_socket_addrs()
         .map_err(|e| format!("bad --host/--port: {e}"))?
         .next()
         .ok_or("bad --host")?;
+    let (addr, _port_guard) = kvix::runtime::claim_port(addr)?;
     let snapshot = args.snapshot_path.clone().map(|path| SnapshotConfig {
         path,
-        interval: Duration::from_secs_f64(args.snapshot_interval.max(0.0)),
+        interval: Duration::from_secs_f64(args.snapshot_interval.min(1e9)),
     });
     // Decoding is the serial stage of the event path: one ingest thread per executor
     // applied 1.6-1.8x the blocks/s of a single one on 2 cores (BENCHMARKS.md).
     let ingest_threads = match args.ingest_threads {
         0 => shards,
-        n => n,
+        n => clamp("ingest-threads", n, 1, (4 * cores).min(64)),
     };
-    let app = App::start_with(shards, ingest_threads, args.ring_capacity, snapshot);
+    let cfg = Config {
+        shards,
+        ingest_threads,
+        ring_capacity: clamp("ring-capacity", args.ring_capacity, 256, 1 << 24),
+        snapshot,
+    };
+    let app = App::new(&cfg);
     for p in parse_peers(args.peers.as_deref().unwrap_or("")) {
-        app.add_peer(p);
+        app.control().add_peer(p);
     }
-    // SIGTERM/SIGINT: the snapshot task on core 0 writes a final snapshot and exits 0.
+    let life = app.lifecycle();
+    // SIGTERM/SIGINT: Draining, a final snapshot, exit 0 (the lifecycle task on core 0).
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-        signal_hook::flag::register(sig, app.terminate.clone())
+        signal_hook::flag::register(sig, life.terminate_flag())
             .map_err(|e| format!("cannot install signal handler: {e}"))?;
     }
+    // SIGHUP would kill the process by default; kvix has nothing to reload, so it is
+    // logged and ignored.
+    signal_hook::flag::register(signal_hook::consts::SIGHUP, life.hangup_flag())
+        .map_err(|e| format!("cannot install signal handler: {e}"))?;
     // Startup recovery: SUB sockets connect now but stay unread until the snapshot and
     // a peer's dump are applied; then the buffered frames apply on top.
-    let recover = args.snapshot_path.is_some() || !app.peers().is_empty();
+    let recover = args.snapshot_path.is_some() || !app.control().peers().is_empty();
     if recover {
-        app.recovered.store(false, Ordering::Release);
-        app.ingest.pause(true);
+        life.begin_recovery();
+        app.ingest().pause(true);
     }
     for w in workers {
         let reg = registration(
@@ -104,7 +188,8 @@ fn run(args: Args) -> Result<(), String> {
             kvix::registry::Endpoint::new(w.endpoint.clone(), None),
             Default::default(),
         );
-        app.register(reg)
+        app.control()
+            .register(reg)
             .map_err(|e| format!("--workers {}: {e}", w.endpoint))?;
     }
     if recover {
@@ -112,17 +197,48 @@ fn run(args: Args) -> Result<(), String> {
             app.clone(),
             Options {
                 snapshot_path: args.snapshot_path.clone(),
-                peer_wait: Duration::from_millis(args.peer_wait_ms),
+                peer_wait: Duration::from_millis(clamp(
+                    "peer-wait-ms",
+                    args.peer_wait_ms,
+                    0,
+                    60_000,
+                )),
+                adopt_workers: args.adopt_workers,
             },
         );
         // On a thread of its own: seeding needs the executors (started below) draining.
         std::thread::Builder::new()
             .name("kvix-recovery".into())
-            .spawn(move || bootstrap(app, opts))
+            .spawn(move || bootstrap(app.control(), app.lifecycle(), app.recovery_stats(), opts))
             .map_err(|e| e.to_string())?;
     }
-    kvix::runtime::serve(app, addr, std::time::Duration::from_micros(args.spin_us))
-        .map_err(|e| e.to_string())
+    let max_connections = match args.max_connections {
+        0 => default_max_connections(shards),
+        n => n,
+    };
+    let opts = ServeOptions {
+        addr,
+        spin: Duration::from_micros(clamp("spin-us", args.spin_us, 0, 1_000_000)),
+        max_connections,
+        header_timeout: Duration::from_millis(clamp(
+            "header-timeout-ms",
+            args.header_timeout_ms,
+            100,
+            3_600_000,
+        )),
+        http: kvix::http::Options {
+            body_timeout: Duration::from_millis(clamp(
+                "body-timeout-ms",
+                args.body_timeout_ms,
+                100,
+                3_600_000,
+            )),
+        },
+    };
+    tracing::info!(%addr, shards, ingest_threads, max_connections, "starting");
+    kvix::runtime::serve(app, opts).map_err(|e| {
+        format!("cannot start the executors ({e}); kvix needs io_uring (Linux 5.8+, not disabled by seccomp or sysctl kernel.io_uring_disabled) and enough RLIMIT_MEMLOCK")
+    })
 }
 
 #[cfg(test)]

@@ -64,11 +64,14 @@ pub struct RouteStats {
 #[derive(Clone, Debug, Default)]
 pub struct HttpStats {
     pub routes: BTreeMap<(&'static str, &'static str), RouteStats>,
+    /// Requests failed (503) because a shard did not answer its part.
+    pub shard_failures: u64,
 }
 
 /// The routes kvix serves; anything else is counted as "other" (bounded label values).
-const ROUTES: [&str; 11] = [
+const ROUTES: [&str; 12] = [
     "/health",
+    "/ready",
     "/metrics",
     "/workers",
     "/dump",
@@ -291,7 +294,16 @@ pub fn render(app: &App, shards: &[ShardStats]) -> String {
             }
         }
     }
-    let snap = app.registry.snapshot();
+    g.add(
+        "kvix_shard_unavailable",
+        "Requests failed with 503 because a shard did not answer its part",
+        MetricType::Counter,
+    )
+    .with(
+        &[],
+        Value::Counter(shards.iter().map(|s| s.http.shard_failures).sum()),
+    );
+    let snap = app.registry().snapshot();
     let live = snap.live_indexes();
     g.add(
         "dynamo_kvindexer_models",
@@ -312,7 +324,7 @@ pub fn render(app: &App, shards: &[ShardStats]) -> String {
 
     // Ingest, summed over every listener ever started (stats outlive their listener).
     let listeners = app
-        .ingest
+        .ingest()
         .listeners
         .lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -360,37 +372,37 @@ pub fn render(app: &App, shards: &[ShardStats]) -> String {
         (
             "kvix_replay_requests",
             "Replay requests sent to engines",
-            app.ingest.replay_stats.requests.load(r),
+            app.ingest().replay_stats.requests.load(r),
         ),
         (
             "kvix_replay_failures",
             "Replay requests that got no (valid) answer; the gap stays unrecovered",
-            app.ingest.replay_stats.failures.load(r),
+            app.ingest().replay_stats.failures.load(r),
         ),
         (
             "kvix_replayed_batches",
             "Batches applied from replays",
-            app.ingest.replay_stats.batches.load(r),
+            app.ingest().replay_stats.batches.load(r),
         ),
         (
             "kvix_replay_duplicates",
             "Live batches skipped because a replay already applied them",
-            app.ingest.replay_stats.duplicates.load(r),
+            app.ingest().replay_stats.duplicates.load(r),
         ),
         (
             "kvix_snapshots_written",
             "Local snapshots written",
-            app.recovery.snapshots_written.load(r),
+            app.recovery_stats().snapshots_written.load(r),
         ),
         (
             "kvix_snapshot_failures",
             "Local snapshots that could not be written",
-            app.recovery.snapshot_failures.load(r),
+            app.recovery_stats().snapshot_failures.load(r),
         ),
         (
             "kvix_bootstrap_blocks",
             "Blocks seeded from a snapshot or a peer's dump",
-            app.recovery.seeded_blocks.load(r),
+            app.recovery_stats().seeded_blocks.load(r),
         ),
     ] {
         g.add(name, help, MetricType::Counter)

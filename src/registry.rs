@@ -201,6 +201,15 @@ pub struct ListenerOpts {
 /// the slots that stopped being live.
 pub type Unregistered = (IndexId, Vec<DpRank>, Vec<WorkerSlot>);
 
+/// What one successful [`Registry::register`] changed.
+#[derive(Clone, Copy, Debug)]
+pub struct Registered {
+    pub index: IndexId,
+    pub slot: WorkerSlot,
+    created_index: bool,
+    slot_was_live: bool,
+}
+
 /// What `/register` asks for.
 #[derive(Clone, Debug)]
 pub struct Registration {
@@ -271,12 +280,14 @@ impl Registry {
         self.update(|s| ensure_index_in(s, model, tenant, block_size))
     }
 
-    /// Register a listener; returns its index and slot.
-    pub fn register(&self, r: &Registration) -> Result<(IndexId, WorkerSlot), RegistryError> {
+    /// Register a listener; returns what changed, so a failed start can be undone
+    /// exactly ([`Registry::undo`]).
+    pub fn register(&self, r: &Registration) -> Result<Registered, RegistryError> {
         if r.block_size == 0 {
             return Err(RegistryError::ZeroBlockSize);
         }
         self.update(|s| {
+            let created_index = s.lookup(&r.model, &r.tenant).is_none();
             let id = ensure_index_in(s, &r.model, &r.tenant, r.block_size)?;
             let ix = Arc::make_mut(&mut s.indexes[id.0 as usize]);
             let taken = ix
@@ -303,8 +314,43 @@ impl Registry {
                 .or_default()
                 .push(r.endpoint.clone());
 
+            let slot_was_live = ix
+                .slot_of
+                .get(&(r.instance, r.dp))
+                .is_some_and(|s| ix.slot(*s).live);
             let slot = intern_slot(ix, r.instance, r.dp)?;
-            Ok((id, slot))
+            Ok(Registered {
+                index: id,
+                slot,
+                created_index,
+                slot_was_live,
+            })
+        })
+    }
+
+    /// Undo exactly what `register(r)` did: its one listener, the slot if it made it
+    /// live, the index if it created it. Other listeners of the worker stay.
+    pub fn undo(&self, r: &Registration, done: &Registered) {
+        self.update(|s| {
+            let ix = Arc::make_mut(&mut s.indexes[done.index.0 as usize]);
+            if let Some(by_dp) = ix.endpoints.get_mut(&r.instance) {
+                if let Some(eps) = by_dp.get_mut(&r.dp) {
+                    eps.retain(|e| e != &r.endpoint);
+                    if eps.is_empty() {
+                        by_dp.remove(&r.dp);
+                    }
+                }
+                if by_dp.is_empty() {
+                    ix.endpoints.remove(&r.instance);
+                }
+            }
+            if !done.slot_was_live {
+                ix.slots[done.slot.0 as usize].live = false;
+            }
+            if done.created_index && ix.endpoints.is_empty() {
+                let (model, tenant) = (ix.model.clone(), ix.tenant.clone());
+                forget_name(s, &model, &tenant);
+            }
         })
     }
 
@@ -391,12 +437,7 @@ impl Registry {
                 if ix.endpoints.is_empty() {
                     // Like Dynamo, an index with no registered worker left is deleted.
                     let (model, tenant) = (ix.model.clone(), ix.tenant.clone());
-                    if let Some(t) = s.by_name.get_mut(&model) {
-                        t.remove(&tenant);
-                        if t.is_empty() {
-                            s.by_name.remove(&model);
-                        }
-                    }
+                    forget_name(s, &model, &tenant);
                 }
                 out.push((id, dps, slots));
             }
@@ -408,6 +449,17 @@ impl Registry {
             }
             Ok(out)
         })
+    }
+}
+
+/// Drop an index's name: it keeps its id (slots and clears in flight stay valid) but
+/// is no longer listed or found.
+fn forget_name(s: &mut Snapshot, model: &str, tenant: &str) {
+    if let Some(t) = s.by_name.get_mut(model) {
+        t.remove(tenant);
+        if t.is_empty() {
+            s.by_name.remove(model);
+        }
     }
 }
 

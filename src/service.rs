@@ -1,16 +1,20 @@
-//! The service's control plane: registering and unregistering workers, peers.
+//! The process-wide parts of the service and its control plane.
 //!
-//! Owns the process-wide handles (registry, ingest threads, rings) and the
-//! operations that change who is listened to. Shared by the HTTP API and the
-//! CLI's `--workers`; nothing here runs per block.
+//! Owns [`App`] (built once from a [`Config`]: registry, ingest threads, rings,
+//! lifecycle, peers) and the operations that change who is listened to
+//! ([`Control`]). Control operations block on ingest-thread replies: they run on the
+//! control thread or off the executors (`mesh::ShardMesh::offload`), never on an
+//! executor. Nothing here runs per block.
 
 use crate::cli::validate_endpoint;
 use crate::ingest::Ingest;
+use crate::lifecycle::Lifecycle;
 use crate::registry::{Endpoint, ListenerOpts, Registration, Registry, RegistryError};
 use crate::ring::Rings;
 use crate::types::{DpRank, InstanceId};
-use std::sync::atomic::{AtomicBool, AtomicUsize};
-use std::sync::{Arc, Mutex};
+use arc_swap::ArcSwap;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use thiserror::Error;
 
 #[derive(Debug, Error)]
@@ -23,22 +27,7 @@ pub enum ControlError {
     Listen(String),
 }
 
-pub struct App {
-    pub registry: Arc<Registry>,
-    pub ingest: Arc<Ingest>,
-    pub rings: Arc<Rings>,
-    pub peers: Mutex<Vec<String>>,
-    /// Executors whose HTTP listener is bound; all bound = ready.
-    pub listening: AtomicUsize,
-    pub recovery: crate::recovery::RecoveryStats,
-    /// Startup recovery (snapshot, peer, catch-up replay) has finished.
-    pub recovered: AtomicBool,
-    /// Where and how often to write local snapshots (`--snapshot-path`).
-    pub snapshot: Option<SnapshotConfig>,
-    /// Set by SIGTERM/SIGINT: write a final snapshot and exit.
-    pub terminate: Arc<AtomicBool>,
-}
-
+/// Where and how often to write local snapshots (`--snapshot-path`).
 #[derive(Clone, Debug)]
 pub struct SnapshotConfig {
     pub path: std::path::PathBuf,
@@ -46,38 +35,115 @@ pub struct SnapshotConfig {
     pub interval: std::time::Duration,
 }
 
+/// What the service is built from (the validated command line).
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Executors, one shard each.
+    pub shards: usize,
+    pub ingest_threads: usize,
+    /// Ops per ingest→shard ring.
+    pub ring_capacity: usize,
+    pub snapshot: Option<SnapshotConfig>,
+}
+
+impl Config {
+    pub fn new(shards: usize) -> Self {
+        Config {
+            shards,
+            ingest_threads: shards,
+            ring_capacity: 16 * 1024,
+            snapshot: None,
+        }
+    }
+}
+
+/// Recovery counters (rare events only).
+#[derive(Default, Debug)]
+pub struct RecoveryStats {
+    pub snapshots_written: AtomicU64,
+    pub snapshot_failures: AtomicU64,
+    pub seeded_blocks: AtomicU64,
+}
+
+/// Everything process-wide, shared by every executor, the ingest threads' owners and
+/// the recovery thread.
+pub struct App {
+    control: Control,
+    rings: Arc<Rings>,
+    lifecycle: Lifecycle,
+    recovery: RecoveryStats,
+    snapshot: Option<SnapshotConfig>,
+}
+
 impl App {
     /// Create the rings and start the ingest threads.
-    pub fn start(shards: usize, ingest_threads: usize, ring_capacity: usize) -> Arc<App> {
+    pub fn new(cfg: &Config) -> Arc<App> {
+        let shards = cfg.shards.max(1);
         let registry = Arc::new(Registry::default());
-        let rings = Rings::new(ingest_threads.max(1), shards.max(1), ring_capacity.max(16));
+        let rings = Rings::new(cfg.ingest_threads.max(1), shards, cfg.ring_capacity.max(16));
         let ingest = Ingest::start(rings.clone(), registry.clone());
         Arc::new(App {
-            registry,
-            ingest,
+            control: Control {
+                registry,
+                ingest,
+                peers: ArcSwap::default(),
+            },
             rings,
-            peers: Mutex::default(),
-            listening: AtomicUsize::new(0),
-            recovery: Default::default(),
-            recovered: AtomicBool::new(true),
-            snapshot: None,
-            terminate: Arc::default(),
+            lifecycle: Lifecycle::new(shards),
+            recovery: RecoveryStats::default(),
+            snapshot: cfg.snapshot.clone(),
         })
     }
 
-    /// Like [`App::start`], with local snapshots configured.
-    pub fn start_with(
-        shards: usize,
-        ingest_threads: usize,
-        ring_capacity: usize,
-        snapshot: Option<SnapshotConfig>,
-    ) -> Arc<App> {
-        let mut app = Self::start(shards, ingest_threads, ring_capacity);
-        Arc::get_mut(&mut app).expect("fresh app").snapshot = snapshot;
-        app
+    pub fn control(&self) -> &Control {
+        &self.control
     }
 
-    /// Register a worker endpoint and start listening to it.
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.control.registry
+    }
+
+    pub fn ingest(&self) -> &Arc<Ingest> {
+        &self.control.ingest
+    }
+
+    pub fn rings(&self) -> &Arc<Rings> {
+        &self.rings
+    }
+
+    pub fn lifecycle(&self) -> &Lifecycle {
+        &self.lifecycle
+    }
+
+    pub fn recovery_stats(&self) -> &RecoveryStats {
+        &self.recovery
+    }
+
+    pub fn snapshot_config(&self) -> Option<&SnapshotConfig> {
+        self.snapshot.as_ref()
+    }
+}
+
+/// Who is listened to: registrations, their ZMQ listeners, and peers.
+pub struct Control {
+    registry: Arc<Registry>,
+    ingest: Arc<Ingest>,
+    /// Read lock-free by `/peers`; replaced whole on a change.
+    peers: ArcSwap<Vec<String>>,
+}
+
+impl Control {
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
+    pub fn ingest(&self) -> &Arc<Ingest> {
+        &self.ingest
+    }
+
+    /// Register a worker endpoint and start listening to it. Blocks until its
+    /// ingest thread has connected the socket; on failure exactly this
+    /// registration is undone.
     pub fn register(&self, reg: Registration) -> Result<(), ControlError> {
         validate_endpoint(&reg.endpoint.endpoint).map_err(ControlError::Endpoint)?;
         if let Some(r) = &reg.endpoint.replay_endpoint {
@@ -85,18 +151,16 @@ impl App {
                 ControlError::Endpoint(format!("invalid replay endpoint `{r}`: {e}"))
             })?;
         }
-        let (index, _slot) = self.registry.register(&reg)?;
+        let done = self.registry.register(&reg)?;
         if let Err(e) = self.ingest.add(
-            index,
+            done.index,
             reg.instance,
             reg.dp,
             reg.block_size,
             reg.endpoint.clone(),
             reg.opts.clone(),
         ) {
-            let _ =
-                self.registry
-                    .unregister(&reg.model, Some(&reg.tenant), reg.instance, Some(reg.dp));
+            self.registry.undo(&reg, &done);
             return Err(ControlError::Listen(e));
         }
         Ok(())
@@ -120,21 +184,27 @@ impl App {
     }
 
     pub fn add_peer(&self, url: String) {
-        let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
-        if !peers.contains(&url) {
-            peers.push(url);
-        }
+        self.peers.rcu(|peers| {
+            let mut next = Vec::clone(peers);
+            if !next.contains(&url) {
+                next.push(url.clone());
+            }
+            next
+        });
     }
 
     pub fn remove_peer(&self, url: &str) -> bool {
-        let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
-        let before = peers.len();
-        peers.retain(|p| p != url);
-        peers.len() != before
+        let before = self.peers.load().len();
+        self.peers.rcu(|peers| {
+            let mut next = Vec::clone(peers);
+            next.retain(|p| p != url);
+            next
+        });
+        self.peers.load().len() != before
     }
 
-    pub fn peers(&self) -> Vec<String> {
-        self.peers.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    pub fn peers(&self) -> Arc<Vec<String>> {
+        self.peers.load_full()
     }
 }
 

@@ -121,7 +121,7 @@ impl Sharded {
         let registry = Registry::default();
         let mut index = IndexId(0);
         for inst in 0..INSTANCES {
-            let (ix, _) = registry
+            let ix = registry
                 .register(&Registration {
                     model: "m".into(),
                     tenant: "default".into(),
@@ -135,7 +135,8 @@ impl Sharded {
                     },
                     opts: Default::default(),
                 })
-                .unwrap();
+                .unwrap()
+                .index;
             index = ix;
         }
         let rings = Rings::new(1, n, 1 << 16);

@@ -1,20 +1,20 @@
 //! Route handlers of Dynamo's standalone-indexer API.
 //!
 //! Owns request shapes and the flow of each route: parse → registry → hash →
-//! scatter (via [`Core`]) → gather → render. Control routes call the service;
-//! query routes never lock.
+//! scatter (via [`ShardMesh`]) → gather → render. Control routes run the service's
+//! control calls off the executor; query routes never lock.
 
 use super::Reply;
 use super::error::{ApiError, parse};
 use super::json;
 use super::token_ids;
 use crate::hash;
+use crate::mesh::ShardMesh;
 use crate::query;
 use crate::query::gather;
 use crate::registry::{Endpoint, IndexInfo, ListenerOpts};
-use crate::runtime::Core;
 use crate::service::{ControlError, registration};
-use crate::types::{BlockHash, EngineHash, SeqHash, Tier, WorkerSlot};
+use crate::types::{BlockHash, SeqHash, Tier, WorkerSlot};
 use hyper::StatusCode;
 use serde::Deserialize;
 use std::collections::HashMap;
@@ -83,31 +83,49 @@ struct ConductorRegisterReq {
     additionalsalt: Option<String>,
 }
 
-pub fn register(core: &Core, body: &[u8], forced: Option<Shape>) -> Result<Reply, ApiError> {
-    if control_shape(body, forced) == Shape::Conductor {
-        let r: ConductorRegisterReq = parse(body)?;
+/// Run a control call (it waits on an ingest thread) off the executor.
+async fn control<M: ShardMesh, R: Send + 'static>(
+    mesh: &M,
+    f: impl FnOnce(&crate::service::Control) -> R + Send + 'static,
+) -> R {
+    let app = mesh.app().clone();
+    mesh.offload(move || f(app.control())).await
+}
+
+pub async fn register<M: ShardMesh>(
+    mesh: &M,
+    body: bytes::Bytes,
+    forced: Option<Shape>,
+) -> Result<Reply, ApiError> {
+    if control_shape(&body, forced) == Shape::Conductor {
+        let r: ConductorRegisterReq = parse(&body)?;
         let name = r.instance_id.name();
-        let id = core.app.registry.intern_instance(&name);
         let opts = ListenerOpts {
             salt: r.additionalsalt.filter(|s| !s.is_empty()),
             lora_name: r.lora_name.filter(|s| !s.is_empty()),
             publisher: Some(r.publisher),
         };
-        core.app.register(registration(
-            r.modelname,
-            r.tenant_id.unwrap_or_else(|| DEFAULT_TENANT.into()),
-            r.block_size,
-            id,
-            r.dp_rank,
-            Endpoint::new(r.endpoint, r.replay_endpoint),
-            opts,
-        ))?;
-        let out = serde_json::json!({"status": "registered successfully", "instance_id": name});
+        let reply_name = name.clone();
+        control(mesh, move |c| {
+            let id = c.registry().intern_instance(&name);
+            c.register(registration(
+                r.modelname,
+                r.tenant_id.unwrap_or_else(|| DEFAULT_TENANT.into()),
+                r.block_size,
+                id,
+                r.dp_rank,
+                Endpoint::new(r.endpoint, r.replay_endpoint),
+                opts,
+            ))
+        })
+        .await?;
+        let out =
+            serde_json::json!({"status": "registered successfully", "instance_id": reply_name});
         return Ok(json::bytes(StatusCode::OK, out.to_string().into_bytes()));
     }
-    let r: RegisterReq = parse(body)?;
+    let r: RegisterReq = parse(&body)?;
     let tenant = tenant(r.tenant_id, r.routing_group).unwrap_or_else(|| DEFAULT_TENANT.into());
-    core.app.register(registration(
+    let reg = registration(
         r.model_name,
         tenant,
         r.block_size,
@@ -115,7 +133,8 @@ pub fn register(core: &Core, body: &[u8], forced: Option<Shape>) -> Result<Reply
         r.dp_rank.unwrap_or(0),
         Endpoint::new(r.endpoint, r.replay_endpoint),
         ListenerOpts::default(),
-    ))?;
+    );
+    control(mesh, move |c| c.register(reg)).await?;
     Ok(json::ok(StatusCode::CREATED))
 }
 
@@ -137,20 +156,26 @@ struct ConductorUnregisterReq {
     dp_rank: Option<u32>,
 }
 
-pub fn unregister(core: &Core, body: &[u8], forced: Option<Shape>) -> Result<Reply, ApiError> {
-    if control_shape(body, forced) == Shape::Conductor {
-        let r: ConductorUnregisterReq = parse(body)?;
+pub async fn unregister<M: ShardMesh>(
+    mesh: &M,
+    body: bytes::Bytes,
+    forced: Option<Shape>,
+) -> Result<Reply, ApiError> {
+    if control_shape(&body, forced) == Shape::Conductor {
+        let r: ConductorUnregisterReq = parse(&body)?;
         let name = r.instance_id.name();
         let tenant = r.tenant_id.unwrap_or_else(|| DEFAULT_TENANT.into());
-        let id = core
-            .app
-            .registry
+        let id = mesh
+            .app()
+            .registry()
             .snapshot()
             .instance_id(&name)
             .ok_or_else(|| ApiError::NotFound(format!("no instance {name} registered")))?;
-        let dps = core
-            .app
-            .unregister(&r.modelname, Some(&tenant), id, r.dp_rank)?;
+        let t = tenant.clone();
+        let dps = control(mesh, move |c| {
+            c.unregister(&r.modelname, Some(&t), id, r.dp_rank)
+        })
+        .await?;
         let removed: Vec<String> = dps
             .into_iter()
             .map(|dp| format!("{name}|{tenant}|{dp}"))
@@ -158,14 +183,16 @@ pub fn unregister(core: &Core, body: &[u8], forced: Option<Shape>) -> Result<Rep
         let out = serde_json::json!({"status": "unregistered successfully", "removed_instances": removed});
         return Ok(json::bytes(StatusCode::OK, out.to_string().into_bytes()));
     }
-    let r: UnregisterReq = parse(body)?;
+    let r: UnregisterReq = parse(&body)?;
     let tenant = tenant(r.tenant_id, r.routing_group);
-    core.app
-        .unregister(&r.model_name, tenant.as_deref(), r.instance_id, r.dp_rank)?;
+    control(mesh, move |c| {
+        c.unregister(&r.model_name, tenant.as_deref(), r.instance_id, r.dp_rank)
+    })
+    .await?;
     Ok(json::ok(StatusCode::OK))
 }
 
-pub fn workers(core: &Core, query: &str) -> Result<Reply, ApiError> {
+pub fn workers<M: ShardMesh>(mesh: &M, query: &str) -> Result<Reply, ApiError> {
     let mut model = None;
     let mut tenant = None;
     for (k, v) in form_urlencoded::parse(query.as_bytes()) {
@@ -175,7 +202,7 @@ pub fn workers(core: &Core, query: &str) -> Result<Reply, ApiError> {
             _ => {}
         }
     }
-    let snap = core.app.registry.snapshot();
+    let snap = mesh.app().registry().snapshot();
     let mut out = Vec::new();
     for ix in snap.live_indexes() {
         if model.as_deref().is_some_and(|m| m != ix.model)
@@ -225,10 +252,14 @@ pub fn workers(core: &Core, query: &str) -> Result<Reply, ApiError> {
     ))
 }
 
-fn index_for(core: &Core, model: &str, tenant: Option<&str>) -> Result<Arc<IndexInfo>, ApiError> {
+fn index_for<M: ShardMesh>(
+    mesh: &M,
+    model: &str,
+    tenant: Option<&str>,
+) -> Result<Arc<IndexInfo>, ApiError> {
     let tenant = tenant.unwrap_or(DEFAULT_TENANT);
-    core.app
-        .registry
+    mesh.app()
+        .registry()
         .snapshot()
         .lookup(model, tenant)
         .cloned()
@@ -288,7 +319,7 @@ struct Target {
     lora: Option<String>,
 }
 
-fn resolve(core: &Core, sc: Scope, forced: Option<Shape>) -> Result<Target, ApiError> {
+fn resolve<M: ShardMesh>(mesh: &M, sc: Scope, forced: Option<Shape>) -> Result<Target, ApiError> {
     let (shape, model) = match (forced, sc.model_name, sc.model) {
         (Some(Shape::Conductor), m1, m2) => (Shape::Conductor, m2.or(m1)),
         (_, Some(m), _) => (Shape::Dynamo, Some(m)),
@@ -314,7 +345,7 @@ fn resolve(core: &Core, sc: Scope, forced: Option<Shape>) -> Result<Target, ApiE
         .filter(|n| !n.is_empty())
         .or_else(|| crate::ingest::feed::lora_from_id(sc.lora_id));
     let tenant = tenant(sc.tenant_id, sc.routing_group).unwrap_or_else(|| DEFAULT_TENANT.into());
-    let ix = index_for(core, &model, Some(&tenant))?;
+    let ix = index_for(mesh, &model, Some(&tenant))?;
     if let Some(bs) = sc.block_size
         && bs != ix.block_size
     {
@@ -323,7 +354,7 @@ fn resolve(core: &Core, sc: Scope, forced: Option<Shape>) -> Result<Target, ApiE
             ix.block_size
         )));
     }
-    let snap = core.app.registry.snapshot();
+    let snap = mesh.app().registry().snapshot();
     let only =
         match &sc.instance_id {
             None => None,
@@ -367,14 +398,14 @@ fn resolve(core: &Core, sc: Scope, forced: Option<Shape>) -> Result<Target, ApiE
     })
 }
 
-async fn score(core: &Core, t: &Target, seqs: &[SeqHash]) -> Reply {
+async fn score<M: ShardMesh>(mesh: &M, t: &Target, seqs: &[SeqHash]) -> Result<Reply, ApiError> {
     let ix = &t.ix;
-    let replies = core.lookup(ix.id, seqs).await;
+    let replies = mesh.lookup(ix.id, seqs).await?;
     let live = |s: WorkerSlot| {
         let info = ix.slot(s);
         info.live && t.only.is_none_or(|i| i == info.instance)
     };
-    let snap = core.app.registry.snapshot();
+    let snap = mesh.app().registry().snapshot();
     let body = match t.shape {
         Shape::Conductor => {
             let cond = conductor_overlap(ix, seqs, &replies, &live);
@@ -388,7 +419,7 @@ async fn score(core: &Core, t: &Target, seqs: &[SeqHash]) -> Reply {
             json::scores(&snap, ix, &overlap, llmd.as_deref(), &live)
         }
     };
-    json::bytes(StatusCode::OK, body)
+    Ok(json::bytes(StatusCode::OK, body))
 }
 
 /// Conductor overlap of every live instance, in instance order.
@@ -453,7 +484,11 @@ struct QueryReq {
     scope: Scope,
 }
 
-pub async fn query(core: &Core, body: &[u8], forced: Option<Shape>) -> Result<Reply, ApiError> {
+pub async fn query<M: ShardMesh>(
+    mesh: &M,
+    body: &[u8],
+    forced: Option<Shape>,
+) -> Result<Reply, ApiError> {
     let r: QueryReq = match token_ids::split(body) {
         Some((ids, rest)) => match serde_json::from_slice::<QueryReq>(&rest) {
             Ok(r) => QueryReq {
@@ -465,7 +500,7 @@ pub async fn query(core: &Core, body: &[u8], forced: Option<Shape>) -> Result<Re
         },
         None => parse(body)?,
     };
-    let t = resolve(core, r.scope, forced)?;
+    let t = resolve(mesh, r.scope, forced)?;
     let token_ids = r.token_ids.0;
     let seed = hash::block_seed(t.lora.as_deref(), r.cache_salt.as_deref());
     let bs = t.ix.block_size as usize;
@@ -486,7 +521,7 @@ pub async fn query(core: &Core, body: &[u8], forced: Option<Shape>) -> Result<Re
             }
         }
     }
-    Ok(score(core, &t, &seqs).await)
+    score(mesh, &t, &seqs).await
 }
 
 /// A block hash as JSON: any integer (negative values are two's-complement u64
@@ -533,13 +568,13 @@ struct QueryByHashReq {
     scope: Scope,
 }
 
-pub async fn query_by_hash(
-    core: &Core,
+pub async fn query_by_hash<M: ShardMesh>(
+    mesh: &M,
     body: &[u8],
     forced: Option<Shape>,
 ) -> Result<Reply, ApiError> {
     let r: QueryByHashReq = parse(body)?;
-    let t = resolve(core, r.scope, forced)?;
+    let t = resolve(mesh, r.scope, forced)?;
     let seqs: Vec<SeqHash> = match t.shape {
         Shape::Dynamo => {
             if r.cache_salt.as_ref().is_some_and(|v| !v.is_null()) {
@@ -570,45 +605,36 @@ pub async fn query_by_hash(
             .map(|h| SeqHash(h.0))
             .collect(),
     };
-    Ok(score(core, &t, &seqs).await)
+    score(mesh, &t, &seqs).await
 }
 
-pub async fn dump(core: &Core) -> Result<Reply, ApiError> {
-    let indexes: Vec<Arc<IndexInfo>> = core
-        .app
-        .registry
-        .snapshot()
-        .live_indexes()
-        .into_iter()
-        .cloned()
-        .collect();
-    let mut out = Vec::from(&b"{"[..]);
-    for (i, ix) in indexes.iter().enumerate() {
-        // Engine hashes first, then the shards (see json::dump_events).
-        let engine: HashMap<(WorkerSlot, SeqHash), EngineHash> = core
-            .app
-            .ingest
-            .engine_hashes(ix.id)
-            .into_iter()
-            .map(|(slot, seq, eh)| ((slot, seq), eh))
-            .collect();
-        let blocks = core.dump(ix.id).await;
-        if i > 0 {
-            out.push(b',');
-        }
-        out.extend_from_slice(
-            serde_json::to_string(&format!("{}:{}", ix.model, ix.tenant))
-                .unwrap_or_default()
-                .as_bytes(),
-        );
-        out.extend_from_slice(b":{\"block_size\":");
-        out.extend_from_slice(ix.block_size.to_string().as_bytes());
-        out.extend_from_slice(b",\"events\":");
-        json::dump_events(&mut out, ix, &blocks, &engine);
-        out.push(b'}');
-    }
-    out.push(b'}');
-    Ok(json::bytes(StatusCode::OK, out))
+/// `GET /dump`: the one export ([`crate::recovery::export`]) rendered as a chunked
+/// stream of about 256 KiB per chunk, yielding between chunks, so a large dump
+/// neither holds its JSON in memory nor keeps the executor from queries.
+pub async fn dump<M: ShardMesh>(mesh: &M) -> Result<Reply, ApiError> {
+    use http_body_util::BodyExt;
+    const CHUNK: usize = 256 * 1024;
+    let state = crate::recovery::export::export(mesh).await?;
+    let stream = futures_lite::stream::unfold(
+        (state, json::DumpCursor::default()),
+        |(state, mut cur)| async move {
+            let mut out = Vec::with_capacity(CHUNK + 1024);
+            if !json::dump_chunk(&mut out, &state, &mut cur, CHUNK) {
+                return None;
+            }
+            // Let the executor's other tasks (queries) run between chunks.
+            futures_lite::future::yield_now().await;
+            let frame = hyper::body::Frame::data(bytes::Bytes::from(out));
+            Some((Ok::<_, std::convert::Infallible>(frame), (state, cur)))
+        },
+    );
+    let body = http_body_util::StreamBody::new(stream).boxed_unsync();
+    let mut r = hyper::Response::new(http_body_util::Either::Right(body));
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    Ok(r)
 }
 
 #[derive(Deserialize)]
@@ -616,24 +642,24 @@ struct PeerReq {
     url: String,
 }
 
-pub fn register_peer(core: &Core, body: &[u8]) -> Result<Reply, ApiError> {
+pub async fn register_peer<M: ShardMesh>(mesh: &M, body: &[u8]) -> Result<Reply, ApiError> {
     let r: PeerReq = parse(body)?;
-    core.app.add_peer(r.url);
+    mesh.app().control().add_peer(r.url);
     Ok(json::ok(StatusCode::CREATED))
 }
 
-pub fn deregister_peer(core: &Core, body: &[u8]) -> Result<Reply, ApiError> {
+pub async fn deregister_peer<M: ShardMesh>(mesh: &M, body: &[u8]) -> Result<Reply, ApiError> {
     let r: PeerReq = parse(body)?;
-    if core.app.remove_peer(&r.url) {
+    if mesh.app().control().remove_peer(&r.url) {
         Ok(json::ok(StatusCode::OK))
     } else {
         Err(ApiError::NotFound("peer not found".into()))
     }
 }
 
-pub fn peers(core: &Core) -> Result<Reply, ApiError> {
+pub fn peers<M: ShardMesh>(mesh: &M) -> Result<Reply, ApiError> {
     Ok(json::bytes(
         StatusCode::OK,
-        serde_json::to_vec(&core.app.peers()).unwrap_or_default(),
+        serde_json::to_vec(&*mesh.app().control().peers()).unwrap_or_default(),
     ))
 }

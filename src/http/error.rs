@@ -26,6 +26,14 @@ pub enum ApiError {
     Method,
     #[error("{0}")]
     Internal(String),
+    /// The service is not Ready (starting, recovering): retry once `/ready` answers 200.
+    #[error("kvix is {0}; data routes answer once /ready answers 200")]
+    NotReady(&'static str),
+    /// A shard did not answer: the answer would be incomplete, so there is none.
+    #[error("{0}; the answer would be incomplete")]
+    Unavailable(#[from] crate::mesh::ShardUnavailable),
+    #[error("request body not received within {} ms", .0.as_millis())]
+    Timeout(std::time::Duration),
 }
 
 impl ApiError {
@@ -38,14 +46,18 @@ impl ApiError {
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Method => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::NotReady(_) | ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Timeout(_) => StatusCode::REQUEST_TIMEOUT,
         }
     }
 
     /// `{"error": "...", "field": "..."}`; `field` only when one field is to blame.
     pub fn body(&self) -> Vec<u8> {
         let mut v = serde_json::json!({ "error": self.to_string() });
-        if let ApiError::Field { field, .. } = self {
-            v["field"] = serde_json::Value::String(field.clone());
+        match self {
+            ApiError::Field { field, .. } => v["field"] = serde_json::Value::String(field.clone()),
+            ApiError::NotReady(phase) => v["phase"] = serde_json::Value::from(*phase),
+            _ => {}
         }
         v.to_string().into_bytes()
     }

@@ -6,16 +6,14 @@
 use super::Reply;
 use crate::query::{InstanceOverlap, Overlap};
 use crate::registry::{IndexInfo, Snapshot};
-use crate::shard::DumpedBlock;
-use crate::types::{DpRank, EngineHash, InstanceId, SeqHash, Tier, WorkerSlot};
+use crate::types::{DpRank, InstanceId, Tier, WorkerSlot};
 use bytes::Bytes;
-use http_body_util::Full;
+use http_body_util::{Either, Full};
 use hyper::StatusCode;
 use hyper::header::{CONTENT_TYPE, HeaderValue};
-use std::collections::HashMap;
 
 pub fn bytes(status: StatusCode, body: Vec<u8>) -> Reply {
-    let mut r = hyper::Response::new(Full::new(Bytes::from(body)));
+    let mut r = hyper::Response::new(Either::Left(Full::new(Bytes::from(body))));
     *r.status_mut() = status;
     r.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -23,7 +21,7 @@ pub fn bytes(status: StatusCode, body: Vec<u8>) -> Reply {
 }
 
 pub fn empty(status: StatusCode) -> Reply {
-    let mut r = hyper::Response::new(Full::new(Bytes::new()));
+    let mut r = hyper::Response::new(Either::Left(Full::new(Bytes::new())));
     *r.status_mut() = status;
     r
 }
@@ -265,76 +263,117 @@ fn tier_name(t: Tier) -> &'static str {
     }
 }
 
-/// One index's `/dump` events: a `stored` RouterEvent per (block, holder, tier), parents
-/// first. Block and parent hashes are the worker's own engine hashes where kvix knows
-/// them (so a peer can resolve later live events), else kvix sequence hashes.
-pub fn dump_events(
+/// Where a `/dump` rendering stands: which index, worker and block come next.
+#[derive(Default)]
+pub struct DumpCursor {
+    index: usize,
+    worker: usize,
+    block: usize,
+    event_id: u64,
+    /// The opening brace is written.
+    started: bool,
+    /// The current index's opening (key, block size) is written.
+    opened: bool,
+    done: bool,
+}
+
+/// Render the next part of `/dump` (at least `budget` bytes unless the end comes
+/// first) into `out`; returns false once everything, the closing brace included, is
+/// written. The shape is Dynamo's: `{"model:tenant": {"block_size", "events":
+/// [RouterEvent]}}`, one `stored` event per (block, worker, tier), each worker's
+/// blocks parents first (the order of [`State`]).
+///
+/// [`State`]: crate::recovery::State
+pub fn dump_chunk(
     out: &mut Vec<u8>,
-    ix: &IndexInfo,
-    blocks: &[DumpedBlock],
-    engine: &HashMap<(WorkerSlot, SeqHash), EngineHash>,
-) {
-    let depth = crate::shard::chain_depths(blocks);
-    let mut order: Vec<&DumpedBlock> = blocks.iter().collect();
-    // Cached keys: a hash lookup per comparison is seconds at a million blocks.
-    order.sort_by_cached_key(|b| {
-        (
-            depth.get(&b.seq).copied().unwrap_or(0),
-            b.holder.slot(),
-            b.seq,
-        )
-    });
-    let ext =
-        |slot: WorkerSlot, seq: SeqHash| engine.get(&(slot, seq)).map(|e| e.0).unwrap_or(seq.0);
-    // The engine hashes are gathered before the shards are read, so a block without one
-    // was stored after that: a recovering peer receives it live. Leaving it out keeps
-    // every dumped block_hash a real engine hash (later removes resolve on the peer).
-    let recent =
-        |slot: WorkerSlot, seq: SeqHash| !engine.is_empty() && !engine.contains_key(&(slot, seq));
-    out.push(b'[');
-    let mut event_id = 0u64;
-    for b in order {
-        let slot = b.holder.slot();
-        let Some(info) = ix.slots.get(slot.0 as usize) else {
-            continue;
+    state: &crate::recovery::State,
+    cur: &mut DumpCursor,
+    budget: usize,
+) -> bool {
+    if cur.done {
+        return false;
+    }
+    if !cur.started {
+        out.push(b'{');
+        cur.started = true;
+    }
+    while out.len() < budget {
+        let Some(ix) = state.indexes.get(cur.index) else {
+            out.push(b'}');
+            cur.done = true;
+            return true;
         };
-        if recent(slot, b.seq) {
-            continue;
-        }
-        for t in 0..Tier::COUNT as u8 {
-            if !b.holder.has(Tier(t)) {
-                continue;
-            }
-            if event_id > 0 {
+        if !cur.opened {
+            if cur.index > 0 {
                 out.push(b',');
             }
-            out.extend_from_slice(b"{\"worker_id\":");
-            num(out, info.instance);
-            out.extend_from_slice(b",\"storage_tier\":\"");
-            out.extend_from_slice(tier_name(Tier(t)).as_bytes());
-            out.extend_from_slice(b"\",\"residency_domain\":\"worker\",\"event\":{\"event_id\":");
-            num(out, event_id);
-            out.extend_from_slice(b",\"data\":{\"stored\":{\"parent_hash\":");
-            match b.parent {
-                Some(p) => num(out, ext(slot, p)),
-                None => out.extend_from_slice(b"null"),
-            }
-            // kvix's own addition: the parent's sequence hash, exact even when the parent
-            // was evicted before its child (Dynamo readers ignore unknown fields).
-            out.extend_from_slice(b",\"kvix_parent_seq\":");
-            match b.parent {
-                Some(p) => num(out, p.0),
-                None => out.extend_from_slice(b"null"),
-            }
-            out.extend_from_slice(b",\"start_position\":null,\"blocks\":[{\"block_hash\":");
-            num(out, ext(slot, b.seq));
-            out.extend_from_slice(b",\"tokens_hash\":");
-            num(out, b.local.0);
-            out.extend_from_slice(b",\"mm_extra_info\":null}]}},\"dp_rank\":");
-            num(out, info.dp);
-            out.extend_from_slice(b"}}");
-            event_id += 1;
+            out.extend_from_slice(
+                serde_json::to_string(&format!("{}:{}", ix.model, ix.tenant))
+                    .unwrap_or_default()
+                    .as_bytes(),
+            );
+            out.extend_from_slice(b":{\"block_size\":");
+            num(out, ix.block_size);
+            out.extend_from_slice(b",\"events\":[");
+            cur.opened = true;
+            cur.event_id = 0;
         }
+        let Some(w) = ix.workers.get(cur.worker) else {
+            out.extend_from_slice(b"]}");
+            cur.index += 1;
+            cur.worker = 0;
+            cur.block = 0;
+            cur.opened = false;
+            continue;
+        };
+        let Some(b) = w.blocks.get(cur.block) else {
+            cur.worker += 1;
+            cur.block = 0;
+            continue;
+        };
+        if cur.event_id > 0 {
+            out.push(b',');
+        }
+        dump_event(out, w.instance, w.dp, b, cur.event_id);
+        cur.event_id += 1;
+        cur.block += 1;
     }
-    out.push(b']');
+    true
+}
+
+/// One `stored` RouterEvent. Block and parent hashes are the worker's own engine
+/// hashes where kvix knows them (so a peer can resolve later live events), else kvix
+/// sequence hashes.
+fn dump_event(
+    out: &mut Vec<u8>,
+    instance: InstanceId,
+    dp: DpRank,
+    b: &crate::ingest::feed::SeedBlock,
+    event_id: u64,
+) {
+    out.extend_from_slice(b"{\"worker_id\":");
+    num(out, instance);
+    out.extend_from_slice(b",\"storage_tier\":\"");
+    out.extend_from_slice(tier_name(b.tier).as_bytes());
+    out.extend_from_slice(b"\",\"residency_domain\":\"worker\",\"event\":{\"event_id\":");
+    num(out, event_id);
+    out.extend_from_slice(b",\"data\":{\"stored\":{\"parent_hash\":");
+    match b.parent_engine {
+        Some(p) => num(out, p.0),
+        None => out.extend_from_slice(b"null"),
+    }
+    // kvix's own addition: the parent's sequence hash, exact even when the parent
+    // was evicted before its child (Dynamo readers ignore unknown fields).
+    out.extend_from_slice(b",\"kvix_parent_seq\":");
+    match b.parent_seq {
+        Some(p) => num(out, p.0),
+        None => out.extend_from_slice(b"null"),
+    }
+    out.extend_from_slice(b",\"start_position\":null,\"blocks\":[{\"block_hash\":");
+    num(out, b.engine.0);
+    out.extend_from_slice(b",\"tokens_hash\":");
+    num(out, b.local.0);
+    out.extend_from_slice(b",\"mm_extra_info\":null}]}},\"dp_rank\":");
+    num(out, dp);
+    out.extend_from_slice(b"}}");
 }

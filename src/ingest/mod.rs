@@ -4,7 +4,9 @@
 //! sockets, decodes frames ([`crate::wire`]), turns events into shard ops
 //! ([`feed::WorkerFeed`]) and pushes them onto its rings. All listeners of one
 //! instance live on one thread, so a clear and the stores after it stay in
-//! order. Never runs on an executor, never blocks one.
+//! order. Never runs on an executor, never blocks one: the [`Ingest`] handle's calls
+//! wait for the thread's reply, so executors make them through
+//! `ShardMesh::offload`.
 
 pub mod feed;
 pub mod replay;
@@ -103,7 +105,8 @@ pub type ListenerStats = (IndexId, InstanceId, DpRank, Arc<FeedStats>);
 
 /// Handle to all ingest threads.
 pub struct Ingest {
-    senders: Vec<Mutex<mpsc::Sender<Command>>>,
+    /// `mpsc::Sender` is `Sync`: any thread may send without a lock.
+    senders: Vec<mpsc::Sender<Command>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// Stats of every listener ever started, for metrics.
     pub listeners: Mutex<Vec<ListenerStats>>,
@@ -144,7 +147,7 @@ impl Ingest {
                     })
                     .expect("spawn ingest thread"),
             );
-            senders.push(Mutex::new(tx));
+            senders.push(tx);
         }
         Arc::new(Ingest {
             senders,
@@ -160,11 +163,8 @@ impl Ingest {
     }
 
     fn send(&self, instance: InstanceId, cmd: Command) {
-        let tx = self.senders[self.thread_for(instance)]
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
         // A send fails only after shutdown, when nothing is left to do.
-        let _ = tx.send(cmd);
+        let _ = self.senders[self.thread_for(instance)].send(cmd);
     }
 
     /// Start a listener; returns once its socket is connected.
@@ -227,10 +227,7 @@ impl Ingest {
         let mut out = Vec::new();
         for tx in &self.senders {
             let (done, rx) = mpsc::channel();
-            let sent = tx
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .send(Command::EngineHashes { index, done });
+            let sent = tx.send(Command::EngineHashes { index, done });
             if sent.is_ok()
                 && let Ok(mut v) = rx.recv()
             {
@@ -269,10 +266,7 @@ impl Ingest {
         let mut out = Vec::new();
         for tx in &self.senders {
             let (done, rx) = mpsc::channel();
-            let sent = tx
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .send(Command::Seqs { done });
+            let sent = tx.send(Command::Seqs { done });
             if sent.is_ok()
                 && let Ok(mut v) = rx.recv()
             {
@@ -291,10 +285,7 @@ impl Ingest {
     pub fn catch_up(&self) {
         for tx in &self.senders {
             let (done, rx) = mpsc::channel();
-            let sent = tx
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .send(Command::CatchUp { done });
+            let sent = tx.send(Command::CatchUp { done });
             if sent.is_ok() {
                 let _ = rx.recv();
             }
@@ -307,10 +298,7 @@ impl Ingest {
 
     pub fn shutdown(&self) {
         for tx in &self.senders {
-            let _ = tx
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .send(Command::Shutdown);
+            let _ = tx.send(Command::Shutdown);
         }
         for t in self
             .threads

@@ -1,19 +1,21 @@
-//! Export the running service's state as [`State`] (for local snapshots).
+//! Export the running service's state as [`State`]: the one export behind `/dump` and
+//! local snapshots.
 //!
 //! Gathers, in this order: every engine stream's last sequence number and every feed's
 //! engine hashes (from the ingest threads), then each shard's blocks (each shard first
 //! applies what its rings hold). So the blocks are at least as new as the recorded
 //! sequence numbers, and replaying from `last_seq + 1` after a restart can only re-apply
 //! events, never skip one. Shards are read one request at a time while ingestion goes
-//! on: a weakly consistent snapshot, like Dynamo's `/dump`.
+//! on: a weakly consistent snapshot, like Dynamo's `/dump`. Blocks are read one shard at
+//! a time, so queries interleave; ordering runs off the executor.
 
 use super::{IndexState, ListenerState, State, WorkerBlocks};
 use crate::ingest::SeqKey;
 use crate::ingest::feed::SeedBlock;
+use crate::mesh::{ShardMesh, ShardUnavailable};
 use crate::registry::IndexInfo;
-use crate::runtime::Core;
 use crate::shard::DumpedBlock;
-use crate::types::{EngineHash, SeqHash, Tier, WorkerSlot};
+use crate::types::{EngineHash, SeqHash, ShardId, Tier, WorkerSlot};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
@@ -30,18 +32,25 @@ pub struct Raw {
     indexes: Vec<RawIndex>,
 }
 
-/// Gather sequence numbers, engine hashes and shard blocks (cheap, on the executor).
-pub async fn gather(core: &Core) -> Raw {
-    let app = &core.app;
-    let seqs: HashMap<_, _> = app.ingest.seqs().into_iter().collect();
-    let snap = app.registry.snapshot_arc();
+/// Gather sequence numbers, engine hashes (off the executor: they wait on the ingest
+/// threads) and every shard's blocks.
+pub async fn gather<M: ShardMesh>(mesh: &M) -> Result<Raw, ShardUnavailable> {
+    let ingest = mesh.app().ingest().clone();
+    let seqs: HashMap<_, _> = mesh
+        .offload(move || ingest.seqs().into_iter().collect())
+        .await;
+    let snap = mesh.app().registry().snapshot_arc();
     let mut indexes = Vec::new();
     for ix in snap.live_indexes() {
-        let engine = app.ingest.engine_hashes(ix.id);
-        let blocks = core.dump(ix.id).await;
+        let (ingest, id) = (mesh.app().ingest().clone(), ix.id);
+        let engine = mesh.offload(move || ingest.engine_hashes(id)).await;
+        let mut blocks = Vec::new();
+        for s in 0..mesh.shards() {
+            blocks.append(&mut mesh.export(ShardId(s), ix.id).await?);
+        }
         indexes.push((ix.clone(), engine, blocks));
     }
-    Raw { seqs, indexes }
+    Ok(Raw { seqs, indexes })
 }
 
 impl Raw {
@@ -81,6 +90,16 @@ impl Raw {
                 let b = &blocks[k.3];
                 let slot = k.0;
                 if !ix.slots.get(slot.0 as usize).is_some_and(|s| s.live) {
+                    continue;
+                }
+                // A block from an engine's event (it has a local hash) but without an
+                // engine hash was stored after the engine hashes were read: it arrives
+                // live at a recovering peer, and in the replay after a restart (its batch
+                // is newer than the recorded sequence). Exporting it under its sequence
+                // hash would give the peer a block whose later remove cannot resolve.
+                // Blocks stored by sequence hash alone (no tokens, local hash 0) have
+                // no engine hash ever and are exported under their sequence hash.
+                if b.local.0 != 0 && !engine.contains_key(&(slot, b.seq)) {
                     continue;
                 }
                 let out = workers.entry(slot).or_default();
@@ -131,7 +150,8 @@ impl Raw {
     }
 }
 
-/// The whole export in one call (gather, then order).
-pub async fn export(core: &Core) -> State {
-    gather(core).await.into_state()
+/// The whole export: gather, then order off the executor.
+pub async fn export<M: ShardMesh>(mesh: &M) -> Result<State, ShardUnavailable> {
+    let raw = gather(mesh).await?;
+    Ok(mesh.offload(move || raw.into_state()).await)
 }

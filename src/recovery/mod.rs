@@ -10,15 +10,16 @@
 pub mod dump;
 pub mod export;
 pub mod snapshot;
+pub mod workers;
 
 use crate::ingest::SeedOutcome;
 use crate::ingest::feed::SeedBlock;
+use crate::lifecycle::Lifecycle;
 use crate::registry::Endpoint;
-use crate::service::{App, ControlError, registration};
+use crate::service::{Control, ControlError, RecoveryStats, registration};
 use crate::types::{DpRank, InstanceId};
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use thiserror::Error;
 
@@ -36,14 +37,6 @@ pub enum RecoveryError {
         #[source]
         err: std::io::Error,
     },
-}
-
-/// Recovery counters (rare events only).
-#[derive(Default, Debug)]
-pub struct RecoveryStats {
-    pub snapshots_written: AtomicU64,
-    pub snapshot_failures: AtomicU64,
-    pub seeded_blocks: AtomicU64,
 }
 
 /// A registered listener as recovered state records it.
@@ -88,18 +81,35 @@ impl State {
     }
 }
 
-/// Apply recovered state. With `register`, its listeners are registered (and their last
-/// sequence numbers restored) first. Blocks are seeded only for workers that have a
-/// listener here: a worker we do not subscribe to would never see its removes, so its
-/// blocks would go stale (Dynamo applies them anyway; kvix prefers answers it can keep
+/// Apply recovered state. Every index it names is created (with its block size) if
+/// missing. With `register`, its listeners are registered (and their last sequence
+/// numbers restored) first. Blocks are seeded only for workers that have a listener
+/// here: a worker we do not subscribe to would never see its removes, so its blocks
+/// would go stale (Dynamo applies them anyway; kvix prefers answers it can keep
 /// true). With `replace`, each seeded worker's current blocks are dropped first.
 /// Returns (blocks seeded, blocks skipped).
-pub fn apply(app: &App, state: State, register: bool, replace: bool) -> (u64, u64) {
+pub fn apply(
+    control: &Control,
+    stats: &RecoveryStats,
+    state: State,
+    register: bool,
+    replace: bool,
+) -> (u64, u64) {
     let (mut seeded, mut skipped) = (0u64, 0u64);
     for ix in state.indexes {
+        if let Err(e) = control
+            .registry()
+            .ensure_index(&ix.model, &ix.tenant, ix.block_size)
+        {
+            tracing::warn!(
+                model = ix.model,
+                tenant = ix.tenant,
+                "recovered index not created: {e}"
+            );
+        }
         if register {
             for l in &ix.listeners {
-                let r = app.register(registration(
+                let r = control.register(registration(
                     ix.model.clone(),
                     ix.tenant.clone(),
                     ix.block_size,
@@ -126,13 +136,14 @@ pub fn apply(app: &App, state: State, register: bool, replace: bool) -> (u64, u6
                     ),
                 }
                 if let Some(seq) = l.last_seq {
-                    app.ingest
+                    control
+                        .ingest()
                         .restore_seq((l.instance, l.dp, l.endpoint.endpoint.clone()), seq);
                 }
             }
         }
-        let Some(info) = app
-            .registry
+        let Some(info) = control
+            .registry()
             .snapshot()
             .lookup(&ix.model, &ix.tenant)
             .cloned()
@@ -159,8 +170,8 @@ pub fn apply(app: &App, state: State, register: bool, replace: bool) -> (u64, u6
         }
         for w in ix.workers {
             let n = w.blocks.len() as u64;
-            match app
-                .ingest
+            match control
+                .ingest()
                 .seed(info.id, w.instance, w.dp, w.blocks, replace)
             {
                 SeedOutcome::Seeded { skipped: s } => {
@@ -180,35 +191,88 @@ pub fn apply(app: &App, state: State, register: bool, replace: bool) -> (u64, u6
             }
         }
     }
-    app.recovery
-        .seeded_blocks
-        .fetch_add(seeded, Ordering::Relaxed);
+    stats.seeded_blocks.fetch_add(seeded, Ordering::Relaxed);
     (seeded, skipped)
 }
 
-/// Fetch and parse a peer's `/dump`.
-pub fn fetch_peer(url: &str, timeout: Duration) -> Result<State, RecoveryError> {
+fn agent(timeout: Duration) -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .timeout_global(Some(timeout))
+        .http_status_as_error(true)
+        .build()
+        .into()
+}
+
+/// GET `url` + `path` and return the body (a recovering peer answers 503: an error).
+fn fetch(url: &str, path: &str, timeout: Duration) -> Result<Vec<u8>, RecoveryError> {
     let err = |msg: String| RecoveryError::Peer {
         url: url.to_string(),
         msg,
     };
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .timeout_global(Some(timeout))
-        .http_status_as_error(true)
-        .build()
-        .into();
-    let dump_url = format!("{}/dump", url.trim_end_matches('/'));
-    let mut resp = agent
-        .get(&dump_url)
+    let full = format!("{}{path}", url.trim_end_matches('/'));
+    let mut resp = agent(timeout)
+        .get(&full)
         .call()
         .map_err(|e| err(e.to_string()))?;
-    let body = resp
-        .body_mut()
+    resp.body_mut()
         .with_config()
         .limit(16 * 1024 * 1024 * 1024)
         .read_to_vec()
-        .map_err(|e| err(e.to_string()))?;
-    dump::parse(&body).map_err(|e| err(e.to_string()))
+        .map_err(|e| err(e.to_string()))
+}
+
+/// Fetch and parse a peer's `/dump`.
+pub fn fetch_peer(url: &str, timeout: Duration) -> Result<State, RecoveryError> {
+    let body = fetch(url, "/dump", timeout)?;
+    dump::parse(&body).map_err(|e| RecoveryError::Peer {
+        url: url.to_string(),
+        msg: e.to_string(),
+    })
+}
+
+/// Fetch a peer's `/workers` and parse the registrations it lists.
+pub fn fetch_workers(url: &str, timeout: Duration) -> Result<Vec<workers::Adopted>, RecoveryError> {
+    let body = fetch(url, "/workers", timeout)?;
+    workers::parse(&body).map_err(|e| RecoveryError::Peer {
+        url: url.to_string(),
+        msg: e,
+    })
+}
+
+/// Register here every listener a peer lists (the same endpoints, so this replica
+/// hears the same events). Returns how many listeners were started.
+pub fn adopt(control: &Control, list: Vec<workers::Adopted>) -> usize {
+    let mut started = 0;
+    for w in list {
+        let instance = match &w.instance {
+            workers::InstanceName::Id(i) => *i,
+            workers::InstanceName::Name(n) => control.registry().intern_instance(n),
+        };
+        let r = control.register(registration(
+            w.model.clone(),
+            w.tenant.clone(),
+            w.block_size,
+            instance,
+            w.dp,
+            w.endpoint.clone(),
+            crate::registry::ListenerOpts {
+                publisher: w.endpoint.publisher.clone(),
+                ..Default::default()
+            },
+        ));
+        match r {
+            Ok(()) => started += 1,
+            Err(ControlError::Registry(crate::registry::RegistryError::AlreadyRegistered {
+                ..
+            })) => {}
+            Err(e) => tracing::warn!(
+                model = w.model,
+                endpoint = w.endpoint.endpoint,
+                "cannot adopt peer's worker: {e}"
+            ),
+        }
+    }
+    started
 }
 
 /// Startup recovery configuration.
@@ -217,21 +281,28 @@ pub struct Options {
     pub snapshot_path: Option<PathBuf>,
     /// How long to wait after connecting SUB sockets before asking a peer (Dynamo: 1 s).
     pub peer_wait: Duration,
+    /// Subscribe to the workers a peer lists in `/workers` before taking its dump.
+    pub adopt_workers: bool,
 }
 
-/// Startup order (the ingest threads are paused by the caller before `--workers` connect):
+/// Startup order (the ingest threads are paused by the caller before `--workers`
+/// connect, and the lifecycle is in Recovering):
 /// 1. load the local snapshot, if any (registrations, last sequences, blocks);
-/// 2. wait `peer_wait`, then seed from the first peer that answers `/dump`;
-/// 3. resume the ingest threads (buffered live frames apply on top);
-/// 4. replay, for every worker with a replay endpoint, what it published since the
-///    snapshot's last sequence.
-pub fn bootstrap(app: Arc<App>, opts: Options) {
+/// 2. with adoption, register the workers of the first peer that answers `/workers`
+///    (their SUB sockets connect and buffer);
+/// 3. wait `peer_wait`, then seed from the first peer that answers `/dump` (a peer
+///    that is itself recovering answers 503 and the next one is tried);
+/// 4. resume the ingest threads (buffered live frames apply on top);
+/// 5. replay, for every worker with a replay endpoint, what it published since the
+///    snapshot's last sequence;
+/// 6. Ready.
+pub fn bootstrap(control: &Control, life: &Lifecycle, stats: &RecoveryStats, opts: Options) {
     let t0 = Instant::now();
     if let Some(path) = &opts.snapshot_path {
         match snapshot::read(path) {
             Ok(Some(state)) => {
                 let n = state.blocks();
-                let (seeded, skipped) = apply(&app, state, true, false);
+                let (seeded, skipped) = apply(control, stats, state, true, false);
                 tracing::info!(
                     path = %path.display(),
                     blocks = n,
@@ -247,15 +318,28 @@ pub fn bootstrap(app: Arc<App>, opts: Options) {
             Err(e) => tracing::error!("snapshot rejected, starting without it: {e}"),
         }
     }
-    let peers = app.peers();
+    let peers = control.peers();
     if !peers.is_empty() {
+        if opts.adopt_workers {
+            for url in peers.iter() {
+                match fetch_workers(url, Duration::from_secs(10)) {
+                    Ok(list) => {
+                        let listed = list.len();
+                        let started = adopt(control, list);
+                        tracing::info!(peer = url, listed, started, "adopted peer's workers");
+                        break;
+                    }
+                    Err(e) => tracing::warn!("P2P recovery: {e}"),
+                }
+            }
+        }
         std::thread::sleep(opts.peer_wait);
         let mut recovered = false;
-        for url in &peers {
+        for url in peers.iter() {
             match fetch_peer(url, Duration::from_secs(30)) {
                 Ok(state) => {
                     let n = state.blocks();
-                    let (seeded, skipped) = apply(&app, state, false, true);
+                    let (seeded, skipped) = apply(control, stats, state, false, true);
                     tracing::info!(
                         peer = url,
                         blocks = n,
@@ -273,12 +357,11 @@ pub fn bootstrap(app: Arc<App>, opts: Options) {
             tracing::warn!("P2P recovery: no peer reachable; starting with local state only");
         }
     }
-    app.ingest.pause(false);
-    app.ingest.catch_up();
-    app.recovered
-        .store(true, std::sync::atomic::Ordering::Release);
+    control.ingest().pause(false);
+    control.ingest().catch_up();
     tracing::info!(
         took_ms = t0.elapsed().as_millis() as u64,
         "recovery done; ingesting live events"
     );
+    life.recovery_done();
 }

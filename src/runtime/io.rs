@@ -62,3 +62,39 @@ impl hyper::rt::Write for HyperStream {
         Pin::new(&mut self.0).poll_close(cx)
     }
 }
+
+/// hyper's timer (header-read timeouts) on glommio's timers.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LocalTimer;
+
+impl hyper::rt::Timer for LocalTimer {
+    fn sleep(&self, duration: std::time::Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        Box::pin(LocalSleep(glommio::timer::Timer::new(duration)))
+    }
+
+    fn sleep_until(&self, deadline: std::time::Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        self.sleep(deadline.saturating_duration_since(std::time::Instant::now()))
+    }
+}
+
+/// A glommio timer as hyper's `Sleep`.
+struct LocalSleep(glommio::timer::Timer);
+
+// SAFETY: hyper asks `Send + Sync` of its sleeps for multi-threaded runtimes. Here every
+// sleep is created by `LocalTimer` inside a connection future that was spawned with
+// `glommio::spawn_local` on one executor; glommio never moves a local task to another
+// thread, and hyper's HTTP/1 server neither spawns nor shares the sleep, so the
+// thread-bound glommio timer (an `Rc`) is only ever polled and dropped on the thread
+// that created it.
+unsafe impl Send for LocalSleep {}
+// SAFETY: as above: no `&LocalSleep` ever reaches another thread.
+unsafe impl Sync for LocalSleep {}
+
+impl std::future::Future for LocalSleep {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        Pin::new(&mut self.0).poll(cx).map(|_| ())
+    }
+}
+
+impl hyper::rt::Sleep for LocalSleep {}

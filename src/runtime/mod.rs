@@ -1,14 +1,22 @@
-//! Runtime glue: glommio executors, the shard mesh, scatter/gather transport.
+//! Runtime glue: glommio executors, the shard mesh, the accept loop.
 //!
 //! Owns everything glommio: one pinned `LocalExecutor` per shard, each running
-//! (a) the drain loop that applies ring ops to its shard, (b) the mesh
-//! endpoints that answer other cores' lookups, and (c) an HTTP server on the
-//! shared port (`SO_REUSEPORT`). Shard state is only ever touched by its own
-//! executor; other cores reach it by message.
+//! (a) the drain loop that applies ring ops to its shard, (b) the mesh endpoints
+//! that answer other cores' requests, (c) the accept loop on the shared port
+//! (`SO_REUSEPORT`) handing each connection to hyper with [`crate::http::handle`] as
+//! the service, and on core 0 (d) the lifecycle task (snapshots, signals, watchdog).
+//! Shard state is only ever touched by its own executor; other cores reach it by
+//! message. No executor ever waits on a thread: blocking work goes through
+//! [`ShardMesh::offload`].
 
 pub mod io;
+mod listen;
+
+pub use listen::{PortGuard, claim_port};
 
 use crate::http;
+use crate::lifecycle::Phase;
+use crate::mesh::{ShardMesh, ShardUnavailable};
 use crate::metrics::{HttpStats, ShardStats};
 use crate::query::{self, ShardReply};
 use crate::service::App;
@@ -22,18 +30,18 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A request from one core to another core's shard.
 enum Req {
     Lookup { index: IndexId, seqs: Vec<SeqHash> },
-    Dump { index: IndexId },
+    Export { index: IndexId },
     Stats,
 }
 
 enum Rep {
     Lookup(ShardReply),
-    Dump(Vec<DumpedBlock>),
+    Export(Vec<DumpedBlock>),
     Stats(Box<ShardStats>),
 }
 
@@ -42,27 +50,43 @@ enum Msg {
     Rep(u64, Rep),
 }
 
+/// How the HTTP side of every executor runs.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    /// The resolved address every core listens on.
+    pub addr: SocketAddr,
+    /// How long an idle executor spins before parking.
+    pub spin: Duration,
+    /// Open connections per core; beyond it new ones wait in the kernel's backlog.
+    pub max_connections: usize,
+    /// From the moment a connection waits for a request (accepted, or its previous
+    /// response sent) until that request's headers are complete: bounds slow
+    /// headers and idle keep-alive connections alike.
+    pub header_timeout: Duration,
+    pub http: http::Options,
+}
+
 /// Per-executor context: this core's shard and its link to the others.
 pub struct Core {
-    pub id: ShardId,
-    pub shards: usize,
-    pub app: Arc<App>,
+    id: ShardId,
+    shards: usize,
+    app: Arc<App>,
     shard: RefCell<Shard>,
     mesh: Senders<Msg>,
     pending: RefCell<HashMap<u64, LocalSender<Rep>>>,
     next_qid: Cell<u64>,
     /// This core's HTTP counters; core-local (no atomics), gathered on scrape.
-    pub http_stats: RefCell<HttpStats>,
+    http_stats: RefCell<HttpStats>,
 }
 
 impl Core {
     fn answer(&self, req: Req) -> Rep {
-        if matches!(req, Req::Dump { .. }) {
-            // Apply everything already on the rings first, so a dump (or snapshot) taken
-            // after the ingest threads reported their sequence numbers covers them.
+        if matches!(req, Req::Export { .. }) {
+            // Apply everything already on the rings first, so an export taken after the
+            // ingest threads reported their sequence numbers covers them.
             let mut shard = self.shard.borrow_mut();
             self.app
-                .rings
+                .rings()
                 .drain(self.id, usize::MAX, |op| shard.apply(op));
         }
         let shard = self.shard.borrow();
@@ -72,8 +96,8 @@ impl Core {
                 Rep::Stats(Box::new(ShardStats {
                     shard: self.id.0,
                     applied: shard.applied,
-                    pending: self.app.rings.pending(self.id) as u64,
-                    stalls: self.app.rings.stalls(self.id),
+                    pending: self.app.rings().pending(self.id) as u64,
+                    stalls: self.app.rings().stalls(self.id),
                     blocks,
                     tier_blocks,
                     heap_bytes: shard.heap_bytes() as u64,
@@ -81,10 +105,10 @@ impl Core {
                 }))
             }
             Req::Lookup { index, seqs } => Rep::Lookup(query::answer(&shard, index, &seqs)),
-            Req::Dump { index } => {
+            Req::Export { index } => {
                 let mut out = Vec::new();
                 shard.dump(index, &mut out);
-                Rep::Dump(out)
+                Rep::Export(out)
             }
         }
     }
@@ -113,9 +137,13 @@ impl Core {
         }
     }
 
-    /// Send `req` to every shard and collect the replies by shard. Peers are asked
-    /// first and our own part is answered while they work.
-    async fn scatter(&self, mut reqs: Vec<Option<Req>>) -> Vec<Option<Rep>> {
+    /// Send `req` to every shard that has one and collect the replies by shard. Peers
+    /// are asked first and our own part is answered while they work. A shard that
+    /// was asked and did not answer fails the whole request.
+    async fn scatter(
+        &self,
+        mut reqs: Vec<Option<Req>>,
+    ) -> Result<Vec<Option<Rep>>, ShardUnavailable> {
         let mut out: Vec<Option<Rep>> = (0..self.shards).map(|_| None).collect();
         let mut waits = Vec::new();
         for (i, req) in reqs.iter_mut().enumerate() {
@@ -129,7 +157,7 @@ impl Core {
             self.pending.borrow_mut().insert(qid, tx);
             if self.mesh.send_to(i, Msg::Req(qid, req)).await.is_err() {
                 self.pending.borrow_mut().remove(&qid);
-                continue;
+                return Err(ShardUnavailable(ShardId(i)));
             }
             waits.push((i, rx));
         }
@@ -137,53 +165,83 @@ impl Core {
             out[self.id.0] = Some(self.answer(req));
         }
         for (i, rx) in waits {
-            out[i] = rx.recv().await;
+            match rx.recv().await {
+                Some(rep) => out[i] = Some(rep),
+                None => return Err(ShardUnavailable(ShardId(i))),
+            }
         }
-        out
+        Ok(out)
+    }
+}
+
+impl ShardMesh for Core {
+    fn app(&self) -> &Arc<App> {
+        &self.app
     }
 
-    /// Holders of `seqs` (any order), one reply per shard, every shard asked (for tree sizes).
-    pub async fn lookup(&self, index: IndexId, seqs: &[SeqHash]) -> Vec<ShardReply> {
+    fn http_stats(&self) -> &RefCell<HttpStats> {
+        &self.http_stats
+    }
+
+    async fn lookup(
+        &self,
+        index: IndexId,
+        seqs: &[SeqHash],
+    ) -> Result<Vec<ShardReply>, ShardUnavailable> {
         let reqs = query::split(seqs, self.shards)
             .into_iter()
             .map(|seqs| Some(Req::Lookup { index, seqs }))
             .collect();
-        self.scatter(reqs)
-            .await
-            .into_iter()
-            .map(|r| match r {
-                Some(Rep::Lookup(r)) => r,
-                _ => ShardReply::default(),
-            })
-            .collect()
-    }
-
-    /// Every shard's figures, for `/metrics`.
-    pub async fn stats(&self) -> Vec<ShardStats> {
-        let reqs = (0..self.shards).map(|_| Some(Req::Stats)).collect();
-        self.scatter(reqs)
-            .await
-            .into_iter()
-            .flatten()
-            .filter_map(|r| match r {
-                Rep::Stats(s) => Some(*s),
-                _ => None,
-            })
-            .collect()
-    }
-
-    /// Every (block, holder) of one index, from all shards.
-    pub async fn dump(&self, index: IndexId) -> Vec<DumpedBlock> {
-        let reqs = (0..self.shards)
-            .map(|_| Some(Req::Dump { index }))
-            .collect();
-        let mut out = Vec::new();
-        for r in self.scatter(reqs).await.into_iter().flatten() {
-            if let Rep::Dump(mut v) = r {
-                out.append(&mut v);
+        let mut out = Vec::with_capacity(self.shards);
+        for (i, r) in self.scatter(reqs).await?.into_iter().enumerate() {
+            match r {
+                Some(Rep::Lookup(r)) => out.push(r),
+                _ => return Err(ShardUnavailable(ShardId(i))),
             }
         }
-        out
+        Ok(out)
+    }
+
+    async fn export(
+        &self,
+        shard: ShardId,
+        index: IndexId,
+    ) -> Result<Vec<DumpedBlock>, ShardUnavailable> {
+        let mut reqs: Vec<Option<Req>> = (0..self.shards).map(|_| None).collect();
+        *reqs.get_mut(shard.0).ok_or(ShardUnavailable(shard))? = Some(Req::Export { index });
+        match self
+            .scatter(reqs)
+            .await?
+            .get_mut(shard.0)
+            .and_then(Option::take)
+        {
+            Some(Rep::Export(v)) => Ok(v),
+            _ => Err(ShardUnavailable(shard)),
+        }
+    }
+
+    async fn stats(&self) -> Result<Vec<ShardStats>, ShardUnavailable> {
+        let reqs = (0..self.shards).map(|_| Some(Req::Stats)).collect();
+        let mut out = Vec::with_capacity(self.shards);
+        for (i, r) in self.scatter(reqs).await?.into_iter().enumerate() {
+            match r {
+                Some(Rep::Stats(s)) => out.push(*s),
+                _ => return Err(ShardUnavailable(ShardId(i))),
+            }
+        }
+        Ok(out)
+    }
+
+    fn shards(&self) -> usize {
+        self.shards
+    }
+
+    async fn offload<R: Send + 'static>(&self, f: impl FnOnce() -> R + Send + 'static) -> R {
+        glommio::executor().spawn_blocking(f).await
+    }
+
+    async fn sleep(&self, d: Duration) {
+        glommio::timer::sleep(d).await
     }
 }
 
@@ -198,7 +256,7 @@ async fn drain_loop(core: Rc<Core>) {
     loop {
         let n = {
             let mut shard = core.shard.borrow_mut();
-            core.app.rings.drain(core.id, 8192, |op| shard.apply(op))
+            core.app.rings().drain(core.id, 8192, |op| shard.apply(op))
         };
         if n == 0 {
             glommio::timer::sleep(idle).await;
@@ -210,35 +268,34 @@ async fn drain_loop(core: Rc<Core>) {
     }
 }
 
-/// Export the state and write it as a snapshot; the file I/O runs on a thread of its
-/// own so the executor keeps serving. Returns when the file is durable.
+/// Export the state and write it as a snapshot. Ordering, encoding and file I/O run
+/// off the executor, which keeps serving. Returns when the file is durable.
 async fn write_snapshot(core: &Core, path: std::path::PathBuf) {
-    let t0 = std::time::Instant::now();
-    let raw = crate::recovery::export::gather(core).await;
-    let export_ms = t0.elapsed().as_millis() as u64;
-    let (done_tx, done_rx) = std::sync::mpsc::channel();
-    // Ordering, encoding and file I/O off the executor: it keeps serving meanwhile.
-    std::thread::spawn(move || {
-        let t = std::time::Instant::now();
-        let state = raw.into_state();
-        let blocks = state.blocks();
-        let image = crate::recovery::snapshot::encode(&state);
-        drop(state);
-        let encode_ms = t.elapsed().as_millis() as u64;
-        let r = crate::recovery::snapshot::write(&path, &image)
-            .map(|_| (path, image.len(), encode_ms, blocks));
-        let _ = done_tx.send(r);
-    });
-    let r = loop {
-        match done_rx.try_recv() {
-            Ok(r) => break r,
-            Err(std::sync::mpsc::TryRecvError::Empty) => {
-                glommio::timer::sleep(Duration::from_millis(2)).await
-            }
-            Err(std::sync::mpsc::TryRecvError::Disconnected) => return,
+    let t0 = Instant::now();
+    let state = match crate::recovery::export::export(core).await {
+        Ok(s) => s,
+        Err(e) => {
+            core.app
+                .recovery_stats()
+                .snapshot_failures
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tracing::error!("snapshot not written: {e}");
+            return;
         }
     };
-    let stats = &core.app.recovery;
+    let export_ms = t0.elapsed().as_millis() as u64;
+    let r = core
+        .offload(move || {
+            let t = Instant::now();
+            let blocks = state.blocks();
+            let image = crate::recovery::snapshot::encode(&state);
+            drop(state);
+            let encode_ms = t.elapsed().as_millis() as u64;
+            crate::recovery::snapshot::write(&path, &image)
+                .map(|_| (path, image.len(), encode_ms, blocks))
+        })
+        .await;
+    let stats = core.app.recovery_stats();
     match r {
         Ok((path, bytes, encode_ms, blocks)) => {
             stats
@@ -248,8 +305,8 @@ async fn write_snapshot(core: &Core, path: std::path::PathBuf) {
                 path = %path.display(),
                 blocks,
                 bytes,
-                gather_ms = export_ms,
-                order_encode_ms = encode_ms,
+                export_ms,
+                encode_ms,
                 took_ms = t0.elapsed().as_millis() as u64,
                 "snapshot written"
             );
@@ -263,20 +320,24 @@ async fn write_snapshot(core: &Core, path: std::path::PathBuf) {
     }
 }
 
-/// On core 0: write a snapshot every `--snapshot-interval`, and on SIGTERM/SIGINT write a
-/// final one and exit 0. No snapshot is taken before startup recovery finished (it
-/// would be emptier than the one it replaces).
-async fn snapshot_loop(core: Rc<Core>) {
-    use std::sync::atomic::Ordering;
-    let cfg = core.app.snapshot.clone();
+/// On core 0: periodic snapshots, SIGTERM/SIGINT (Draining, a final snapshot, exit
+/// 0), SIGHUP (ignored, logged) and systemd's watchdog. No snapshot is taken before
+/// startup recovery finished (it would be emptier than the one it replaces).
+async fn lifecycle_loop(core: Rc<Core>) {
+    let life = core.app.lifecycle();
+    let cfg = core.app.snapshot_config().cloned();
     let mut next = cfg
         .as_ref()
         .filter(|c| !c.interval.is_zero())
-        .map(|c| std::time::Instant::now() + c.interval);
+        .map(|c| Instant::now() + c.interval);
+    let watchdog = crate::lifecycle::watchdog_interval();
+    let mut next_ping = Instant::now();
     loop {
         glommio::timer::sleep(Duration::from_millis(20)).await;
-        let recovered = core.app.recovered.load(Ordering::Acquire);
-        if core.app.terminate.load(Ordering::Acquire) {
+        let recovered = life.phase().serves_data();
+        if life.terminate_requested() {
+            life.drain();
+            tracing::info!("draining: /ready answers 503");
             if let Some(c) = &cfg
                 && recovered
             {
@@ -285,27 +346,55 @@ async fn snapshot_loop(core: Rc<Core>) {
             tracing::info!("terminating");
             std::process::exit(0);
         }
+        if life.take_hangup() {
+            tracing::info!(
+                "SIGHUP ignored (kvix has no configuration to reload; logs go to stderr)"
+            );
+        }
+        if let Some(every) = watchdog
+            && Instant::now() >= next_ping
+        {
+            // Only when every core's executor ran its heartbeat recently: a wedged core
+            // stops the keep-alives and systemd restarts the service.
+            if life.all_cores_alive(every / 2) {
+                let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
+            }
+            next_ping = Instant::now() + every / 4;
+        }
         if let (Some(c), Some(at)) = (&cfg, next)
-            && recovered
-            && std::time::Instant::now() >= at
+            && life.phase() == Phase::Ready
+            && Instant::now() >= at
         {
             write_snapshot(&core, c.path.clone()).await;
-            next = Some(std::time::Instant::now() + c.interval);
+            next = Some(Instant::now() + c.interval);
         }
     }
 }
 
-/// Start one executor per shard and serve HTTP on `addr` from all of them. Blocks.
-/// An idle executor spins for `spin` before parking: a parked core needs a kernel
-/// wake-up (tens of µs, milliseconds under load) when a peer scatters a query to it.
-pub fn serve(app: Arc<App>, addr: SocketAddr, spin: Duration) -> std::io::Result<()> {
-    let shards = app.rings.shards();
+/// Every core: prove the executor runs (for the watchdog).
+async fn heartbeat_loop(core: Rc<Core>) {
+    let every = crate::lifecycle::watchdog_interval()
+        .map(|w| (w / 8).max(Duration::from_millis(50)))
+        .unwrap_or(Duration::from_secs(1));
+    loop {
+        core.app.lifecycle().heartbeat(core.id.0);
+        glommio::timer::sleep(every).await;
+    }
+}
+
+/// Start one executor per shard and serve HTTP on `opts.addr` from all of them.
+/// Blocks. An idle executor spins for `opts.spin` before parking: a parked core needs
+/// a kernel wake-up (tens of µs, milliseconds under load) when a peer scatters a
+/// query to it.
+pub fn serve(app: Arc<App>, opts: ServeOptions) -> std::io::Result<()> {
+    let shards = app.rings().shards();
     let mesh = MeshBuilder::<Msg, _>::full(shards, 1024);
+    let spin = opts.spin;
     let handles = LocalExecutorPoolBuilder::new(PoolPlacement::MaxSpread(shards, None))
         .name("kvix-core")
         .spin_before_park(spin)
         .on_all_shards(move || {
-            let (app, mesh) = (app.clone(), mesh.clone());
+            let (app, mesh, opts) = (app.clone(), mesh.clone(), opts.clone());
             async move {
                 let (senders, mut receivers) = mesh.join().await.expect("join shard mesh");
                 let id = ShardId(senders.peer_id());
@@ -329,11 +418,12 @@ pub fn serve(app: Arc<App>, addr: SocketAddr, spin: Duration) -> std::io::Result
                     .detach();
                 }
                 glommio::spawn_local(drain_loop(core.clone())).detach();
+                glommio::spawn_local(heartbeat_loop(core.clone())).detach();
                 if id.0 == 0 {
-                    glommio::spawn_local(snapshot_loop(core.clone())).detach();
+                    glommio::spawn_local(lifecycle_loop(core.clone())).detach();
                 }
-                if let Err(e) = http::serve(core, addr).await {
-                    tracing::error!("HTTP server on {addr} failed: {e}");
+                if let Err(e) = listen::accept_loop(core, &opts).await {
+                    tracing::error!("HTTP server on {} failed: {e}", opts.addr);
                     std::process::exit(1);
                 }
             }

@@ -1,0 +1,64 @@
+//! What the layers above ask of the executor mesh, as one narrow trait.
+//!
+//! [`ShardMesh`] is implemented by the runtime (one per executor) and used by the HTTP
+//! handlers, the exports (`/dump`, snapshots) and `/metrics`. It names operations, not
+//! glommio: scatter/gather lookups, per-shard exports and figures, running blocking
+//! control work off the executor, and timers. Implementations must never block the
+//! calling executor.
+
+use crate::metrics::{HttpStats, ShardStats};
+use crate::query::ShardReply;
+use crate::service::App;
+use crate::shard::DumpedBlock;
+use crate::types::{IndexId, SeqHash, ShardId};
+use std::cell::RefCell;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use thiserror::Error;
+
+/// A shard did not answer its part of a request (its executor is gone or its reply
+/// was lost). Callers fail the request rather than answer with a part missing.
+#[derive(Debug, Error, Clone, Copy, PartialEq, Eq)]
+#[error("shard {} did not answer", .0.0)]
+pub struct ShardUnavailable(pub ShardId);
+
+pub trait ShardMesh {
+    /// The process-wide service.
+    fn app(&self) -> &Arc<App>;
+
+    /// This executor's HTTP figures (executor-local, gathered on scrape).
+    fn http_stats(&self) -> &RefCell<HttpStats>;
+
+    /// Holders of `seqs` (any order), one reply per shard; every shard is asked (for
+    /// tree sizes).
+    fn lookup(
+        &self,
+        index: IndexId,
+        seqs: &[SeqHash],
+    ) -> impl Future<Output = Result<Vec<ShardReply>, ShardUnavailable>>;
+
+    /// Every (block, holder) of one index held by one shard, after the shard applied
+    /// what its rings hold.
+    fn export(
+        &self,
+        shard: ShardId,
+        index: IndexId,
+    ) -> impl Future<Output = Result<Vec<DumpedBlock>, ShardUnavailable>>;
+
+    /// Every shard's figures.
+    fn stats(&self) -> impl Future<Output = Result<Vec<ShardStats>, ShardUnavailable>>;
+
+    /// Number of shards.
+    fn shards(&self) -> usize;
+
+    /// Run blocking work (control calls that wait on ingest threads, CPU-heavy
+    /// ordering) off the executor; the executor keeps serving meanwhile.
+    fn offload<R: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> R + Send + 'static,
+    ) -> impl Future<Output = R>;
+
+    /// A timer on this executor.
+    fn sleep(&self, d: Duration) -> impl Future<Output = ()>;
+}
