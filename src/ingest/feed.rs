@@ -609,6 +609,20 @@ impl WorkerFeed {
                     }
                 },
             };
+            // A block stored by sequence hash alone (a standardized publisher without
+            // tokens) has no local hash; exports carry its sequence hash as its block
+            // hash, and it never had an engine hash to resolve.
+            if b.local.0 == 0 {
+                sink.push(ShardOp::Store {
+                    index,
+                    seq: SeqHash(b.engine.0),
+                    parent,
+                    local: b.local,
+                    slot,
+                    tier: b.tier,
+                });
+                continue;
+            }
             let seq = hash::chain(parent, b.local);
             if let Some((old, old_tiers)) = sf.blocks.add(b.engine, seq, b.tier.bit()) {
                 sink.push(ShardOp::Remove {

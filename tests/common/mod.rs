@@ -21,6 +21,12 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// The binary under test: this build's, or `KVIX_TEST_BIN` (to run the same tests
+/// against another build, e.g. an earlier commit's).
+pub fn kvix_bin() -> String {
+    std::env::var("KVIX_TEST_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_kvix").to_string())
+}
+
 /// One running `kvix` process; killed on drop. Its stderr (the log) goes to a file.
 pub struct Server {
     child: Child,
@@ -34,7 +40,7 @@ impl Server {
     pub fn start(extra: &[&str]) -> Server {
         let port = free_port();
         let log = std::env::temp_dir().join(format!("kvix-test-{}-{port}.log", std::process::id()));
-        let child = Command::new(env!("CARGO_BIN_EXE_kvix"))
+        let child = Command::new(kvix_bin())
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
             .args(extra)
             .env("RUST_LOG", "info")

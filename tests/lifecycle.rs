@@ -1,0 +1,310 @@
+//! The lifecycle and the control plane, black-box: control calls under an event flood,
+//! replicas that answer only once recovered, replicas that adopt a peer's workers,
+//! one export for `/dump` and snapshots, exact rollback of a failed registration.
+
+mod common;
+
+use common::{Publisher, Server, fixture, stored};
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+const MODEL: &str = "m";
+
+fn register(s: &Server, instance: u64, p: &Publisher) {
+    s.post_ok(
+        "/register",
+        &json!({"instance_id": instance, "endpoint": p.endpoint, "model_name": MODEL, "block_size": 4}),
+    );
+    p.wait_subscriber();
+}
+
+/// A fresh chain of `n` blocks (block size 4) starting at token `base`.
+fn chain_batch(base: u32, first_hash: u64, n: usize) -> (Vec<u8>, Vec<u32>) {
+    let tokens: Vec<u32> = (0..n as u32 * 4).map(|i| base + i).collect();
+    let hashes: Vec<u64> = (0..n as u64).map(|i| first_hash + i).collect();
+    (stored(&hashes, None, &tokens, 4), tokens)
+}
+
+/// Time one call; panic with the call's name if it took `limit` or more.
+fn timed<T>(what: &str, limit: Duration, f: impl FnOnce() -> T) -> (T, Duration) {
+    let t = Instant::now();
+    let r = f();
+    let took = t.elapsed();
+    assert!(took < limit, "{what} took {took:?} (limit {limit:?})");
+    (r, took)
+}
+
+#[test]
+fn control_calls_stay_fast_during_an_event_flood_with_tiny_rings() {
+    let s = Server::start(&["--threads", "2", "--ring-capacity", "256"]);
+    let ctx = zmq::Context::new();
+    let mut flood = Publisher::bind(&ctx);
+    register(&s, 1, &flood);
+    let batches = 1500usize;
+    let payloads: Vec<(Vec<u8>, Vec<u32>)> = (0..batches)
+        .map(|i| chain_batch(1_000_000 + i as u32 * 4096, (i as u64) << 20, 256))
+        .collect();
+    let last_prompt = payloads.last().unwrap().1.clone();
+    let done = Arc::new(AtomicBool::new(false));
+    let publisher = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            for (p, _) in &payloads {
+                flood.send(p);
+            }
+            done.store(true, Ordering::Release);
+            flood
+        })
+    };
+    // Register, unregister, dump and query in a loop while the flood is applied.
+    let limit = Duration::from_secs(2);
+    let mut worst = Duration::ZERO;
+    let mut rounds = 0;
+    let other = Publisher::bind(&ctx);
+    while !done.load(Ordering::Acquire) || rounds < 3 {
+        let reg = json!({"instance_id": 2, "endpoint": other.endpoint, "model_name": MODEL, "block_size": 4});
+        let ((st, v), t) = timed("/register", limit, || s.post_json("/register", &reg));
+        assert_eq!(st, 201, "{v}");
+        worst = worst.max(t);
+        let unreg = json!({"instance_id": 2, "model_name": MODEL});
+        let ((st, v), t) = timed("/unregister", limit, || s.post_json("/unregister", &unreg));
+        assert_eq!(st, 200, "{v}");
+        worst = worst.max(t);
+        // A dump's size grows with the flood; what matters is that the other calls
+        // are not held up by it.
+        let ((st, _), t) = timed("/dump", Duration::from_secs(20), || {
+            s.call("GET", "/dump", None)
+        });
+        assert_eq!(st, 200);
+        eprintln!("dump {t:?}");
+        let q = json!({"token_ids": last_prompt, "model_name": MODEL});
+        let ((st, v), t) = timed("/query", limit, || s.post_json("/query", &q));
+        assert_eq!(st, 200, "{v}");
+        worst = worst.max(t);
+        let ((st, _), _) = timed("/health", limit, || s.call("GET", "/health", None));
+        assert_eq!(st, 200);
+        rounds += 1;
+    }
+    let _flood = publisher.join().unwrap();
+    // Nothing of the flood was lost: its last chain scores in full.
+    let q = json!({"token_ids": last_prompt, "model_name": MODEL});
+    s.eventually("the flood's last chain scores", || {
+        let (_, v) = s.post_json("/query", &q);
+        if v["scores"]["1"]["0"] == json!(last_prompt.len()) {
+            Ok(())
+        } else {
+            Err(v.to_string())
+        }
+    });
+    let stalls = s.metric("kvix_ring_full_stalls_total", &[]);
+    eprintln!("{rounds} rounds of control calls, slowest {worst:?}, {stalls} ring-full stalls");
+}
+
+/// A loaded peer A, and B started against it: B answers data routes only once
+/// recovered, and then as A does.
+#[test]
+fn a_replica_answers_503_until_it_has_recovered() {
+    let ctx = zmq::Context::new();
+    let mut engine = Publisher::bind(&ctx);
+    let workers = format!("1={}", engine.endpoint);
+    let a = Server::start(&[
+        "--threads",
+        "2",
+        "--block-size",
+        "4",
+        "--model-name",
+        MODEL,
+        "--workers",
+        &workers,
+    ]);
+    engine.wait_subscriber();
+    let (batch, prompt) = chain_batch(1, 100, 8);
+    engine.send(&batch);
+    let q = json!({"token_ids": prompt, "model_name": MODEL});
+    a.eventually("A indexed the chain", || {
+        let (_, v) = a.post_json("/query", &q);
+        (v["scores"]["1"]["0"] == 32)
+            .then_some(())
+            .ok_or(v.to_string())
+    });
+    let want = a.post_json("/query", &q).1;
+
+    let b = Server::start(&[
+        "--threads",
+        "2",
+        "--block-size",
+        "4",
+        "--model-name",
+        MODEL,
+        "--workers",
+        &workers,
+        "--peers",
+        &a.base,
+        "--peer-wait-ms",
+        "1500",
+    ]);
+    // Recovering: liveness yes, readiness no, data routes 503 with the phase.
+    let (st, _) = b.call("GET", "/health", None);
+    assert_eq!(st, 200);
+    let (st, body) = b.call("GET", "/ready", None);
+    assert_eq!((st, body.contains("recovering")), (503, true), "{body}");
+    let (st, v) = b.post_json("/query", &q);
+    assert_eq!(st, 503, "{v}");
+    assert_eq!(v["phase"], "recovering", "{v}");
+    // A recovering node's dump is refused, so its own peers try the next one.
+    let (st, _) = b.call("GET", "/dump", None);
+    assert_eq!(st, 503);
+    // Never an empty score: until Ready every answer is a 503.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (st, v) = b.post_json("/query", &q);
+        match st {
+            503 => {}
+            200 => {
+                assert_eq!(v, want, "first answer after recovery");
+                break;
+            }
+            _ => panic!("{st} {v}"),
+        }
+        assert!(Instant::now() < deadline, "never ready; log:\n{}", b.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (st, body) = b.call("GET", "/ready", None);
+    assert_eq!((st, body.contains("ready")), (200, true), "{body}");
+}
+
+#[test]
+fn a_replica_given_only_peers_adopts_the_workers_and_stays_live() {
+    let ctx = zmq::Context::new();
+    let mut engine = Publisher::bind(&ctx);
+    let a = Server::start(&["--threads", "2"]);
+    register(&a, 7, &engine);
+    let (batch, prompt) = chain_batch(1, 100, 8);
+    engine.send(&batch);
+    let q = json!({"token_ids": prompt, "model_name": MODEL});
+    a.eventually("A indexed the chain", || {
+        let (_, v) = a.post_json("/query", &q);
+        (v["scores"]["7"]["0"] == 32)
+            .then_some(())
+            .ok_or(v.to_string())
+    });
+    // B: nothing but the peer (no --workers, no --block-size).
+    let b = Server::start(&[
+        "--threads",
+        "2",
+        "--peers",
+        &a.base,
+        "--peer-wait-ms",
+        "300",
+    ]);
+    engine.wait_subscriber();
+    b.wait_log("recovery done");
+    let workers: Value = b.get_json("/workers");
+    assert_eq!(workers[0]["instance_id"], 7, "{workers}");
+    assert_eq!(workers[0]["block_size"], 4, "{workers}");
+    assert_eq!(
+        workers[0]["endpoints"]["0"],
+        json!(engine.endpoint),
+        "{workers}"
+    );
+    let (st, v) = b.post_json("/query", &q);
+    assert_eq!((st, &v["scores"]["7"]["0"]), (200, &json!(32)), "{v}");
+    // Live after bootstrap: a new chain reaches B through its own subscription.
+    let (batch, prompt) = chain_batch(5000, 900, 4);
+    engine.send(&batch);
+    let q = json!({"token_ids": prompt, "model_name": MODEL});
+    b.eventually("B indexed a chain published after its bootstrap", || {
+        let (_, v) = b.post_json("/query", &q);
+        (v["scores"]["7"]["0"] == 16)
+            .then_some(())
+            .ok_or(v.to_string())
+    });
+
+    // With adoption off, B2 creates the index from the dump (no 404) but listens to
+    // nobody, so it seeds nothing it could not keep true.
+    let b2 = Server::start(&[
+        "--threads",
+        "2",
+        "--peers",
+        &a.base,
+        "--peer-wait-ms",
+        "100",
+        "--adopt-workers",
+        "false",
+    ]);
+    b2.wait_log("recovery done");
+    let (st, v) = b2.post_json("/query", &q);
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["scores"], json!({}), "{v}");
+    assert_eq!(b2.get_json("/workers"), json!([]));
+}
+
+#[test]
+fn blocks_stored_by_sequence_hash_beside_engine_events_survive_peer_recovery() {
+    let ctx = zmq::Context::new();
+    let (mut engine, mut store) = (Publisher::bind(&ctx), Publisher::bind(&ctx));
+    let a = Server::start(&["--threads", "2"]);
+    for (p, kind) in [(&engine, "vLLM"), (&store, "Mooncake")] {
+        a.post_ok(
+            "/register",
+            &json!({"endpoint": p.endpoint, "type": kind, "modelname": MODEL, "instance_id": "1",
+                    "block_size": 4, "dp_rank": 0}),
+        );
+        p.wait_subscriber();
+    }
+    let (batch, prompt) = chain_batch(500, 100, 2);
+    engine.send(&batch);
+    // Standardized seq hashes on disk, no tokens: tokens 1..=16 (four blocks).
+    store.send(&fixture("e2e_rfc_seq_disk"));
+    let disk_q = json!({"token_ids": (1..=16).collect::<Vec<u32>>(), "model": MODEL});
+    let engine_q = json!({"token_ids": prompt, "model": MODEL});
+    let answers = |s: &Server| {
+        (
+            s.post_json("/query", &disk_q).1,
+            s.post_json("/query", &engine_q).1,
+        )
+    };
+    a.eventually("A indexed both publishers", || {
+        let (d, e) = answers(&a);
+        (d["default"]["1"]["DISK"] == 16 && e["default"]["1"]["GPU"] == 8)
+            .then_some(())
+            .ok_or(format!("{d} {e}"))
+    });
+    let b = Server::start(&[
+        "--threads",
+        "2",
+        "--peers",
+        &a.base,
+        "--peer-wait-ms",
+        "100",
+    ]);
+    b.wait_log("recovery done");
+    assert_eq!(answers(&b), answers(&a));
+}
+
+#[test]
+fn a_failed_register_undoes_only_itself() {
+    let s = Server::start(&["--threads", "2"]);
+    let ctx = zmq::Context::new();
+    let engine = Publisher::bind(&ctx);
+    s.post_ok(
+        "/register",
+        &json!({"endpoint": engine.endpoint, "type": "vLLM", "modelname": MODEL, "instance_id": "1",
+                "block_size": 4, "dp_rank": 0}),
+    );
+    // A second publisher kind for the same (instance, dp) whose socket cannot connect
+    // (an ipc path longer than a socket address holds).
+    let long = format!("ipc:///tmp/{}", "x".repeat(300));
+    let (st, v) = s.post_json(
+        "/register",
+        &json!({"endpoint": long, "type": "Mooncake", "modelname": MODEL, "instance_id": "1",
+                "block_size": 4, "dp_rank": 0}),
+    );
+    assert_eq!(st, 400, "{v}");
+    let w = s.get_json("/workers");
+    let listeners = &w[0]["listeners"]["0"];
+    assert_eq!(listeners.as_array().map(Vec::len), Some(1), "{w}");
+    assert_eq!(listeners[0]["endpoint"], json!(engine.endpoint), "{w}");
+}
