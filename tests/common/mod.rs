@@ -27,6 +27,8 @@ pub fn kvix_bin() -> String {
     std::env::var("KVIX_TEST_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_kvix").to_string())
 }
 
+static LAUNCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// One running `kvix` process; killed on drop. Its stderr (the log) goes to a file.
 pub struct Server {
     child: Child,
@@ -38,10 +40,29 @@ pub struct Server {
 
 impl Server {
     pub fn start(extra: &[&str]) -> Server {
-        let port = free_port();
-        let log = std::env::temp_dir().join(format!("kvix-test-{}-{port}.log", std::process::id()));
-        let child = Command::new(kvix_bin())
-            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+        Self::launch(extra, None, Some(free_port()))
+    }
+
+    /// Start `kvix` with an open-file limit (`ulimit -n`) and a port; `None` lets it
+    /// choose (`--port 0`) and reads the port it logs.
+    pub fn launch(extra: &[&str], nofile: Option<u32>, port: Option<u16>) -> Server {
+        let n = LAUNCHES.fetch_add(1, Ordering::Relaxed);
+        let log = std::env::temp_dir().join(format!("kvix-test-{}-{n}.log", std::process::id()));
+        let port_arg = port.unwrap_or(0).to_string();
+        let mut cmd = match nofile {
+            Some(n) => {
+                let mut c = Command::new("sh");
+                c.args([
+                    "-c",
+                    &format!("ulimit -n {n} && exec \"$0\" \"$@\""),
+                    &kvix_bin(),
+                ]);
+                c
+            }
+            None => Command::new(kvix_bin()),
+        };
+        let child = cmd
+            .args(["--host", "127.0.0.1", "--port", &port_arg])
             .args(extra)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
@@ -53,14 +74,30 @@ impl Server {
             .timeout_global(Some(Duration::from_secs(20)))
             .build()
             .into();
-        let s = Server {
+        let mut s = Server {
             child,
-            port,
-            base: format!("http://127.0.0.1:{port}"),
+            port: port.unwrap_or(0),
+            base: String::new(),
             log,
             agent,
         };
         let deadline = Instant::now() + Duration::from_secs(20);
+        if port.is_none() {
+            while s.port == 0 {
+                let text = s.log();
+                if let Some(p) = text
+                    .split("kvix listening on http://127.0.0.1:")
+                    .nth(1)
+                    .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+                    .and_then(|p| p.parse().ok())
+                {
+                    s.port = p;
+                }
+                assert!(Instant::now() < deadline, "no port logged:\n{text}");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        s.base = format!("http://127.0.0.1:{}", s.port);
         while Instant::now() < deadline {
             if let Ok(r) = s.agent.get(format!("{}/health", s.base)).call()
                 && r.status() == 200
@@ -70,6 +107,31 @@ impl Server {
             std::thread::sleep(Duration::from_millis(20));
         }
         panic!("kvix did not become healthy; log:\n{}", s.log());
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Send a signal by name (`TERM`, `HUP`, ...).
+    pub fn signal(&self, sig: &str) {
+        let _ = Command::new("kill")
+            .args([&format!("-{sig}"), &self.child.id().to_string()])
+            .status();
+    }
+
+    /// The exit status once the process ends (within `within`), else `None`.
+    pub fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return Some(st);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Everything the server logged so far.
