@@ -114,25 +114,27 @@ impl HolderSet {
         }
     }
 
-    /// Add `tier` for `slot`. Returns true when the slot was not a holder before.
-    pub fn add(&mut self, slot: WorkerSlot, tier: Tier, slab: &mut HolderSlab) -> bool {
+    /// Add `tier` for `slot`. Returns the slot's tier bits before (0: it was not a
+    /// holder).
+    pub fn add(&mut self, slot: WorkerSlot, tier: Tier, slab: &mut HolderSlab) -> u8 {
         let bit = tier.bit() as u32;
         let key = slot.0;
         if self.w[0] != SPILLED {
             for h in self.w.iter_mut() {
                 if *h != EMPTY && *h >> 8 == key {
+                    let before = *h as u8;
                     *h |= bit;
-                    return false;
+                    return before;
                 }
             }
             let new = Holder::new(slot, tier.bit()).0;
             if self.w[0] == EMPTY {
                 self.w[0] = new;
-                return true;
+                return 0;
             }
             if self.w[1] == EMPTY {
                 self.w[1] = new;
-                return true;
+                return 0;
             }
             // Spill: move both inline holders plus the new one into a slab chunk.
             let off = slab.alloc(MIN_CLASS);
@@ -143,15 +145,16 @@ impl HolderSet {
             slab.words[base + 3] = new;
             self.w[0] = SPILLED;
             self.w[1] = off;
-            return true;
+            return 0;
         }
         let off = self.w[1] as usize;
         let hdr = slab.words[off];
         let len = (hdr & 0xff_ffff) as usize;
         for h in &mut slab.words[off + 1..off + 1 + len] {
             if *h >> 8 == key {
+                let before = *h as u8;
                 *h |= bit;
-                return false;
+                return before;
             }
         }
         let class = hdr >> 24;
@@ -159,7 +162,7 @@ impl HolderSet {
         if len < (1usize << class) {
             slab.words[off + 1 + len] = new;
             slab.words[off] = hdr + 1;
-            return true;
+            return 0;
         }
         let noff = slab.alloc(class + 1) as usize;
         slab.words.copy_within(off + 1..off + 1 + len, noff + 1);
@@ -167,28 +170,33 @@ impl HolderSet {
         slab.words[noff] = ((class + 1) << 24) | (len as u32 + 1);
         slab.release(off as u32);
         self.w[1] = noff as u32;
-        true
+        0
     }
 
-    /// Remove `tier` from `slot`. Returns true when the slot is no longer a holder.
-    pub fn remove(&mut self, slot: WorkerSlot, tier_mask: u8, slab: &mut HolderSlab) -> bool {
+    /// Remove the tiers of `tier_mask` from `slot`. Returns the tier bits that were
+    /// removed and whether the slot is no longer a holder.
+    pub fn remove(&mut self, slot: WorkerSlot, tier_mask: u8, slab: &mut HolderSlab) -> (u8, bool) {
         let key = slot.0;
         if self.w[0] != SPILLED {
             if self.w[0] != EMPTY && self.w[0] >> 8 == key {
+                let removed = self.w[0] as u8 & tier_mask;
                 self.w[0] &= !(tier_mask as u32);
                 if self.w[0] & 0xff == 0 {
                     self.w[0] = self.w[1];
                     self.w[1] = EMPTY;
-                    return true;
+                    return (removed, true);
                 }
+                return (removed, false);
             } else if self.w[1] != EMPTY && self.w[1] >> 8 == key {
+                let removed = self.w[1] as u8 & tier_mask;
                 self.w[1] &= !(tier_mask as u32);
                 if self.w[1] & 0xff == 0 {
                     self.w[1] = EMPTY;
-                    return true;
+                    return (removed, true);
                 }
+                return (removed, false);
             }
-            return false;
+            return (0, false);
         }
         let off = self.w[1] as usize;
         let hdr = slab.words[off];
@@ -197,12 +205,13 @@ impl HolderSet {
             .iter()
             .position(|h| h >> 8 == key)
         else {
-            return false;
+            return (0, false);
         };
         let h = &mut slab.words[off + 1 + pos];
+        let removed = *h as u8 & tier_mask;
         *h &= !(tier_mask as u32);
         if *h & 0xff != 0 {
-            return false;
+            return (removed, false);
         }
         // Keep insertion order: shift the tail left.
         slab.words
@@ -218,7 +227,7 @@ impl HolderSet {
             self.w[0] = a;
             self.w[1] = b;
         }
-        true
+        (removed, true)
     }
 
     /// Return any spilled chunk to the slab; the set becomes empty.

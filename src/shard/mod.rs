@@ -169,6 +169,9 @@ pub struct Shard {
     indexes: Vec<IndexShard>,
     /// Ops applied since start, for metrics.
     pub applied: u64,
+    /// (block, holder) pairs per tier over every index, kept as ops apply so that
+    /// metrics never walk the blocks.
+    tier_pairs: [u64; Tier::COUNT],
 }
 
 impl Shard {
@@ -201,8 +204,12 @@ impl Shard {
                     local,
                     holders: HolderSet::default(),
                 });
-                if node.holders.add(slot, tier, &mut ix.slab) {
+                let before = node.holders.add(slot, tier, &mut ix.slab);
+                if before == 0 {
                     ix.count(slot, 1);
+                }
+                if before & tier.bit() == 0 {
+                    self.tier_pairs[tier.0 as usize] += 1;
                 }
             }
             ShardOp::Remove {
@@ -215,13 +222,15 @@ impl Shard {
                 let Some(node) = ix.blocks.get_mut(&seq) else {
                     return;
                 };
-                if node.holders.remove(slot, tiers, &mut ix.slab) {
+                let (removed, gone) = node.holders.remove(slot, tiers, &mut ix.slab);
+                if gone {
                     if node.holders.is_empty() {
                         ix.blocks.remove(&seq);
                         ix.shrink_if_sparse();
                     }
                     ix.count(slot, -1);
                 }
+                uncount(&mut self.tier_pairs, removed, 1);
             }
             ShardOp::ClearSlot { index, slot, tiers } => {
                 let ix = self.index_mut(index);
@@ -231,8 +240,13 @@ impl Shard {
                     per_slot,
                 } = ix;
                 let mut removed = 0u32;
+                let mut per_tier = [0u64; Tier::COUNT];
                 blocks.retain(|_, node| {
-                    if node.holders.remove(slot, tiers, slab) {
+                    let (bits, gone) = node.holders.remove(slot, tiers, slab);
+                    for (t, n) in per_tier.iter_mut().enumerate() {
+                        *n += u64::from(bits >> t & 1);
+                    }
+                    if gone {
                         removed += 1;
                     }
                     if node.holders.is_empty() {
@@ -246,6 +260,9 @@ impl Shard {
                     *c -= removed;
                 }
                 ix.shrink_if_sparse();
+                for (t, n) in per_tier.into_iter().enumerate() {
+                    self.tier_pairs[t] -= n;
+                }
             }
         }
     }
@@ -295,12 +312,17 @@ impl Shard {
     }
 
     /// Blocks in this shard (all indexes), and (block, holder) pairs per tier, for
-    /// metrics. Walks every node: called on scrape only.
+    /// metrics: counters kept as ops apply, O(indexes).
     pub fn tier_counts(&self) -> (u64, [u64; Tier::COUNT]) {
+        let blocks = self.indexes.iter().map(|ix| ix.blocks.len() as u64).sum();
+        (blocks, self.tier_pairs)
+    }
+
+    /// The same figures by walking every block (what the counters must equal).
+    #[cfg(test)]
+    fn tier_counts_walked(&self) -> [u64; Tier::COUNT] {
         let mut tiers = [0u64; Tier::COUNT];
-        let mut blocks = 0;
         for ix in &self.indexes {
-            blocks += ix.blocks.len() as u64;
             for node in ix.blocks.values() {
                 for &h in node.holders.as_slice(&ix.slab) {
                     for (t, n) in tiers.iter_mut().enumerate() {
@@ -311,7 +333,16 @@ impl Shard {
                 }
             }
         }
-        (blocks, tiers)
+        tiers
+    }
+}
+
+/// Take `mult` off the tier counters of every bit in `bits`.
+fn uncount(pairs: &mut [u64; Tier::COUNT], bits: u8, mult: u64) {
+    for (t, n) in pairs.iter_mut().enumerate() {
+        if bits >> t & 1 == 1 {
+            *n -= mult;
+        }
     }
 }
 
@@ -453,5 +484,36 @@ mod tests {
             assert_eq!(slots, vec![1, 3]);
         }
         assert_eq!(s.index(IndexId(0)).unwrap().blocks_per_slot()[2], 0);
+    }
+
+    #[test]
+    fn tier_counters_equal_a_walk_of_the_blocks() {
+        let mut s = Shard::default();
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        for _ in 0..20_000 {
+            let (seq, slot, tier) = (next(300), next(6) as u32, Tier(next(4) as u8));
+            let op = match next(10) {
+                0..=5 => store(seq, slot, tier),
+                6..=8 => ShardOp::Remove {
+                    index: IndexId(0),
+                    seq: SeqHash(seq),
+                    slot: WorkerSlot(slot),
+                    tiers: [tier.bit(), 0xff][next(2) as usize],
+                },
+                _ => ShardOp::ClearSlot {
+                    index: IndexId(0),
+                    slot: WorkerSlot(slot),
+                    tiers: [tier.bit(), 0xff][next(2) as usize],
+                },
+            };
+            s.apply(op);
+            assert_eq!(s.tier_counts().1, s.tier_counts_walked());
+        }
     }
 }
