@@ -79,6 +79,13 @@ pub struct Args {
     /// Milliseconds a client may take to send a request body after its headers
     #[arg(long, env = "KVIX_BODY_TIMEOUT_MS", default_value_t = 30_000)]
     pub body_timeout_ms: u64,
+    /// Indexes that events may create by naming a new tenant_id (process-wide);
+    /// events beyond it are counted (kvix_event_refusals_total) and skipped
+    #[arg(long, env = "KVIX_MAX_EVENT_INDEXES", default_value_t = 256)]
+    pub max_event_indexes: usize,
+    /// Worker slots per index that events may create by naming a new dp rank
+    #[arg(long, env = "KVIX_MAX_EVENT_SLOTS", default_value_t = 1024)]
+    pub max_event_slots: usize,
     /// Log format on stderr: `text` or `json` (one JSON object per line)
     #[arg(long, env = "KVIX_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,

@@ -156,6 +156,10 @@ fn run(args: Args) -> Result<(), String> {
         ingest_threads,
         ring_capacity: clamp("ring-capacity", args.ring_capacity, 256, 1 << 24),
         snapshot,
+        event_limits: kvix::registry::EventLimits {
+            indexes: args.max_event_indexes,
+            slots: clamp("max-event-slots", args.max_event_slots, 1, 1 << 20),
+        },
     };
     let app = App::new(&cfg);
     for p in parse_peers(args.peers.as_deref().unwrap_or("")) {

@@ -390,6 +390,11 @@ pub fn render(app: &App, shards: &[ShardStats]) -> String {
             app.ingest().replay_stats.duplicates.load(r),
         ),
         (
+            "kvix_event_refusals",
+            "Indexes or worker slots that event data asked for beyond --max-event-indexes / --max-event-slots",
+            app.registry().event_refusals.load(r),
+        ),
+        (
             "kvix_snapshots_written",
             "Local snapshots written",
             app.recovery_stats().snapshots_written.load(r),

@@ -8,7 +8,8 @@
 use crate::types::{DpRank, IndexId, InstanceId, Tier, WorkerSlot};
 use arc_swap::ArcSwap;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use thiserror::Error;
 
 /// First id given to an instance registered by a non-integer name.
@@ -38,6 +39,8 @@ pub enum RegistryError {
     UnknownInstance { model: String, instance: InstanceId },
     #[error("too many worker slots in one index")]
     SlotsExhausted,
+    #[error("event data may create at most {limit} {what}; raise --max-event-{what}")]
+    EventLimit { what: &'static str, limit: usize },
 }
 
 /// One worker (instance, dp rank) as a slot of an index.
@@ -222,13 +225,96 @@ pub struct Registration {
     pub opts: ListenerOpts,
 }
 
+/// Caps on what event data (an event's `tenant_id`, a batch's dp rank) may create:
+/// a publisher must not grow the registry without bound.
+#[derive(Clone, Copy, Debug)]
+pub struct EventLimits {
+    /// Indexes created for tenants named by events, process-wide.
+    pub indexes: usize,
+    /// Worker slots per index created for dp ranks seen on the wire.
+    pub slots: usize,
+}
+
+impl Default for EventLimits {
+    fn default() -> Self {
+        EventLimits {
+            indexes: 256,
+            slots: 1024,
+        }
+    }
+}
+
 #[derive(Default)]
 pub struct Registry {
     snap: ArcSwap<Snapshot>,
     write: Mutex<()>,
+    limits: EventLimits,
+    /// Indexes created by event data so far.
+    event_indexes: AtomicUsize,
+    /// Creations refused by [`EventLimits`] (counted in `/metrics`).
+    pub event_refusals: AtomicU64,
+    /// When a refusal was last logged (ms since `epoch`), for logging once per interval.
+    last_refusal_log: AtomicU64,
+    epoch: OnceLock<std::time::Instant>,
 }
 
 impl Registry {
+    pub fn with_limits(limits: EventLimits) -> Self {
+        Registry {
+            limits,
+            ..Registry::default()
+        }
+    }
+
+    /// Count a refused creation; log it at most once per 10 s.
+    fn refuse(&self, e: RegistryError) -> RegistryError {
+        let n = self.event_refusals.fetch_add(1, Ordering::Relaxed) + 1;
+        let now = self
+            .epoch
+            .get_or_init(std::time::Instant::now)
+            .elapsed()
+            .as_millis() as u64
+            + 1;
+        let last = self.last_refusal_log.load(Ordering::Relaxed);
+        if (last == 0 || now.saturating_sub(last) >= 10_000)
+            && self
+                .last_refusal_log
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::warn!(refused_so_far = n, "event data refused: {e}");
+        }
+        e
+    }
+
+    /// The index an event's `tenant_id` names, created (within [`EventLimits`]) if it
+    /// does not exist.
+    pub fn ensure_event_index(
+        &self,
+        model: &str,
+        tenant: &str,
+        block_size: u32,
+    ) -> Result<IndexId, RegistryError> {
+        if let Some(ix) = self.snapshot().lookup(model, tenant) {
+            return check_block_size(ix, block_size).map(|_| ix.id);
+        }
+        if self.event_indexes.load(Ordering::Relaxed) >= self.limits.indexes {
+            return Err(self.refuse(RegistryError::EventLimit {
+                what: "indexes",
+                limit: self.limits.indexes,
+            }));
+        }
+        let r = self.update(|s| {
+            let existed = s.lookup(model, tenant).is_some();
+            ensure_index_in(s, model, tenant, block_size).map(|id| (id, existed))
+        });
+        let (id, existed) = r?;
+        if !existed {
+            self.event_indexes.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(id)
+    }
+
     pub fn snapshot(&self) -> arc_swap::Guard<Arc<Snapshot>> {
         self.snap.load()
     }
@@ -354,7 +440,8 @@ impl Registry {
         })
     }
 
-    /// Slot for a dp rank first seen on the wire (batch `data_parallel_rank`).
+    /// Slot for a dp rank first seen on the wire (batch `data_parallel_rank`), within
+    /// [`EventLimits`].
     pub fn slot_for(
         &self,
         index: IndexId,
@@ -367,12 +454,20 @@ impl Registry {
         {
             return Ok(s);
         }
-        self.update(|s| {
-            intern_slot(
-                Arc::make_mut(&mut s.indexes[index.0 as usize]),
-                instance,
-                dp,
-            )
+        let limit = self.limits.slots;
+        let r = self.update(|s| {
+            let ix = Arc::make_mut(&mut s.indexes[index.0 as usize]);
+            if !ix.slot_of.contains_key(&(instance, dp)) && ix.slots.len() >= limit {
+                return Err(RegistryError::EventLimit {
+                    what: "slots",
+                    limit,
+                });
+            }
+            intern_slot(ix, instance, dp)
+        });
+        r.map_err(|e| match e {
+            RegistryError::EventLimit { .. } => self.refuse(e),
+            e => e,
         })
     }
 

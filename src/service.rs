@@ -9,7 +9,7 @@
 use crate::cli::validate_endpoint;
 use crate::ingest::Ingest;
 use crate::lifecycle::Lifecycle;
-use crate::registry::{Endpoint, ListenerOpts, Registration, Registry, RegistryError};
+use crate::registry::{Endpoint, EventLimits, ListenerOpts, Registration, Registry, RegistryError};
 use crate::ring::Rings;
 use crate::types::{DpRank, InstanceId};
 use arc_swap::ArcSwap;
@@ -44,6 +44,8 @@ pub struct Config {
     /// Ops per ingest→shard ring.
     pub ring_capacity: usize,
     pub snapshot: Option<SnapshotConfig>,
+    /// What event data may create in the registry.
+    pub event_limits: EventLimits,
 }
 
 impl Config {
@@ -53,6 +55,7 @@ impl Config {
             ingest_threads: shards,
             ring_capacity: 16 * 1024,
             snapshot: None,
+            event_limits: EventLimits::default(),
         }
     }
 }
@@ -79,7 +82,7 @@ impl App {
     /// Create the rings and start the ingest threads.
     pub fn new(cfg: &Config) -> Arc<App> {
         let shards = cfg.shards.max(1);
-        let registry = Arc::new(Registry::default());
+        let registry = Arc::new(Registry::with_limits(cfg.event_limits));
         let rings = Rings::new(cfg.ingest_threads.max(1), shards, cfg.ring_capacity.max(16));
         let ingest = Ingest::start(rings.clone(), registry.clone());
         Arc::new(App {

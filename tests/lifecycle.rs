@@ -308,3 +308,35 @@ fn a_failed_register_undoes_only_itself() {
     assert_eq!(listeners.as_array().map(Vec::len), Some(1), "{w}");
     assert_eq!(listeners[0]["endpoint"], json!(engine.endpoint), "{w}");
 }
+
+#[test]
+fn event_data_cannot_grow_the_registry_past_its_caps() {
+    let s = Server::start(&["--threads", "2", "--max-event-slots", "4"]);
+    let ctx = zmq::Context::new();
+    let mut p = Publisher::bind(&ctx);
+    register(&s, 1, &p);
+    // vLLM's batch envelope with a third element, the batch's dp rank.
+    for dp in 1..=20u8 {
+        let (mut batch, _) = chain_batch(100 * dp as u32, 1000 * dp as u64, 1);
+        assert_eq!(batch[0], 0x92);
+        batch[0] = 0x93;
+        batch.push(dp);
+        p.send(&batch);
+    }
+    s.eventually("refusals counted", || {
+        let n = s.metric("kvix_event_refusals_total", &[]);
+        (n >= 16.0).then_some(()).ok_or(n.to_string())
+    });
+    // The registered rank plus three ranks from the wire: four slots, no more.
+    let (_, v) = s.post_json(
+        "/query",
+        &json!({"token_ids": [1, 2, 3, 4], "model_name": MODEL}),
+    );
+    let ranks = v["tree_sizes"]["1"].as_object().map(|m| m.len());
+    assert_eq!(ranks, Some(4), "{v}");
+    assert_eq!(
+        s.log().matches("event data refused").count(),
+        1,
+        "logged once per interval"
+    );
+}

@@ -72,7 +72,9 @@ impl From<RegistryError> for ApiError {
             }
             RegistryError::AlreadyRegistered { .. } => ApiError::Conflict(e.to_string()),
             RegistryError::UnknownInstance { .. } => ApiError::NotFound(e.to_string()),
-            RegistryError::SlotsExhausted => ApiError::Internal(e.to_string()),
+            RegistryError::SlotsExhausted | RegistryError::EventLimit { .. } => {
+                ApiError::Internal(e.to_string())
+            }
         }
     }
 }

@@ -9,7 +9,7 @@
 //! only emits ops.
 
 use crate::hash;
-use crate::registry::{ListenerOpts, Registry};
+use crate::registry::{ListenerOpts, Registry, RegistryError};
 use crate::ring::OpSink;
 use crate::shard::ShardOp;
 use crate::types::{BlockHash, DpRank, EngineHash, IndexId, InstanceId, SeqHash, Tier, WorkerSlot};
@@ -231,11 +231,13 @@ impl WorkerFeed {
         if let Some((_, id)) = self.tenants.iter().find(|(name, _)| name == t) {
             return Some(*id);
         }
-        match registry.ensure_index(model, t, self.block_size as u32) {
+        match registry.ensure_event_index(model, t, self.block_size as u32) {
             Ok(id) => {
                 self.tenants.push((t.to_string(), id));
                 Some(id)
             }
+            // Counted and logged once per interval by the registry.
+            Err(RegistryError::EventLimit { .. }) => None,
             Err(e) => {
                 tracing::warn!(
                     instance = self.instance,
@@ -257,6 +259,7 @@ impl WorkerFeed {
         }
         let slot = match registry.slot_for(index, self.instance, dp) {
             Ok(s) => s,
+            Err(RegistryError::EventLimit { .. }) => return None,
             Err(e) => {
                 tracing::warn!(
                     instance = self.instance,
