@@ -42,9 +42,10 @@ fn control_calls_stay_fast_during_an_event_flood_with_tiny_rings() {
     let ctx = zmq::Context::new();
     let mut flood = Publisher::bind(&ctx);
     register(&s, 1, &flood);
-    let batches = 1500usize;
+    // Enough to keep a tiny ring full for a while, even in a debug build.
+    let batches = 600usize;
     let payloads: Vec<(Vec<u8>, Vec<u32>)> = (0..batches)
-        .map(|i| chain_batch(1_000_000 + i as u32 * 4096, (i as u64) << 20, 256))
+        .map(|i| chain_batch(1_000_000 + i as u32 * 4096, (i as u64) << 20, 128))
         .collect();
     let last_prompt = payloads.last().unwrap().1.clone();
     let done = Arc::new(AtomicBool::new(false));
@@ -338,5 +339,114 @@ fn event_data_cannot_grow_the_registry_past_its_caps() {
         s.log().matches("event data refused").count(),
         1,
         "logged once per interval"
+    );
+}
+
+/// Resident set size of a process, in MiB.
+fn rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kb| kb.parse::<f64>().ok())
+        .unwrap_or(0.0)
+        / 1024.0
+}
+
+/// Figures for the README: what a million-block `/dump` costs concurrent queries and
+/// memory. Run against a release build:
+/// `cargo build --release && KVIX_TEST_BIN=target/release/kvix cargo test --test lifecycle -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn million_block_dump_under_queries() {
+    let ctx = zmq::Context::new();
+    let mut p = Publisher::bind(&ctx);
+    let s = Server::start(&["--threads", "2"]);
+    register(&s, 1, &p);
+    const CHAINS: u64 = 10_000;
+    const LEN: usize = 100;
+    let mut prompt = Vec::new();
+    for c in 0..CHAINS {
+        let (batch, tokens) = chain_batch((c as u32) << 12, c << 20, LEN);
+        p.send(&batch);
+        if c == 0 {
+            prompt = tokens;
+        }
+    }
+    let want = (CHAINS as usize * LEN) as f64;
+    s.eventually("a million blocks applied", || {
+        let n = s.metric("kvix_shard_blocks", &[]);
+        (n >= want).then_some(()).ok_or(n.to_string())
+    });
+    let q = json!({"token_ids": prompt, "model_name": MODEL});
+    let stop = Arc::new(AtomicBool::new(false));
+    let dumping = Arc::new(AtomicBool::new(false));
+    let querier = {
+        let (stop, dumping, base) = (stop.clone(), dumping.clone(), s.base.clone());
+        let body = q.to_string();
+        std::thread::spawn(move || {
+            let agent: ureq::Agent = ureq::Agent::config_builder().build().into();
+            let (mut before, mut during) = (Vec::new(), Vec::new());
+            while !stop.load(Ordering::Acquire) {
+                let t = Instant::now();
+                let r = agent
+                    .post(format!("{base}/query"))
+                    .header("Content-Type", "application/json")
+                    .send(&body);
+                assert!(r.is_ok());
+                let us = t.elapsed().as_micros() as u64;
+                if dumping.load(Ordering::Acquire) {
+                    during.push(us);
+                } else {
+                    before.push(us);
+                }
+            }
+            (before, during)
+        })
+    };
+    std::thread::sleep(Duration::from_secs(2));
+    let rss0 = rss_mib(s.pid());
+    dumping.store(true, Ordering::Release);
+    let t = Instant::now();
+    let sampler = {
+        let (pid, dumping) = (s.pid(), dumping.clone());
+        std::thread::spawn(move || {
+            let mut peak = 0f64;
+            while dumping.load(Ordering::Acquire) {
+                peak = peak.max(rss_mib(pid));
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            peak
+        })
+    };
+    let (st, body) = s.call("GET", "/dump", None);
+    let took = t.elapsed();
+    dumping.store(false, Ordering::Release);
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::Release);
+    let peak = sampler.join().unwrap();
+    let (mut before, mut during) = querier.join().unwrap();
+    assert_eq!(st, 200);
+    before.sort_unstable();
+    during.sort_unstable();
+    let pct = |v: &[u64], p: f64| {
+        v.get(((v.len() as f64 * p) as usize).min(v.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(0)
+    };
+    eprintln!(
+        "DUMP: {} bytes in {took:?}; RSS {rss0:.0} MiB before, peak {peak:.0} MiB during\n\
+         queries before: n={} p50={}us p99={}us max={}us\n\
+         queries during: n={} p50={}us p99={}us max={}us",
+        body.len(),
+        before.len(),
+        pct(&before, 0.5),
+        pct(&before, 0.99),
+        before.last().unwrap_or(&0),
+        during.len(),
+        pct(&during, 0.5),
+        pct(&during, 0.99),
+        during.last().unwrap_or(&0),
     );
 }

@@ -614,18 +614,18 @@ pub async fn query_by_hash<M: ShardMesh>(
 pub async fn dump<M: ShardMesh>(mesh: &M) -> Result<Reply, ApiError> {
     use http_body_util::BodyExt;
     const CHUNK: usize = 256 * 1024;
-    let state = crate::recovery::export::export(mesh).await?;
+    let export = crate::recovery::export::export(mesh).await?;
     let stream = futures_lite::stream::unfold(
-        (state, json::DumpCursor::default()),
-        |(state, mut cur)| async move {
+        (export, json::DumpCursor::default()),
+        |(export, mut cur)| async move {
             let mut out = Vec::with_capacity(CHUNK + 1024);
-            if !json::dump_chunk(&mut out, &state, &mut cur, CHUNK) {
+            if !json::dump_chunk(&mut out, &export, &mut cur, CHUNK) {
                 return None;
             }
             // Let the executor's other tasks (queries) run between chunks.
             futures_lite::future::yield_now().await;
             let frame = hyper::body::Frame::data(bytes::Bytes::from(out));
-            Some((Ok::<_, std::convert::Infallible>(frame), (state, cur)))
+            Some((Ok::<_, std::convert::Infallible>(frame), (export, cur)))
         },
     );
     let body = http_body_util::StreamBody::new(stream).boxed_unsync();

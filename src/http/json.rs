@@ -263,30 +263,28 @@ fn tier_name(t: Tier) -> &'static str {
     }
 }
 
-/// Where a `/dump` rendering stands: which index, worker and block come next.
+/// Where a `/dump` rendering stands: which index and pair come next.
 #[derive(Default)]
 pub struct DumpCursor {
     index: usize,
-    worker: usize,
-    block: usize,
+    pair: usize,
     event_id: u64,
     /// The opening brace is written.
     started: bool,
     /// The current index's opening (key, block size) is written.
     opened: bool,
     done: bool,
+    tiers: Vec<crate::ingest::feed::SeedBlock>,
 }
 
 /// Render the next part of `/dump` (at least `budget` bytes unless the end comes
 /// first) into `out`; returns false once everything, the closing brace included, is
 /// written. The shape is Dynamo's: `{"model:tenant": {"block_size", "events":
 /// [RouterEvent]}}`, one `stored` event per (block, worker, tier), each worker's
-/// blocks parents first (the order of [`State`]).
-///
-/// [`State`]: crate::recovery::State
+/// blocks parents first (the export's order).
 pub fn dump_chunk(
     out: &mut Vec<u8>,
-    state: &crate::recovery::State,
+    export: &crate::recovery::export::Export,
     cur: &mut DumpCursor,
     budget: usize,
 ) -> bool {
@@ -298,7 +296,7 @@ pub fn dump_chunk(
         cur.started = true;
     }
     while out.len() < budget {
-        let Some(ix) = state.indexes.get(cur.index) else {
+        let Some(ix) = export.indexes.get(cur.index) else {
             out.push(b'}');
             cur.done = true;
             return true;
@@ -307,36 +305,37 @@ pub fn dump_chunk(
             if cur.index > 0 {
                 out.push(b',');
             }
+            let info = &ix.info;
             out.extend_from_slice(
-                serde_json::to_string(&format!("{}:{}", ix.model, ix.tenant))
+                serde_json::to_string(&format!("{}:{}", info.model, info.tenant))
                     .unwrap_or_default()
                     .as_bytes(),
             );
             out.extend_from_slice(b":{\"block_size\":");
-            num(out, ix.block_size);
+            num(out, info.block_size);
             out.extend_from_slice(b",\"events\":[");
             cur.opened = true;
             cur.event_id = 0;
+            cur.pair = 0;
         }
-        let Some(w) = ix.workers.get(cur.worker) else {
+        if cur.pair >= ix.len() {
             out.extend_from_slice(b"]}");
             cur.index += 1;
-            cur.worker = 0;
-            cur.block = 0;
             cur.opened = false;
             continue;
-        };
-        let Some(b) = w.blocks.get(cur.block) else {
-            cur.worker += 1;
-            cur.block = 0;
-            continue;
-        };
-        if cur.event_id > 0 {
-            out.push(b',');
         }
-        dump_event(out, w.instance, w.dp, b, cur.event_id);
-        cur.event_id += 1;
-        cur.block += 1;
+        let mut tiers = std::mem::take(&mut cur.tiers);
+        tiers.clear();
+        let (_, instance, dp) = ix.pair(cur.pair, &mut tiers);
+        for b in &tiers {
+            if cur.event_id > 0 {
+                out.push(b',');
+            }
+            dump_event(out, instance, dp, b, cur.event_id);
+            cur.event_id += 1;
+        }
+        cur.tiers = tiers;
+        cur.pair += 1;
     }
     true
 }

@@ -1,13 +1,13 @@
-//! Export the running service's state as [`State`]: the one export behind `/dump` and
-//! local snapshots.
+//! The one export of the running service's state, behind `/dump` and local snapshots.
 //!
 //! Gathers, in this order: every engine stream's last sequence number and every feed's
 //! engine hashes (from the ingest threads), then each shard's blocks (each shard first
 //! applies what its rings hold). So the blocks are at least as new as the recorded
 //! sequence numbers, and replaying from `last_seq + 1` after a restart can only re-apply
 //! events, never skip one. Shards are read one request at a time while ingestion goes
-//! on: a weakly consistent snapshot, like Dynamo's `/dump`. Blocks are read one shard at
-//! a time, so queries interleave; ordering runs off the executor.
+//! on: a weakly consistent snapshot, like Dynamo's `/dump`. Ordering (parents first per
+//! worker) runs off the executor and keeps no per-block hash maps: sorted vectors and
+//! binary search, so an export costs a few dozen bytes per (block, holder) pair.
 
 use super::{IndexState, ListenerState, State, WorkerBlocks};
 use crate::ingest::SeqKey;
@@ -15,26 +15,30 @@ use crate::ingest::feed::SeedBlock;
 use crate::mesh::{ShardMesh, ShardUnavailable};
 use crate::registry::IndexInfo;
 use crate::shard::DumpedBlock;
-use crate::types::{EngineHash, SeqHash, ShardId, Tier, WorkerSlot};
-use std::collections::{BTreeMap, HashMap};
+use crate::types::{DpRank, EngineHash, InstanceId, SeqHash, ShardId, Tier, WorkerSlot};
+use std::collections::HashMap;
 use std::sync::Arc;
 
-/// One index as gathered: its registry entry, its feeds' engine hashes, its blocks.
-type RawIndex = (
-    Arc<IndexInfo>,
-    Vec<(WorkerSlot, SeqHash, EngineHash)>,
-    Vec<DumpedBlock>,
-);
+/// One index, gathered and ordered.
+pub struct IndexExport {
+    pub info: Arc<IndexInfo>,
+    blocks: Vec<DumpedBlock>,
+    /// Engine hashes by (slot, sequence hash), sorted for binary search.
+    engine: Vec<(WorkerSlot, SeqHash, EngineHash)>,
+    /// Positions in `blocks` of the exported pairs: grouped by slot (ascending),
+    /// parents before children within a slot.
+    order: Vec<u32>,
+}
 
-/// What the executor gathers for a snapshot; turned into a [`State`] off the executor.
-pub struct Raw {
+/// Every index's export plus the engine streams' last sequence numbers.
+pub struct Export {
     seqs: HashMap<SeqKey, u64>,
-    indexes: Vec<RawIndex>,
+    pub indexes: Vec<IndexExport>,
 }
 
 /// Gather sequence numbers, engine hashes (off the executor: they wait on the ingest
-/// threads) and every shard's blocks.
-pub async fn gather<M: ShardMesh>(mesh: &M) -> Result<Raw, ShardUnavailable> {
+/// threads) and every shard's blocks, then order them off the executor.
+pub async fn export<M: ShardMesh>(mesh: &M) -> Result<Export, ShardUnavailable> {
     let ingest = mesh.app().ingest().clone();
     let seqs: HashMap<_, _> = mesh
         .offload(move || ingest.seqs().into_iter().collect())
@@ -48,75 +52,155 @@ pub async fn gather<M: ShardMesh>(mesh: &M) -> Result<Raw, ShardUnavailable> {
         for s in 0..mesh.shards() {
             blocks.append(&mut mesh.export(ShardId(s), ix.id).await?);
         }
-        indexes.push((ix.clone(), engine, blocks));
+        let info = ix.clone();
+        indexes.push(
+            mesh.offload(move || IndexExport::new(info, blocks, engine))
+                .await,
+        );
     }
-    Ok(Raw { seqs, indexes })
+    Ok(Export { seqs, indexes })
 }
 
-impl Raw {
-    /// Order every worker's blocks parents first and attach engine hashes (CPU work:
-    /// about a second per million blocks, so it runs on the snapshot writer's thread).
+/// Depth of every distinct block in its chain (0: a root, or a parent not exported),
+/// as (sorted distinct sequence hashes, their parents, their depths).
+fn depths(blocks: &[DumpedBlock]) -> (Vec<SeqHash>, Vec<u32>) {
+    let mut nodes: Vec<(SeqHash, Option<SeqHash>)> =
+        blocks.iter().map(|b| (b.seq, b.parent)).collect();
+    nodes.sort_unstable_by_key(|n| n.0);
+    nodes.dedup_by_key(|n| n.0);
+    let find = |s: SeqHash| nodes.binary_search_by_key(&s, |n| n.0).ok();
+    const UNKNOWN: u32 = u32::MAX;
+    let mut depth = vec![UNKNOWN; nodes.len()];
+    let mut chain = Vec::new();
+    for i in 0..nodes.len() {
+        let mut cur = i;
+        // Walk up to a block of known depth or a root; a cycle (corrupt input) ends
+        // the walk once the chain is as long as the set.
+        let base = loop {
+            if depth[cur] != UNKNOWN {
+                break depth[cur] + 1;
+            }
+            chain.push(cur);
+            match nodes[cur].1.and_then(find) {
+                Some(p) if chain.len() <= nodes.len() && !chain.contains(&p) => cur = p,
+                _ => break 0,
+            }
+        };
+        for (k, n) in chain.drain(..).rev().enumerate() {
+            depth[n] = base + k as u32;
+        }
+    }
+    (nodes.into_iter().map(|n| n.0).collect(), depth)
+}
+
+impl IndexExport {
+    /// Order the pairs (CPU work: run it off the executor). Pairs of slots no longer
+    /// live are left out, and so is a block from an engine's event (it has a local
+    /// hash) without an engine hash: it was stored after the engine hashes were read,
+    /// so it arrives live at a recovering peer and in the replay after a restart (its
+    /// batch is newer than the recorded sequence), while exporting it under its
+    /// sequence hash would give the peer a block whose later remove cannot resolve.
+    /// Blocks stored by sequence hash alone (no tokens, local hash 0) never have an
+    /// engine hash and are exported under their sequence hash.
+    pub fn new(
+        info: Arc<IndexInfo>,
+        blocks: Vec<DumpedBlock>,
+        mut engine: Vec<(WorkerSlot, SeqHash, EngineHash)>,
+    ) -> Self {
+        engine.sort_unstable_by_key(|e| (e.0, e.1));
+        let mut ix = IndexExport {
+            info,
+            blocks,
+            engine,
+            order: Vec::new(),
+        };
+        let (seqs, depth) = depths(&ix.blocks);
+        let mut keyed: Vec<(u32, u32, u32)> = ix
+            .blocks
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| {
+                let slot = b.holder.slot();
+                ix.info.slots.get(slot.0 as usize).is_some_and(|s| s.live)
+                    && (b.local.0 == 0 || ix.engine_of(slot, b.seq).is_some())
+            })
+            .map(|(i, b)| {
+                let d = seqs.binary_search(&b.seq).map(|k| depth[k]).unwrap_or(0);
+                (b.holder.slot().0, d, i as u32)
+            })
+            .collect();
+        drop((seqs, depth));
+        keyed.sort_unstable();
+        ix.order = keyed.into_iter().map(|k| k.2).collect();
+        ix
+    }
+
+    fn engine_of(&self, slot: WorkerSlot, seq: SeqHash) -> Option<EngineHash> {
+        self.engine
+            .binary_search_by_key(&(slot, seq), |e| (e.0, e.1))
+            .ok()
+            .map(|i| self.engine[i].2)
+    }
+
+    /// Exported (block, holder) pairs.
+    pub fn len(&self) -> usize {
+        self.order.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+
+    /// The `k`-th pair in export order as its worker and one [`SeedBlock`] per tier
+    /// it is held on, appended to `out`. Block and parent are named by the worker's
+    /// engine hashes where known, else by sequence hashes.
+    pub fn pair(&self, k: usize, out: &mut Vec<SeedBlock>) -> (WorkerSlot, InstanceId, DpRank) {
+        let b = &self.blocks[self.order[k] as usize];
+        let slot = b.holder.slot();
+        let name = |seq: SeqHash| self.engine_of(slot, seq).unwrap_or(EngineHash(seq.0));
+        for t in 0..Tier::COUNT as u8 {
+            if b.holder.has(Tier(t)) {
+                out.push(SeedBlock {
+                    engine: name(b.seq),
+                    parent_engine: b.parent.map(name),
+                    parent_seq: b.parent,
+                    local: b.local,
+                    tier: Tier(t),
+                });
+            }
+        }
+        let s = self.info.slot(slot);
+        (slot, s.instance, s.dp)
+    }
+}
+
+impl Export {
+    /// Everything as recovered-state records (for a snapshot).
     pub fn into_state(self) -> State {
         let mut state = State::default();
-        for (ix, engine, blocks) in self.indexes {
-            let engine: hashbrown::HashMap<(WorkerSlot, SeqHash), EngineHash> = engine
-                .into_iter()
-                .map(|(slot, seq, eh)| ((slot, seq), eh))
-                .collect();
-            let depth = crate::shard::chain_depths(&blocks);
-            // Keys computed once: a hash lookup per comparison costs seconds at 1M blocks.
-            let mut keyed: Vec<(WorkerSlot, u32, SeqHash, usize)> = blocks
-                .iter()
-                .enumerate()
-                .map(|(i, b)| {
-                    (
-                        b.holder.slot(),
-                        depth.get(&b.seq).copied().unwrap_or(0),
-                        b.seq,
-                        i,
-                    )
-                })
-                .collect();
-            drop(depth);
-            keyed.sort_unstable();
-            let ext = |slot: WorkerSlot, seq: SeqHash| {
-                engine
-                    .get(&(slot, seq))
-                    .copied()
-                    .unwrap_or(EngineHash(seq.0))
-            };
-            let mut workers: BTreeMap<WorkerSlot, Vec<SeedBlock>> = BTreeMap::new();
-            for k in &keyed {
-                let b = &blocks[k.3];
-                let slot = k.0;
-                if !ix.slots.get(slot.0 as usize).is_some_and(|s| s.live) {
-                    continue;
+        let mut tiers = Vec::new();
+        for ix in self.indexes {
+            let mut workers: Vec<(WorkerSlot, WorkerBlocks)> = Vec::new();
+            for k in 0..ix.len() {
+                tiers.clear();
+                let (slot, instance, dp) = ix.pair(k, &mut tiers);
+                if workers.last().is_none_or(|w| w.0 != slot) {
+                    workers.push((
+                        slot,
+                        WorkerBlocks {
+                            instance,
+                            dp,
+                            blocks: Vec::new(),
+                        },
+                    ));
                 }
-                // A block from an engine's event (it has a local hash) but without an
-                // engine hash was stored after the engine hashes were read: it arrives
-                // live at a recovering peer, and in the replay after a restart (its batch
-                // is newer than the recorded sequence). Exporting it under its sequence
-                // hash would give the peer a block whose later remove cannot resolve.
-                // Blocks stored by sequence hash alone (no tokens, local hash 0) have
-                // no engine hash ever and are exported under their sequence hash.
-                if b.local.0 != 0 && !engine.contains_key(&(slot, b.seq)) {
-                    continue;
-                }
-                let out = workers.entry(slot).or_default();
-                for t in 0..Tier::COUNT as u8 {
-                    if b.holder.has(Tier(t)) {
-                        out.push(SeedBlock {
-                            engine: ext(slot, b.seq),
-                            parent_engine: b.parent.map(|p| ext(slot, p)),
-                            parent_seq: b.parent,
-                            local: b.local,
-                            tier: Tier(t),
-                        });
-                    }
+                if let Some(w) = workers.last_mut() {
+                    w.1.blocks.append(&mut tiers);
                 }
             }
+            let info = &ix.info;
             let mut listeners = Vec::new();
-            for (inst, by_dp) in &ix.endpoints {
+            for (inst, by_dp) in &info.endpoints {
                 for (dp, eps) in by_dp {
                     for ep in eps {
                         listeners.push(ListenerState {
@@ -129,29 +213,45 @@ impl Raw {
                 }
             }
             state.indexes.push(IndexState {
-                model: ix.model.clone(),
-                tenant: ix.tenant.clone(),
-                block_size: ix.block_size,
+                model: info.model.clone(),
+                tenant: info.tenant.clone(),
+                block_size: info.block_size,
                 listeners,
-                workers: workers
-                    .into_iter()
-                    .map(|(slot, blocks)| {
-                        let s = ix.slot(slot);
-                        WorkerBlocks {
-                            instance: s.instance,
-                            dp: s.dp,
-                            blocks,
-                        }
-                    })
-                    .collect(),
+                workers: workers.into_iter().map(|w| w.1).collect(),
             });
         }
         state
     }
 }
 
-/// The whole export: gather, then order off the executor.
-pub async fn export<M: ShardMesh>(mesh: &M) -> Result<State, ShardUnavailable> {
-    let raw = gather(mesh).await?;
-    Ok(mesh.offload(move || raw.into_state()).await)
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shard::holders::Holder;
+    use crate::types::BlockHash;
+
+    fn block(seq: u64, parent: Option<u64>, slot: u32) -> DumpedBlock {
+        DumpedBlock {
+            seq: SeqHash(seq),
+            parent: parent.map(SeqHash),
+            local: BlockHash(seq + 1000),
+            holder: Holder::new(WorkerSlot(slot), Tier::DEVICE.bit()),
+        }
+    }
+
+    #[test]
+    fn parents_come_first_per_worker_and_cycles_end() {
+        // Chain 30 → 20 → 10 given children first, plus a two-block cycle.
+        let blocks = vec![
+            block(10, Some(20), 0),
+            block(20, Some(30), 0),
+            block(30, None, 0),
+            block(7, Some(8), 0),
+            block(8, Some(7), 0),
+        ];
+        let (seqs, depth) = depths(&blocks);
+        let d = |s: u64| depth[seqs.binary_search(&SeqHash(s)).unwrap()];
+        assert_eq!((d(30), d(20), d(10)), (0, 1, 2));
+        assert!(d(7) < 10 && d(8) < 10);
+    }
 }

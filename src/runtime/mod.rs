@@ -272,7 +272,7 @@ async fn drain_loop(core: Rc<Core>) {
 /// off the executor, which keeps serving. Returns when the file is durable.
 async fn write_snapshot(core: &Core, path: std::path::PathBuf) {
     let t0 = Instant::now();
-    let state = match crate::recovery::export::export(core).await {
+    let export = match crate::recovery::export::export(core).await {
         Ok(s) => s,
         Err(e) => {
             core.app
@@ -287,6 +287,7 @@ async fn write_snapshot(core: &Core, path: std::path::PathBuf) {
     let r = core
         .offload(move || {
             let t = Instant::now();
+            let state = export.into_state();
             let blocks = state.blocks();
             let image = crate::recovery::snapshot::encode(&state);
             drop(state);

@@ -87,37 +87,6 @@ pub struct DumpedBlock {
     pub holder: Holder,
 }
 
-pub type SeqMap<V> = hashbrown::HashMap<SeqHash, V, crate::shard::SeqHasherBuilder>;
-
-/// Depth of every block in its chain (0 = root or parent missing), so that sorting by
-/// depth puts parents before children.
-/// Sequence hashes are XXH3 output: the shards' multiply-only hasher is enough.
-pub fn chain_depths(blocks: &[DumpedBlock]) -> SeqMap<u32> {
-    let mut parent_of: SeqMap<Option<SeqHash>> = SeqMap::default();
-    parent_of.reserve(blocks.len());
-    parent_of.extend(blocks.iter().map(|b| (b.seq, b.parent)));
-    let mut depth: SeqMap<u32> = SeqMap::default();
-    depth.reserve(parent_of.len());
-    let mut chain = Vec::new();
-    for b in blocks {
-        let mut cur = b.seq;
-        let base = loop {
-            if let Some(d) = depth.get(&cur) {
-                break d + 1;
-            }
-            chain.push(cur);
-            match parent_of.get(&cur).copied().flatten() {
-                Some(p) if parent_of.contains_key(&p) && chain.len() <= parent_of.len() => cur = p,
-                _ => break 0,
-            }
-        };
-        for (i, s) in chain.drain(..).rev().enumerate() {
-            depth.insert(s, base + i as u32);
-        }
-    }
-    depth
-}
-
 /// The part of one (model, tenant) index that lives in this shard.
 #[derive(Default)]
 pub struct IndexShard {

@@ -184,7 +184,7 @@ impl Server {
 
     /// Poll `probe` until it returns true (or fail with the last observation).
     pub fn eventually(&self, what: &str, mut probe: impl FnMut() -> Result<(), String>) {
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + Duration::from_secs(30);
         let mut last;
         loop {
             match probe() {
