@@ -86,6 +86,10 @@ pub struct Args {
     /// Worker slots per index that events may create by naming a new dp rank
     #[arg(long, env = "KVIX_MAX_EVENT_SLOTS", default_value_t = 1024)]
     pub max_event_slots: usize,
+    /// Frames each ZMQ SUB socket buffers before libzmq drops new ones (bounded memory
+    /// under overload; drops surface as sequence gaps, counted and replayed)
+    #[arg(long, env = "KVIX_ZMQ_RCVHWM", default_value_t = 10_000)]
+    pub zmq_rcvhwm: i32,
     /// Log format on stderr: `text` or `json` (one JSON object per line)
     #[arg(long, env = "KVIX_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,

@@ -160,6 +160,9 @@ fn run(args: Args) -> Result<(), String> {
             indexes: args.max_event_indexes,
             slots: clamp("max-event-slots", args.max_event_slots, 1, 1 << 20),
         },
+        sockets: kvix::ingest::SocketOptions {
+            rcvhwm: clamp("zmq-rcvhwm", args.zmq_rcvhwm, 16, 10_000_000),
+        },
     };
     let app = App::new(&cfg);
     for p in parse_peers(args.peers.as_deref().unwrap_or("")) {

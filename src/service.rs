@@ -7,7 +7,7 @@
 //! executor. Nothing here runs per block.
 
 use crate::cli::validate_endpoint;
-use crate::ingest::Ingest;
+use crate::ingest::{Ingest, SocketOptions};
 use crate::lifecycle::Lifecycle;
 use crate::registry::{Endpoint, EventLimits, ListenerOpts, Registration, Registry, RegistryError};
 use crate::ring::Rings;
@@ -46,6 +46,7 @@ pub struct Config {
     pub snapshot: Option<SnapshotConfig>,
     /// What event data may create in the registry.
     pub event_limits: EventLimits,
+    pub sockets: SocketOptions,
 }
 
 impl Config {
@@ -56,6 +57,7 @@ impl Config {
             ring_capacity: 16 * 1024,
             snapshot: None,
             event_limits: EventLimits::default(),
+            sockets: SocketOptions::default(),
         }
     }
 }
@@ -84,7 +86,7 @@ impl App {
         let shards = cfg.shards.max(1);
         let registry = Arc::new(Registry::with_limits(cfg.event_limits));
         let rings = Rings::new(cfg.ingest_threads.max(1), shards, cfg.ring_capacity.max(16));
-        let ingest = Ingest::start(rings.clone(), registry.clone());
+        let ingest = Ingest::start(rings.clone(), registry.clone(), cfg.sockets);
         Arc::new(App {
             control: Control {
                 registry,

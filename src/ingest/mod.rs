@@ -103,6 +103,21 @@ pub const REPLAY_TIMEOUT: Duration = Duration::from_secs(3);
 /// One listener's identity and counters, for metrics.
 pub type ListenerStats = (IndexId, InstanceId, DpRank, Arc<FeedStats>);
 
+/// How the ingest threads' SUB sockets are set up.
+#[derive(Clone, Copy, Debug)]
+pub struct SocketOptions {
+    /// Frames a SUB socket buffers before libzmq drops new ones. Bounded so that an
+    /// overload costs bounded memory: dropped batches show up as sequence gaps, which
+    /// are counted and replayed where the engine has a replay endpoint.
+    pub rcvhwm: i32,
+}
+
+impl Default for SocketOptions {
+    fn default() -> Self {
+        SocketOptions { rcvhwm: 10_000 }
+    }
+}
+
 /// Handle to all ingest threads.
 pub struct Ingest {
     /// `mpsc::Sender` is `Sync`: any thread may send without a lock.
@@ -117,7 +132,7 @@ pub struct Ingest {
 }
 
 impl Ingest {
-    pub fn start(rings: Arc<Rings>, registry: Arc<Registry>) -> Arc<Self> {
+    pub fn start(rings: Arc<Rings>, registry: Arc<Registry>, sockets: SocketOptions) -> Arc<Self> {
         let ctx = zmq::Context::new();
         let mut senders = Vec::new();
         let mut threads = Vec::new();
@@ -142,6 +157,7 @@ impl Ingest {
                             paused,
                             replay_stats,
                             since_trim: 0,
+                            sockets,
                         }
                         .run()
                     })
@@ -339,6 +355,7 @@ struct IngestThread {
     replay_stats: Arc<ReplayStats>,
     /// Busy polls since the C heap was last trimmed.
     since_trim: u64,
+    sockets: SocketOptions,
 }
 
 /// Frames drained from one socket before the others get a turn.
@@ -636,8 +653,8 @@ impl IngestThread {
 
     fn connect(&self, endpoint: &str) -> Result<zmq::Socket, String> {
         let s = self.ctx.socket(zmq::SUB).map_err(|e| e.to_string())?;
-        // Losing frames is worse than memory: let libzmq buffer without a frame limit.
-        s.set_rcvhwm(0).map_err(|e| e.to_string())?;
+        s.set_rcvhwm(self.sockets.rcvhwm)
+            .map_err(|e| e.to_string())?;
         s.set_subscribe(b"").map_err(|e| e.to_string())?;
         s.connect(endpoint)
             .map_err(|e| format!("cannot connect to {endpoint}: {e}"))?;

@@ -1,0 +1,174 @@
+//! Overload, black-box: engines publish faster than kvix applies while queries run.
+//! Memory stays bounded (SUB sockets buffer at most `--zmq-rcvhwm` frames; the rest is
+//! dropped upstream), every dropped batch surfaces as a counted sequence gap and is
+//! replayed, and once the burst is over the index is exactly the engines' state.
+//!
+//! The short form runs in CI; `KVIX_SOAK_SECS=300` (with a release binary via
+//! `KVIX_TEST_BIN`) makes it the long form whose figures go in BENCHMARKS.md.
+
+mod common;
+
+use common::{Engine, Server, removed, stored};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+fn rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kb| kb.parse::<f64>().ok())
+        .unwrap_or(0.0)
+        / 1024.0
+}
+
+#[test]
+fn overload_is_bounded_counted_and_replayed() {
+    let secs: u64 = std::env::var("KVIX_SOAK_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2);
+    let long = std::env::var("KVIX_SOAK_SECS").is_ok();
+    let ctx = zmq::Context::new();
+    let s = Server::start(&[
+        "--threads",
+        "2",
+        "--zmq-rcvhwm",
+        "64",
+        "--ring-capacity",
+        "256",
+    ]);
+    let mut engines: Vec<Engine> = (0..2).map(|_| Engine::start(&ctx)).collect();
+    for (i, e) in engines.iter().enumerate() {
+        // Like an engine's PUB under pressure: a bounded send queue that drops.
+        e.publisher.sock.set_sndhwm(200).unwrap();
+        s.post_ok(
+            "/register",
+            &json!({"instance_id": i + 1, "endpoint": e.endpoint(), "replay_endpoint": e.replay_endpoint,
+                    "model_name": "m", "block_size": 4}),
+        );
+        e.publisher.wait_subscriber();
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    // Queries all along, on one connection.
+    let querier = {
+        let (stop, base) = (stop.clone(), s.base.clone());
+        std::thread::spawn(move || {
+            let agent: ureq::Agent = ureq::Agent::config_builder()
+                .http_status_as_error(false)
+                .build()
+                .into();
+            let body =
+                json!({"token_ids": (0..256).collect::<Vec<u32>>(), "model_name": "m"}).to_string();
+            let mut lat = Vec::new();
+            while !stop.load(Ordering::Acquire) {
+                let t = Instant::now();
+                let r = agent
+                    .post(format!("{base}/query"))
+                    .header("Content-Type", "application/json")
+                    .send(&body)
+                    .unwrap();
+                assert_eq!(r.status(), 200);
+                lat.push(t.elapsed().as_micros() as u64);
+            }
+            lat
+        })
+    };
+    let sampler = {
+        let (stop, pid) = (stop.clone(), s.pid());
+        std::thread::spawn(move || {
+            let mut peak = 0f64;
+            while !stop.load(Ordering::Acquire) {
+                peak = peak.max(rss_mib(pid));
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            peak
+        })
+    };
+    // As fast as the publishers go, for `secs`: chains of 128 blocks, and now and
+    // then the removal of an earlier chain.
+    let mut chains: Vec<BTreeMap<u64, Vec<u32>>> = vec![BTreeMap::new(); 2];
+    let mut next_id = 0u64;
+    let mut publish = |engines: &mut Vec<Engine>, chains: &mut Vec<BTreeMap<u64, Vec<u32>>>| {
+        for (i, e) in engines.iter_mut().enumerate() {
+            next_id += 1;
+            let id = next_id;
+            if id % 7 == 0
+                && let Some((&old, _)) = chains[i].iter().next()
+            {
+                chains[i].remove(&old);
+                let hashes: Vec<u64> = (0..32).map(|b| old << 8 | b).collect();
+                e.publish(&removed(&hashes));
+                continue;
+            }
+            let tokens: Vec<u32> = (0..128).map(|t| (id as u32) << 10 | t).collect();
+            let hashes: Vec<u64> = (0..32).map(|b| id << 8 | b).collect();
+            e.publish(&stored(&hashes, None, &tokens, 4));
+            chains[i].insert(id, tokens);
+        }
+    };
+    let t0 = Instant::now();
+    let mut published = 0u64;
+    while t0.elapsed() < Duration::from_secs(secs) {
+        publish(&mut engines, &mut chains);
+        published += 2;
+    }
+    // A trickle afterwards: the next frame after a drop reveals the gap.
+    for _ in 0..20 {
+        publish(&mut engines, &mut chains);
+        published += 2;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let live: usize = chains.iter().map(|c| c.len() * 32).sum();
+    eprintln!(
+        "burst over: {published} batches, {live} live blocks, {} gaps so far",
+        s.metric("kvix_sequence_gaps_total", &[])
+    );
+    s.eventually("the index holds exactly the engines' blocks", || {
+        let pairs = s.metric("kvix_shard_tier_blocks", &[("tier", "device")]);
+        let pending = s.metric("kvix_ring_pending", &[]);
+        if pairs == live as f64 && pending == 0.0 {
+            Ok(())
+        } else {
+            Err(format!(
+                "{pairs} (block, worker) pairs, {live} live blocks, {pending} pending"
+            ))
+        }
+    });
+    stop.store(true, Ordering::Release);
+    let mut lat = querier.join().unwrap();
+    let peak = sampler.join().unwrap();
+    lat.sort_unstable();
+    let p99 = lat[lat.len() * 99 / 100];
+    // Every live chain scores in full on its engine.
+    for (i, c) in chains.iter().enumerate() {
+        for tokens in c.values().step_by((c.len() / 10).max(1)) {
+            let q = json!({"token_ids": tokens, "model_name": "m"});
+            let (_, v) = s.post_json("/query", &q);
+            assert_eq!(v["scores"][(i + 1).to_string()]["0"], 128, "{v}");
+        }
+    }
+    let gaps = s.metric("kvix_sequence_gaps_total", &[]);
+    let replays = s.metric("kvix_replay_requests_total", &[]);
+    let failures = s.metric("kvix_replay_failures_total", &[]);
+    let replayed = s.metric("kvix_replayed_batches_total", &[]);
+    eprintln!(
+        "SOAK {secs}s: {published} batches published, {gaps} gaps, {replays} replays \
+         ({replayed} batches replayed, {failures} failed), peak RSS {peak:.0} MiB, \
+         {} queries p50 {} us p99 {p99} us max {} us",
+        lat.len(),
+        lat[lat.len() / 2],
+        lat.last().unwrap()
+    );
+    // Whatever was dropped was counted and replayed; the long form must overload.
+    assert_eq!(failures, 0.0);
+    assert!(gaps == 0.0 || replays > 0.0);
+    if long {
+        assert!(gaps > 0.0, "the burst never overloaded kvix");
+    }
+    assert!(peak < 512.0, "peak RSS {peak} MiB");
+}
