@@ -365,6 +365,11 @@ pub fn render(app: &App, shards: &[ShardStats]) -> String {
             sum(|s| s.unknown_parent.load(Ordering::Relaxed)),
         ),
         (
+            "kvix_block_size_mismatch",
+            "Stores skipped because their block size is not the registration's",
+            sum(|s| s.block_size_mismatch.load(Ordering::Relaxed)),
+        ),
+        (
             "kvix_sequence_gaps",
             "Sequence gaps detected (seq > last + 1)",
             sum(|s| s.gaps.load(Ordering::Relaxed)),

@@ -74,3 +74,67 @@ fn trailing_data_after_a_json_body_is_a_400_on_every_post_route() {
     // Nothing was registered by the refused bodies.
     assert_eq!(s.get_json("/workers"), json!([]));
 }
+
+/// A map batch with one Mooncake RFC #1527 `stored` event declaring `block_size`:
+/// standardized sequence hashes, and the tokens if any.
+fn rfc_stored(seq_hashes: &[u64], tokens: &[u32], block_size: u32) -> Vec<u8> {
+    let mut b = Vec::new();
+    rmp::encode::write_map_len(&mut b, 2).unwrap();
+    rmp::encode::write_str(&mut b, "ts").unwrap();
+    rmp::encode::write_f64(&mut b, 1.0).unwrap();
+    rmp::encode::write_str(&mut b, "events").unwrap();
+    rmp::encode::write_array_len(&mut b, 1).unwrap();
+    let n = if tokens.is_empty() { 3 } else { 4 };
+    rmp::encode::write_map_len(&mut b, n).unwrap();
+    rmp::encode::write_str(&mut b, "event_type").unwrap();
+    rmp::encode::write_str(&mut b, "stored").unwrap();
+    rmp::encode::write_str(&mut b, "seq_hashes").unwrap();
+    rmp::encode::write_array_len(&mut b, seq_hashes.len() as u32).unwrap();
+    for h in seq_hashes {
+        rmp::encode::write_uint(&mut b, *h).unwrap();
+    }
+    rmp::encode::write_str(&mut b, "block_size").unwrap();
+    rmp::encode::write_uint(&mut b, block_size as u64).unwrap();
+    if !tokens.is_empty() {
+        rmp::encode::write_str(&mut b, "token_ids").unwrap();
+        rmp::encode::write_array_len(&mut b, tokens.len() as u32).unwrap();
+        for t in tokens {
+            rmp::encode::write_uint(&mut b, *t as u64).unwrap();
+        }
+    }
+    b
+}
+
+#[test]
+fn events_of_another_block_size_are_skipped_and_counted() {
+    let s = Server::start(&["--threads", "1"]);
+    ready(&s);
+    let ctx = zmq::Context::new();
+    let mut p = Publisher::bind(&ctx);
+    s.post_ok(
+        "/register",
+        &json!({"instance_id": 1, "endpoint": p.endpoint, "model_name": "m", "block_size": 4}),
+    );
+    p.wait_subscriber();
+    // Standardized hashes without tokens, declared with 16-token blocks.
+    p.send(&rfc_stored(&[111, 222], &[], 16));
+    // Tokens that fill whole 8-token blocks (and a multiple of the registered 4).
+    p.send(&rfc_stored(&[333], &(1..=8).collect::<Vec<u32>>(), 8));
+    // vLLM's BlockStored declaring 8 for 8 tokens of one block.
+    p.send(&stored(&[7], None, &(1..=8).collect::<Vec<u32>>(), 8));
+    // A matching store after them still applies.
+    p.send(&rfc_stored(&[444], &[], 4));
+    let q = json!({"model": "m", "seq_hashes": [444]});
+    s.wait_post_eq(
+        "/query_by_hash",
+        &q,
+        &json!({"default": {"1": {"longest_matched": 4, "GPU": 4, "DP": {"0": 4}, "CPU": 0, "DISK": 0}}}),
+    );
+    for h in [111u64, 222, 333] {
+        let (st, v) = s.post_json("/query_by_hash", &json!({"model": "m", "seq_hashes": [h]}));
+        assert_eq!(st, 200);
+        assert_eq!(v["default"]["1"]["longest_matched"], 0, "{h}: {v}");
+    }
+    assert_eq!(s.metric("kvix_block_size_mismatch_total", &[]), 3.0);
+    assert_eq!(s.metric("kvix_malformed_frames_total", &[]), 0.0);
+}
