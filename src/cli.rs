@@ -79,6 +79,11 @@ pub struct Args {
     /// Milliseconds a client may take to send a request body after its headers
     #[arg(long, env = "KVIX_BODY_TIMEOUT_MS", default_value_t = 30_000)]
     pub body_timeout_ms: u64,
+    /// Largest ZMQ message part accepted from an engine, in bytes (`ZMQ_MAXMSGSIZE`
+    /// on every SUB and replay socket); a larger one drops that connection, which
+    /// reconnects, and the frames lost meanwhile count as a sequence gap
+    #[arg(long, env = "KVIX_ZMQ_MAX_MSG_BYTES", default_value_t = crate::service::DEFAULT_ZMQ_MAX_MSG_BYTES)]
+    pub zmq_max_msg_bytes: u64,
     /// Log format on stderr: `text` or `json` (one JSON object per line)
     #[arg(long, env = "KVIX_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,

@@ -156,6 +156,8 @@ fn run(args: Args) -> Result<(), String> {
         ingest_threads,
         ring_capacity: clamp("ring-capacity", args.ring_capacity, 256, 1 << 24),
         snapshot,
+        // Below a few KiB no real batch fits; above 1 TiB is no limit at all.
+        zmq_max_msg_bytes: clamp("zmq-max-msg-bytes", args.zmq_max_msg_bytes, 4096, 1 << 40),
     };
     let app = App::new(&cfg);
     for p in parse_peers(args.peers.as_deref().unwrap_or("")) {

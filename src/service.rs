@@ -44,7 +44,13 @@ pub struct Config {
     /// Ops per ingest→shard ring.
     pub ring_capacity: usize,
     pub snapshot: Option<SnapshotConfig>,
+    /// Largest ZMQ message part an engine may send (`ZMQ_MAXMSGSIZE`).
+    pub zmq_max_msg_bytes: u64,
 }
+
+/// Default `--zmq-max-msg-bytes`: far above the largest real batch (a few MiB of
+/// token ids), far below what would hurt to buffer.
+pub const DEFAULT_ZMQ_MAX_MSG_BYTES: u64 = 64 * 1024 * 1024;
 
 impl Config {
     pub fn new(shards: usize) -> Self {
@@ -53,6 +59,7 @@ impl Config {
             ingest_threads: shards,
             ring_capacity: 16 * 1024,
             snapshot: None,
+            zmq_max_msg_bytes: DEFAULT_ZMQ_MAX_MSG_BYTES,
         }
     }
 }
@@ -81,7 +88,7 @@ impl App {
         let shards = cfg.shards.max(1);
         let registry = Arc::new(Registry::default());
         let rings = Rings::new(cfg.ingest_threads.max(1), shards, cfg.ring_capacity.max(16));
-        let ingest = Ingest::start(rings.clone(), registry.clone());
+        let ingest = Ingest::start(rings.clone(), registry.clone(), cfg.zmq_max_msg_bytes);
         Arc::new(App {
             control: Control {
                 registry,

@@ -117,8 +117,11 @@ pub struct Ingest {
 }
 
 impl Ingest {
-    pub fn start(rings: Arc<Rings>, registry: Arc<Registry>) -> Arc<Self> {
+    /// Start one thread per ring producer. Every socket they open refuses message
+    /// parts over `max_msg_bytes` (see [`IngestThread::connect`]).
+    pub fn start(rings: Arc<Rings>, registry: Arc<Registry>, max_msg_bytes: u64) -> Arc<Self> {
         let ctx = zmq::Context::new();
+        let max_msg = i64::try_from(max_msg_bytes).unwrap_or(i64::MAX);
         let mut senders = Vec::new();
         let mut threads = Vec::new();
         let paused = Arc::new(AtomicBool::new(false));
@@ -142,6 +145,7 @@ impl Ingest {
                             paused,
                             replay_stats,
                             since_trim: 0,
+                            max_msg,
                         }
                         .run()
                     })
@@ -313,6 +317,8 @@ impl Ingest {
 
 struct Listener {
     socket: zmq::Socket,
+    /// PAIR end of `socket`'s monitor: tells when its connection dropped.
+    monitor: zmq::Socket,
     endpoint: Endpoint,
     feed: WorkerFeed,
     batch: Batch,
@@ -339,6 +345,8 @@ struct IngestThread {
     replay_stats: Arc<ReplayStats>,
     /// Busy polls since the C heap was last trimmed.
     since_trim: u64,
+    /// `ZMQ_MAXMSGSIZE` of every socket this thread opens.
+    max_msg: i64,
 }
 
 /// Frames drained from one socket before the others get a turn.
@@ -362,11 +370,17 @@ impl IngestThread {
                 }
                 continue;
             }
+            // Per listener: its SUB socket, then its monitor.
             let ready: Vec<bool> = {
                 let mut items: Vec<zmq::PollItem<'_>> = self
                     .listeners
                     .iter()
-                    .map(|l| l.socket.as_poll_item(zmq::POLLIN))
+                    .flat_map(|l| {
+                        [
+                            l.socket.as_poll_item(zmq::POLLIN),
+                            l.monitor.as_poll_item(zmq::POLLIN),
+                        ]
+                    })
                     .collect();
                 if let Err(e) = zmq::poll(&mut items, 5) {
                     tracing::warn!("zmq poll failed: {e}");
@@ -375,9 +389,12 @@ impl IngestThread {
                 items.iter().map(|i| i.is_readable()).collect()
             };
             let busy = ready.iter().any(|r| *r);
-            for (i, r) in ready.into_iter().enumerate() {
-                if r {
+            for (i, r) in ready.chunks_exact(2).enumerate() {
+                if r[0] {
                     self.drain(i);
+                }
+                if r[1] {
+                    self.check_connection(i);
                 }
             }
             self.sink.flush();
@@ -414,12 +431,13 @@ impl IngestThread {
                     .last_seq
                     .get(&(instance, dp, endpoint.endpoint.clone()))
                     .copied();
-                let r = self.connect(&endpoint.endpoint).map(|socket| {
+                let r = self.connect(&endpoint.endpoint).map(|(socket, monitor)| {
                     let feed = WorkerFeed::with_opts(index, instance, dp, block_size, opts);
                     let stats = feed.stats.clone();
                     tracing::info!(instance, dp, endpoint = endpoint.endpoint, "listening");
                     self.listeners.push(Listener {
                         socket,
+                        monitor,
                         endpoint,
                         feed,
                         batch: Batch::default(),
@@ -579,7 +597,7 @@ impl IngestThread {
         };
         let rs = self.replay_stats.clone();
         FeedStats::bump(&rs.requests, 1);
-        let pairs = match replay::fetch(&self.ctx, &ep, from, REPLAY_TIMEOUT) {
+        let pairs = match replay::fetch(&self.ctx, &ep, from, REPLAY_TIMEOUT, self.max_msg) {
             Ok(p) => p,
             Err(e) => {
                 FeedStats::bump(&rs.failures, 1);
@@ -634,14 +652,72 @@ impl IngestThread {
         true
     }
 
-    fn connect(&self, endpoint: &str) -> Result<zmq::Socket, String> {
+    /// A SUB socket connected to `endpoint`, and the PAIR socket its monitor reports
+    /// dropped connections on.
+    fn connect(&self, endpoint: &str) -> Result<(zmq::Socket, zmq::Socket), String> {
+        static MONITORS: AtomicU64 = AtomicU64::new(0);
         let s = self.ctx.socket(zmq::SUB).map_err(|e| e.to_string())?;
         // Losing frames is worse than memory: let libzmq buffer without a frame limit.
         s.set_rcvhwm(0).map_err(|e| e.to_string())?;
+        // But not without a size limit: libzmq drops a connection that announces a
+        // larger part before buffering it, and reconnects; the frames lost meanwhile
+        // show up as a sequence gap (replayed when the engine can).
+        s.set_maxmsgsize(self.max_msg).map_err(|e| e.to_string())?;
         s.set_subscribe(b"").map_err(|e| e.to_string())?;
+        let at = format!(
+            "inproc://kvix-monitor-{}",
+            MONITORS.fetch_add(1, Ordering::Relaxed)
+        );
+        s.monitor(&at, zmq::SocketEvent::DISCONNECTED as i32)
+            .map_err(|e| e.to_string())?;
+        let monitor = self.ctx.socket(zmq::PAIR).map_err(|e| e.to_string())?;
+        monitor.connect(&at).map_err(|e| e.to_string())?;
         s.connect(endpoint)
             .map_err(|e| format!("cannot connect to {endpoint}: {e}"))?;
-        Ok(s)
+        Ok((s, monitor))
+    }
+
+    /// Read listener `i`'s monitor; if its connection dropped, take what the socket
+    /// still holds and open a fresh one. libzmq reconnects by itself after a network
+    /// error, but after a protocol error (a part over `ZMQ_MAXMSGSIZE`, a corrupt
+    /// stream) it closes that connection for good: a fresh socket is the one way back.
+    /// What the engine sent meanwhile is lost to it and shows up as a sequence gap.
+    fn check_connection(&mut self, i: usize) {
+        let mut dropped = false;
+        while let Ok(frames) = self.listeners[i].monitor.recv_multipart(zmq::DONTWAIT) {
+            let event = frames
+                .first()
+                .and_then(|f| f.get(..2))
+                .map(|b| u16::from_le_bytes([b[0], b[1]]));
+            dropped |= event == Some(zmq::SocketEvent::DISCONNECTED as u16);
+        }
+        if !dropped {
+            return;
+        }
+        // Frames received before the drop are still queued: apply them first.
+        let queued = |l: &Listener| l.socket.get_events().is_ok_and(|e| e.contains(zmq::POLLIN));
+        for _ in 0..64 {
+            if !queued(&self.listeners[i]) {
+                break;
+            }
+            self.drain(i);
+        }
+        let endpoint = self.listeners[i].endpoint.endpoint.clone();
+        let l = &self.listeners[i];
+        tracing::warn!(
+            instance = l.feed.instance,
+            dp = l.feed.dp,
+            endpoint,
+            "engine connection dropped (oversized or corrupt message, or the engine went away); reconnecting"
+        );
+        match self.connect(&endpoint) {
+            Ok((socket, monitor)) => {
+                let l = &mut self.listeners[i];
+                l.socket = socket;
+                l.monitor = monitor;
+            }
+            Err(e) => tracing::error!(endpoint, "cannot reconnect: {e}"),
+        }
     }
 
     fn drain(&mut self, i: usize) {
