@@ -141,9 +141,15 @@ fn run(args: Args) -> Result<(), String> {
         .next()
         .ok_or("bad --host")?;
     let (addr, _port_guard) = kvix::runtime::claim_port(addr)?;
+    // Each snapshot walks the whole index: a near-zero interval would write back to
+    // back. Zero keeps its meaning (only on SIGTERM).
+    let interval = match args.snapshot_interval {
+        0.0 => 0.0,
+        s => clamp("snapshot-interval", s, 0.1, 1e9),
+    };
     let snapshot = args.snapshot_path.clone().map(|path| SnapshotConfig {
         path,
-        interval: Duration::from_secs_f64(args.snapshot_interval.min(1e9)),
+        interval: Duration::from_secs_f64(interval),
     });
     // Decoding is the serial stage of the event path: one ingest thread per executor
     // applied 1.6-1.8x the blocks/s of a single one on 2 cores (BENCHMARKS.md).
@@ -216,7 +222,9 @@ fn run(args: Args) -> Result<(), String> {
     }
     let max_connections = match args.max_connections {
         0 => default_max_connections(shards),
-        n => n,
+        // Each connection holds a file descriptor: beyond a million per core the
+        // open-file limit refuses them anyway.
+        n => clamp("max-connections", n, 1, 1 << 20),
     };
     let opts = ServeOptions {
         addr,

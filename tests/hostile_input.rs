@@ -174,3 +174,76 @@ fn an_oversized_zmq_frame_drops_the_connection_not_the_service() {
     assert_eq!(s.call("GET", "/health", None).0, 200);
     assert!(s.log().contains("sequence gap"), "{}", s.log());
 }
+
+/// Run the binary with `args` until it exits or `wait` passes; (exit code, stderr).
+fn run_kvix(args: &[&str], wait: Duration) -> (Option<i32>, String) {
+    let log = std::env::temp_dir().join(format!(
+        "kvix-flags-{}-{}.log",
+        std::process::id(),
+        common::free_port()
+    ));
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kvix"))
+        .args([
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &common::free_port().to_string(),
+        ])
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + wait;
+    let code = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st.code();
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_file(&log);
+    (code, text)
+}
+
+#[test]
+fn numeric_flags_are_refused_or_clamped_with_a_message() {
+    for (args, says) in [
+        (&["--snapshot-interval", "NaN"][..], "--snapshot-interval"),
+        (&["--snapshot-interval=-1"][..], "--snapshot-interval"),
+        (&["--block-size", "0"][..], "--block-size"),
+        (&["--threads", "0"][..], "--threads"),
+    ] {
+        let (code, err) = run_kvix(args, Duration::from_secs(10));
+        assert_eq!(code, Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    // Out of range but usable: clamped, said so, and served.
+    let s = Server::start(&[
+        "--threads",
+        "1",
+        "--ingest-threads",
+        "1000",
+        "--snapshot-interval",
+        "0.001",
+        "--max-connections",
+        "100000000000",
+        "--zmq-max-msg-bytes",
+        "1",
+    ]);
+    let log = s.log();
+    for clamped in [
+        "--ingest-threads 1000 is outside",
+        "--snapshot-interval 0.001 is outside [0.1, 1000000000]; using 0.1",
+        "--max-connections 100000000000 is outside",
+        "--zmq-max-msg-bytes 1 is outside [4096,",
+    ] {
+        assert!(log.contains(clamped), "no `{clamped}` in:\n{log}");
+    }
+    assert_eq!(s.call("GET", "/health", None).0, 200);
+}
