@@ -167,7 +167,14 @@ fn run(args: Args) -> Result<(), String> {
     };
     let app = App::new(&cfg);
     for p in parse_peers(args.peers.as_deref().unwrap_or("")) {
-        app.control().add_peer(p);
+        match kvix::access::check_peer_url(&p, Some(addr)) {
+            Ok(()) => app.control().add_peer(p),
+            // One --peers list for every replica is a fine setup: each skips itself.
+            Err(e @ kvix::access::PeerUrlError::Itself(_)) => {
+                tracing::info!("--peers: {e}; skipped")
+            }
+            Err(e) => return Err(format!("--peers: {e}")),
+        }
     }
     let life = app.lifecycle();
     // SIGTERM/SIGINT: Draining, a final snapshot, exit 0 (the lifecycle task on core 0).

@@ -247,3 +247,36 @@ fn numeric_flags_are_refused_or_clamped_with_a_message() {
     }
     assert_eq!(s.call("GET", "/health", None).0, 200);
 }
+
+#[test]
+fn register_peer_takes_only_http_urls_of_other_instances() {
+    let s = Server::start(&["--threads", "1"]);
+    ready(&s);
+    for bad in [
+        "not a url",
+        "ftp://x",
+        "http://",
+        "http://:8090",
+        "peer:8091",
+    ] {
+        let (st, v) = s.post_json("/register_peer", &json!({"url": bad}));
+        assert_eq!(st, 422, "{bad}: {v}");
+        assert_eq!(v["field"], "url", "{bad}: {v}");
+    }
+    let port = s.port;
+    for me in [
+        format!("http://127.0.0.1:{port}"),
+        format!("http://localhost:{port}/"),
+        format!("http://0.0.0.0:{port}"),
+        format!("http://[::1]:{port}"),
+    ] {
+        let (st, v) = s.post_json("/register_peer", &json!({"url": me}));
+        assert_eq!(st, 400, "{me}: {v}");
+        assert!(v["error"].as_str().unwrap().contains("itself"), "{v}");
+    }
+    assert_eq!(s.get_json("/peers"), json!([]));
+    let other = format!("http://127.0.0.1:{}", common::free_port());
+    let (st, v) = s.post_json("/register_peer", &json!({"url": other}));
+    assert_eq!(st, 201, "{v}");
+    assert_eq!(s.get_json("/peers"), json!([other]));
+}

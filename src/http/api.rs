@@ -644,6 +644,14 @@ struct PeerReq {
 
 pub async fn register_peer<M: ShardMesh>(mesh: &M, body: &[u8]) -> Result<Reply, ApiError> {
     let r: PeerReq = parse(body)?;
+    let own = mesh.app().lifecycle().addr();
+    crate::access::check_peer_url(&r.url, own).map_err(|e| match e {
+        crate::access::PeerUrlError::Invalid(msg) => ApiError::Field {
+            field: "url".into(),
+            msg,
+        },
+        e @ crate::access::PeerUrlError::Itself(_) => ApiError::BadRequest(e.to_string()),
+    })?;
     mesh.app().control().add_peer(r.url);
     Ok(json::ok(StatusCode::CREATED))
 }
