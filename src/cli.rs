@@ -2,7 +2,7 @@
 //!
 //! Owns parsing and validation of startup configuration only.
 
-use crate::types::{DpRank, InstanceId};
+use crate::types::DpRank;
 use clap::Parser;
 
 #[derive(Parser, Debug, Clone)]
@@ -92,7 +92,8 @@ pub struct Args {
 /// One `--workers` entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerSpec {
-    pub instance: InstanceId,
+    /// Dynamo's integer instance id.
+    pub instance: u64,
     pub dp: DpRank,
     pub endpoint: String,
 }

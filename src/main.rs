@@ -198,7 +198,7 @@ fn run(args: Args) -> Result<(), String> {
             args.model_name.clone(),
             args.tenant_id.clone(),
             args.block_size.unwrap_or_default(),
-            w.instance,
+            w.instance.into(),
             w.dp,
             kvix::registry::Endpoint::new(w.endpoint.clone(), None),
             Default::default(),

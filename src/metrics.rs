@@ -311,7 +311,7 @@ pub fn render(app: &App, shards: &[ShardStats]) -> String {
         MetricType::Gauge,
     )
     .with(&[], Value::Gauge(live.len() as i64));
-    let workers: BTreeSet<(u32, u64)> = live
+    let workers: BTreeSet<(u32, crate::types::InstanceId)> = live
         .iter()
         .flat_map(|ix| ix.endpoints.keys().map(move |i| (ix.id.0, *i)))
         .collect();

@@ -280,3 +280,104 @@ fn register_peer_takes_only_http_urls_of_other_instances() {
     assert_eq!(st, 201, "{v}");
     assert_eq!(s.get_json("/peers"), json!([other]));
 }
+
+#[test]
+fn instance_ids_of_the_whole_u64_range_round_trip() {
+    let s = Server::start(&["--threads", "2"]);
+    ready(&s);
+    let ctx = zmq::Context::new();
+    let (max, high) = (u64::MAX, 1u64 << 63);
+    let mut pubs: Vec<Publisher> = (0..3).map(|_| Publisher::bind(&ctx)).collect();
+    for (id, p) in [max, high].iter().zip(&pubs) {
+        s.post_ok(
+            "/register",
+            &json!({"instance_id": id, "endpoint": p.endpoint, "model_name": "m", "block_size": 4}),
+        );
+        p.wait_subscriber();
+    }
+    // A Mooncake instance named by a string, registered first by a name at that.
+    s.post_ok(
+        "/register",
+        &json!({"endpoint": pubs[2].endpoint, "type": "vLLM", "modelname": "m",
+                "instance_id": "vllm-1", "block_size": 4, "dp_rank": 0}),
+    );
+    pubs[2].wait_subscriber();
+    let workers = s.get_json("/workers");
+    let mut ids: Vec<Value> = workers
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["instance_id"].clone())
+        .collect();
+    ids.sort_by_key(|v| v.to_string());
+    assert_eq!(
+        ids,
+        vec![json!("vllm-1"), json!(max), json!(high)],
+        "{workers}"
+    );
+
+    for p in &mut pubs {
+        p.send(&stored(&[1], None, &[1, 2, 3, 4], 4));
+    }
+    let q = json!({"token_ids": [1, 2, 3, 4], "model_name": "m"});
+    s.wait_post_eq(
+        "/query",
+        &q,
+        &json!({
+            "scores": {max.to_string(): {"0": 4}, high.to_string(): {"0": 4}, "vllm-1": {"0": 4}},
+            "frequencies": [3],
+            "tree_sizes": {max.to_string(): {"0": 1}, high.to_string(): {"0": 1}, "vllm-1": {"0": 1}},
+            "instances": {
+                max.to_string(): {"longest_matched": 4, "gpu": 4, "dp": {"0": 4}, "cpu": 4, "disk": 4},
+                high.to_string(): {"longest_matched": 4, "gpu": 4, "dp": {"0": 4}, "cpu": 4, "disk": 4},
+                "vllm-1": {"longest_matched": 4, "gpu": 4, "dp": {"0": 4}, "cpu": 4, "disk": 4}
+            }
+        }),
+    );
+    // /dump prints the same ids: integers as numbers, the name as a string.
+    let dump = s.get_json("/dump");
+    let mut workers_in_dump: Vec<Value> = dump["m:default"]["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["worker_id"].clone())
+        .collect();
+    workers_in_dump.sort_by_key(|v| v.to_string());
+    assert_eq!(
+        workers_in_dump,
+        vec![json!("vllm-1"), json!(max), json!(high)],
+        "{dump}"
+    );
+    // Every printed id is accepted back: narrowing a query, in either API.
+    for id in &ids {
+        let (st, v) = s.post_json(
+            "/conductor/query",
+            &json!({"model": "m", "token_ids": [1, 2, 3, 4], "instance_id": id}),
+        );
+        assert_eq!(st, 200, "{id}: {v}");
+        let only = v["default"].as_object().unwrap();
+        assert_eq!(only.len(), 1, "{id}: {v}");
+    }
+    // Unregistering by the printed values: a number, the same number as a string, a name.
+    s.post_ok(
+        "/unregister",
+        &json!({"instance_id": max, "model_name": "m"}),
+    );
+    s.post_ok(
+        "/unregister",
+        &json!({"instance_id": high.to_string(), "model_name": "m"}),
+    );
+    let (st, v) = s.post_json(
+        "/unregister",
+        &json!({"instance_id": "vllm-1", "modelname": "m", "type": "vLLM", "dp_rank": 0}),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["removed_instances"], json!(["vllm-1|default|0"]));
+    assert_eq!(s.get_json("/workers"), json!([]));
+    // An unknown name is a 404, not a new instance.
+    let (st, v) = s.post_json(
+        "/unregister",
+        &json!({"instance_id": "nobody", "model_name": "m"}),
+    );
+    assert_eq!(st, 404, "{v}");
+}

@@ -163,7 +163,7 @@ impl Ingest {
     }
 
     fn thread_for(&self, instance: InstanceId) -> usize {
-        (instance % self.senders.len() as u64) as usize
+        (instance % self.senders.len() as InstanceId) as usize
     }
 
     fn send(&self, instance: InstanceId, cmd: Command) {

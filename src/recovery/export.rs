@@ -13,7 +13,7 @@ use super::{IndexState, ListenerState, State, WorkerBlocks};
 use crate::ingest::SeqKey;
 use crate::ingest::feed::SeedBlock;
 use crate::mesh::{ShardMesh, ShardUnavailable};
-use crate::registry::IndexInfo;
+use crate::registry::{IndexInfo, Snapshot};
 use crate::shard::DumpedBlock;
 use crate::types::{EngineHash, SeqHash, ShardId, Tier, WorkerSlot};
 use std::collections::{BTreeMap, HashMap};
@@ -28,6 +28,8 @@ type RawIndex = (
 
 /// What the executor gathers for a snapshot; turned into a [`State`] off the executor.
 pub struct Raw {
+    /// The registry when gathered: it names the instances.
+    snap: Arc<Snapshot>,
     seqs: HashMap<SeqKey, u64>,
     indexes: Vec<RawIndex>,
 }
@@ -50,7 +52,11 @@ pub async fn gather<M: ShardMesh>(mesh: &M) -> Result<Raw, ShardUnavailable> {
         }
         indexes.push((ix.clone(), engine, blocks));
     }
-    Ok(Raw { seqs, indexes })
+    Ok(Raw {
+        snap: snap.clone(),
+        seqs,
+        indexes,
+    })
 }
 
 impl Raw {
@@ -120,7 +126,7 @@ impl Raw {
                 for (dp, eps) in by_dp {
                     for ep in eps {
                         listeners.push(ListenerState {
-                            instance: *inst,
+                            instance: self.snap.instance_key(*inst),
                             dp: *dp,
                             endpoint: ep.clone(),
                             last_seq: self.seqs.get(&(*inst, *dp, ep.endpoint.clone())).copied(),
@@ -138,7 +144,7 @@ impl Raw {
                     .map(|(slot, blocks)| {
                         let s = ix.slot(slot);
                         WorkerBlocks {
-                            instance: s.instance,
+                            instance: self.snap.instance_key(s.instance),
                             dp: s.dp,
                             blocks,
                         }

@@ -15,9 +15,9 @@ pub mod workers;
 use crate::ingest::SeedOutcome;
 use crate::ingest::feed::SeedBlock;
 use crate::lifecycle::Lifecycle;
-use crate::registry::Endpoint;
+use crate::registry::{Endpoint, InstanceKey};
 use crate::service::{Control, ControlError, RecoveryStats, registration};
-use crate::types::{DpRank, InstanceId};
+use crate::types::DpRank;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -42,7 +42,8 @@ pub enum RecoveryError {
 /// A registered listener as recovered state records it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ListenerState {
-    pub instance: InstanceId,
+    /// By the router's name: an id given to a name lives only as long as the process.
+    pub instance: InstanceKey,
     pub dp: DpRank,
     pub endpoint: Endpoint,
     pub last_seq: Option<u64>,
@@ -51,7 +52,7 @@ pub struct ListenerState {
 /// One worker's blocks, parents first.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WorkerBlocks {
-    pub instance: InstanceId,
+    pub instance: InstanceKey,
     pub dp: DpRank,
     pub blocks: Vec<SeedBlock>,
 }
@@ -109,11 +110,12 @@ pub fn apply(
         }
         if register {
             for l in &ix.listeners {
+                let instance = control.registry().intern(&l.instance);
                 let r = control.register(registration(
                     ix.model.clone(),
                     ix.tenant.clone(),
                     ix.block_size,
-                    l.instance,
+                    instance,
                     l.dp,
                     l.endpoint.clone(),
                     // Per-listener salt / LoRA defaults are not in the registry, so not
@@ -130,7 +132,7 @@ pub fn apply(
                     )) => {}
                     Err(e) => tracing::warn!(
                         model = ix.model,
-                        instance = l.instance,
+                        instance = %l.instance,
                         dp = l.dp,
                         "cannot re-register recovered worker: {e}"
                     ),
@@ -138,7 +140,7 @@ pub fn apply(
                 if let Some(seq) = l.last_seq {
                     control
                         .ingest()
-                        .restore_seq((l.instance, l.dp, l.endpoint.endpoint.clone()), seq);
+                        .restore_seq((instance, l.dp, l.endpoint.endpoint.clone()), seq);
                 }
             }
         }
@@ -170,10 +172,12 @@ pub fn apply(
         }
         for w in ix.workers {
             let n = w.blocks.len() as u64;
-            match control
-                .ingest()
-                .seed(info.id, w.instance, w.dp, w.blocks, replace)
-            {
+            // A name nobody registered here has no listener: nothing to seed.
+            let outcome = match control.registry().snapshot().find(&w.instance) {
+                Some(id) => control.ingest().seed(info.id, id, w.dp, w.blocks, replace),
+                None => SeedOutcome::NoListener,
+            };
+            match outcome {
                 SeedOutcome::Seeded { skipped: s } => {
                     seeded += n - s;
                     skipped += s;
@@ -181,7 +185,7 @@ pub fn apply(
                 SeedOutcome::NoListener => {
                     tracing::info!(
                         model = ix.model,
-                        instance = w.instance,
+                        instance = %w.instance,
                         dp = w.dp,
                         blocks = n,
                         "recovered worker is not registered here; not seeded"
@@ -244,10 +248,7 @@ pub fn fetch_workers(url: &str, timeout: Duration) -> Result<Vec<workers::Adopte
 pub fn adopt(control: &Control, list: Vec<workers::Adopted>) -> usize {
     let mut started = 0;
     for w in list {
-        let instance = match &w.instance {
-            workers::InstanceName::Id(i) => *i,
-            workers::InstanceName::Name(n) => control.registry().intern_instance(n),
-        };
+        let instance = control.registry().intern(&w.instance);
         let r = control.register(registration(
             w.model.clone(),
             w.tenant.clone(),
