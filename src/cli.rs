@@ -84,6 +84,21 @@ pub struct Args {
     /// reconnects, and the frames lost meanwhile count as a sequence gap
     #[arg(long, env = "KVIX_ZMQ_MAX_MSG_BYTES", default_value_t = crate::service::DEFAULT_ZMQ_MAX_MSG_BYTES)]
     pub zmq_max_msg_bytes: u64,
+    /// File holding the bearer token (trimmed) that `/register`, `/unregister`,
+    /// `/register_peer`, `/deregister_peer` (and their /conductor forms) require as
+    /// `Authorization: Bearer <token>`; unset: those routes are open
+    #[arg(long, env = "KVIX_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<std::path::PathBuf>,
+    /// File holding the bearer token the read routes (`/query`, `/query_by_hash`,
+    /// `/dump`, `/workers`, `/peers`, `/metrics`) require; the admin token works there
+    /// too; unset: reads are open. `/health` and `/ready` are always open
+    #[arg(long, env = "KVIX_QUERY_TOKEN_FILE")]
+    pub query_token_file: Option<std::path::PathBuf>,
+    /// Endpoints `/register` may name, comma-separated: CIDRs or addresses
+    /// (`10.0.0.0/8`), host name patterns (`engine-*.svc`; `*` within one label), whole
+    /// endpoints (`ipc:///run/engine.sock`); unset: any endpoint
+    #[arg(long, env = "KVIX_ALLOW_ENDPOINTS")]
+    pub allow_endpoints: Option<String>,
     /// Log format on stderr: `text` or `json` (one JSON object per line)
     #[arg(long, env = "KVIX_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,

@@ -107,6 +107,55 @@ fn check_memlock(cores: usize) {
     }
 }
 
+/// Tokens and the endpoint allow list, read once at start.
+fn load_access(args: &Args) -> Result<kvix::access::Access, String> {
+    use kvix::access::{Access, AllowList, Token};
+    let load = |flag: &str, path: &Option<std::path::PathBuf>| {
+        path.as_deref()
+            .map(Token::load)
+            .transpose()
+            .map_err(|e| format!("--{flag}: {e}"))
+    };
+    let access = Access {
+        admin: load("admin-token-file", &args.admin_token_file)?,
+        query: load("query-token-file", &args.query_token_file)?,
+        allow: args
+            .allow_endpoints
+            .as_deref()
+            .map(AllowList::parse)
+            .transpose()
+            .map_err(|e| format!("--allow-endpoints: {e}"))?,
+    };
+    if access.query.is_some() && access.admin.is_none() {
+        tracing::warn!(
+            "--query-token-file without --admin-token-file: reads need a token, but \
+             /register and the other admin routes are open"
+        );
+    }
+    for (flag, path) in [
+        ("admin-token-file", &args.admin_token_file),
+        ("query-token-file", &args.query_token_file),
+    ] {
+        use std::os::unix::fs::PermissionsExt;
+        if let Some(p) = path
+            && let Ok(m) = std::fs::metadata(p)
+            && m.permissions().mode() & 0o004 != 0
+        {
+            tracing::warn!(
+                "--{flag} {}: the token file is readable by everyone",
+                p.display()
+            );
+        }
+    }
+    tracing::info!(
+        admin_token = access.admin.is_some(),
+        query_token = access.query.is_some(),
+        allow_endpoints = access.allow.is_some(),
+        "access rules"
+    );
+    Ok(access)
+}
+
 fn run(args: Args) -> Result<(), String> {
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
@@ -135,6 +184,7 @@ fn run(args: Args) -> Result<(), String> {
     if !args.snapshot_interval.is_finite() || args.snapshot_interval < 0.0 {
         return Err("--snapshot-interval must be a number of seconds ≥ 0".into());
     }
+    let access = load_access(&args)?;
     let addr: SocketAddr = (args.host.as_str(), args.port)
         .to_socket_addrs()
         .map_err(|e| format!("bad --host/--port: {e}"))?
@@ -219,6 +269,8 @@ fn run(args: Args) -> Result<(), String> {
                     60_000,
                 )),
                 adopt_workers: args.adopt_workers,
+                // Only the read token: a peer has no business with our admin token.
+                peer_token: access.query.clone(),
             },
         );
         // On a thread of its own: seeding needs the executors (started below) draining.
@@ -250,6 +302,7 @@ fn run(args: Args) -> Result<(), String> {
                 100,
                 3_600_000,
             )),
+            access: std::sync::Arc::new(access),
         },
     };
     tracing::info!(%addr, shards, ingest_threads, max_connections, "starting");

@@ -381,3 +381,252 @@ fn instance_ids_of_the_whole_u64_range_round_trip() {
     );
     assert_eq!(st, 404, "{v}");
 }
+
+/// `(status, WWW-Authenticate, body)` of a request with an optional bearer token.
+fn with_token(
+    s: &Server,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+    token: Option<&str>,
+) -> (u16, Option<String>, String) {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(20)))
+        .build()
+        .into();
+    let url = format!("{}{path}", s.base);
+    let auth = token.map(|t| format!("Bearer {t}"));
+    let resp = match (method, body) {
+        ("GET", _) => {
+            let mut r = agent.get(&url);
+            if let Some(a) = &auth {
+                r = r.header("Authorization", a);
+            }
+            r.call()
+        }
+        (_, b) => {
+            let mut r = agent.post(&url).header("Content-Type", "application/json");
+            if let Some(a) = &auth {
+                r = r.header("Authorization", a);
+            }
+            r.send(b.map(Value::to_string).unwrap_or_default())
+        }
+    };
+    let mut resp = resp.unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+    let www = resp
+        .headers()
+        .get("www-authenticate")
+        .map(|v| v.to_str().unwrap().to_string());
+    let text = resp.body_mut().read_to_string().unwrap();
+    (resp.status().as_u16(), www, text)
+}
+
+fn token_file(name: &str, content: &str) -> String {
+    let dir = std::env::temp_dir().join(format!("kvix-tokens-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(name);
+    std::fs::write(&p, content).unwrap();
+    p.to_str().unwrap().to_string()
+}
+
+#[test]
+fn tokens_guard_admin_and_read_routes() {
+    let admin = token_file("admin", "adm-7f3e\n");
+    let query = token_file("query", "  qry-91c2  \n");
+    let s = Server::start(&[
+        "--threads",
+        "1",
+        "--admin-token-file",
+        &admin,
+        "--query-token-file",
+        &query,
+    ]);
+    ready(&s);
+    let ctx = zmq::Context::new();
+    let p = Publisher::bind(&ctx);
+    let reg = json!({"instance_id": 1, "endpoint": p.endpoint, "model_name": "m", "block_size": 4});
+    let q = json!({"token_ids": [1, 2, 3, 4], "model_name": "m"});
+    // Liveness and readiness stay open.
+    for path in ["/health", "/ready", "/conductor/health"] {
+        assert_eq!(with_token(&s, "GET", path, None, None).0, 200, "{path}");
+    }
+    // Missing or wrong tokens: 401, a JSON error, and the challenge.
+    for token in [None, Some("nope"), Some("adm-7f3"), Some("qry-91c2 x")] {
+        for (method, path, body) in [
+            ("GET", "/workers", None),
+            ("GET", "/metrics", None),
+            ("GET", "/dump", None),
+            ("GET", "/peers", None),
+            ("POST", "/query", Some(&q)),
+            (
+                "POST",
+                "/conductor/query_by_hash",
+                Some(&json!({"model": "m", "seq_hashes": [1]})),
+            ),
+            ("POST", "/register", Some(&reg)),
+            (
+                "POST",
+                "/conductor/unregister",
+                Some(&json!({"modelname": "m", "instance_id": "a"})),
+            ),
+            (
+                "POST",
+                "/register_peer",
+                Some(&json!({"url": "http://10.0.0.1:1"})),
+            ),
+        ] {
+            let (st, www, text) = with_token(&s, method, path, body, token);
+            assert_eq!(st, 401, "{method} {path} {token:?}: {text}");
+            assert!(www.is_some_and(|w| w.starts_with("Bearer")), "{path}");
+            error_of(&text);
+        }
+    }
+    // The query token reads, but does not write.
+    for path in ["/workers", "/metrics", "/dump", "/peers"] {
+        let (st, _, text) = with_token(&s, "GET", path, None, Some("qry-91c2"));
+        assert_eq!(st, 200, "{path}: {text}");
+    }
+    let (st, _, text) = with_token(&s, "POST", "/query", Some(&q), Some("qry-91c2"));
+    assert_eq!(st, 404, "past the token check, no index yet: {text}");
+    for (path, body) in [
+        ("/register", &reg),
+        ("/register_peer", &json!({"url": "http://10.0.0.1:1"})),
+        ("/deregister_peer", &json!({"url": "http://10.0.0.1:1"})),
+    ] {
+        let (st, _, text) = with_token(&s, "POST", path, Some(body), Some("qry-91c2"));
+        assert_eq!(st, 401, "{path}: {text}");
+    }
+    // The admin token writes, and reads too.
+    let (st, _, text) = with_token(&s, "POST", "/register", Some(&reg), Some("adm-7f3e"));
+    assert_eq!(st, 201, "{text}");
+    p.wait_subscriber();
+    let (st, _, text) = with_token(&s, "GET", "/workers", None, Some("adm-7f3e"));
+    assert_eq!(st, 200, "{text}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&text).unwrap()[0]["instance_id"],
+        1
+    );
+    let (st, _, text) = with_token(&s, "POST", "/query", Some(&q), Some("qry-91c2"));
+    assert_eq!(st, 200, "{text}");
+    let (st, _, text) = with_token(
+        &s,
+        "POST",
+        "/unregister",
+        Some(&json!({"instance_id": 1, "model_name": "m"})),
+        Some("adm-7f3e"),
+    );
+    assert_eq!(st, 200, "{text}");
+    // No token ever reaches the log.
+    let log = s.log();
+    assert!(
+        !log.contains("adm-7f3e") && !log.contains("qry-91c2"),
+        "{log}"
+    );
+}
+
+#[test]
+fn a_bad_token_file_stops_kvix_at_start() {
+    let empty = token_file("empty", " \n");
+    let (code, err) = run_kvix(&["--admin-token-file", &empty], Duration::from_secs(10));
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("--admin-token-file") && err.contains("empty"),
+        "{err}"
+    );
+    let (code, err) = run_kvix(
+        &["--query-token-file", "/nonexistent/kvix-token"],
+        Duration::from_secs(10),
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--query-token-file"), "{err}");
+    let (code, err) = run_kvix(
+        &["--allow-endpoints", "10.0.0.0/33"],
+        Duration::from_secs(10),
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--allow-endpoints"), "{err}");
+}
+
+#[test]
+fn allow_list_refuses_endpoints_outside_it() {
+    let s = Server::start(&[
+        "--threads",
+        "1",
+        "--allow-endpoints",
+        "127.0.0.1/32, engine-*.svc",
+    ]);
+    ready(&s);
+    let ctx = zmq::Context::new();
+    let p = Publisher::bind(&ctx);
+    let dynamo = |ep: &str, replay: Option<&str>| {
+        json!({"instance_id": 1, "endpoint": ep, "replay_endpoint": replay,
+               "model_name": "m", "block_size": 4})
+    };
+    let conductor = |ep: &str, replay: Option<&str>| {
+        json!({"endpoint": ep, "replay_endpoint": replay, "type": "vLLM", "modelname": "m",
+               "instance_id": "a", "block_size": 4, "dp_rank": 0})
+    };
+    for shape in [&dynamo as &dyn Fn(&str, Option<&str>) -> Value, &conductor] {
+        for (ep, replay, field) in [
+            ("tcp://10.9.9.9:5557", None, "endpoint"),
+            ("tcp://127.0.0.2:5557", None, "endpoint"),
+            ("ipc:///tmp/kvix-engine.sock", None, "endpoint"),
+            ("inproc://engine", None, "endpoint"),
+            ("tcp://127.0.0.1:9;10.0.0.1:5557", None, "endpoint"),
+            (
+                p.endpoint.as_str(),
+                Some("tcp://10.0.0.1:5558"),
+                "replay_endpoint",
+            ),
+        ] {
+            let (st, v) = s.post_json("/register", &shape(ep, replay));
+            assert_eq!(st, 403, "{ep} {replay:?}: {v}");
+            assert_eq!(v["field"], field, "{v}");
+            assert!(v["error"].as_str().unwrap().contains("not allowed"), "{v}");
+        }
+    }
+    assert_eq!(s.get_json("/workers"), json!([]));
+    // Inside the list: registered and listened to.
+    s.post_ok("/register", &dynamo(&p.endpoint, None));
+    p.wait_subscriber();
+    assert_eq!(s.get_json("/workers")[0]["instance_id"], 1);
+}
+
+#[test]
+fn replicas_sharing_a_query_token_still_recover_from_each_other() {
+    let query = token_file("peer-query", "qry-5d1a");
+    let a = Server::start(&["--threads", "1", "--query-token-file", &query]);
+    ready(&a);
+    let ctx = zmq::Context::new();
+    let mut p = Publisher::bind(&ctx);
+    a.post_ok(
+        "/register",
+        &json!({"instance_id": 3, "endpoint": p.endpoint, "model_name": "m", "block_size": 4}),
+    );
+    p.wait_subscriber();
+    p.send(&stored(&[1], None, &[1, 2, 3, 4], 4));
+    let q = json!({"token_ids": [1, 2, 3, 4], "model_name": "m"});
+    a.eventually("applied on a", || {
+        let (st, _, text) = with_token(&a, "POST", "/query", Some(&q), Some("qry-5d1a"));
+        (st == 200 && text.contains(r#""scores":{"3":{"0":4}}"#))
+            .then_some(())
+            .ok_or(text)
+    });
+    let b = Server::start(&[
+        "--threads",
+        "1",
+        "--query-token-file",
+        &query,
+        "--peers",
+        &a.base,
+        "--peer-wait-ms",
+        "0",
+    ]);
+    b.wait_log("recovery done");
+    let log = b.log();
+    assert!(log.contains("recovered from peer"), "{log}");
+    let (st, _, text) = with_token(&b, "POST", "/query", Some(&q), Some("qry-5d1a"));
+    assert_eq!(st, 200, "{text}");
+    assert!(text.contains(r#""scores":{"3":{"0":4}}"#), "{text}");
+}

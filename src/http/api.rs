@@ -92,13 +92,47 @@ async fn control<M: ShardMesh, R: Send + 'static>(
     mesh.offload(move || f(app.control())).await
 }
 
+/// Refuse endpoints outside `--allow-endpoints` (403 naming the field). The check may
+/// resolve a host name, so it runs off the executor.
+async fn check_allowed<M: ShardMesh>(
+    mesh: &M,
+    access: &Arc<crate::access::Access>,
+    endpoint: &str,
+    replay: Option<&str>,
+) -> Result<(), ApiError> {
+    if access.allow.is_none() {
+        return Ok(());
+    }
+    let (access, endpoint, replay) = (
+        access.clone(),
+        endpoint.to_string(),
+        replay.map(String::from),
+    );
+    mesh.offload(move || {
+        let allow = access.allow.as_ref()?;
+        let refused = |field: &str, msg| ApiError::Forbidden {
+            field: field.into(),
+            msg,
+        };
+        if let Err(m) = allow.check(&endpoint) {
+            return Some(refused("endpoint", m));
+        }
+        let r = replay.as_deref()?;
+        allow.check(r).err().map(|m| refused("replay_endpoint", m))
+    })
+    .await
+    .map_or(Ok(()), Err)
+}
+
 pub async fn register<M: ShardMesh>(
     mesh: &M,
+    access: &Arc<crate::access::Access>,
     body: bytes::Bytes,
     forced: Option<Shape>,
 ) -> Result<Reply, ApiError> {
     if control_shape(&body, forced) == Shape::Conductor {
         let r: ConductorRegisterReq = parse(&body)?;
+        check_allowed(mesh, access, &r.endpoint, r.replay_endpoint.as_deref()).await?;
         let key = r.instance_id.key();
         let opts = ListenerOpts {
             salt: r.additionalsalt.filter(|s| !s.is_empty()),
@@ -124,6 +158,7 @@ pub async fn register<M: ShardMesh>(
         return Ok(json::bytes(StatusCode::OK, out.to_string().into_bytes()));
     }
     let r: RegisterReq = parse(&body)?;
+    check_allowed(mesh, access, &r.endpoint, r.replay_endpoint.as_deref()).await?;
     let tenant = tenant(r.tenant_id, r.routing_group).unwrap_or_else(|| DEFAULT_TENANT.into());
     let key = r.instance_id.key();
     control(mesh, move |c| {

@@ -34,6 +34,12 @@ pub enum ApiError {
     Unavailable(#[from] crate::mesh::ShardUnavailable),
     #[error("request body not received within {} ms", .0.as_millis())]
     Timeout(std::time::Duration),
+    /// No valid bearer token for the route (answered with `WWW-Authenticate: Bearer`).
+    #[error("{0}")]
+    Unauthorized(#[from] crate::access::Denied),
+    /// Authenticated or not, the request asks for something the configuration refuses.
+    #[error("{msg}")]
+    Forbidden { field: String, msg: String },
 }
 
 impl ApiError {
@@ -48,6 +54,8 @@ impl ApiError {
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ApiError::NotReady(_) | ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Timeout(_) => StatusCode::REQUEST_TIMEOUT,
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden { .. } => StatusCode::FORBIDDEN,
         }
     }
 
@@ -55,7 +63,9 @@ impl ApiError {
     pub fn body(&self) -> Vec<u8> {
         let mut v = serde_json::json!({ "error": self.to_string() });
         match self {
-            ApiError::Field { field, .. } => v["field"] = serde_json::Value::String(field.clone()),
+            ApiError::Field { field, .. } | ApiError::Forbidden { field, .. } => {
+                v["field"] = serde_json::Value::String(field.clone())
+            }
             ApiError::NotReady(phase) => v["phase"] = serde_json::Value::from(*phase),
             _ => {}
         }

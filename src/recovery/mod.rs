@@ -12,6 +12,7 @@ pub mod export;
 pub mod snapshot;
 pub mod workers;
 
+use crate::access::Token;
 use crate::ingest::SeedOutcome;
 use crate::ingest::feed::SeedBlock;
 use crate::lifecycle::Lifecycle;
@@ -208,16 +209,22 @@ fn agent(timeout: Duration) -> ureq::Agent {
 }
 
 /// GET `url` + `path` and return the body (a recovering peer answers 503: an error).
-fn fetch(url: &str, path: &str, timeout: Duration) -> Result<Vec<u8>, RecoveryError> {
+fn fetch(
+    url: &str,
+    path: &str,
+    timeout: Duration,
+    token: Option<&Token>,
+) -> Result<Vec<u8>, RecoveryError> {
     let err = |msg: String| RecoveryError::Peer {
         url: url.to_string(),
         msg,
     };
     let full = format!("{}{path}", url.trim_end_matches('/'));
-    let mut resp = agent(timeout)
-        .get(&full)
-        .call()
-        .map_err(|e| err(e.to_string()))?;
+    let mut req = agent(timeout).get(&full);
+    if let Some(t) = token {
+        req = req.header("Authorization", t.header_value());
+    }
+    let mut resp = req.call().map_err(|e| err(e.to_string()))?;
     resp.body_mut()
         .with_config()
         .limit(16 * 1024 * 1024 * 1024)
@@ -226,8 +233,12 @@ fn fetch(url: &str, path: &str, timeout: Duration) -> Result<Vec<u8>, RecoveryEr
 }
 
 /// Fetch and parse a peer's `/dump`.
-pub fn fetch_peer(url: &str, timeout: Duration) -> Result<State, RecoveryError> {
-    let body = fetch(url, "/dump", timeout)?;
+pub fn fetch_peer(
+    url: &str,
+    timeout: Duration,
+    token: Option<&Token>,
+) -> Result<State, RecoveryError> {
+    let body = fetch(url, "/dump", timeout, token)?;
     dump::parse(&body).map_err(|e| RecoveryError::Peer {
         url: url.to_string(),
         msg: e.to_string(),
@@ -235,8 +246,12 @@ pub fn fetch_peer(url: &str, timeout: Duration) -> Result<State, RecoveryError> 
 }
 
 /// Fetch a peer's `/workers` and parse the registrations it lists.
-pub fn fetch_workers(url: &str, timeout: Duration) -> Result<Vec<workers::Adopted>, RecoveryError> {
-    let body = fetch(url, "/workers", timeout)?;
+pub fn fetch_workers(
+    url: &str,
+    timeout: Duration,
+    token: Option<&Token>,
+) -> Result<Vec<workers::Adopted>, RecoveryError> {
+    let body = fetch(url, "/workers", timeout, token)?;
     workers::parse(&body).map_err(|e| RecoveryError::Peer {
         url: url.to_string(),
         msg: e,
@@ -284,6 +299,8 @@ pub struct Options {
     pub peer_wait: Duration,
     /// Subscribe to the workers a peer lists in `/workers` before taking its dump.
     pub adopt_workers: bool,
+    /// Presented to peers (replicas share their read token): `--query-token-file`.
+    pub peer_token: Option<Token>,
 }
 
 /// Startup order (the ingest threads are paused by the caller before `--workers`
@@ -323,7 +340,7 @@ pub fn bootstrap(control: &Control, life: &Lifecycle, stats: &RecoveryStats, opt
     if !peers.is_empty() {
         if opts.adopt_workers {
             for url in peers.iter() {
-                match fetch_workers(url, Duration::from_secs(10)) {
+                match fetch_workers(url, Duration::from_secs(10), opts.peer_token.as_ref()) {
                     Ok(list) => {
                         let listed = list.len();
                         let started = adopt(control, list);
@@ -337,7 +354,7 @@ pub fn bootstrap(control: &Control, life: &Lifecycle, stats: &RecoveryStats, opt
         std::thread::sleep(opts.peer_wait);
         let mut recovered = false;
         for url in peers.iter() {
-            match fetch_peer(url, Duration::from_secs(30)) {
+            match fetch_peer(url, Duration::from_secs(30), opts.peer_token.as_ref()) {
                 Ok(state) => {
                     let n = state.blocks();
                     let (seeded, skipped) = apply(control, stats, state, false, true);
