@@ -2,7 +2,7 @@
 //!
 //! Owns parsing and validation of startup configuration only.
 
-use crate::types::{DpRank, InstanceId};
+use crate::types::DpRank;
 use clap::Parser;
 
 #[derive(Parser, Debug, Clone)]
@@ -90,6 +90,26 @@ pub struct Args {
     /// under overload; drops surface as sequence gaps, counted and replayed)
     #[arg(long, env = "KVIX_ZMQ_RCVHWM", default_value_t = 10_000)]
     pub zmq_rcvhwm: i32,
+    /// Largest ZMQ message part accepted from an engine, in bytes (`ZMQ_MAXMSGSIZE`
+    /// on every SUB and replay socket); a larger one drops that connection, which
+    /// reconnects, and the frames lost meanwhile count as a sequence gap
+    #[arg(long, env = "KVIX_ZMQ_MAX_MSG_BYTES", default_value_t = crate::ingest::DEFAULT_MAX_MSG_BYTES)]
+    pub zmq_max_msg_bytes: u64,
+    /// File holding the bearer token (trimmed) that `/register`, `/unregister`,
+    /// `/register_peer`, `/deregister_peer` (and their /conductor forms) require as
+    /// `Authorization: Bearer <token>`; unset: those routes are open
+    #[arg(long, env = "KVIX_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<std::path::PathBuf>,
+    /// File holding the bearer token the read routes (`/query`, `/query_by_hash`,
+    /// `/dump`, `/workers`, `/peers`, `/metrics`) require; the admin token works there
+    /// too; unset: reads are open. `/health` and `/ready` are always open
+    #[arg(long, env = "KVIX_QUERY_TOKEN_FILE")]
+    pub query_token_file: Option<std::path::PathBuf>,
+    /// Endpoints `/register` may name, comma-separated: CIDRs or addresses
+    /// (`10.0.0.0/8`), host name patterns (`engine-*.svc`; `*` within one label), whole
+    /// endpoints (`ipc:///run/engine.sock`); unset: any endpoint
+    #[arg(long, env = "KVIX_ALLOW_ENDPOINTS")]
+    pub allow_endpoints: Option<String>,
     /// Log format on stderr: `text` or `json` (one JSON object per line)
     #[arg(long, env = "KVIX_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,
@@ -98,7 +118,8 @@ pub struct Args {
 /// One `--workers` entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerSpec {
-    pub instance: InstanceId,
+    /// Dynamo's integer instance id.
+    pub instance: u64,
     pub dp: DpRank,
     pub endpoint: String,
 }

@@ -12,6 +12,7 @@
 //! [`registry`] holds the control plane (models, tenants, workers); [`runtime`] is the
 //! only module that knows glommio.
 
+pub mod access;
 pub mod cli;
 pub mod hash;
 pub mod http;

@@ -107,6 +107,55 @@ fn check_memlock(cores: usize) {
     }
 }
 
+/// Tokens and the endpoint allow list, read once at start.
+fn load_access(args: &Args) -> Result<kvix::access::Access, String> {
+    use kvix::access::{Access, AllowList, Token};
+    let load = |flag: &str, path: &Option<std::path::PathBuf>| {
+        path.as_deref()
+            .map(Token::load)
+            .transpose()
+            .map_err(|e| format!("--{flag}: {e}"))
+    };
+    let access = Access {
+        admin: load("admin-token-file", &args.admin_token_file)?,
+        query: load("query-token-file", &args.query_token_file)?,
+        allow: args
+            .allow_endpoints
+            .as_deref()
+            .map(AllowList::parse)
+            .transpose()
+            .map_err(|e| format!("--allow-endpoints: {e}"))?,
+    };
+    if access.query.is_some() && access.admin.is_none() {
+        tracing::warn!(
+            "--query-token-file without --admin-token-file: reads need a token, but \
+             /register and the other admin routes are open"
+        );
+    }
+    for (flag, path) in [
+        ("admin-token-file", &args.admin_token_file),
+        ("query-token-file", &args.query_token_file),
+    ] {
+        use std::os::unix::fs::PermissionsExt;
+        if let Some(p) = path
+            && let Ok(m) = std::fs::metadata(p)
+            && m.permissions().mode() & 0o004 != 0
+        {
+            tracing::warn!(
+                "--{flag} {}: the token file is readable by everyone",
+                p.display()
+            );
+        }
+    }
+    tracing::info!(
+        admin_token = access.admin.is_some(),
+        query_token = access.query.is_some(),
+        allow_endpoints = access.allow.is_some(),
+        "access rules"
+    );
+    Ok(access)
+}
+
 fn run(args: Args) -> Result<(), String> {
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
@@ -135,15 +184,22 @@ fn run(args: Args) -> Result<(), String> {
     if !args.snapshot_interval.is_finite() || args.snapshot_interval < 0.0 {
         return Err("--snapshot-interval must be a number of seconds ≥ 0".into());
     }
+    let access = load_access(&args)?;
     let addr: SocketAddr = (args.host.as_str(), args.port)
         .to_socket_addrs()
         .map_err(|e| format!("bad --host/--port: {e}"))?
         .next()
         .ok_or("bad --host")?;
     let (addr, _port_guard) = kvix::runtime::claim_port(addr)?;
+    // Each snapshot walks the whole index: a near-zero interval would write back to
+    // back. Zero keeps its meaning (only on SIGTERM).
+    let interval = match args.snapshot_interval {
+        0.0 => 0.0,
+        s => clamp("snapshot-interval", s, 0.1, 1e9),
+    };
     let snapshot = args.snapshot_path.clone().map(|path| SnapshotConfig {
         path,
-        interval: Duration::from_secs_f64(args.snapshot_interval.min(1e9)),
+        interval: Duration::from_secs_f64(interval),
     });
     // Decoding is the serial stage of the event path: one ingest thread per executor
     // applied 1.6-1.8x the blocks/s of a single one on 2 cores (BENCHMARKS.md).
@@ -162,11 +218,20 @@ fn run(args: Args) -> Result<(), String> {
         },
         sockets: kvix::ingest::SocketOptions {
             rcvhwm: clamp("zmq-rcvhwm", args.zmq_rcvhwm, 16, 10_000_000),
+            // Below a few KiB no real batch fits; above 1 TiB is no limit at all.
+            max_msg_bytes: clamp("zmq-max-msg-bytes", args.zmq_max_msg_bytes, 4096, 1 << 40) as i64,
         },
     };
     let app = App::new(&cfg);
     for p in parse_peers(args.peers.as_deref().unwrap_or("")) {
-        app.control().add_peer(p);
+        match kvix::access::check_peer_url(&p, Some(addr)) {
+            Ok(()) => app.control().add_peer(p),
+            // One --peers list for every replica is a fine setup: each skips itself.
+            Err(e @ kvix::access::PeerUrlError::Itself(_)) => {
+                tracing::info!("--peers: {e}; skipped")
+            }
+            Err(e) => return Err(format!("--peers: {e}")),
+        }
     }
     let life = app.lifecycle();
     // SIGTERM/SIGINT: Draining, a final snapshot, exit 0 (the lifecycle task on core 0).
@@ -190,7 +255,7 @@ fn run(args: Args) -> Result<(), String> {
             args.model_name.clone(),
             args.tenant_id.clone(),
             args.block_size.unwrap_or_default(),
-            w.instance,
+            w.instance.into(),
             w.dp,
             kvix::registry::Endpoint::new(w.endpoint.clone(), None),
             Default::default(),
@@ -211,6 +276,8 @@ fn run(args: Args) -> Result<(), String> {
                     60_000,
                 )),
                 adopt_workers: args.adopt_workers,
+                // Only the read token: a peer has no business with our admin token.
+                peer_token: access.query.clone(),
             },
         );
         // On a thread of its own: seeding needs the executors (started below) draining.
@@ -221,7 +288,9 @@ fn run(args: Args) -> Result<(), String> {
     }
     let max_connections = match args.max_connections {
         0 => default_max_connections(shards),
-        n => n,
+        // Each connection holds a file descriptor: beyond a million per core the
+        // open-file limit refuses them anyway.
+        n => clamp("max-connections", n, 1, 1 << 20),
     };
     let opts = ServeOptions {
         addr,
@@ -240,6 +309,7 @@ fn run(args: Args) -> Result<(), String> {
                 100,
                 3_600_000,
             )),
+            access: std::sync::Arc::new(access),
         },
     };
     tracing::info!(%addr, shards, ingest_threads, max_connections, "starting");

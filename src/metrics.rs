@@ -311,7 +311,7 @@ pub fn render(app: &App, shards: &[ShardStats]) -> String {
         MetricType::Gauge,
     )
     .with(&[], Value::Gauge(live.len() as i64));
-    let workers: BTreeSet<(u32, u64)> = live
+    let workers: BTreeSet<(u32, crate::types::InstanceId)> = live
         .iter()
         .flat_map(|ix| ix.endpoints.keys().map(move |i| (ix.id.0, *i)))
         .collect();
@@ -363,6 +363,11 @@ pub fn render(app: &App, shards: &[ShardStats]) -> String {
             "kvix_unknown_parent_blocks",
             "Stores skipped because their parent was unknown",
             sum(|s| s.unknown_parent.load(Ordering::Relaxed)),
+        ),
+        (
+            "kvix_block_size_mismatch",
+            "Stores skipped because their block size is not the registration's",
+            sum(|s| s.block_size_mismatch.load(Ordering::Relaxed)),
         ),
         (
             "kvix_sequence_gaps",

@@ -12,8 +12,44 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use thiserror::Error;
 
-/// First id given to an instance registered by a non-integer name.
-const NAMED_BASE: InstanceId = 1 << 63;
+/// First id given to an instance registered by a non-integer name: above every u64.
+pub const NAMED_BASE: InstanceId = 1 << 64;
+
+/// An instance as routers name it: an integer (Dynamo; any u64) or a string
+/// (Mooncake). A string that is the canonical decimal form of a u64 is that integer,
+/// so what `/workers` prints is accepted back in either form.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum InstanceKey {
+    Id(u64),
+    Name(String),
+}
+
+impl InstanceKey {
+    pub fn parse(s: &str) -> InstanceKey {
+        match s.parse::<u64>() {
+            // "007" or "+7" stay names: they would not print back as themselves.
+            Ok(i) if i.to_string() == s => InstanceKey::Id(i),
+            _ => InstanceKey::Name(s.to_string()),
+        }
+    }
+
+    /// As JSON: a number for an integer id, a string for a name.
+    pub fn to_json(&self) -> serde_json::Value {
+        match self {
+            InstanceKey::Id(i) => (*i).into(),
+            InstanceKey::Name(n) => n.clone().into(),
+        }
+    }
+}
+
+impl std::fmt::Display for InstanceKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            InstanceKey::Id(i) => write!(f, "{i}"),
+            InstanceKey::Name(n) => f.write_str(n),
+        }
+    }
+}
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum RegistryError {
@@ -110,7 +146,8 @@ pub struct Snapshot {
     /// Names of tiers beyond the three well-known ones, by tier id - 3.
     pub extra_tiers: Vec<String>,
     /// Router-facing names of instances registered by string (Mooncake's
-    /// `instance_id`); integer instances are their own name.
+    /// `instance_id`), by their ids from [`NAMED_BASE`] up; integer instances are
+    /// their own name.
     names: HashMap<InstanceId, String>,
     ids: HashMap<String, InstanceId>,
 }
@@ -143,26 +180,22 @@ impl Snapshot {
         ids.into_iter().map(move |id| &self.indexes[id.0 as usize])
     }
 
-    /// An instance's router-facing name.
-    pub fn instance_name(&self, id: InstanceId) -> std::borrow::Cow<'_, str> {
-        match self.names.get(&id) {
-            Some(n) => std::borrow::Cow::Borrowed(n),
-            None => std::borrow::Cow::Owned(id.to_string()),
+    /// An instance as routers name it.
+    pub fn instance_key(&self, id: InstanceId) -> InstanceKey {
+        match (u64::try_from(id), self.names.get(&id)) {
+            (Ok(i), _) => InstanceKey::Id(i),
+            (Err(_), Some(n)) => InstanceKey::Name(n.clone()),
+            // Not reachable: named ids are only made by `intern`, with their name.
+            (Err(_), None) => InstanceKey::Name(id.to_string()),
         }
     }
 
-    /// The id of an instance named `name`, if it is known (or is an integer).
-    pub fn instance_id(&self, name: &str) -> Option<InstanceId> {
-        self.ids.get(name).copied().or_else(|| {
-            name.parse::<InstanceId>()
-                .ok()
-                .filter(|id| *id < NAMED_BASE)
-        })
-    }
-
-    /// True when some instance is known by a non-integer name.
-    pub fn has_names(&self) -> bool {
-        !self.names.is_empty()
+    /// The id of an instance, if it is an integer or a known name.
+    pub fn find(&self, key: &InstanceKey) -> Option<InstanceId> {
+        match key {
+            InstanceKey::Id(i) => Some(InstanceId::from(*i)),
+            InstanceKey::Name(n) => self.ids.get(n).copied(),
+        }
     }
 
     pub fn tier_name(&self, t: Tier) -> &str {
@@ -333,17 +366,21 @@ impl Registry {
         r
     }
 
-    /// The id for an instance name: integers (below 2^63) are ids as they are;
-    /// other names get ids from 2^63 up, stable for the life of the process.
-    pub fn intern_instance(&self, name: &str) -> InstanceId {
-        if let Some(id) = self.snapshot().instance_id(name) {
-            return id;
+    /// The id of an instance: an integer is its own id; a name gets an id from
+    /// [`NAMED_BASE`] up, stable for the life of the process.
+    pub fn intern(&self, key: &InstanceKey) -> InstanceId {
+        let name = match key {
+            InstanceKey::Id(i) => return InstanceId::from(*i),
+            InstanceKey::Name(n) => n,
+        };
+        if let Some(id) = self.snapshot().ids.get(name) {
+            return *id;
         }
         self.update(|s| {
-            if let Some(id) = s.instance_id(name) {
-                return id;
+            if let Some(id) = s.ids.get(name) {
+                return *id;
             }
-            let id = NAMED_BASE + s.names.len() as u64;
+            let id = NAMED_BASE + s.names.len() as InstanceId;
             s.names.insert(id, name.to_string());
             s.ids.insert(name.to_string(), id);
             id
@@ -619,4 +656,35 @@ fn intern_slot(
     });
     ix.slot_of.insert((instance, dp), s);
     Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integer_ids_and_names_never_meet() {
+        assert_eq!(
+            InstanceKey::parse("18446744073709551615"),
+            InstanceKey::Id(u64::MAX)
+        );
+        assert_eq!(InstanceKey::parse("0"), InstanceKey::Id(0));
+        for name in ["vllm-1", "007", "+7", "18446744073709551616", "-1", ""] {
+            assert_eq!(InstanceKey::parse(name), InstanceKey::Name(name.into()));
+        }
+        let r = Registry::default();
+        let named = r.intern(&InstanceKey::Name("vllm-1".into()));
+        assert!(named >= NAMED_BASE);
+        for i in [0, 1 << 63, u64::MAX] {
+            let id = r.intern(&InstanceKey::Id(i));
+            assert_eq!(id, InstanceId::from(i));
+            assert_ne!(id, named);
+            assert_eq!(r.snapshot().instance_key(id), InstanceKey::Id(i));
+        }
+        assert_eq!(r.intern(&InstanceKey::Name("vllm-1".into())), named);
+        let snap = r.snapshot();
+        assert_eq!(snap.instance_key(named), InstanceKey::Name("vllm-1".into()));
+        assert_eq!(snap.find(&InstanceKey::Name("vllm-1".into())), Some(named));
+        assert_eq!(snap.find(&InstanceKey::Name("other".into())), None);
+    }
 }

@@ -101,7 +101,10 @@ pub struct ShardId(pub usize);
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
 pub struct IndexId(pub u32);
 
-/// Router-facing worker instance id (Dynamo: integer).
-pub type InstanceId = u64;
+/// A worker instance inside kvix. Below 2^64 it is the router's integer id itself
+/// (Dynamo's `instance_id`, the whole u64 range); from 2^64 up it stands for an
+/// instance registered by a string name (Mooncake's), whose name the registry keeps.
+/// The two ranges cannot meet, so no integer id is ever mistaken for a name.
+pub type InstanceId = u128;
 /// Data-parallel rank within an instance.
 pub type DpRank = u32;

@@ -50,6 +50,10 @@ fn descriptor_exhaustion_pauses_accepting_and_recovers() {
         Some(128),
         Some(common::free_port()),
     );
+    // Idle executors spin briefly before parking: that is the baseline.
+    let (cpu0, t0) = (cpu_secs(s.pid()), Instant::now());
+    std::thread::sleep(Duration::from_secs(2));
+    let idle = (cpu_secs(s.pid()) - cpu0) / t0.elapsed().as_secs_f64();
     let mut held = Vec::new();
     for _ in 0..200 {
         if let Ok(c) = TcpStream::connect_timeout(
@@ -64,7 +68,10 @@ fn descriptor_exhaustion_pauses_accepting_and_recovers() {
     std::thread::sleep(Duration::from_secs(2));
     let busy = (cpu_secs(s.pid()) - cpu0) / t0.elapsed().as_secs_f64();
     let log_bytes = s.log().len();
-    assert!(busy < 0.3, "{busy:.2} cores busy while out of descriptors");
+    assert!(
+        busy < idle + 0.3,
+        "{busy:.2} cores busy while out of descriptors ({idle:.2} idle)"
+    );
     assert!(log_bytes < 200_000, "log grew to {log_bytes} bytes");
     assert!(s.log().contains("pausing accepts"), "{}", s.log());
     drop(held);

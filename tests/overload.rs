@@ -97,7 +97,7 @@ fn overload_is_bounded_counted_and_replayed() {
         for (i, e) in engines.iter_mut().enumerate() {
             next_id += 1;
             let id = next_id;
-            if id % 7 == 0
+            if id.is_multiple_of(7)
                 && let Some((&old, _)) = chains[i].iter().next()
             {
                 chains[i].remove(&old);

@@ -126,7 +126,7 @@ impl Sharded {
                     model: "m".into(),
                     tenant: "default".into(),
                     block_size: BS as u32,
-                    instance: inst,
+                    instance: inst.into(),
                     dp: 0,
                     endpoint: Endpoint {
                         endpoint: format!("tcp://127.0.0.1:{}", 1000 + inst),
@@ -142,7 +142,7 @@ impl Sharded {
         let rings = Rings::new(1, n, 1 << 16);
         Sharded {
             feeds: (0..INSTANCES)
-                .map(|i| WorkerFeed::new(index, i, 0, BS as u32))
+                .map(|i| WorkerFeed::new(index, i.into(), 0, BS as u32))
                 .collect(),
             sink: RingSink::new(rings.clone(), 0),
             rings,
@@ -178,7 +178,12 @@ impl Sharded {
             .slots
             .iter()
             .enumerate()
-            .map(|(i, s)| (WorkerSlot(i as u32), (s.instance, s.dp)))
+            .map(|(i, s)| {
+                (
+                    WorkerSlot(i as u32),
+                    (u64::try_from(s.instance).unwrap(), s.dp),
+                )
+            })
             .collect();
         (ov, who)
     }

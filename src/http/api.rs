@@ -12,9 +12,9 @@ use crate::hash;
 use crate::mesh::ShardMesh;
 use crate::query;
 use crate::query::gather;
-use crate::registry::{Endpoint, IndexInfo, ListenerOpts};
+use crate::registry::{Endpoint, IndexInfo, InstanceKey, ListenerOpts};
 use crate::service::{ControlError, registration};
-use crate::types::{BlockHash, SeqHash, Tier, WorkerSlot};
+use crate::types::{BlockHash, InstanceId, SeqHash, Tier, WorkerSlot};
 use hyper::StatusCode;
 use serde::Deserialize;
 use std::collections::HashMap;
@@ -57,7 +57,7 @@ fn control_shape(body: &[u8], forced: Option<Shape>) -> Shape {
 
 #[derive(Deserialize)]
 struct RegisterReq {
-    instance_id: u64,
+    instance_id: InstanceRef,
     endpoint: String,
     model_name: String,
     block_size: u32,
@@ -92,22 +92,56 @@ async fn control<M: ShardMesh, R: Send + 'static>(
     mesh.offload(move || f(app.control())).await
 }
 
+/// Refuse endpoints outside `--allow-endpoints` (403 naming the field). The check may
+/// resolve a host name, so it runs off the executor.
+async fn check_allowed<M: ShardMesh>(
+    mesh: &M,
+    access: &Arc<crate::access::Access>,
+    endpoint: &str,
+    replay: Option<&str>,
+) -> Result<(), ApiError> {
+    if access.allow.is_none() {
+        return Ok(());
+    }
+    let (access, endpoint, replay) = (
+        access.clone(),
+        endpoint.to_string(),
+        replay.map(String::from),
+    );
+    mesh.offload(move || {
+        let allow = access.allow.as_ref()?;
+        let refused = |field: &str, msg| ApiError::Forbidden {
+            field: field.into(),
+            msg,
+        };
+        if let Err(m) = allow.check(&endpoint) {
+            return Some(refused("endpoint", m));
+        }
+        let r = replay.as_deref()?;
+        allow.check(r).err().map(|m| refused("replay_endpoint", m))
+    })
+    .await
+    .map_or(Ok(()), Err)
+}
+
 pub async fn register<M: ShardMesh>(
     mesh: &M,
+    access: &Arc<crate::access::Access>,
     body: bytes::Bytes,
     forced: Option<Shape>,
 ) -> Result<Reply, ApiError> {
     if control_shape(&body, forced) == Shape::Conductor {
         let r: ConductorRegisterReq = parse(&body)?;
-        let name = r.instance_id.name();
+        check_allowed(mesh, access, &r.endpoint, r.replay_endpoint.as_deref()).await?;
+        let key = r.instance_id.key();
         let opts = ListenerOpts {
             salt: r.additionalsalt.filter(|s| !s.is_empty()),
             lora_name: r.lora_name.filter(|s| !s.is_empty()),
             publisher: Some(r.publisher),
         };
-        let reply_name = name.clone();
+        let reply_name = key.to_string();
         control(mesh, move |c| {
-            let id = c.registry().intern_instance(&name);
+            let id = c.registry().intern(&key);
             c.register(registration(
                 r.modelname,
                 r.tenant_id.unwrap_or_else(|| DEFAULT_TENANT.into()),
@@ -124,23 +158,27 @@ pub async fn register<M: ShardMesh>(
         return Ok(json::bytes(StatusCode::OK, out.to_string().into_bytes()));
     }
     let r: RegisterReq = parse(&body)?;
+    check_allowed(mesh, access, &r.endpoint, r.replay_endpoint.as_deref()).await?;
     let tenant = tenant(r.tenant_id, r.routing_group).unwrap_or_else(|| DEFAULT_TENANT.into());
-    let reg = registration(
-        r.model_name,
-        tenant,
-        r.block_size,
-        r.instance_id,
-        r.dp_rank.unwrap_or(0),
-        Endpoint::new(r.endpoint, r.replay_endpoint),
-        ListenerOpts::default(),
-    );
-    control(mesh, move |c| c.register(reg)).await?;
+    let key = r.instance_id.key();
+    control(mesh, move |c| {
+        c.register(registration(
+            r.model_name,
+            tenant,
+            r.block_size,
+            c.registry().intern(&key),
+            r.dp_rank.unwrap_or(0),
+            Endpoint::new(r.endpoint, r.replay_endpoint),
+            ListenerOpts::default(),
+        ))
+    })
+    .await?;
     Ok(json::ok(StatusCode::CREATED))
 }
 
 #[derive(Deserialize)]
 struct UnregisterReq {
-    instance_id: u64,
+    instance_id: InstanceRef,
     model_name: String,
     tenant_id: Option<String>,
     routing_group: Option<String>,
@@ -163,14 +201,9 @@ pub async fn unregister<M: ShardMesh>(
 ) -> Result<Reply, ApiError> {
     if control_shape(&body, forced) == Shape::Conductor {
         let r: ConductorUnregisterReq = parse(&body)?;
-        let name = r.instance_id.name();
+        let name = r.instance_id.key().to_string();
         let tenant = r.tenant_id.unwrap_or_else(|| DEFAULT_TENANT.into());
-        let id = mesh
-            .app()
-            .registry()
-            .snapshot()
-            .instance_id(&name)
-            .ok_or_else(|| ApiError::NotFound(format!("no instance {name} registered")))?;
+        let id = known_instance(mesh, &r.instance_id)?;
         let t = tenant.clone();
         let dps = control(mesh, move |c| {
             c.unregister(&r.modelname, Some(&t), id, r.dp_rank)
@@ -185,8 +218,9 @@ pub async fn unregister<M: ShardMesh>(
     }
     let r: UnregisterReq = parse(&body)?;
     let tenant = tenant(r.tenant_id, r.routing_group);
+    let id = known_instance(mesh, &r.instance_id)?;
     control(mesh, move |c| {
-        c.unregister(&r.model_name, tenant.as_deref(), r.instance_id, r.dp_rank)
+        c.unregister(&r.model_name, tenant.as_deref(), id, r.dp_rank)
     })
     .await?;
     Ok(json::ok(StatusCode::OK))
@@ -228,11 +262,7 @@ pub fn workers<M: ShardMesh>(mesh: &M, query: &str) -> Result<Reply, ApiError> {
                     (dp.to_string(), list.into())
                 })
                 .collect();
-            let instance_id: serde_json::Value = if *inst >= 1 << 63 {
-                snap.instance_name(*inst).into_owned().into()
-            } else {
-                (*inst).into()
-            };
+            let instance_id = snap.instance_key(*inst).to_json();
             out.push(serde_json::json!({
                 "instance_id": instance_id,
                 "source": "zmq",
@@ -275,7 +305,8 @@ pub enum Shape {
     Conductor,
 }
 
-/// An instance as a router names it: Dynamo's integer or Mooncake's string.
+/// An instance as a router names it, in any route of either API: Dynamo's integer
+/// (the whole u64 range) or Mooncake's string; a string of digits is that integer.
 #[derive(Deserialize, Clone)]
 #[serde(untagged)]
 pub enum InstanceRef {
@@ -284,12 +315,22 @@ pub enum InstanceRef {
 }
 
 impl InstanceRef {
-    fn name(&self) -> String {
+    fn key(&self) -> InstanceKey {
         match self {
-            InstanceRef::Int(i) => i.to_string(),
-            InstanceRef::Name(n) => n.clone(),
+            InstanceRef::Int(i) => InstanceKey::Id(*i),
+            InstanceRef::Name(n) => InstanceKey::parse(n),
         }
     }
+}
+
+/// The id of an instance a request names: any integer, or a name registered before.
+fn known_instance<M: ShardMesh>(mesh: &M, r: &InstanceRef) -> Result<InstanceId, ApiError> {
+    let key = r.key();
+    mesh.app()
+        .registry()
+        .snapshot()
+        .find(&key)
+        .ok_or_else(|| ApiError::NotFound(format!("no instance {key} registered")))
 }
 
 /// Fields every query route shares, in both shapes.
@@ -314,7 +355,7 @@ struct Target {
     ix: Arc<IndexInfo>,
     shape: Shape,
     tenant: String,
-    only: Option<u64>,
+    only: Option<InstanceId>,
     weights: Option<[f32; Tier::COUNT]>,
     lora: Option<String>,
 }
@@ -355,13 +396,10 @@ fn resolve<M: ShardMesh>(mesh: &M, sc: Scope, forced: Option<Shape>) -> Result<T
         )));
     }
     let snap = mesh.app().registry().snapshot();
-    let only =
-        match &sc.instance_id {
-            None => None,
-            Some(r) => Some(snap.instance_id(&r.name()).ok_or_else(|| {
-                ApiError::NotFound(format!("no instance {} registered", r.name()))
-            })?),
-        };
+    let only = match &sc.instance_id {
+        None => None,
+        Some(r) => Some(known_instance(mesh, r)?),
+    };
     let weights = match (sc.scoring.as_deref(), sc.tier_weights) {
         (None, None) => None,
         (Some(s), _) if !s.eq_ignore_ascii_case("llm-d") && !s.eq_ignore_ascii_case("llmd") => {
@@ -428,8 +466,8 @@ fn conductor_overlap(
     seqs: &[SeqHash],
     replies: &[crate::query::ShardReply],
     live: &impl Fn(WorkerSlot) -> bool,
-) -> Vec<(u64, query::InstanceOverlap)> {
-    let mut instances: Vec<u64> = ix
+) -> Vec<(InstanceId, query::InstanceOverlap)> {
+    let mut instances: Vec<InstanceId> = ix
         .slots
         .iter()
         .enumerate()
@@ -644,6 +682,14 @@ struct PeerReq {
 
 pub async fn register_peer<M: ShardMesh>(mesh: &M, body: &[u8]) -> Result<Reply, ApiError> {
     let r: PeerReq = parse(body)?;
+    let own = mesh.app().lifecycle().addr();
+    crate::access::check_peer_url(&r.url, own).map_err(|e| match e {
+        crate::access::PeerUrlError::Invalid(msg) => ApiError::Field {
+            field: "url".into(),
+            msg,
+        },
+        e @ crate::access::PeerUrlError::Itself(_) => ApiError::BadRequest(e.to_string()),
+    })?;
     mesh.app().control().add_peer(r.url);
     Ok(json::ok(StatusCode::CREATED))
 }

@@ -34,6 +34,12 @@ pub enum ApiError {
     Unavailable(#[from] crate::mesh::ShardUnavailable),
     #[error("request body not received within {} ms", .0.as_millis())]
     Timeout(std::time::Duration),
+    /// No valid bearer token for the route (answered with `WWW-Authenticate: Bearer`).
+    #[error("{0}")]
+    Unauthorized(#[from] crate::access::Denied),
+    /// Authenticated or not, the request asks for something the configuration refuses.
+    #[error("{msg}")]
+    Forbidden { field: String, msg: String },
 }
 
 impl ApiError {
@@ -48,6 +54,8 @@ impl ApiError {
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ApiError::NotReady(_) | ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Timeout(_) => StatusCode::REQUEST_TIMEOUT,
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden { .. } => StatusCode::FORBIDDEN,
         }
     }
 
@@ -55,7 +63,9 @@ impl ApiError {
     pub fn body(&self) -> Vec<u8> {
         let mut v = serde_json::json!({ "error": self.to_string() });
         match self {
-            ApiError::Field { field, .. } => v["field"] = serde_json::Value::String(field.clone()),
+            ApiError::Field { field, .. } | ApiError::Forbidden { field, .. } => {
+                v["field"] = serde_json::Value::String(field.clone())
+            }
             ApiError::NotReady(phase) => v["phase"] = serde_json::Value::from(*phase),
             _ => {}
         }
@@ -87,8 +97,13 @@ pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError>
         return Ok(v);
     }
     let de = &mut serde_json::Deserializer::from_slice(body);
-    match serde_path_to_error::deserialize::<_, T>(de) {
-        Ok(v) => Ok(v),
+    match serde_path_to_error::deserialize::<_, T>(&mut *de) {
+        // The first parse failed, so something follows the value: trailing data is
+        // no part of a request (`end` allows whitespace only).
+        Ok(v) => de
+            .end()
+            .map(|()| v)
+            .map_err(|e| ApiError::Syntax { msg: e.to_string() }),
         Err(e) => {
             let path = e.path().to_string();
             let inner = e.into_inner();
@@ -110,5 +125,37 @@ pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError>
                 })
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(serde::Deserialize, Debug)]
+    struct T {
+        #[allow(dead_code)]
+        a: u32,
+    }
+
+    #[test]
+    fn trailing_data_is_a_syntax_error_and_whitespace_is_not() {
+        assert!(parse::<T>(b"{\"a\":1} \n\t\r").is_ok());
+        for bad in [
+            &b"{\"a\":1}x"[..],
+            b"{\"a\":1}{\"a\":2}",
+            b"{\"a\":1} 1",
+            b"{\"a\":1}\0",
+        ] {
+            let e = parse::<T>(bad).unwrap_err();
+            assert_eq!(e.status(), StatusCode::BAD_REQUEST, "{e}");
+            assert!(matches!(e, ApiError::Syntax { .. }), "{e}");
+        }
+        // A shape error still names its field.
+        let e = parse::<T>(b"{\"a\":\"x\"} tail").unwrap_err();
+        assert!(
+            matches!(e, ApiError::Field { ref field, .. } if field == "a"),
+            "{e}"
+        );
     }
 }

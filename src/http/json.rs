@@ -42,8 +42,8 @@ fn key(out: &mut Vec<u8>, n: impl itoa::Integer) {
 
 /// Write an instance's router-facing name as a JSON object key.
 fn inst_key(out: &mut Vec<u8>, snap: &Snapshot, inst: InstanceId) {
-    if snap.has_names() && inst >= 1 << 63 {
-        let name = serde_json::to_string(&snap.instance_name(inst)).unwrap_or_default();
+    if inst >= crate::registry::NAMED_BASE {
+        let name = serde_json::to_string(&snap.instance_key(inst).to_string()).unwrap_or_default();
         out.extend_from_slice(name.as_bytes());
         out.push(b':');
     } else {
@@ -327,11 +327,12 @@ pub fn dump_chunk(
         let mut tiers = std::mem::take(&mut cur.tiers);
         tiers.clear();
         let (_, instance, dp) = ix.pair(cur.pair, &mut tiers);
+        let instance = export.instance_key(instance);
         for b in &tiers {
             if cur.event_id > 0 {
                 out.push(b',');
             }
-            dump_event(out, instance, dp, b, cur.event_id);
+            dump_event(out, &instance, dp, b, cur.event_id);
             cur.event_id += 1;
         }
         cur.tiers = tiers;
@@ -345,13 +346,21 @@ pub fn dump_chunk(
 /// sequence hashes.
 fn dump_event(
     out: &mut Vec<u8>,
-    instance: InstanceId,
+    instance: &crate::registry::InstanceKey,
     dp: DpRank,
     b: &crate::ingest::feed::SeedBlock,
     event_id: u64,
 ) {
     out.extend_from_slice(b"{\"worker_id\":");
-    num(out, instance);
+    // An integer as Dynamo prints it; a Mooncake name as the string it is.
+    match instance {
+        crate::registry::InstanceKey::Id(i) => num(out, *i),
+        name => out.extend_from_slice(
+            serde_json::to_string(&name.to_string())
+                .unwrap_or_default()
+                .as_bytes(),
+        ),
+    }
     out.extend_from_slice(b",\"storage_tier\":\"");
     out.extend_from_slice(tier_name(b.tier).as_bytes());
     out.extend_from_slice(b"\",\"residency_domain\":\"worker\",\"event\":{\"event_id\":");

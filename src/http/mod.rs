@@ -1,7 +1,8 @@
 //! HTTP front-end: the service function every executor's connections run.
 //!
-//! Owns request routing, the lifecycle gate (data routes answer only once the
-//! service is Ready), body limits and timeouts, and the error → response mapping.
+//! Owns request routing, the access gate (one [`crate::access`] check per request,
+//! before dispatch), the lifecycle gate (data routes answer only once the service is
+//! Ready), body limits and timeouts, and the error → response mapping.
 //! The handlers ([`api`]) parse, hash, scatter through [`ShardMesh`] and render
 //! JSON ([`json`]). Never touches shard memory and never blocks the executor:
 //! control calls go through [`ShardMesh::offload`].
@@ -11,6 +12,7 @@ pub mod error;
 pub mod json;
 pub mod token_ids;
 
+use crate::access::Access;
 use crate::mesh::ShardMesh;
 use bytes::Bytes;
 use error::ApiError;
@@ -19,6 +21,7 @@ use http_body_util::{BodyExt, Either, Full, Limited};
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Largest request body accepted (Dynamo allows 8 MiB on the query routes).
@@ -28,17 +31,20 @@ pub const MAX_BODY: usize = 8 * 1024 * 1024;
 pub type Body = Either<Full<Bytes>, UnsyncBoxBody<Bytes, Infallible>>;
 pub type Reply = Response<Body>;
 
-/// Per-request limits, the same on every core.
+/// Per-request limits and access rules, the same on every core.
 #[derive(Clone, Debug)]
 pub struct Options {
     /// From the end of the headers to the end of the body.
     pub body_timeout: Duration,
+    /// Tokens and the endpoint allow list, loaded at start (open by default).
+    pub access: Arc<Access>,
 }
 
 impl Default for Options {
     fn default() -> Self {
         Options {
             body_timeout: Duration::from_secs(30),
+            access: Arc::default(),
         }
     }
 }
@@ -103,7 +109,13 @@ async fn route<M: ShardMesh>(mesh: &M, opts: &Options, req: Request<Incoming>) -
         _ => (path.as_str(), None),
     };
     let phase = mesh.app().lifecycle().phase();
-    let result = if gated(route) && !phase.serves_data() {
+    let auth = req
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .map(|v| v.as_bytes());
+    let result = if let Err(denied) = opts.access.authorize(crate::access::need(route), auth) {
+        Err(ApiError::from(denied))
+    } else if gated(route) && !phase.serves_data() {
         Err(ApiError::NotReady(phase.name()))
     } else {
         match (method, route) {
@@ -116,7 +128,7 @@ async fn route<M: ShardMesh>(mesh: &M, opts: &Options, req: Request<Incoming>) -
             (Method::POST, r) => match body(mesh, opts, req).await {
                 Err(e) => Err(e),
                 Ok(b) => match r {
-                    "/register" => api::register(mesh, b, forced).await,
+                    "/register" => api::register(mesh, &opts.access, b, forced).await,
                     "/unregister" => api::unregister(mesh, b, forced).await,
                     "/query" => api::query(mesh, &b, forced).await,
                     "/query_by_hash" => api::query_by_hash(mesh, &b, forced).await,
@@ -143,7 +155,14 @@ async fn route<M: ShardMesh>(mesh: &M, opts: &Options, req: Request<Incoming>) -
         if e.status().is_server_error() && !matches!(e, ApiError::NotReady(_)) {
             tracing::error!(path, "{e}");
         }
-        json::bytes(e.status(), e.body())
+        let mut r = json::bytes(e.status(), e.body());
+        if matches!(e, ApiError::Unauthorized(_)) {
+            r.headers_mut().insert(
+                hyper::header::WWW_AUTHENTICATE,
+                hyper::header::HeaderValue::from_static("Bearer realm=\"kvix\""),
+            );
+        }
+        r
     })
 }
 

@@ -176,6 +176,11 @@ mod tests {
             split(br#"{"token_ids":[1]"#).unwrap().1,
             br#"{"token_ids":[]"#
         );
+        // Whatever follows the array stays in the rest, trailing data included, so
+        // serde_json's strict parse of the rest still sees (and rejects) it.
+        let (_, rest) = split(br#"{"token_ids":[1]} {"x":1}"#).unwrap();
+        assert_eq!(rest, br#"{"token_ids":[]} {"x":1}"#);
+        assert!(serde_json::from_slice::<serde_json::Value>(&rest).is_err());
         for other in [
             // Nested, not a key, or not a plain array: left to serde_json.
             &br#"{"a":{"token_ids":[1]},"token_ids":[2]}"#[..],

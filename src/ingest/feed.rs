@@ -370,6 +370,20 @@ impl WorkerFeed {
             FeedStats::bump(&stats.ignored_events, 1);
             return;
         }
+        // Blocks of another size hash differently: indexed, they could never match a
+        // query, even when the token count happens to fit (or there are no tokens).
+        if let Some(declared) = ev.block_size
+            && declared as usize != block_size
+        {
+            FeedStats::bump(&stats.block_size_mismatch, 1);
+            tracing::warn!(
+                instance,
+                declared,
+                block_size,
+                "stored event declares another block size than the registration; skipped"
+            );
+            return;
+        }
         let tiers = Self::tiers_of(ev, registry);
         let lora = ev
             .lora_name

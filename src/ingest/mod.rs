@@ -110,11 +110,21 @@ pub struct SocketOptions {
     /// overload costs bounded memory: dropped batches show up as sequence gaps, which
     /// are counted and replayed where the engine has a replay endpoint.
     pub rcvhwm: i32,
+    /// Largest message part an engine may send (`ZMQ_MAXMSGSIZE`), on every SUB and
+    /// replay socket.
+    pub max_msg_bytes: i64,
 }
+
+/// Default `--zmq-max-msg-bytes`: far above the largest real batch (a few MiB of
+/// token ids), far below what would hurt to buffer.
+pub const DEFAULT_MAX_MSG_BYTES: u64 = 64 * 1024 * 1024;
 
 impl Default for SocketOptions {
     fn default() -> Self {
-        SocketOptions { rcvhwm: 10_000 }
+        SocketOptions {
+            rcvhwm: 10_000,
+            max_msg_bytes: DEFAULT_MAX_MSG_BYTES as i64,
+        }
     }
 }
 
@@ -175,7 +185,7 @@ impl Ingest {
     }
 
     fn thread_for(&self, instance: InstanceId) -> usize {
-        (instance % self.senders.len() as u64) as usize
+        (instance % self.senders.len() as InstanceId) as usize
     }
 
     fn send(&self, instance: InstanceId, cmd: Command) {
@@ -329,6 +339,8 @@ impl Ingest {
 
 struct Listener {
     socket: zmq::Socket,
+    /// PAIR end of `socket`'s monitor: tells when its connection dropped.
+    monitor: zmq::Socket,
     endpoint: Endpoint,
     feed: WorkerFeed,
     batch: Batch,
@@ -379,11 +391,17 @@ impl IngestThread {
                 }
                 continue;
             }
+            // Per listener: its SUB socket, then its monitor.
             let ready: Vec<bool> = {
                 let mut items: Vec<zmq::PollItem<'_>> = self
                     .listeners
                     .iter()
-                    .map(|l| l.socket.as_poll_item(zmq::POLLIN))
+                    .flat_map(|l| {
+                        [
+                            l.socket.as_poll_item(zmq::POLLIN),
+                            l.monitor.as_poll_item(zmq::POLLIN),
+                        ]
+                    })
                     .collect();
                 if let Err(e) = zmq::poll(&mut items, 5) {
                     tracing::warn!("zmq poll failed: {e}");
@@ -392,9 +410,12 @@ impl IngestThread {
                 items.iter().map(|i| i.is_readable()).collect()
             };
             let busy = ready.iter().any(|r| *r);
-            for (i, r) in ready.into_iter().enumerate() {
-                if r {
+            for (i, r) in ready.chunks_exact(2).enumerate() {
+                if r[0] {
                     self.drain(i);
+                }
+                if r[1] {
+                    self.check_connection(i);
                 }
             }
             self.sink.flush();
@@ -431,12 +452,13 @@ impl IngestThread {
                     .last_seq
                     .get(&(instance, dp, endpoint.endpoint.clone()))
                     .copied();
-                let r = self.connect(&endpoint.endpoint).map(|socket| {
+                let r = self.connect(&endpoint.endpoint).map(|(socket, monitor)| {
                     let feed = WorkerFeed::with_opts(index, instance, dp, block_size, opts);
                     let stats = feed.stats.clone();
                     tracing::info!(instance, dp, endpoint = endpoint.endpoint, "listening");
                     self.listeners.push(Listener {
                         socket,
+                        monitor,
                         endpoint,
                         feed,
                         batch: Batch::default(),
@@ -596,7 +618,13 @@ impl IngestThread {
         };
         let rs = self.replay_stats.clone();
         FeedStats::bump(&rs.requests, 1);
-        let pairs = match replay::fetch(&self.ctx, &ep, from, REPLAY_TIMEOUT) {
+        let pairs = match replay::fetch(
+            &self.ctx,
+            &ep,
+            from,
+            REPLAY_TIMEOUT,
+            self.sockets.max_msg_bytes,
+        ) {
             Ok(p) => p,
             Err(e) => {
                 FeedStats::bump(&rs.failures, 1);
@@ -651,14 +679,73 @@ impl IngestThread {
         true
     }
 
-    fn connect(&self, endpoint: &str) -> Result<zmq::Socket, String> {
+    /// A SUB socket connected to `endpoint`, and the PAIR socket its monitor reports
+    /// dropped connections on.
+    fn connect(&self, endpoint: &str) -> Result<(zmq::Socket, zmq::Socket), String> {
+        static MONITORS: AtomicU64 = AtomicU64::new(0);
         let s = self.ctx.socket(zmq::SUB).map_err(|e| e.to_string())?;
         s.set_rcvhwm(self.sockets.rcvhwm)
             .map_err(|e| e.to_string())?;
+        // Nor without a size limit: libzmq drops a connection that announces a larger
+        // part before buffering it; the frames lost meanwhile show up as a sequence
+        // gap (replayed when the engine can).
+        s.set_maxmsgsize(self.sockets.max_msg_bytes)
+            .map_err(|e| e.to_string())?;
         s.set_subscribe(b"").map_err(|e| e.to_string())?;
+        let at = format!(
+            "inproc://kvix-monitor-{}",
+            MONITORS.fetch_add(1, Ordering::Relaxed)
+        );
+        s.monitor(&at, zmq::SocketEvent::DISCONNECTED as i32)
+            .map_err(|e| e.to_string())?;
+        let monitor = self.ctx.socket(zmq::PAIR).map_err(|e| e.to_string())?;
+        monitor.connect(&at).map_err(|e| e.to_string())?;
         s.connect(endpoint)
             .map_err(|e| format!("cannot connect to {endpoint}: {e}"))?;
-        Ok(s)
+        Ok((s, monitor))
+    }
+
+    /// Read listener `i`'s monitor; if its connection dropped, take what the socket
+    /// still holds and open a fresh one. libzmq reconnects by itself after a network
+    /// error, but after a protocol error (a part over `ZMQ_MAXMSGSIZE`, a corrupt
+    /// stream) it closes that connection for good: a fresh socket is the one way back.
+    /// What the engine sent meanwhile is lost to it and shows up as a sequence gap.
+    fn check_connection(&mut self, i: usize) {
+        let mut dropped = false;
+        while let Ok(frames) = self.listeners[i].monitor.recv_multipart(zmq::DONTWAIT) {
+            let event = frames
+                .first()
+                .and_then(|f| f.get(..2))
+                .map(|b| u16::from_le_bytes([b[0], b[1]]));
+            dropped |= event == Some(zmq::SocketEvent::DISCONNECTED as u16);
+        }
+        if !dropped {
+            return;
+        }
+        // Frames received before the drop are still queued: apply them first.
+        let queued = |l: &Listener| l.socket.get_events().is_ok_and(|e| e.contains(zmq::POLLIN));
+        for _ in 0..64 {
+            if !queued(&self.listeners[i]) {
+                break;
+            }
+            self.drain(i);
+        }
+        let endpoint = self.listeners[i].endpoint.endpoint.clone();
+        let l = &self.listeners[i];
+        tracing::warn!(
+            instance = l.feed.instance,
+            dp = l.feed.dp,
+            endpoint,
+            "engine connection dropped (oversized or corrupt message, or the engine went away); reconnecting"
+        );
+        match self.connect(&endpoint) {
+            Ok((socket, monitor)) => {
+                let l = &mut self.listeners[i];
+                l.socket = socket;
+                l.monitor = monitor;
+            }
+            Err(e) => tracing::error!(endpoint, "cannot reconnect: {e}"),
+        }
     }
 
     fn drain(&mut self, i: usize) {

@@ -30,10 +30,14 @@ pub fn fetch(
     endpoint: &str,
     from: u64,
     timeout: Duration,
+    max_msg_bytes: i64,
 ) -> Result<Vec<(u64, Vec<u8>)>, ReplayError> {
     let s = ctx.socket(zmq::DEALER)?;
     s.set_linger(0)?;
     s.set_rcvhwm(0)?;
+    // An oversized reply drops the connection: the replay times out and the gap stays
+    // counted, as for an engine that does not answer.
+    s.set_maxmsgsize(max_msg_bytes)?;
     s.connect(endpoint)?;
     s.send_multipart([&b""[..], &from.to_be_bytes()[..]], 0)?;
     let deadline = Instant::now() + timeout;

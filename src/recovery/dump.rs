@@ -10,7 +10,8 @@
 
 use super::{IndexState, RecoveryError, State, WorkerBlocks};
 use crate::ingest::feed::SeedBlock;
-use crate::types::{BlockHash, DpRank, EngineHash, InstanceId, SeqHash, Tier};
+use crate::registry::InstanceKey;
+use crate::types::{BlockHash, DpRank, EngineHash, SeqHash, Tier};
 use serde_json::Value;
 use std::collections::BTreeMap;
 
@@ -46,10 +47,16 @@ pub fn parse(body: &[u8]) -> Result<State, RecoveryError> {
         let events = ix["events"]
             .as_array()
             .ok_or_else(|| RecoveryError::Dump(format!("{key}: no events")))?;
-        let mut workers: BTreeMap<(InstanceId, DpRank), Vec<SeedBlock>> = BTreeMap::new();
+        let mut workers: BTreeMap<(InstanceKey, DpRank), Vec<SeedBlock>> = BTreeMap::new();
         let mut bad = 0usize;
         for e in events {
-            let Some(worker) = e["worker_id"].as_u64() else {
+            // Dynamo's integer, or the name kvix prints for a Mooncake instance.
+            let worker = match &e["worker_id"] {
+                Value::Number(n) => n.as_u64().map(InstanceKey::Id),
+                Value::String(s) => Some(InstanceKey::parse(s)),
+                _ => None,
+            };
+            let Some(worker) = worker else {
                 bad += 1;
                 continue;
             };
@@ -127,7 +134,9 @@ mod tests {
             "dp_rank": 1}},
           {"worker_id": 1, "event": {"event_id": 1, "data": {"removed": {"block_hashes": [10]}}, "dp_rank": 1}},
           {"worker_id": 1, "event": {"event_id": 2, "data": "cleared", "dp_rank": 0}},
-          {"worker_id": "bad"}
+          {"worker_id": "vllm-1", "event": {"event_id": 3, "data": {"stored": {"parent_hash": null,
+            "blocks": [{"block_hash": 5, "tokens_hash": 50}]}}, "dp_rank": 0}},
+          {"worker_id": [1]}
         ]}}"#;
         let s = parse(doc).unwrap();
         assert_eq!(s.indexes.len(), 1);
@@ -136,9 +145,10 @@ mod tests {
             (ix.model.as_str(), ix.tenant.as_str(), ix.block_size),
             ("m:x", "default", 4)
         );
-        assert_eq!(ix.workers.len(), 1);
+        assert_eq!(ix.workers.len(), 2);
         let w = &ix.workers[0];
-        assert_eq!((w.instance, w.dp), (1, 1));
+        assert_eq!((&w.instance, w.dp), (&InstanceKey::Id(1), 1));
+        assert_eq!(ix.workers[1].instance, InstanceKey::Name("vllm-1".into()));
         assert_eq!(w.blocks[1].parent_engine, Some(EngineHash(10)));
         assert_eq!(w.blocks[1].engine, EngineHash(u64::MAX - 1));
         assert!(parse(b"[1,2]").is_err());

@@ -13,7 +13,7 @@ use super::{IndexState, ListenerState, State, WorkerBlocks};
 use crate::ingest::SeqKey;
 use crate::ingest::feed::SeedBlock;
 use crate::mesh::{ShardMesh, ShardUnavailable};
-use crate::registry::IndexInfo;
+use crate::registry::{IndexInfo, Snapshot};
 use crate::shard::DumpedBlock;
 use crate::types::{DpRank, EngineHash, InstanceId, SeqHash, ShardId, Tier, WorkerSlot};
 use std::collections::HashMap;
@@ -32,6 +32,8 @@ pub struct IndexExport {
 
 /// Every index's export plus the engine streams' last sequence numbers.
 pub struct Export {
+    /// The registry when gathered: it names the instances.
+    snap: Arc<Snapshot>,
     seqs: HashMap<SeqKey, u64>,
     pub indexes: Vec<IndexExport>,
 }
@@ -58,7 +60,11 @@ pub async fn export<M: ShardMesh>(mesh: &M) -> Result<Export, ShardUnavailable> 
                 .await,
         );
     }
-    Ok(Export { seqs, indexes })
+    Ok(Export {
+        snap: snap.clone(),
+        seqs,
+        indexes,
+    })
 }
 
 /// Depth of every distinct block in its chain (0: a root, or a parent not exported),
@@ -175,6 +181,11 @@ impl IndexExport {
 }
 
 impl Export {
+    /// How routers name `id` (an integer, or a Mooncake name).
+    pub fn instance_key(&self, id: InstanceId) -> crate::registry::InstanceKey {
+        self.snap.instance_key(id)
+    }
+
     /// Everything as recovered-state records (for a snapshot).
     pub fn into_state(self) -> State {
         let mut state = State::default();
@@ -188,7 +199,7 @@ impl Export {
                     workers.push((
                         slot,
                         WorkerBlocks {
-                            instance,
+                            instance: self.snap.instance_key(instance),
                             dp,
                             blocks: Vec::new(),
                         },
@@ -204,7 +215,7 @@ impl Export {
                 for (dp, eps) in by_dp {
                     for ep in eps {
                         listeners.push(ListenerState {
-                            instance: *inst,
+                            instance: self.snap.instance_key(*inst),
                             dp: *dp,
                             endpoint: ep.clone(),
                             last_seq: self.seqs.get(&(*inst, *dp, ep.endpoint.clone())).copied(),

@@ -12,12 +12,13 @@ pub mod export;
 pub mod snapshot;
 pub mod workers;
 
+use crate::access::Token;
 use crate::ingest::SeedOutcome;
 use crate::ingest::feed::SeedBlock;
 use crate::lifecycle::Lifecycle;
-use crate::registry::Endpoint;
+use crate::registry::{Endpoint, InstanceKey};
 use crate::service::{Control, ControlError, RecoveryStats, registration};
-use crate::types::{DpRank, InstanceId};
+use crate::types::DpRank;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -42,7 +43,8 @@ pub enum RecoveryError {
 /// A registered listener as recovered state records it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ListenerState {
-    pub instance: InstanceId,
+    /// By the router's name: an id given to a name lives only as long as the process.
+    pub instance: InstanceKey,
     pub dp: DpRank,
     pub endpoint: Endpoint,
     pub last_seq: Option<u64>,
@@ -51,7 +53,7 @@ pub struct ListenerState {
 /// One worker's blocks, parents first.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WorkerBlocks {
-    pub instance: InstanceId,
+    pub instance: InstanceKey,
     pub dp: DpRank,
     pub blocks: Vec<SeedBlock>,
 }
@@ -109,11 +111,12 @@ pub fn apply(
         }
         if register {
             for l in &ix.listeners {
+                let instance = control.registry().intern(&l.instance);
                 let r = control.register(registration(
                     ix.model.clone(),
                     ix.tenant.clone(),
                     ix.block_size,
-                    l.instance,
+                    instance,
                     l.dp,
                     l.endpoint.clone(),
                     // Per-listener salt / LoRA defaults are not in the registry, so not
@@ -130,7 +133,7 @@ pub fn apply(
                     )) => {}
                     Err(e) => tracing::warn!(
                         model = ix.model,
-                        instance = l.instance,
+                        instance = %l.instance,
                         dp = l.dp,
                         "cannot re-register recovered worker: {e}"
                     ),
@@ -138,7 +141,7 @@ pub fn apply(
                 if let Some(seq) = l.last_seq {
                     control
                         .ingest()
-                        .restore_seq((l.instance, l.dp, l.endpoint.endpoint.clone()), seq);
+                        .restore_seq((instance, l.dp, l.endpoint.endpoint.clone()), seq);
                 }
             }
         }
@@ -170,10 +173,12 @@ pub fn apply(
         }
         for w in ix.workers {
             let n = w.blocks.len() as u64;
-            match control
-                .ingest()
-                .seed(info.id, w.instance, w.dp, w.blocks, replace)
-            {
+            // A name nobody registered here has no listener: nothing to seed.
+            let outcome = match control.registry().snapshot().find(&w.instance) {
+                Some(id) => control.ingest().seed(info.id, id, w.dp, w.blocks, replace),
+                None => SeedOutcome::NoListener,
+            };
+            match outcome {
                 SeedOutcome::Seeded { skipped: s } => {
                     seeded += n - s;
                     skipped += s;
@@ -181,7 +186,7 @@ pub fn apply(
                 SeedOutcome::NoListener => {
                     tracing::info!(
                         model = ix.model,
-                        instance = w.instance,
+                        instance = %w.instance,
                         dp = w.dp,
                         blocks = n,
                         "recovered worker is not registered here; not seeded"
@@ -204,16 +209,22 @@ fn agent(timeout: Duration) -> ureq::Agent {
 }
 
 /// GET `url` + `path` and return the body (a recovering peer answers 503: an error).
-fn fetch(url: &str, path: &str, timeout: Duration) -> Result<Vec<u8>, RecoveryError> {
+fn fetch(
+    url: &str,
+    path: &str,
+    timeout: Duration,
+    token: Option<&Token>,
+) -> Result<Vec<u8>, RecoveryError> {
     let err = |msg: String| RecoveryError::Peer {
         url: url.to_string(),
         msg,
     };
     let full = format!("{}{path}", url.trim_end_matches('/'));
-    let mut resp = agent(timeout)
-        .get(&full)
-        .call()
-        .map_err(|e| err(e.to_string()))?;
+    let mut req = agent(timeout).get(&full);
+    if let Some(t) = token {
+        req = req.header("Authorization", t.header_value());
+    }
+    let mut resp = req.call().map_err(|e| err(e.to_string()))?;
     resp.body_mut()
         .with_config()
         .limit(16 * 1024 * 1024 * 1024)
@@ -222,8 +233,12 @@ fn fetch(url: &str, path: &str, timeout: Duration) -> Result<Vec<u8>, RecoveryEr
 }
 
 /// Fetch and parse a peer's `/dump`.
-pub fn fetch_peer(url: &str, timeout: Duration) -> Result<State, RecoveryError> {
-    let body = fetch(url, "/dump", timeout)?;
+pub fn fetch_peer(
+    url: &str,
+    timeout: Duration,
+    token: Option<&Token>,
+) -> Result<State, RecoveryError> {
+    let body = fetch(url, "/dump", timeout, token)?;
     dump::parse(&body).map_err(|e| RecoveryError::Peer {
         url: url.to_string(),
         msg: e.to_string(),
@@ -231,8 +246,12 @@ pub fn fetch_peer(url: &str, timeout: Duration) -> Result<State, RecoveryError> 
 }
 
 /// Fetch a peer's `/workers` and parse the registrations it lists.
-pub fn fetch_workers(url: &str, timeout: Duration) -> Result<Vec<workers::Adopted>, RecoveryError> {
-    let body = fetch(url, "/workers", timeout)?;
+pub fn fetch_workers(
+    url: &str,
+    timeout: Duration,
+    token: Option<&Token>,
+) -> Result<Vec<workers::Adopted>, RecoveryError> {
+    let body = fetch(url, "/workers", timeout, token)?;
     workers::parse(&body).map_err(|e| RecoveryError::Peer {
         url: url.to_string(),
         msg: e,
@@ -244,10 +263,7 @@ pub fn fetch_workers(url: &str, timeout: Duration) -> Result<Vec<workers::Adopte
 pub fn adopt(control: &Control, list: Vec<workers::Adopted>) -> usize {
     let mut started = 0;
     for w in list {
-        let instance = match &w.instance {
-            workers::InstanceName::Id(i) => *i,
-            workers::InstanceName::Name(n) => control.registry().intern_instance(n),
-        };
+        let instance = control.registry().intern(&w.instance);
         let r = control.register(registration(
             w.model.clone(),
             w.tenant.clone(),
@@ -283,6 +299,8 @@ pub struct Options {
     pub peer_wait: Duration,
     /// Subscribe to the workers a peer lists in `/workers` before taking its dump.
     pub adopt_workers: bool,
+    /// Presented to peers (replicas share their read token): `--query-token-file`.
+    pub peer_token: Option<Token>,
 }
 
 /// Startup order (the ingest threads are paused by the caller before `--workers`
@@ -322,7 +340,7 @@ pub fn bootstrap(control: &Control, life: &Lifecycle, stats: &RecoveryStats, opt
     if !peers.is_empty() {
         if opts.adopt_workers {
             for url in peers.iter() {
-                match fetch_workers(url, Duration::from_secs(10)) {
+                match fetch_workers(url, Duration::from_secs(10), opts.peer_token.as_ref()) {
                     Ok(list) => {
                         let listed = list.len();
                         let started = adopt(control, list);
@@ -336,7 +354,7 @@ pub fn bootstrap(control: &Control, life: &Lifecycle, stats: &RecoveryStats, opt
         std::thread::sleep(opts.peer_wait);
         let mut recovered = false;
         for url in peers.iter() {
-            match fetch_peer(url, Duration::from_secs(30)) {
+            match fetch_peer(url, Duration::from_secs(30), opts.peer_token.as_ref()) {
                 Ok(state) => {
                     let n = state.blocks();
                     let (seeded, skipped) = apply(control, stats, state, false, true);

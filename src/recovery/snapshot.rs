@@ -2,7 +2,8 @@
 //!
 //! Layout (little-endian): `b"KVIXSNAP"`, version `u32`, body length `u64`, XXH3-64 of
 //! the body `u64`, then the body: indexes (model, tenant, block size, listeners with
-//! endpoint, replay endpoint, last sequence, publisher kind), and per worker its blocks parents
+//! instance, endpoint, replay endpoint, last sequence, publisher kind), and per worker
+//! (instance, dp rank) its blocks parents
 //! first as (engine hash, flags [bit 0: has parent, bits 1..3: tier], parent sequence
 //! hash if any, local hash). Written to `FILE.tmp`, fsynced, renamed over `FILE`,
 //! directory fsynced: a crash leaves the old or the new snapshot, never a mix. A file
@@ -10,14 +11,16 @@
 
 use super::{IndexState, ListenerState, RecoveryError, State, WorkerBlocks};
 use crate::ingest::feed::SeedBlock;
-use crate::registry::Endpoint;
+use crate::registry::{Endpoint, InstanceKey};
 use crate::types::{BlockHash, EngineHash, SeqHash, Tier};
 use std::io::Write;
 use std::path::Path;
 use xxhash_rust::xxh3::xxh3_64;
 
 const MAGIC: &[u8; 8] = b"KVIXSNAP";
-const VERSION: u32 = 1;
+/// 2: an instance is a tag (0: integer id `u64`, 1: name string). Version 1 wrote
+/// the id alone, and is still read.
+const VERSION: u32 = 2;
 const HEADER: usize = 8 + 4 + 8 + 8;
 
 struct W(Vec<u8>);
@@ -36,6 +39,18 @@ impl W {
         self.u32(s.len() as u32);
         self.0.extend_from_slice(s.as_bytes());
     }
+    fn instance(&mut self, k: &InstanceKey) {
+        match k {
+            InstanceKey::Id(i) => {
+                self.u8(0);
+                self.u64(*i);
+            }
+            InstanceKey::Name(n) => {
+                self.u8(1);
+                self.str(n);
+            }
+        }
+    }
 }
 
 /// Encode `state` as a complete snapshot file image.
@@ -48,7 +63,7 @@ pub fn encode(state: &State) -> Vec<u8> {
         w.u32(ix.block_size);
         w.u32(ix.listeners.len() as u32);
         for l in &ix.listeners {
-            w.u64(l.instance);
+            w.instance(&l.instance);
             w.u32(l.dp);
             w.str(&l.endpoint.endpoint);
             match &l.endpoint.replay_endpoint {
@@ -75,7 +90,7 @@ pub fn encode(state: &State) -> Vec<u8> {
         }
         w.u32(ix.workers.len() as u32);
         for wk in &ix.workers {
-            w.u64(wk.instance);
+            w.instance(&wk.instance);
             w.u32(wk.dp);
             w.u64(wk.blocks.len() as u64);
             for b in &wk.blocks {
@@ -127,6 +142,16 @@ impl R<'_> {
         let n = self.u32()? as usize;
         String::from_utf8(self.take(n)?.to_vec()).map_err(|_| "invalid UTF-8".to_string())
     }
+    fn instance(&mut self, version: u32) -> Result<InstanceKey, String> {
+        if version == 1 {
+            return Ok(InstanceKey::Id(self.u64()?));
+        }
+        match self.u8()? {
+            0 => Ok(InstanceKey::Id(self.u64()?)),
+            1 => Ok(InstanceKey::Name(self.str()?)),
+            t => Err(format!("unknown instance tag {t}")),
+        }
+    }
     /// A count, bounded by what the remaining bytes could hold (no huge allocations).
     fn count(&mut self, wide: bool, min_item: usize) -> Result<usize, String> {
         let n = if wide {
@@ -148,7 +173,7 @@ pub fn decode(data: &[u8]) -> Result<State, String> {
         return Err("not a kvix snapshot (bad magic or too short)".into());
     }
     let version = u32::from_le_bytes(data[8..12].try_into().expect("4 bytes"));
-    if version != VERSION {
+    if !(1..=VERSION).contains(&version) {
         return Err(format!("unsupported snapshot version {version}"));
     }
     let len = u64::from_le_bytes(data[12..20].try_into().expect("8 bytes"));
@@ -170,8 +195,8 @@ pub fn decode(data: &[u8]) -> Result<State, String> {
         let tenant = r.str()?;
         let block_size = r.u32()?;
         let mut listeners = Vec::new();
-        for _ in 0..r.count(false, 19)? {
-            let instance = r.u64()?;
+        for _ in 0..r.count(false, 16)? {
+            let instance = r.instance(version)?;
             let dp = r.u32()?;
             let endpoint = r.str()?;
             let replay_endpoint = if r.u8()? == 1 { Some(r.str()?) } else { None };
@@ -189,8 +214,8 @@ pub fn decode(data: &[u8]) -> Result<State, String> {
             });
         }
         let mut workers = Vec::new();
-        for _ in 0..r.count(false, 20)? {
-            let instance = r.u64()?;
+        for _ in 0..r.count(false, 17)? {
+            let instance = r.instance(version)?;
             let dp = r.u32()?;
             let n = r.count(true, 17)?;
             let mut blocks = Vec::with_capacity(n);
@@ -286,7 +311,7 @@ mod tests {
                 tenant: "default".into(),
                 block_size: 16,
                 listeners: vec![ListenerState {
-                    instance: 7,
+                    instance: InstanceKey::Id(u64::MAX),
                     dp: 1,
                     endpoint: Endpoint {
                         endpoint: "tcp://127.0.0.1:5557".into(),
@@ -296,7 +321,7 @@ mod tests {
                     last_seq: Some(42),
                 }],
                 workers: vec![WorkerBlocks {
-                    instance: 7,
+                    instance: InstanceKey::Name("vllm-1".into()),
                     dp: 1,
                     blocks: (0..blocks as u64)
                         .map(|i| SeedBlock {
@@ -329,6 +354,35 @@ mod tests {
         let mut v2 = img.clone();
         v2[8] = 9;
         assert!(decode(&v2).unwrap_err().contains("version"));
+    }
+
+    #[test]
+    fn version_1_images_still_read_with_integer_instances() {
+        // Version 1: one index "m"/"t", block size 4, one listener of instance 9 (dp 0,
+        // no replay, no last sequence, no publisher), no worker.
+        let mut body = Vec::new();
+        body.extend_from_slice(&1u32.to_le_bytes());
+        for s in ["m", "t"] {
+            body.extend_from_slice(&(s.len() as u32).to_le_bytes());
+            body.extend_from_slice(s.as_bytes());
+        }
+        body.extend_from_slice(&4u32.to_le_bytes());
+        body.extend_from_slice(&1u32.to_le_bytes());
+        body.extend_from_slice(&9u64.to_le_bytes());
+        body.extend_from_slice(&0u32.to_le_bytes());
+        let ep = "tcp://h:1";
+        body.extend_from_slice(&(ep.len() as u32).to_le_bytes());
+        body.extend_from_slice(ep.as_bytes());
+        body.extend_from_slice(&[0, 0, 0]);
+        body.extend_from_slice(&0u32.to_le_bytes());
+        let mut img = MAGIC.to_vec();
+        img.extend_from_slice(&1u32.to_le_bytes());
+        img.extend_from_slice(&(body.len() as u64).to_le_bytes());
+        img.extend_from_slice(&xxh3_64(&body).to_le_bytes());
+        img.extend_from_slice(&body);
+        let s = decode(&img).unwrap();
+        assert_eq!(s.indexes[0].listeners[0].instance, InstanceKey::Id(9));
+        assert_eq!(s.indexes[0].listeners[0].endpoint.endpoint, ep);
     }
 
     #[test]

@@ -5,18 +5,10 @@
 //! back to the `endpoints` map (dp rank → endpoint) both indexers print. Never
 //! registers anything itself.
 
-use crate::registry::Endpoint;
-use crate::types::{DpRank, InstanceId};
+use crate::registry::{Endpoint, InstanceKey};
+use crate::types::DpRank;
 use serde::Deserialize;
 use std::collections::BTreeMap;
-
-/// An instance as the peer prints it: an integer id, or a name (Mooncake's string
-/// ids, and kvix's ids from 2^63 up).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum InstanceName {
-    Id(InstanceId),
-    Name(String),
-}
 
 /// One listener to start.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -24,7 +16,7 @@ pub struct Adopted {
     pub model: String,
     pub tenant: String,
     pub block_size: u32,
-    pub instance: InstanceName,
+    pub instance: InstanceKey,
     pub dp: DpRank,
     pub endpoint: Endpoint,
 }
@@ -64,13 +56,11 @@ pub fn parse(body: &[u8]) -> Result<Vec<Adopted>, String> {
         serde_json::from_slice(body).map_err(|e| format!("malformed /workers: {e}"))?;
     let mut out = Vec::new();
     for w in raw {
+        // Earlier kvix printed integer ids from 2^63 up as strings of digits: those
+        // parse back as the integers they are.
         let instance = match w.instance_id {
-            RawInstance::Int(i) if i < 1 << 63 => InstanceName::Id(i),
-            RawInstance::Int(i) => InstanceName::Name(i.to_string()),
-            RawInstance::Name(n) => match n.parse::<u64>() {
-                Ok(i) if i < 1 << 63 => InstanceName::Id(i),
-                _ => InstanceName::Name(n),
-            },
+            RawInstance::Int(i) => InstanceKey::Id(i),
+            RawInstance::Name(n) => InstanceKey::parse(&n),
         };
         let tenant = w
             .tenant_id
@@ -128,13 +118,13 @@ mod tests {
         ]"#;
         let got = parse(body).unwrap();
         assert_eq!(got.len(), 3);
-        assert_eq!(got[0].instance, InstanceName::Id(7));
+        assert_eq!(got[0].instance, InstanceKey::Id(7));
         assert_eq!(
             got[0].endpoint.replay_endpoint.as_deref(),
             Some("tcp://a:2")
         );
         assert_eq!(got[1].endpoint.publisher.as_deref(), Some("Mooncake"));
-        assert_eq!(got[2].instance, InstanceName::Name("vllm-1".into()));
+        assert_eq!(got[2].instance, InstanceKey::Name("vllm-1".into()));
         assert_eq!((got[2].tenant.as_str(), got[2].dp), ("default", 1));
     }
 

@@ -99,14 +99,17 @@ impl Server {
         }
         s.base = format!("http://127.0.0.1:{}", s.port);
         while Instant::now() < deadline {
-            if let Ok(r) = s.agent.get(format!("{}/health", s.base)).call()
-                && r.status() == 200
+            // One core answering `/health` is not every core serving: data routes
+            // answer 503 while the service is still starting.
+            if let Ok(mut r) = s.agent.get(format!("{}/ready", s.base)).call()
+                && let Ok(text) = r.body_mut().read_to_string()
+                && !text.contains("starting")
             {
                 return s;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        panic!("kvix did not become healthy; log:\n{}", s.log());
+        panic!("kvix did not start serving; log:\n{}", s.log());
     }
 
     pub fn pid(&self) -> u32 {
