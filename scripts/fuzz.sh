@@ -4,24 +4,32 @@
 # other, prints how many inputs each executed, and fails if any target finds a crash
 # (the input is then in tests/fuzz/artifacts/<target>/; logs are beside it).
 #
-# Usage: scripts/fuzz.sh [SECONDS_PER_TARGET]   (default 60)
-#        scripts/fuzz.sh --ci                    (20 s per target)
+# Usage: scripts/fuzz.sh [SECONDS_PER_TARGET | --ci] [TARGET...]
+#   SECONDS_PER_TARGET defaults to 60, --ci is 20; no TARGET means every target.
+#   FUZZ_ARGS adds libFuzzer flags, e.g. FUZZ_ARGS=-runs=10000000 with a long time.
 # Runs on the stable toolchain: sanitizer flags are unstable, hence RUSTC_BOOTSTRAP=1.
 # Set CARGO_BUILD_JOBS to share the machine while the targets build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 TARGETS=(decode workers_flag dump_import snapshot_load)
+usage() {
+    echo "usage: $0 [SECONDS_PER_TARGET | --ci] [TARGET...]; targets: ${TARGETS[*]}" >&2
+    exit 2
+}
 secs=60
 case "${1:-}" in
-    "") ;;
-    --ci) secs=20 ;;
-    *[!0-9]* | 0)
-        echo "usage: $0 [SECONDS_PER_TARGET | --ci]" >&2
-        exit 2
-        ;;
-    *) secs=$1 ;;
+    --ci) secs=20 && shift ;;
+    "" | *[!0-9]*) ;; # targets, checked below
+    [1-9]*) secs=$1 && shift ;;
+    *) usage ;;
 esac
+if [ "$#" -gt 0 ]; then
+    for t in "$@"; do
+        [[ " ${TARGETS[*]} " == *" $t "* ]] || usage
+    done
+    TARGETS=("$@")
+fi
 
 export RUSTC_BOOTSTRAP=1
 if ! cargo fuzz --version >/dev/null 2>&1; then
@@ -40,6 +48,8 @@ for t in "${TARGETS[@]}"; do
     args=(-max_total_time="$secs" -print_final_stats=1
         # A slow input is a finding too; libFuzzer's default would never fire here.
         -timeout=10)
+    # shellcheck disable=SC2206 # FUZZ_ARGS is a list of flags
+    args+=(${FUZZ_ARGS:-})
     if [ -f "tests/fuzz/dicts/$t.dict" ]; then
         args+=(-dict="tests/fuzz/dicts/$t.dict")
     fi
