@@ -1,0 +1,26 @@
+//! `kvix::recovery::dump::parse` (the importer of a peer's `/dump`) on arbitrary
+//! bytes: Ok or Err, never a panic, and an accepted dump keeps the invariants the
+//! seeding path relies on. Run with `dicts/dump_import.dict` to get past the JSON.
+#![no_main]
+
+use kvix::recovery::dump;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(state) = dump::parse(data) else {
+        return;
+    };
+    for ix in &state.indexes {
+        assert!(ix.block_size > 0);
+        // The key splits at its last ':', so a tenant never holds one.
+        assert!(!ix.tenant.contains(':'), "{:?}", ix.tenant);
+        // A dump carries blocks, not registrations.
+        assert!(ix.listeners.is_empty());
+        // One entry per (instance, dp rank), in order.
+        assert!(
+            ix.workers
+                .windows(2)
+                .all(|w| (w[0].instance, w[0].dp) < (w[1].instance, w[1].dp))
+        );
+    }
+});
