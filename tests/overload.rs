@@ -43,9 +43,10 @@ fn overload_is_bounded_counted_and_replayed() {
         "256",
     ]);
     let mut engines: Vec<Engine> = (0..2).map(|_| Engine::start(&ctx)).collect();
-    for (i, e) in engines.iter().enumerate() {
+    for (i, e) in engines.iter_mut().enumerate() {
         // Like an engine's PUB under pressure: a bounded send queue that drops.
         e.publisher.sock.set_sndhwm(200).unwrap();
+        e.keep = 100_000;
         s.post_ok(
             "/register",
             &json!({"instance_id": i + 1, "endpoint": e.endpoint(), "replay_endpoint": e.replay_endpoint,
@@ -93,11 +94,13 @@ fn overload_is_bounded_counted_and_replayed() {
     // then the removal of an earlier chain.
     let mut chains: Vec<BTreeMap<u64, Vec<u32>>> = vec![BTreeMap::new(); 2];
     let mut next_id = 0u64;
+    // Each engine holds at most this many chains: the oldest is removed first.
+    let max_live = 2000;
     let mut publish = |engines: &mut Vec<Engine>, chains: &mut Vec<BTreeMap<u64, Vec<u32>>>| {
         for (i, e) in engines.iter_mut().enumerate() {
             next_id += 1;
             let id = next_id;
-            if id.is_multiple_of(7)
+            if chains[i].len() >= max_live
                 && let Some((&old, _)) = chains[i].iter().next()
             {
                 chains[i].remove(&old);

@@ -497,6 +497,8 @@ pub struct Engine {
     buffer: ReplayBuffer,
     next_seq: u64,
     pub drop: HashSet<u64>,
+    /// Batches the replay buffer keeps at least (it holds up to twice as many).
+    pub keep: usize,
     /// Milliseconds the ROUTER waits before answering (lets live frames pile up).
     pub replay_delay_ms: Arc<AtomicU64>,
     pub replay_requests: Arc<AtomicU64>,
@@ -559,6 +561,7 @@ impl Engine {
             buffer,
             next_seq: 0,
             drop: HashSet::new(),
+            keep: usize::MAX / 2,
             replay_delay_ms: delay,
             replay_requests: requests,
             stop,
@@ -574,7 +577,14 @@ impl Engine {
     pub fn publish(&mut self, payload: &[u8]) -> u64 {
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.buffer.lock().unwrap().push((seq, payload.to_vec()));
+        {
+            // Like vLLM's replay buffer: only the most recent batches are kept.
+            let mut b = self.buffer.lock().unwrap();
+            if b.len() >= 2 * self.keep {
+                b.drain(..self.keep);
+            }
+            b.push((seq, payload.to_vec()));
+        }
         if !self.drop.contains(&seq) {
             self.publisher.send_seq(seq, payload);
         }
