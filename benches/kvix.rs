@@ -148,7 +148,7 @@ fn bench_apply(c: &mut Criterion) {
                     index: IndexId(0),
                     seq: q,
                     slot: WorkerSlot(1),
-                    tiers: 0xff,
+                    tiers: kvix::types::TierSet::ALL,
                 });
             }
         })

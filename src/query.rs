@@ -15,7 +15,7 @@
 use crate::partition::shard_of;
 use crate::shard::Shard;
 use crate::shard::holders::Holder;
-use crate::types::{IndexId, SeqHash, Tier, WorkerSlot};
+use crate::types::{IndexId, SeqHash, Tier, TierSet, WorkerSlot};
 
 /// What one shard answers for its part of a query.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -50,10 +50,10 @@ pub fn answer(shard: &Shard, index: IndexId, seqs: &[SeqHash]) -> ShardReply {
 }
 
 /// Cumulative tier sets scored per slot.
-pub const TIER_SETS: [u8; 3] = [
+pub const TIER_SETS: [TierSet; 3] = [
     Tier::DEVICE.bit(),
-    Tier::DEVICE.bit() | Tier::HOST.bit(),
-    0xff,
+    TierSet(Tier::DEVICE.bit().0 | Tier::HOST.bit().0),
+    TierSet::ALL,
 ];
 
 /// The overlap of one query with every slot of one index.
@@ -96,7 +96,7 @@ pub fn gather(
             }
             let m = &mut out.matched[slot.0 as usize];
             for (k, set) in TIER_SETS.iter().enumerate() {
-                if h.tiers() & set != 0 && m[k] == depth {
+                if !(h.tiers() & *set).is_empty() && m[k] == depth {
                     m[k] = depth + 1;
                     advanced = true;
                     if k == 0 {
@@ -167,7 +167,7 @@ pub fn conductor(
     instances: usize,
 ) -> Vec<InstanceOverlap> {
     let mut out = vec![InstanceOverlap::default(); instances];
-    let mut mask = vec![0u8; instances];
+    let mut mask = vec![TierSet::NONE; instances];
     let mut device = vec![0u32; instance_of.len()];
     for (depth, holders) in Blocks::new(seqs, replies).enumerate() {
         let depth = depth as u32;
@@ -182,15 +182,15 @@ pub fn conductor(
         }
         let mut advanced = false;
         for (i, m) in mask.iter_mut().enumerate() {
-            if *m == 0 {
+            if m.is_empty() {
                 continue;
             }
             advanced = true;
             out[i].longest += 1;
-            for (t, c) in out[i].per_tier.iter_mut().enumerate() {
-                *c += u32::from(*m & (1 << t) != 0);
+            for t in m.iter() {
+                out[i].per_tier[t.0 as usize] += 1;
             }
-            *m = 0;
+            *m = TierSet::NONE;
         }
         for &h in holders {
             let h = Holder(h);
@@ -239,9 +239,10 @@ pub fn weighted(
             if s >= slots || len[s] != depth as u32 || !live(slot) {
                 continue;
             }
-            let best = (0..Tier::COUNT)
-                .filter(|t| h.tiers() & (1 << t) != 0)
-                .map(|t| weights[t])
+            let best = h
+                .tiers()
+                .iter()
+                .map(|t| weights[t.0 as usize])
                 .fold(0f32, f32::max);
             if best > 0.0 {
                 len[s] += 1;
@@ -279,7 +280,7 @@ pub fn normalize(scores: &[f32]) -> Vec<f32> {
 mod tests {
     use super::*;
 
-    fn h(slot: u32, tiers: u8) -> u32 {
+    fn h(slot: u32, tiers: TierSet) -> u32 {
         Holder::new(WorkerSlot(slot), tiers).0
     }
 
@@ -315,7 +316,7 @@ mod tests {
     fn dead_slots_are_ignored() {
         let seqs = [SeqHash(1)];
         let reply = ShardReply {
-            holders: vec![1, h(0, 1)],
+            holders: vec![1, h(0, Tier::DEVICE.bit())],
             per_slot: vec![1],
         };
         let o = gather(&seqs, &[reply], 1, |_| false);

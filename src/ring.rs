@@ -200,7 +200,7 @@ mod tests {
             index: IndexId(0),
             seq: SeqHash(seq),
             slot: WorkerSlot(0),
-            tiers: 1,
+            tiers: crate::types::TierSet(1),
         }
     }
 

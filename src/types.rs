@@ -88,8 +88,60 @@ impl Tier {
             .map(|&(_, t)| t)
     }
 
-    pub const fn bit(self) -> u8 {
-        1 << self.0
+    /// The set holding just this tier.
+    pub const fn bit(self) -> TierSet {
+        TierSet(1 << self.0)
+    }
+}
+
+/// A set of tiers, one bit per [`Tier`]: where a holder keeps a block, or which tiers
+/// a removal or clear applies to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(transparent)]
+pub struct TierSet(pub u8);
+
+impl TierSet {
+    pub const NONE: TierSet = TierSet(0);
+    pub const ALL: TierSet = TierSet(0xff);
+
+    pub const fn contains(self, t: Tier) -> bool {
+        self.0 & (1 << t.0) != 0
+    }
+
+    pub const fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The tiers of `self` not in `other`.
+    pub const fn without(self, other: TierSet) -> TierSet {
+        TierSet(self.0 & !other.0)
+    }
+
+    /// The tiers in the set, lowest first.
+    pub fn iter(self) -> impl Iterator<Item = Tier> {
+        (0..Tier::COUNT as u8)
+            .filter(move |t| self.0 >> t & 1 == 1)
+            .map(Tier)
+    }
+}
+
+impl std::ops::BitOr for TierSet {
+    type Output = TierSet;
+    fn bitor(self, o: TierSet) -> TierSet {
+        TierSet(self.0 | o.0)
+    }
+}
+
+impl std::ops::BitOrAssign for TierSet {
+    fn bitor_assign(&mut self, o: TierSet) {
+        self.0 |= o.0;
+    }
+}
+
+impl std::ops::BitAnd for TierSet {
+    type Output = TierSet;
+    fn bitand(self, o: TierSet) -> TierSet {
+        TierSet(self.0 & o.0)
     }
 }
 

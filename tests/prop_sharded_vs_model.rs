@@ -94,8 +94,10 @@ impl Model {
         for (k, set) in query::TIER_SETS.iter().enumerate() {
             for depth in 1..=q.len() / BS {
                 let prefix = &q[..depth * BS];
-                let hit = held
-                    .is_some_and(|m| m.values().any(|(p, tiers)| p == prefix && tiers & set != 0));
+                let hit = held.is_some_and(|m| {
+                    m.values()
+                        .any(|(p, tiers)| p == prefix && (*tiers & set.0) != 0)
+                });
                 if !hit {
                     break;
                 }

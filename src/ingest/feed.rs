@@ -12,7 +12,9 @@ use crate::hash;
 use crate::registry::{ListenerOpts, Registry, RegistryError};
 use crate::ring::OpSink;
 use crate::shard::ShardOp;
-use crate::types::{BlockHash, DpRank, EngineHash, IndexId, InstanceId, SeqHash, Tier, WorkerSlot};
+use crate::types::{
+    BlockHash, DpRank, EngineHash, IndexId, InstanceId, SeqHash, Tier, TierSet, WorkerSlot,
+};
 use crate::wire::{Batch, Dialect, Event, EventOp, HashKind};
 use hashbrown::HashMap;
 use std::sync::Arc;
@@ -52,21 +54,21 @@ impl FeedStats {
 struct EngineMap {
     seqs: HashMap<EngineHash, SeqHash>,
     /// Tier bits of blocks whose tiers are not exactly {device}.
-    tiers: HashMap<EngineHash, u8>,
+    tiers: HashMap<EngineHash, TierSet>,
 }
 
-const DEVICE_ONLY: u8 = Tier::DEVICE.bit();
+const DEVICE_ONLY: TierSet = Tier::DEVICE.bit();
 
 impl EngineMap {
     fn get(&self, eh: &EngineHash) -> Option<SeqHash> {
         self.seqs.get(eh).copied()
     }
 
-    fn tiers_of(&self, eh: &EngineHash) -> u8 {
+    fn tiers_of(&self, eh: &EngineHash) -> TierSet {
         self.tiers.get(eh).copied().unwrap_or(DEVICE_ONLY)
     }
 
-    fn set_tiers(&mut self, eh: EngineHash, bits: u8) {
+    fn set_tiers(&mut self, eh: EngineHash, bits: TierSet) {
         if bits == DEVICE_ONLY {
             self.tiers.remove(&eh);
         } else {
@@ -76,7 +78,7 @@ impl EngineMap {
 
     /// Record `eh` → `seq` on `bits`. If the engine reused `eh` for other
     /// content, returns the old block and its tiers for the caller to remove.
-    fn add(&mut self, eh: EngineHash, seq: SeqHash, bits: u8) -> Option<(SeqHash, u8)> {
+    fn add(&mut self, eh: EngineHash, seq: SeqHash, bits: TierSet) -> Option<(SeqHash, TierSet)> {
         match self.seqs.insert(eh, seq) {
             None => {
                 self.set_tiers(eh, bits);
@@ -96,10 +98,10 @@ impl EngineMap {
     }
 
     /// Drop `bits` from `eh`; forgets it once no tier is left. Returns its block if known.
-    fn remove(&mut self, eh: &EngineHash, bits: u8) -> Option<SeqHash> {
+    fn remove(&mut self, eh: &EngineHash, bits: TierSet) -> Option<SeqHash> {
         let seq = self.get(eh)?;
-        let left = self.tiers_of(eh) & !bits;
-        if left == 0 {
+        let left = self.tiers_of(eh).without(bits);
+        if left.is_empty() {
             self.seqs.remove(eh);
             self.tiers.remove(eh);
             self.shrink_if_sparse();
@@ -110,16 +112,16 @@ impl EngineMap {
     }
 
     /// Drop `bits` from every block (a clear scoped to some tiers).
-    fn clear_tiers(&mut self, bits: u8) {
-        if bits == 0xff {
+    fn clear_tiers(&mut self, bits: TierSet) {
+        if bits == TierSet::ALL {
             *self = EngineMap::default();
             return;
         }
         let tiers = &mut self.tiers;
         self.seqs.retain(|eh, _| {
-            let left = tiers.get(eh).copied().unwrap_or(DEVICE_ONLY) & !bits;
+            let left = tiers.get(eh).copied().unwrap_or(DEVICE_ONLY).without(bits);
             match left {
-                0 => {
+                TierSet::NONE => {
                     tiers.remove(eh);
                     false
                 }
@@ -174,12 +176,16 @@ pub struct WorkerFeed {
 
 /// Tier bits of a Mooncake Store object from its replica types; the store is a
 /// host pool, so untyped replicas are host memory.
-fn replica_tiers(ev: &Event<'_>, registry: &Registry) -> u8 {
-    let mut bits = 0;
+fn replica_tiers(ev: &Event<'_>, registry: &Registry) -> TierSet {
+    let mut bits = TierSet::NONE;
     for r in ev.replicas.iter() {
         bits |= registry.tier_for(Some(r.kind.unwrap_or("memory"))).bit();
     }
-    if bits == 0 { Tier::HOST.bit() } else { bits }
+    if bits.is_empty() {
+        Tier::HOST.bit()
+    } else {
+        bits
+    }
 }
 
 impl WorkerFeed {
@@ -355,7 +361,7 @@ impl WorkerFeed {
     }
 
     /// Tier bits an event applies to.
-    fn tiers_of(ev: &Event<'_>, registry: &Registry) -> u8 {
+    fn tiers_of(ev: &Event<'_>, registry: &Registry) -> TierSet {
         match (ev.medium, ev.dialect) {
             (None, Dialect::MooncakeLegacy) => replica_tiers(ev, registry),
             (m, _) => registry.tier_for(m).bit(),
@@ -410,7 +416,7 @@ impl WorkerFeed {
             let mut parent = ev.parent.map(|p| SeqHash(p.0));
             for h in ev.hashes {
                 let seq = SeqHash(h.0);
-                for t in bits(tiers) {
+                for t in tiers.iter() {
                     sink.push(ShardOp::Store {
                         index,
                         seq,
@@ -484,7 +490,7 @@ impl WorkerFeed {
                     tiers: old_tiers,
                 });
             }
-            for t in bits(tiers) {
+            for t in tiers.iter() {
                 sink.push(ShardOp::Store {
                     index,
                     seq,
@@ -531,7 +537,7 @@ impl WorkerFeed {
         let tiers = match (ev.medium, ev.dialect) {
             (Some(m), _) => registry.tier_for(Some(m)).bit(),
             (None, Dialect::MooncakeLegacy) => Tier::HOST.bit() | Tier::DISK.bit(),
-            (None, _) => 0xff,
+            (None, _) => TierSet::ALL,
         };
         let sf = &mut self.slots[i];
         sink.broadcast(ShardOp::ClearSlot {
@@ -549,13 +555,6 @@ fn shrink_if_sparse<K: Eq + std::hash::Hash, V>(m: &mut HashMap<K, V>) {
     if cap > 4096 && m.len() < cap / 4 {
         m.shrink_to(m.len() * 2);
     }
-}
-
-/// Each tier whose bit is set in `mask`.
-fn bits(mask: u8) -> impl Iterator<Item = Tier> {
-    (0..Tier::COUNT as u8)
-        .filter(move |t| mask & (1 << t) != 0)
-        .map(Tier)
 }
 
 /// The hash namespace of a legacy integer LoRA id (vLLM's `lora_id`, Mooncake's
@@ -609,9 +608,9 @@ impl WorkerFeed {
             sink.broadcast(ShardOp::ClearSlot {
                 index,
                 slot,
-                tiers: 0xff,
+                tiers: TierSet::ALL,
             });
-            sf.blocks.clear_tiers(0xff);
+            sf.blocks.clear_tiers(TierSet::ALL);
         }
         let mut skipped = 0;
         for b in blocks {

@@ -516,7 +516,7 @@ impl IngestThread {
                     self.sink.broadcast(ShardOp::ClearSlot {
                         index,
                         slot,
-                        tiers: 0xff,
+                        tiers: crate::types::TierSet::ALL,
                     });
                 }
                 self.sink.flush();

@@ -5,24 +5,24 @@
 //! per-shard slab (`HolderSlab`) of power-of-two chunks recycled through free
 //! lists, so steady-state churn allocates nothing. Never shared across shards.
 
-use crate::types::{Tier, WorkerSlot};
+use crate::types::{Tier, TierSet, WorkerSlot};
 
 /// Packed (slot, tier mask).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct Holder(pub u32);
 
 impl Holder {
-    pub fn new(slot: WorkerSlot, tiers: u8) -> Self {
-        Holder((slot.0 << 8) | tiers as u32)
+    pub fn new(slot: WorkerSlot, tiers: TierSet) -> Self {
+        Holder((slot.0 << 8) | tiers.0 as u32)
     }
     pub fn slot(self) -> WorkerSlot {
         WorkerSlot(self.0 >> 8)
     }
-    pub fn tiers(self) -> u8 {
-        self.0 as u8
+    pub fn tiers(self) -> TierSet {
+        TierSet(self.0 as u8)
     }
     pub fn has(self, tier: Tier) -> bool {
-        self.tiers() & tier.bit() != 0
+        self.tiers().contains(tier)
     }
 }
 
@@ -116,13 +116,13 @@ impl HolderSet {
 
     /// Add `tier` for `slot`. Returns the slot's tier bits before (0: it was not a
     /// holder).
-    pub fn add(&mut self, slot: WorkerSlot, tier: Tier, slab: &mut HolderSlab) -> u8 {
-        let bit = tier.bit() as u32;
+    pub fn add(&mut self, slot: WorkerSlot, tier: Tier, slab: &mut HolderSlab) -> TierSet {
+        let bit = tier.bit().0 as u32;
         let key = slot.0;
         if self.w[0] != SPILLED {
             for h in self.w.iter_mut() {
                 if *h != EMPTY && *h >> 8 == key {
-                    let before = *h as u8;
+                    let before = TierSet(*h as u8);
                     *h |= bit;
                     return before;
                 }
@@ -130,11 +130,11 @@ impl HolderSet {
             let new = Holder::new(slot, tier.bit()).0;
             if self.w[0] == EMPTY {
                 self.w[0] = new;
-                return 0;
+                return TierSet::NONE;
             }
             if self.w[1] == EMPTY {
                 self.w[1] = new;
-                return 0;
+                return TierSet::NONE;
             }
             // Spill: move both inline holders plus the new one into a slab chunk.
             let off = slab.alloc(MIN_CLASS);
@@ -145,14 +145,14 @@ impl HolderSet {
             slab.words[base + 3] = new;
             self.w[0] = SPILLED;
             self.w[1] = off;
-            return 0;
+            return TierSet::NONE;
         }
         let off = self.w[1] as usize;
         let hdr = slab.words[off];
         let len = (hdr & 0xff_ffff) as usize;
         for h in &mut slab.words[off + 1..off + 1 + len] {
             if *h >> 8 == key {
-                let before = *h as u8;
+                let before = TierSet(*h as u8);
                 *h |= bit;
                 return before;
             }
@@ -162,7 +162,7 @@ impl HolderSet {
         if len < (1usize << class) {
             slab.words[off + 1 + len] = new;
             slab.words[off] = hdr + 1;
-            return 0;
+            return TierSet::NONE;
         }
         let noff = slab.alloc(class + 1) as usize;
         slab.words.copy_within(off + 1..off + 1 + len, noff + 1);
@@ -170,16 +170,22 @@ impl HolderSet {
         slab.words[noff] = ((class + 1) << 24) | (len as u32 + 1);
         slab.release(off as u32);
         self.w[1] = noff as u32;
-        0
+        TierSet::NONE
     }
 
     /// Remove the tiers of `tier_mask` from `slot`. Returns the tier bits that were
     /// removed and whether the slot is no longer a holder.
-    pub fn remove(&mut self, slot: WorkerSlot, tier_mask: u8, slab: &mut HolderSlab) -> (u8, bool) {
+    pub fn remove(
+        &mut self,
+        slot: WorkerSlot,
+        tiers: TierSet,
+        slab: &mut HolderSlab,
+    ) -> (TierSet, bool) {
         let key = slot.0;
+        let tier_mask = tiers.0;
         if self.w[0] != SPILLED {
             if self.w[0] != EMPTY && self.w[0] >> 8 == key {
-                let removed = self.w[0] as u8 & tier_mask;
+                let removed = TierSet(self.w[0] as u8 & tier_mask);
                 self.w[0] &= !(tier_mask as u32);
                 if self.w[0] & 0xff == 0 {
                     self.w[0] = self.w[1];
@@ -188,7 +194,7 @@ impl HolderSet {
                 }
                 return (removed, false);
             } else if self.w[1] != EMPTY && self.w[1] >> 8 == key {
-                let removed = self.w[1] as u8 & tier_mask;
+                let removed = TierSet(self.w[1] as u8 & tier_mask);
                 self.w[1] &= !(tier_mask as u32);
                 if self.w[1] & 0xff == 0 {
                     self.w[1] = EMPTY;
@@ -196,7 +202,7 @@ impl HolderSet {
                 }
                 return (removed, false);
             }
-            return (0, false);
+            return (TierSet::NONE, false);
         }
         let off = self.w[1] as usize;
         let hdr = slab.words[off];
@@ -205,10 +211,10 @@ impl HolderSet {
             .iter()
             .position(|h| h >> 8 == key)
         else {
-            return (0, false);
+            return (TierSet::NONE, false);
         };
         let h = &mut slab.words[off + 1 + pos];
-        let removed = *h as u8 & tier_mask;
+        let removed = TierSet(*h as u8 & tier_mask);
         *h &= !(tier_mask as u32);
         if *h & 0xff != 0 {
             return (removed, false);

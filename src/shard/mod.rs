@@ -8,7 +8,7 @@
 
 pub mod holders;
 
-use crate::types::{BlockHash, IndexId, SeqHash, Tier, WorkerSlot};
+use crate::types::{BlockHash, IndexId, SeqHash, Tier, TierSet, WorkerSlot};
 use hashbrown::HashMap;
 use holders::{Holder, HolderSet, HolderSlab};
 use std::hash::{BuildHasher, Hasher};
@@ -30,13 +30,13 @@ pub enum ShardOp {
         index: IndexId,
         seq: SeqHash,
         slot: WorkerSlot,
-        tiers: u8,
+        tiers: TierSet,
     },
     /// `slot` holds nothing any more on the tiers in `tiers` (AllBlocksCleared, unregister).
     ClearSlot {
         index: IndexId,
         slot: WorkerSlot,
-        tiers: u8,
+        tiers: TierSet,
     },
 }
 
@@ -174,10 +174,10 @@ impl Shard {
                     holders: HolderSet::default(),
                 });
                 let before = node.holders.add(slot, tier, &mut ix.slab);
-                if before == 0 {
+                if before.is_empty() {
                     ix.count(slot, 1);
                 }
-                if before & tier.bit() == 0 {
+                if !before.contains(tier) {
                     self.tier_pairs[tier.0 as usize] += 1;
                 }
             }
@@ -212,8 +212,8 @@ impl Shard {
                 let mut per_tier = [0u64; Tier::COUNT];
                 blocks.retain(|_, node| {
                     let (bits, gone) = node.holders.remove(slot, tiers, slab);
-                    for (t, n) in per_tier.iter_mut().enumerate() {
-                        *n += u64::from(bits >> t & 1);
+                    for t in bits.iter() {
+                        per_tier[t.0 as usize] += 1;
                     }
                     if gone {
                         removed += 1;
@@ -306,12 +306,10 @@ impl Shard {
     }
 }
 
-/// Take `mult` off the tier counters of every bit in `bits`.
-fn uncount(pairs: &mut [u64; Tier::COUNT], bits: u8, mult: u64) {
-    for (t, n) in pairs.iter_mut().enumerate() {
-        if bits >> t & 1 == 1 {
-            *n -= mult;
-        }
+/// Take `mult` off the tier counters of every tier in `tiers`.
+fn uncount(pairs: &mut [u64; Tier::COUNT], tiers: TierSet, mult: u64) {
+    for t in tiers.iter() {
+        pairs[t.0 as usize] -= mult;
     }
 }
 
@@ -363,7 +361,7 @@ mod tests {
                 index: IndexId(0),
                 seq: SeqHash(7),
                 slot: WorkerSlot(slot),
-                tiers: 0xff,
+                tiers: TierSet::ALL,
             });
         }
         let left: Vec<u32> = holders(&s, 7).iter().map(|h| Holder(*h).slot().0).collect();
@@ -373,7 +371,7 @@ mod tests {
                 index: IndexId(0),
                 seq: SeqHash(7),
                 slot: WorkerSlot(slot),
-                tiers: 0xff,
+                tiers: TierSet::ALL,
             });
         }
         assert!(s.index(IndexId(0)).unwrap().is_empty());
@@ -416,7 +414,7 @@ mod tests {
         s.apply(ShardOp::ClearSlot {
             index: IndexId(0),
             slot: WorkerSlot(2),
-            tiers: 0xff,
+            tiers: TierSet::ALL,
         });
         assert_eq!(s.index(IndexId(0)).unwrap().slab.capacity_bytes(), 0);
         for seq in 0..n {
@@ -443,7 +441,7 @@ mod tests {
         s.apply(ShardOp::ClearSlot {
             index: IndexId(0),
             slot: WorkerSlot(2),
-            tiers: 0xff,
+            tiers: TierSet::ALL,
         });
         for seq in 0..100 {
             let slots: Vec<u32> = holders(&s, seq)
@@ -473,12 +471,12 @@ mod tests {
                     index: IndexId(0),
                     seq: SeqHash(seq),
                     slot: WorkerSlot(slot),
-                    tiers: [tier.bit(), 0xff][next(2) as usize],
+                    tiers: [tier.bit(), TierSet::ALL][next(2) as usize],
                 },
                 _ => ShardOp::ClearSlot {
                     index: IndexId(0),
                     slot: WorkerSlot(slot),
-                    tiers: [tier.bit(), 0xff][next(2) as usize],
+                    tiers: [tier.bit(), TierSet::ALL][next(2) as usize],
                 },
             };
             s.apply(op);
