@@ -23,11 +23,17 @@ use std::sync::Arc;
 pub struct IndexExport {
     pub info: Arc<IndexInfo>,
     blocks: Vec<DumpedBlock>,
-    /// Engine hashes by (slot, sequence hash), sorted for binary search.
-    engine: Vec<(WorkerSlot, SeqHash, EngineHash)>,
-    /// Positions in `blocks` of the exported pairs: grouped by slot (ascending),
-    /// parents before children within a slot.
-    order: Vec<u32>,
+    /// The exported pairs, grouped by slot (ascending), parents before children
+    /// within a slot, each already named (so rendering does no lookups).
+    order: Vec<Named>,
+}
+
+/// One exported pair: its position in `blocks` and how the worker names the block
+/// and its parent.
+struct Named {
+    at: u32,
+    block: EngineHash,
+    parent: Option<EngineHash>,
 }
 
 /// Every index's export plus the engine streams' last sequence numbers.
@@ -114,21 +120,20 @@ impl IndexExport {
         mut engine: Vec<(WorkerSlot, SeqHash, EngineHash)>,
     ) -> Self {
         engine.sort_unstable_by_key(|e| (e.0, e.1));
-        let mut ix = IndexExport {
-            info,
-            blocks,
-            engine,
-            order: Vec::new(),
+        let engine_of = |slot: WorkerSlot, seq: SeqHash| {
+            engine
+                .binary_search_by_key(&(slot, seq), |e| (e.0, e.1))
+                .ok()
+                .map(|i| engine[i].2)
         };
-        let (seqs, depth) = depths(&ix.blocks);
-        let mut keyed: Vec<(u32, u32, u32)> = ix
-            .blocks
+        let (seqs, depth) = depths(&blocks);
+        let mut keyed: Vec<(u32, u32, u32)> = blocks
             .iter()
             .enumerate()
             .filter(|(_, b)| {
                 let slot = b.holder.slot();
-                ix.info.slots.get(slot.0 as usize).is_some_and(|s| s.live)
-                    && (b.local.0 == 0 || ix.engine_of(slot, b.seq).is_some())
+                info.slots.get(slot.0 as usize).is_some_and(|s| s.live)
+                    && (b.local.0 == 0 || engine_of(slot, b.seq).is_some())
             })
             .map(|(i, b)| {
                 let d = seqs.binary_search(&b.seq).map(|k| depth[k]).unwrap_or(0);
@@ -137,15 +142,24 @@ impl IndexExport {
             .collect();
         drop((seqs, depth));
         keyed.sort_unstable();
-        ix.order = keyed.into_iter().map(|k| k.2).collect();
-        ix
-    }
-
-    fn engine_of(&self, slot: WorkerSlot, seq: SeqHash) -> Option<EngineHash> {
-        self.engine
-            .binary_search_by_key(&(slot, seq), |e| (e.0, e.1))
-            .ok()
-            .map(|i| self.engine[i].2)
+        let order = keyed
+            .into_iter()
+            .map(|(_, _, at)| {
+                let b = &blocks[at as usize];
+                let slot = b.holder.slot();
+                let name = |seq: SeqHash| engine_of(slot, seq).unwrap_or(EngineHash(seq.0));
+                Named {
+                    at,
+                    block: name(b.seq),
+                    parent: b.parent.map(name),
+                }
+            })
+            .collect();
+        IndexExport {
+            info,
+            blocks,
+            order,
+        }
     }
 
     /// Exported (block, holder) pairs.
@@ -161,14 +175,14 @@ impl IndexExport {
     /// it is held on, appended to `out`. Block and parent are named by the worker's
     /// engine hashes where known, else by sequence hashes.
     pub fn pair(&self, k: usize, out: &mut Vec<SeedBlock>) -> (WorkerSlot, InstanceId, DpRank) {
-        let b = &self.blocks[self.order[k] as usize];
+        let n = &self.order[k];
+        let b = &self.blocks[n.at as usize];
         let slot = b.holder.slot();
-        let name = |seq: SeqHash| self.engine_of(slot, seq).unwrap_or(EngineHash(seq.0));
         for t in 0..Tier::COUNT as u8 {
             if b.holder.has(Tier(t)) {
                 out.push(SeedBlock {
-                    engine: name(b.seq),
-                    parent_engine: b.parent.map(name),
+                    engine: n.block,
+                    parent_engine: n.parent,
                     parent_seq: b.parent,
                     local: b.local,
                     tier: Tier(t),
