@@ -375,6 +375,11 @@ pub fn render(app: &App, shards: &[ShardStats]) -> String {
             sum(|s| s.gaps.load(Ordering::Relaxed)),
         ),
         (
+            "kvix_sequence_gap_batches",
+            "Batches the sequence gaps left out, before replay",
+            sum(|s| s.gap_batches.load(Ordering::Relaxed)),
+        ),
+        (
             "kvix_replay_requests",
             "Replay requests sent to engines",
             app.ingest().replay_stats.requests.load(r),
@@ -388,6 +393,11 @@ pub fn render(app: &App, shards: &[ShardStats]) -> String {
             "kvix_replayed_batches",
             "Batches applied from replays",
             app.ingest().replay_stats.batches.load(r),
+        ),
+        (
+            "kvix_replay_unrecovered_batches",
+            "Missing batches a replay could not return (gone from the engine's buffer)",
+            app.ingest().replay_stats.unrecovered.load(r),
         ),
         (
             "kvix_replay_duplicates",
@@ -417,6 +427,27 @@ pub fn render(app: &App, shards: &[ShardStats]) -> String {
     ] {
         g.add(name, help, MetricType::Counter)
             .with(&[], Value::Counter(v));
+    }
+
+    // Per engine stream: the last batch sequence applied (compare with the engine's).
+    let mut last: BTreeMap<(String, u32), u64> = BTreeMap::new();
+    for l in &listeners {
+        let seq = l.3.last_seq.load(Ordering::Relaxed);
+        let e = last
+            .entry((snap.instance_key(l.1).to_string(), l.2))
+            .or_default();
+        *e = (*e).max(seq);
+    }
+    let f = g.add(
+        "kvix_listener_last_sequence",
+        "Last batch sequence number applied per (instance, dp rank)",
+        MetricType::Gauge,
+    );
+    for ((instance, dp), seq) in last {
+        f.with(
+            &[("instance", instance), ("dp", dp.to_string())],
+            Value::Gauge(seq as i64),
+        );
     }
 
     // Per shard.

@@ -35,6 +35,8 @@ pub struct FeedStats {
     /// updates, object-key-only events, auxiliary KV-cache groups).
     pub ignored_events: AtomicU64,
     pub gaps: AtomicU64,
+    /// Batches the gaps left out (before any replay).
+    pub gap_batches: AtomicU64,
     pub last_seq: AtomicU64,
     /// Heap bytes of this listener's engine-hash maps (a gauge, set after each batch).
     pub engine_map_bytes: AtomicU64,

@@ -96,6 +96,8 @@ pub struct ReplayStats {
     pub failures: AtomicU64,
     pub batches: AtomicU64,
     pub duplicates: AtomicU64,
+    /// Missing batches a replay could not return (gone from the engine's buffer).
+    pub unrecovered: AtomicU64,
 }
 
 /// How long an engine gets to answer a replay request before the gap is given up.
@@ -597,7 +599,7 @@ impl IngestThread {
                     if l.endpoint.replay_endpoint.is_some()
                         && let Some(last) = l.last_seq
                     {
-                        self.replay(i, last.wrapping_add(1));
+                        self.replay(i, last.wrapping_add(1), None);
                     }
                 }
                 self.sink.flush();
@@ -611,8 +613,11 @@ impl IngestThread {
     /// starting at `from`. Blocks this thread for at most [`REPLAY_TIMEOUT`]; other
     /// listeners' frames wait in their sockets meanwhile, and this listener's own live
     /// frames wait in its SUB socket, to be applied after the replay (duplicates skipped).
-    /// Returns whether the engine answered.
-    fn replay(&mut self, i: usize, from: u64) -> bool {
+    /// `counted` is the last sequence the caller already counted as missing (a gap
+    /// detected up to a live frame). Batches the engine no longer holds are counted as
+    /// unrecovered, and as missing where no gap counted them yet: nothing is skipped
+    /// silently. Returns whether the engine answered.
+    fn replay(&mut self, i: usize, from: u64, counted: Option<u64>) -> bool {
         let Some(ep) = self.listeners[i].endpoint.replay_endpoint.clone() else {
             return false;
         };
@@ -643,10 +648,18 @@ impl IngestThread {
         let l = &mut self.listeners[i];
         let mut last = l.last_seq;
         let mut applied = 0u64;
+        let (mut expected, mut unrecovered, mut uncounted) = (from, 0u64, 0u64);
         for (seq, payload) in &pairs {
             if last.is_some_and(|x| *seq <= x) {
                 continue;
             }
+            if *seq > expected {
+                // The engine's buffer no longer starts where the gap did.
+                unrecovered += seq - expected;
+                let first_uncounted = counted.map_or(expected, |c| expected.max(c + 1));
+                uncounted += seq.saturating_sub(first_uncounted);
+            }
+            expected = seq.wrapping_add(1);
             match wire::decode(payload, &mut l.batch) {
                 Ok(_) => {
                     l.feed.apply(&l.batch, payload, &registry, &mut self.sink);
@@ -664,6 +677,17 @@ impl IngestThread {
             last = Some(*seq);
         }
         FeedStats::bump(&rs.batches, applied);
+        if unrecovered > 0 {
+            FeedStats::bump(&rs.unrecovered, unrecovered);
+            FeedStats::bump(&l.feed.stats.gap_batches, uncounted);
+            tracing::warn!(
+                instance = l.feed.instance,
+                dp = l.feed.dp,
+                from,
+                unrecovered,
+                "replay incomplete: the engine no longer holds these batches"
+            );
+        }
         if let Some(x) = last {
             l.last_seq = Some(x);
             l.feed.stats.last_seq.store(x, Ordering::Relaxed);
@@ -776,6 +800,7 @@ impl IngestThread {
             && seq > last.wrapping_add(1)
         {
             FeedStats::bump(&l.feed.stats.gaps, 1);
+            FeedStats::bump(&l.feed.stats.gap_batches, seq - last - 1);
             tracing::warn!(
                 instance = l.feed.instance,
                 dp = l.feed.dp,
@@ -788,7 +813,7 @@ impl IngestThread {
                 // The held frame is in `l.parts`; the replay decodes into `l.batch`, so
                 // keep a copy of the frame and decode it again afterwards.
                 let held = l.parts[2].to_vec();
-                self.replay(i, last.wrapping_add(1));
+                self.replay(i, last.wrapping_add(1), Some(seq - 1));
                 let l = &mut self.listeners[i];
                 if l.last_seq.is_some_and(|x| seq <= x) {
                     FeedStats::bump(&self.replay_stats.duplicates, 1);

@@ -263,6 +263,9 @@ impl Shard {
     /// Every (block, holder) of one index, for `/dump`.
     pub fn dump(&self, index: IndexId, out: &mut Vec<DumpedBlock>) {
         let Some(ix) = self.index(index) else { return };
+        // One allocation up front: growing a vector of millions of pairs by doubling
+        // would copy it repeatedly on the executor.
+        out.reserve(ix.per_slot.iter().map(|&n| n as usize).sum());
         for (&seq, node) in &ix.blocks {
             let parent = (node.parent != seq).then_some(node.parent);
             for &h in node.holders.as_slice(&ix.slab) {

@@ -256,10 +256,16 @@ impl Publisher {
     }
 
     pub fn bind_at(ctx: &zmq::Context, addr: &str) -> Publisher {
+        Self::bind_hwm(ctx, addr, 0)
+    }
+
+    /// Bind with a send high-water mark (0: unbounded). libzmq copies socket options
+    /// into a listener when it binds, so the mark must be set before binding.
+    pub fn bind_hwm(ctx: &zmq::Context, addr: &str, hwm: i32) -> Publisher {
         let sock = ctx.socket(zmq::XPUB).unwrap();
         // Pass every subscribe up, also a repeat of a topic (a re-registered listener).
         sock.set_xpub_verbose(true).unwrap();
-        sock.set_sndhwm(0).unwrap();
+        sock.set_sndhwm(hwm).unwrap();
         sock.set_linger(0).unwrap();
         // A just-closed socket releases its port asynchronously (ZMQ's I/O thread).
         let mut tries = 0;
@@ -508,7 +514,13 @@ pub struct Engine {
 
 impl Engine {
     pub fn start(ctx: &zmq::Context) -> Engine {
-        let publisher = Publisher::bind(ctx);
+        Self::start_hwm(ctx, 0)
+    }
+
+    /// An engine whose publisher drops frames beyond `hwm` queued ones per subscriber,
+    /// as an engine under pressure does (0: unbounded).
+    pub fn start_hwm(ctx: &zmq::Context, hwm: i32) -> Engine {
+        let publisher = Publisher::bind_hwm(ctx, "tcp://127.0.0.1:*", hwm);
         let router = ctx.socket(zmq::ROUTER).unwrap();
         router.set_linger(0).unwrap();
         router.bind("tcp://127.0.0.1:*").unwrap();
