@@ -159,7 +159,6 @@ fn overload_is_bounded_counted_and_replayed() {
     lat.sort_unstable();
     let p99 = lat[lat.len() * 99 / 100];
     let missing = s.metric("kvix_sequence_gap_batches_total", &[]);
-    let recovered = s.metric("kvix_replayed_batches_total", &[]);
     let applied = s.metric("kvix_batches_received_total", &[]);
     // Nothing lost silently: every batch not applied (live or replayed) lies in a
     // counted gap.
