@@ -193,10 +193,10 @@ fn overload_is_bounded_counted_and_replayed() {
         lat[lat.len() / 2],
         lat.last().unwrap()
     );
-    // Whatever was dropped was counted, and every gap asked its engine for a replay
-    // (under overload some replays time out: counted too); the long form must
-    // overload.
-    assert_eq!(replays, gaps);
+    // Whatever was dropped was counted; gaps asked their engine for a replay, except
+    // within the cooldown after an unanswered one; the long form must overload.
+    assert!(replays > 0.0 || gaps == 0.0);
+    assert!(replays <= gaps);
     if long {
         assert!(gaps > 0.0, "the burst never overloaded kvix");
     }

@@ -102,6 +102,8 @@ pub struct ReplayStats {
 
 /// How long an engine gets to answer a replay request before the gap is given up.
 pub const REPLAY_TIMEOUT: Duration = Duration::from_secs(3);
+/// After an unanswered replay, how long a listener's gaps are only counted, not replayed.
+pub const REPLAY_COOLDOWN: Duration = Duration::from_secs(10);
 /// One listener's identity and counters, for metrics.
 pub type ListenerStats = (IndexId, InstanceId, DpRank, Arc<FeedStats>);
 
@@ -350,6 +352,10 @@ struct Listener {
     /// After a replay: live frames up to this sequence were already applied from the
     /// replay and are skipped as duplicates.
     dedup_until: Option<u64>,
+    /// When a replay of this listener last went unanswered: no new replay is tried for
+    /// [`REPLAY_COOLDOWN`] after it, so an engine that cannot keep up with replays does
+    /// not keep this thread from live frames (the gaps stay counted).
+    replay_failed_at: Option<std::time::Instant>,
     /// Last batch sequence applied; authoritative while the listener lives (no map
     /// lookup per frame), saved to the thread's map when it stops.
     last_seq: Option<u64>,
@@ -470,6 +476,7 @@ impl IngestThread {
                             zmq::Message::new(),
                         ],
                         dedup_until: None,
+                        replay_failed_at: None,
                         last_seq: prior,
                     });
                     stats
@@ -633,6 +640,7 @@ impl IngestThread {
             Ok(p) => p,
             Err(e) => {
                 FeedStats::bump(&rs.failures, 1);
+                self.listeners[i].replay_failed_at = Some(std::time::Instant::now());
                 let l = &self.listeners[i];
                 tracing::warn!(
                     instance = l.feed.instance,
@@ -809,7 +817,10 @@ impl IngestThread {
                 missing = seq - last - 1,
                 "sequence gap"
             );
-            if l.endpoint.replay_endpoint.is_some() {
+            let cooling = l
+                .replay_failed_at
+                .is_some_and(|t| t.elapsed() < REPLAY_COOLDOWN);
+            if l.endpoint.replay_endpoint.is_some() && !cooling {
                 // The held frame is in `l.parts`; the replay decodes into `l.batch`, so
                 // keep a copy of the frame and decode it again afterwards.
                 let held = l.parts[2].to_vec();
