@@ -342,18 +342,6 @@ fn event_data_cannot_grow_the_registry_past_its_caps() {
     );
 }
 
-/// Resident set size of a process, in MiB.
-fn rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|kb| kb.parse::<f64>().ok())
-        .unwrap_or(0.0)
-        / 1024.0
-}
-
 /// Figures for the README: what a million-block `/dump` costs concurrent queries and
 /// memory. Run against a release build:
 /// `cargo build --release && KVIX_TEST_BIN=target/release/kvix cargo test --test lifecycle -- --ignored --nocapture`
@@ -406,7 +394,7 @@ fn million_block_dump_under_queries() {
         })
     };
     std::thread::sleep(Duration::from_secs(2));
-    let rss0 = rss_mib(s.pid());
+    let rss0 = common::rss_mib(s.pid());
     dumping.store(true, Ordering::Release);
     let t = Instant::now();
     let sampler = {
@@ -414,7 +402,7 @@ fn million_block_dump_under_queries() {
         std::thread::spawn(move || {
             let mut peak = 0f64;
             while dumping.load(Ordering::Acquire) {
-                peak = peak.max(rss_mib(pid));
+                peak = peak.max(common::rss_mib(pid));
                 std::thread::sleep(Duration::from_millis(20));
             }
             peak

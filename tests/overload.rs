@@ -16,17 +16,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-fn rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|kb| kb.parse::<f64>().ok())
-        .unwrap_or(0.0)
-        / 1024.0
-}
-
 #[test]
 fn overload_is_bounded_counted_and_replayed() {
     let secs: u64 = std::env::var("KVIX_SOAK_SECS")
@@ -84,7 +73,7 @@ fn overload_is_bounded_counted_and_replayed() {
         std::thread::spawn(move || {
             let mut peak = 0f64;
             while !stop.load(Ordering::Acquire) {
-                peak = peak.max(rss_mib(pid));
+                peak = peak.max(common::rss_mib(pid));
                 std::thread::sleep(Duration::from_millis(50));
             }
             peak

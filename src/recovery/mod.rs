@@ -112,31 +112,14 @@ pub fn apply(
         if register {
             for l in &ix.listeners {
                 let instance = control.registry().intern(&l.instance);
-                let r = control.register(registration(
-                    ix.model.clone(),
-                    ix.tenant.clone(),
-                    ix.block_size,
-                    instance,
-                    l.dp,
-                    l.endpoint.clone(),
-                    // Per-listener salt / LoRA defaults are not in the registry, so not
-                    // in the snapshot: re-register such listeners after a restart.
-                    crate::registry::ListenerOpts {
-                        publisher: l.endpoint.publisher.clone(),
-                        ..Default::default()
-                    },
-                ));
-                match r {
-                    Ok(())
-                    | Err(ControlError::Registry(
-                        crate::registry::RegistryError::AlreadyRegistered { .. },
-                    )) => {}
-                    Err(e) => tracing::warn!(
+                let key = (&ix.model, &ix.tenant, ix.block_size);
+                if let Err(e) = register_listener(control, key, instance, l.dp, &l.endpoint) {
+                    tracing::warn!(
                         model = ix.model,
                         instance = %l.instance,
                         dp = l.dp,
                         "cannot re-register recovered worker: {e}"
-                    ),
+                    );
                 }
                 if let Some(seq) = l.last_seq {
                     control
@@ -258,29 +241,48 @@ pub fn fetch_workers(
     })
 }
 
+/// Register a recovered or adopted listener of index `(model, tenant, block_size)`.
+/// Per-listener salt / LoRA defaults are not in the registry, so not in snapshots or
+/// `/workers`: such listeners must be registered again by hand. Returns whether a
+/// listener was started (false: it was already registered).
+fn register_listener(
+    control: &Control,
+    (model, tenant, block_size): (&String, &String, u32),
+    instance: crate::types::InstanceId,
+    dp: DpRank,
+    endpoint: &Endpoint,
+) -> Result<bool, ControlError> {
+    let r = control.register(registration(
+        model.clone(),
+        tenant.clone(),
+        block_size,
+        instance,
+        dp,
+        endpoint.clone(),
+        crate::registry::ListenerOpts {
+            publisher: endpoint.publisher.clone(),
+            ..Default::default()
+        },
+    ));
+    match r {
+        Ok(()) => Ok(true),
+        Err(ControlError::Registry(crate::registry::RegistryError::AlreadyRegistered {
+            ..
+        })) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// Register here every listener a peer lists (the same endpoints, so this replica
 /// hears the same events). Returns how many listeners were started.
 pub fn adopt(control: &Control, list: Vec<workers::Adopted>) -> usize {
     let mut started = 0;
     for w in list {
         let instance = control.registry().intern(&w.instance);
-        let r = control.register(registration(
-            w.model.clone(),
-            w.tenant.clone(),
-            w.block_size,
-            instance,
-            w.dp,
-            w.endpoint.clone(),
-            crate::registry::ListenerOpts {
-                publisher: w.endpoint.publisher.clone(),
-                ..Default::default()
-            },
-        ));
-        match r {
-            Ok(()) => started += 1,
-            Err(ControlError::Registry(crate::registry::RegistryError::AlreadyRegistered {
-                ..
-            })) => {}
+        let key = (&w.model, &w.tenant, w.block_size);
+        match register_listener(control, key, instance, w.dp, &w.endpoint) {
+            Ok(true) => started += 1,
+            Ok(false) => {}
             Err(e) => tracing::warn!(
                 model = w.model,
                 endpoint = w.endpoint.endpoint,

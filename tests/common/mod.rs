@@ -688,3 +688,15 @@ pub fn same_answers(a: &Server, b: &Server, model: &str, prompts: &[Vec<u32>]) {
         assert_eq!(ra, rb, "query {p:?}");
     }
 }
+
+/// Resident set size of a process, in MiB (0 once it is gone).
+pub fn rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kb| kb.parse::<f64>().ok())
+        .unwrap_or(0.0)
+        / 1024.0
+}
