@@ -15,6 +15,11 @@ use kvix::types::{BlockHash, EngineHash, SeqHash, Tier};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 
+// cargo-fuzz builds this binary with the targets' coverage instrumentation. Its hooks
+// come from the sanitizer runtime, or with `--sanitizer none` from libFuzzer alone,
+// which links only beside a target: hence this one, which never runs (main is ours).
+libfuzzer_sys::fuzz_target!(|_data: &[u8]| {});
+
 /// Snapshot header: magic, version, body length, checksum (see snapshot.rs).
 const SNAPSHOT_HEADER: usize = 8 + 4 + 8 + 8;
 
