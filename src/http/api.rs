@@ -55,6 +55,37 @@ fn control_shape(body: &[u8], forced: Option<Shape>) -> Shape {
     }
 }
 
+/// Parse and check a POST body exactly as the handler of `route` (`/register`,
+/// `/query`, ...; `forced` as under `/conductor`) does before it first reads or
+/// changes the registry, and stop there: nothing is registered, looked up or
+/// answered. For the fuzz targets, so they exercise the handlers' own parsing.
+/// Returns the token ids of a `/query` (fast path or serde_json, as the handler
+/// reads them) and `None` for the other routes.
+pub fn parse_body(
+    route: &str,
+    forced: Option<Shape>,
+    body: &[u8],
+) -> Result<Option<Vec<u32>>, ApiError> {
+    match route {
+        "/register" => parse_register(body, forced).map(|_| None),
+        "/unregister" => parse_unregister(body, forced).map(|_| None),
+        "/query" => {
+            let mut r = parse_query(body)?;
+            named(&mut r.scope, forced)?;
+            Ok(Some(r.token_ids.0))
+        }
+        "/query_by_hash" => {
+            let mut r: QueryByHashReq = parse(body)?;
+            named(&mut r.scope, forced)?;
+            Ok(None)
+        }
+        // Without the service's own address: every URL a peer could have passes.
+        "/register_peer" => parse_new_peer(body, None).map(|_| None),
+        "/deregister_peer" => parse::<PeerReq>(body).map(|_| None),
+        _ => Err(ApiError::NoRoute(route.to_string())),
+    }
+}
+
 #[derive(Deserialize)]
 struct RegisterReq {
     instance_id: InstanceRef,
@@ -124,40 +155,54 @@ async fn check_allowed<M: ShardMesh>(
     .map_or(Ok(()), Err)
 }
 
+/// A `/register` body in either API's shape.
+enum RegisterBody {
+    Dynamo(RegisterReq),
+    Conductor(ConductorRegisterReq),
+}
+
+fn parse_register(body: &[u8], forced: Option<Shape>) -> Result<RegisterBody, ApiError> {
+    Ok(match control_shape(body, forced) {
+        Shape::Conductor => RegisterBody::Conductor(parse(body)?),
+        Shape::Dynamo => RegisterBody::Dynamo(parse(body)?),
+    })
+}
+
 pub async fn register<M: ShardMesh>(
     mesh: &M,
     access: &Arc<crate::access::Access>,
     body: bytes::Bytes,
     forced: Option<Shape>,
 ) -> Result<Reply, ApiError> {
-    if control_shape(&body, forced) == Shape::Conductor {
-        let r: ConductorRegisterReq = parse(&body)?;
-        check_allowed(mesh, access, &r.endpoint, r.replay_endpoint.as_deref()).await?;
-        let key = r.instance_id.key();
-        let opts = ListenerOpts {
-            salt: r.additionalsalt.filter(|s| !s.is_empty()),
-            lora_name: r.lora_name.filter(|s| !s.is_empty()),
-            publisher: Some(r.publisher),
-        };
-        let reply_name = key.to_string();
-        control(mesh, move |c| {
-            let id = c.registry().intern(&key);
-            c.register(registration(
-                r.modelname,
-                r.tenant_id.unwrap_or_else(|| DEFAULT_TENANT.into()),
-                r.block_size,
-                id,
-                r.dp_rank,
-                Endpoint::new(r.endpoint, r.replay_endpoint),
-                opts,
-            ))
-        })
-        .await?;
-        let out =
-            serde_json::json!({"status": "registered successfully", "instance_id": reply_name});
-        return Ok(json::bytes(StatusCode::OK, out.to_string().into_bytes()));
-    }
-    let r: RegisterReq = parse(&body)?;
+    let r = match parse_register(&body, forced)? {
+        RegisterBody::Dynamo(r) => r,
+        RegisterBody::Conductor(r) => {
+            check_allowed(mesh, access, &r.endpoint, r.replay_endpoint.as_deref()).await?;
+            let key = r.instance_id.key();
+            let opts = ListenerOpts {
+                salt: r.additionalsalt.filter(|s| !s.is_empty()),
+                lora_name: r.lora_name.filter(|s| !s.is_empty()),
+                publisher: Some(r.publisher),
+            };
+            let reply_name = key.to_string();
+            control(mesh, move |c| {
+                let id = c.registry().intern(&key);
+                c.register(registration(
+                    r.modelname,
+                    r.tenant_id.unwrap_or_else(|| DEFAULT_TENANT.into()),
+                    r.block_size,
+                    id,
+                    r.dp_rank,
+                    Endpoint::new(r.endpoint, r.replay_endpoint),
+                    opts,
+                ))
+            })
+            .await?;
+            let out =
+                serde_json::json!({"status": "registered successfully", "instance_id": reply_name});
+            return Ok(json::bytes(StatusCode::OK, out.to_string().into_bytes()));
+        }
+    };
     check_allowed(mesh, access, &r.endpoint, r.replay_endpoint.as_deref()).await?;
     let tenant = tenant(r.tenant_id, r.routing_group).unwrap_or_else(|| DEFAULT_TENANT.into());
     let key = r.instance_id.key();
@@ -194,29 +239,43 @@ struct ConductorUnregisterReq {
     dp_rank: Option<u32>,
 }
 
+/// An `/unregister` body in either API's shape.
+enum UnregisterBody {
+    Dynamo(UnregisterReq),
+    Conductor(ConductorUnregisterReq),
+}
+
+fn parse_unregister(body: &[u8], forced: Option<Shape>) -> Result<UnregisterBody, ApiError> {
+    Ok(match control_shape(body, forced) {
+        Shape::Conductor => UnregisterBody::Conductor(parse(body)?),
+        Shape::Dynamo => UnregisterBody::Dynamo(parse(body)?),
+    })
+}
+
 pub async fn unregister<M: ShardMesh>(
     mesh: &M,
     body: bytes::Bytes,
     forced: Option<Shape>,
 ) -> Result<Reply, ApiError> {
-    if control_shape(&body, forced) == Shape::Conductor {
-        let r: ConductorUnregisterReq = parse(&body)?;
-        let name = r.instance_id.key().to_string();
-        let tenant = r.tenant_id.unwrap_or_else(|| DEFAULT_TENANT.into());
-        let id = known_instance(mesh, &r.instance_id)?;
-        let t = tenant.clone();
-        let dps = control(mesh, move |c| {
-            c.unregister(&r.modelname, Some(&t), id, r.dp_rank)
-        })
-        .await?;
-        let removed: Vec<String> = dps
-            .into_iter()
-            .map(|dp| format!("{name}|{tenant}|{dp}"))
-            .collect();
-        let out = serde_json::json!({"status": "unregistered successfully", "removed_instances": removed});
-        return Ok(json::bytes(StatusCode::OK, out.to_string().into_bytes()));
-    }
-    let r: UnregisterReq = parse(&body)?;
+    let r = match parse_unregister(&body, forced)? {
+        UnregisterBody::Dynamo(r) => r,
+        UnregisterBody::Conductor(r) => {
+            let name = r.instance_id.key().to_string();
+            let tenant = r.tenant_id.unwrap_or_else(|| DEFAULT_TENANT.into());
+            let id = known_instance(mesh, &r.instance_id)?;
+            let t = tenant.clone();
+            let dps = control(mesh, move |c| {
+                c.unregister(&r.modelname, Some(&t), id, r.dp_rank)
+            })
+            .await?;
+            let removed: Vec<String> = dps
+                .into_iter()
+                .map(|dp| format!("{name}|{tenant}|{dp}"))
+                .collect();
+            let out = serde_json::json!({"status": "unregistered successfully", "removed_instances": removed});
+            return Ok(json::bytes(StatusCode::OK, out.to_string().into_bytes()));
+        }
+    };
     let tenant = tenant(r.tenant_id, r.routing_group);
     let id = known_instance(mesh, &r.instance_id)?;
     control(mesh, move |c| {
@@ -360,8 +419,18 @@ struct Target {
     lora: Option<String>,
 }
 
-fn resolve<M: ShardMesh>(mesh: &M, sc: Scope, forced: Option<Shape>) -> Result<Target, ApiError> {
-    let (shape, model) = match (forced, sc.model_name, sc.model) {
+/// What a query's scope names without asking the registry.
+struct Named {
+    shape: Shape,
+    model: String,
+    tenant: String,
+    lora: Option<String>,
+}
+
+/// The checks of a query's scope that need no registry (they run first): which
+/// shape, model, LoRA adapter and tenant. Takes those fields out of `sc`.
+fn named(sc: &mut Scope, forced: Option<Shape>) -> Result<Named, ApiError> {
+    let (shape, model) = match (forced, sc.model_name.take(), sc.model.take()) {
         (Some(Shape::Conductor), m1, m2) => (Shape::Conductor, m2.or(m1)),
         (_, Some(m), _) => (Shape::Dynamo, Some(m)),
         (_, None, Some(m)) => (Shape::Conductor, Some(m)),
@@ -383,9 +452,30 @@ fn resolve<M: ShardMesh>(mesh: &M, sc: Scope, forced: Option<Shape>) -> Result<T
     }
     let lora = sc
         .lora_name
+        .take()
         .filter(|n| !n.is_empty())
         .or_else(|| crate::ingest::feed::lora_from_id(sc.lora_id));
-    let tenant = tenant(sc.tenant_id, sc.routing_group).unwrap_or_else(|| DEFAULT_TENANT.into());
+    let tenant = tenant(sc.tenant_id.take(), sc.routing_group.take())
+        .unwrap_or_else(|| DEFAULT_TENANT.into());
+    Ok(Named {
+        shape,
+        model,
+        tenant,
+        lora,
+    })
+}
+
+fn resolve<M: ShardMesh>(
+    mesh: &M,
+    mut sc: Scope,
+    forced: Option<Shape>,
+) -> Result<Target, ApiError> {
+    let Named {
+        shape,
+        model,
+        tenant,
+        lora,
+    } = named(&mut sc, forced)?;
     let ix = index_for(mesh, &model, Some(&tenant))?;
     if let Some(bs) = sc.block_size
         && bs != ix.block_size
@@ -522,12 +612,10 @@ struct QueryReq {
     scope: Scope,
 }
 
-pub async fn query<M: ShardMesh>(
-    mesh: &M,
-    body: &[u8],
-    forced: Option<Shape>,
-) -> Result<Reply, ApiError> {
-    let r: QueryReq = match token_ids::split(body) {
+/// A `/query` body: the token ids by the fast path when it applies (see
+/// [`token_ids`]), the rest by serde_json.
+fn parse_query(body: &[u8]) -> Result<QueryReq, ApiError> {
+    Ok(match token_ids::split(body) {
         Some((ids, rest)) => match serde_json::from_slice::<QueryReq>(&rest) {
             Ok(r) => QueryReq {
                 token_ids: TokenIds(ids),
@@ -537,7 +625,15 @@ pub async fn query<M: ShardMesh>(
             Err(_) => parse(body)?,
         },
         None => parse(body)?,
-    };
+    })
+}
+
+pub async fn query<M: ShardMesh>(
+    mesh: &M,
+    body: &[u8],
+    forced: Option<Shape>,
+) -> Result<Reply, ApiError> {
+    let r = parse_query(body)?;
     let t = resolve(mesh, r.scope, forced)?;
     let token_ids = r.token_ids.0;
     let seed = hash::block_seed(t.lora.as_deref(), r.cache_salt.as_deref());
@@ -680,9 +776,10 @@ struct PeerReq {
     url: String,
 }
 
-pub async fn register_peer<M: ShardMesh>(mesh: &M, body: &[u8]) -> Result<Reply, ApiError> {
+/// A `/register_peer` body whose URL a peer may have (`own`: this service's address,
+/// when known, which a peer must not be).
+fn parse_new_peer(body: &[u8], own: Option<std::net::SocketAddr>) -> Result<PeerReq, ApiError> {
     let r: PeerReq = parse(body)?;
-    let own = mesh.app().lifecycle().addr();
     crate::access::check_peer_url(&r.url, own).map_err(|e| match e {
         crate::access::PeerUrlError::Invalid(msg) => ApiError::Field {
             field: "url".into(),
@@ -690,6 +787,11 @@ pub async fn register_peer<M: ShardMesh>(mesh: &M, body: &[u8]) -> Result<Reply,
         },
         e @ crate::access::PeerUrlError::Itself(_) => ApiError::BadRequest(e.to_string()),
     })?;
+    Ok(r)
+}
+
+pub async fn register_peer<M: ShardMesh>(mesh: &M, body: &[u8]) -> Result<Reply, ApiError> {
+    let r = parse_new_peer(body, mesh.app().lifecycle().addr())?;
     mesh.app().control().add_peer(r.url);
     Ok(json::ok(StatusCode::CREATED))
 }

@@ -30,9 +30,25 @@ fn tier(name: Option<&str>) -> Tier {
 
 /// Parse a whole dump document.
 pub fn parse(body: &[u8]) -> Result<State, RecoveryError> {
+    parse_counted(body).map(|(state, _)| state)
+}
+
+/// The dp rank of an event: absent (or null) is rank 0, a worker without data
+/// parallelism; anything else must be an integer that fits a [`DpRank`]. A wider one
+/// is malformed, never cut down to its low bits (that would be another worker's rank).
+fn dp_rank(v: &Value) -> Option<DpRank> {
+    match v {
+        Value::Null => Some(0),
+        v => v.as_u64().and_then(|d| DpRank::try_from(d).ok()),
+    }
+}
+
+/// [`parse`], and how many malformed events it skipped.
+fn parse_counted(body: &[u8]) -> Result<(State, usize), RecoveryError> {
     let doc: BTreeMap<String, Value> =
         serde_json::from_slice(body).map_err(|e| RecoveryError::Dump(e.to_string()))?;
     let mut state = State::default();
+    let mut skipped = 0;
     for (key, ix) in doc {
         // Model names may contain ':'; tenants (Dynamo routing groups) do not.
         let (model, tenant) = key
@@ -61,7 +77,10 @@ pub fn parse(body: &[u8]) -> Result<State, RecoveryError> {
                 continue;
             };
             let ev = &e["event"];
-            let dp = ev["dp_rank"].as_u64().unwrap_or(0) as DpRank;
+            let Some(dp) = dp_rank(&ev["dp_rank"]) else {
+                bad += 1;
+                continue;
+            };
             let Some(stored) = ev["data"].get("stored") else {
                 continue; // removed / cleared: nothing held
             };
@@ -103,6 +122,7 @@ pub fn parse(body: &[u8]) -> Result<State, RecoveryError> {
         if bad > 0 {
             tracing::warn!(index = key, bad, "malformed dump events skipped");
         }
+        skipped += bad;
         state.indexes.push(IndexState {
             model,
             tenant,
@@ -118,7 +138,7 @@ pub fn parse(body: &[u8]) -> Result<State, RecoveryError> {
                 .collect(),
         });
     }
-    Ok(state)
+    Ok((state, skipped))
 }
 
 #[cfg(test)]
@@ -153,5 +173,38 @@ mod tests {
         assert_eq!(w.blocks[1].engine, EngineHash(u64::MAX - 1));
         assert!(parse(b"[1,2]").is_err());
         assert!(parse(b"{\"a:b\": {\"events\": []}}").is_err());
+    }
+
+    #[test]
+    fn a_dp_rank_that_is_no_u32_skips_its_event_as_malformed() {
+        let ev = |dp: &str, bh: u64| {
+            format!(
+                r#"{{"worker_id": 1, "event": {{"event_id": 0, "data": {{"stored": {{
+                  "parent_hash": null, "blocks": [{{"block_hash": {bh}, "tokens_hash": 1}}]}}}}
+                  {dp}}}}}"#
+            )
+        };
+        let events = [
+            // 2^32 + 1 would have been read as rank 1.
+            ev(r#", "dp_rank": 4294967297"#, 10),
+            ev(r#", "dp_rank": -1"#, 11),
+            ev(r#", "dp_rank": "1""#, 12),
+            ev(r#", "dp_rank": 1.5"#, 13),
+            ev(r#", "dp_rank": 4294967295"#, 14),
+            ev(r#", "dp_rank": null"#, 15),
+            ev("", 16),
+        ];
+        let doc = format!(
+            r#"{{"m:t": {{"block_size": 4, "events": [{}]}}}}"#,
+            events.join(",")
+        );
+        let (s, skipped) = parse_counted(doc.as_bytes()).unwrap();
+        assert_eq!(skipped, 4);
+        let got: Vec<(DpRank, Vec<u64>)> = s.indexes[0]
+            .workers
+            .iter()
+            .map(|w| (w.dp, w.blocks.iter().map(|b| b.engine.0).collect()))
+            .collect();
+        assert_eq!(got, vec![(0, vec![15, 16]), (u32::MAX, vec![14])]);
     }
 }

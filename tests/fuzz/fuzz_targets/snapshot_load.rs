@@ -2,7 +2,10 @@
 //! checksum, so most inputs are framed here with a valid header (magic, version, body
 //! length, XXH3-64 of the body) and the structure decoder is what gets fuzzed; an
 //! input whose first byte has its low nibble clear goes in raw, to cover the header
-//! checks as well. A decoded State must re-encode to an image that decodes to it.
+//! checks as well. Framed inputs are version 2 (an instance is a tag, then an id or a
+//! name) unless bit 4 of the mode byte asks for version 1 (a bare integer id), which
+//! is still read. A decoded State must re-encode (always as the current version) to
+//! an image that decodes to it.
 //!
 //! Input: one mode byte, then the body (framed) or the whole image (raw).
 #![no_main]
@@ -48,6 +51,11 @@ fuzz_target!(|data: &[u8]| {
     let framed;
     let image = if mode & 0x0f == 0 {
         rest
+    } else if mode & 0x10 != 0 {
+        let mut v1 = magic_and_version()[..8].to_vec();
+        v1.extend_from_slice(&1u32.to_le_bytes());
+        framed = frame(&v1, rest);
+        &framed[..]
     } else {
         framed = frame(magic_and_version(), rest);
         &framed[..]
