@@ -811,3 +811,49 @@ pub fn peers<M: ShardMesh>(mesh: &M) -> Result<Reply, ApiError> {
         serde_json::to_vec(&*mesh.app().control().peers()).unwrap_or_default(),
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(route: &str, forced: Option<Shape>, body: &str) -> u16 {
+        parse_body(route, forced, body.as_bytes())
+            .unwrap_err()
+            .status()
+            .as_u16()
+    }
+
+    #[test]
+    fn parse_body_runs_a_routes_parsing_and_stops_before_the_registry() {
+        let ok = |route, body: &str| parse_body(route, None, body.as_bytes()).unwrap();
+        // No index "m" exists anywhere here: nothing past the parsing ran.
+        let q = r#"{"token_ids": [1, 2, 3], "model_name": "m"}"#;
+        assert_eq!(ok("/query", q), Some(vec![1, 2, 3]));
+        // Not the fast path's plain array: serde_json reads it.
+        let q = r#"{"token_ids": [1, 2.0], "model": "m"}"#;
+        assert_eq!(status("/query", None, q), 422);
+        let reg =
+            r#"{"instance_id": 1, "endpoint": "tcp://h:1", "model_name": "m", "block_size": 16}"#;
+        assert_eq!(ok("/register", reg), None);
+        let creg = r#"{"endpoint": "tcp://h:1", "type": "vLLM", "modelname": "m",
+                       "instance_id": "vllm-1", "block_size": 2, "dp_rank": 0}"#;
+        assert_eq!(ok("/register", creg), None);
+        assert_eq!(
+            ok("/unregister", r#"{"modelname": "m", "instance_id": "x"}"#),
+            None
+        );
+        assert_eq!(
+            ok("/query_by_hash", r#"{"model": "m", "seq_hashes": ["0x1"]}"#),
+            None
+        );
+        assert_eq!(ok("/register_peer", r#"{"url": "http://peer:8091"}"#), None);
+        assert_eq!(ok("/deregister_peer", r#"{"url": "gone"}"#), None);
+
+        assert_eq!(status("/query", None, r#"{"token_ids": [1]}"#), 422);
+        assert_eq!(status("/query", None, "{"), 400);
+        assert_eq!(status("/register_peer", None, r#"{"url": "ftp://x"}"#), 422);
+        // Forced to the conductor's shape, a Dynamo body lacks `modelname`.
+        assert_eq!(status("/register", Some(Shape::Conductor), reg), 422);
+        assert_eq!(status("/nowhere", None, "{}"), 404);
+    }
+}
