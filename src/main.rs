@@ -283,7 +283,15 @@ fn run(args: Args) -> Result<(), String> {
         // On a thread of its own: seeding needs the executors (started below) draining.
         std::thread::Builder::new()
             .name("kvix-recovery".into())
-            .spawn(move || bootstrap(app.control(), app.lifecycle(), app.recovery_stats(), opts))
+            .spawn(move || {
+                bootstrap(
+                    app.control(),
+                    app.rings(),
+                    app.lifecycle(),
+                    app.recovery_stats(),
+                    opts,
+                )
+            })
             .map_err(|e| e.to_string())?;
     }
     let max_connections = match args.max_connections {

@@ -67,6 +67,7 @@ fn replica_bootstraps_from_a_loaded_peer_while_it_keeps_ingesting() {
     let b = Server::start(&b_args.iter().map(String::as_str).collect::<Vec<_>>());
     // B waits ~1 s after connecting, then fetches A's dump; keep loading past that.
     b.wait_log("recovered from peer");
+    b.wait_log("recovery done");
     std::thread::sleep(Duration::from_millis(500));
     stop.store(true, Ordering::Relaxed);
     let (_engines, batches) = load.join().unwrap();
@@ -104,6 +105,7 @@ fn unreachable_peers_mean_an_empty_start_said_in_the_log() {
     ]);
     e.publisher.wait_subscriber();
     s.wait_log("no peer reachable");
+    s.wait_log("recovery done");
     // Live events still apply afterwards.
     e.publish(&stored(&[1], None, &[1, 2, 3, 4], 4));
     s.eventually("live event applied", || {
@@ -179,6 +181,7 @@ fn bootstraps_from_a_dynamo_indexer_dump() {
     ]);
     e.publisher.wait_subscriber();
     s.wait_log("recovered from peer");
+    s.wait_log("recovery done");
     // A live event whose parent is a block known only from the peer's dump resolves.
     e.publish(&stored(&[13], Some(12), &[9, 10, 11, 12], 4));
     let q = json!({"token_ids": (1..=12).collect::<Vec<u32>>(), "model_name": MODEL});

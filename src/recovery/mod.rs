@@ -17,6 +17,7 @@ use crate::ingest::SeedOutcome;
 use crate::ingest::feed::SeedBlock;
 use crate::lifecycle::Lifecycle;
 use crate::registry::{Endpoint, InstanceKey};
+use crate::ring::Rings;
 use crate::service::{Control, ControlError, RecoveryStats, registration};
 use crate::types::DpRank;
 use std::path::PathBuf;
@@ -316,7 +317,13 @@ pub struct Options {
 /// 5. replay, for every worker with a replay endpoint, what it published since the
 ///    snapshot's last sequence;
 /// 6. Ready.
-pub fn bootstrap(control: &Control, life: &Lifecycle, stats: &RecoveryStats, opts: Options) {
+pub fn bootstrap(
+    control: &Control,
+    rings: &Rings,
+    life: &Lifecycle,
+    stats: &RecoveryStats,
+    opts: Options,
+) {
     let t0 = Instant::now();
     if let Some(path) = &opts.snapshot_path {
         match snapshot::read(path) {
@@ -377,11 +384,27 @@ pub fn bootstrap(control: &Control, life: &Lifecycle, stats: &RecoveryStats, opt
             tracing::warn!("P2P recovery: no peer reachable; starting with local state only");
         }
     }
+    // Ready must mean "answers include what was recovered": the seeded ops sit on the
+    // rings until each shard applies them.
+    settle(rings, Duration::from_secs(30));
     control.ingest().pause(false);
     control.ingest().catch_up();
+    // Replayed batches too; live frames now keep arriving, so this wait is short.
+    settle(rings, Duration::from_secs(2));
     tracing::info!(
         took_ms = t0.elapsed().as_millis() as u64,
         "recovery done; ingesting live events"
     );
     life.recovery_done();
+}
+
+/// Wait (at most `limit`) until every shard has applied what its rings hold. A shard
+/// takes an op off a ring only after applying it, so an empty ring is an applied one.
+fn settle(rings: &Rings, limit: Duration) {
+    let t0 = Instant::now();
+    while (0..rings.shards()).any(|s| rings.pending(crate::types::ShardId(s)) > 0)
+        && t0.elapsed() < limit
+    {
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
