@@ -132,7 +132,7 @@ fn a_replica_answers_503_until_it_has_recovered() {
     });
     let want = a.post_json("/query", &q).1;
 
-    let b = Server::start(&[
+    let b = Server::start_recovering(&[
         "--threads",
         "2",
         "--block-size",

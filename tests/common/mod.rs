@@ -46,6 +46,18 @@ impl Server {
     /// Start `kvix` with an open-file limit (`ulimit -n`) and a port; `None` lets it
     /// choose (`--port 0`) and reads the port it logs.
     pub fn launch(extra: &[&str], nofile: Option<u32>, port: Option<u16>) -> Server {
+        Self::launch_until(extra, nofile, port, true)
+    }
+
+    /// Like [`Server::start`], but returns once every core serves, while startup
+    /// recovery may still run (data routes answer 503 until it ends).
+    pub fn start_recovering(extra: &[&str]) -> Server {
+        Self::launch_until(extra, None, Some(free_port()), false)
+    }
+
+    /// Start `kvix`; return once `/ready` answers 200 (`ready`), or once it is past
+    /// "starting" (every core serves; recovery may still run).
+    fn launch_until(extra: &[&str], nofile: Option<u32>, port: Option<u16>, ready: bool) -> Server {
         let n = LAUNCHES.fetch_add(1, Ordering::Relaxed);
         let log = std::env::temp_dir().join(format!("kvix-test-{}-{n}.log", std::process::id()));
         let port_arg = port.unwrap_or(0).to_string();
@@ -103,7 +115,11 @@ impl Server {
             // answer 503 while the service is still starting.
             if let Ok(mut r) = s.agent.get(format!("{}/ready", s.base)).call()
                 && let Ok(text) = r.body_mut().read_to_string()
-                && !text.contains("starting")
+                && (if ready {
+                    r.status() == 200
+                } else {
+                    !text.contains("starting")
+                })
             {
                 return s;
             }
