@@ -27,6 +27,16 @@ fn chain_batch(base: u32, first_hash: u64, n: usize) -> (Vec<u8>, Vec<u32>) {
     (stored(&hashes, None, &tokens, 4), tokens)
 }
 
+/// Wait until `/query` with `q` scores `tokens` for `instance` (dp rank 0).
+fn wait_scored(s: &Server, what: &str, q: &Value, instance: &str, tokens: u64) {
+    s.eventually(what, || {
+        let (_, v) = s.post_json("/query", q);
+        (v["scores"][instance]["0"] == tokens)
+            .then_some(())
+            .ok_or(v.to_string())
+    });
+}
+
 /// Time one call; panic with the call's name if it took `limit` or more.
 fn timed<T>(what: &str, limit: Duration, f: impl FnOnce() -> T) -> (T, Duration) {
     let t = Instant::now();
@@ -124,12 +134,7 @@ fn a_replica_answers_503_until_it_has_recovered() {
     let (batch, prompt) = chain_batch(1, 100, 8);
     engine.send(&batch);
     let q = json!({"token_ids": prompt, "model_name": MODEL});
-    a.eventually("A indexed the chain", || {
-        let (_, v) = a.post_json("/query", &q);
-        (v["scores"]["1"]["0"] == 32)
-            .then_some(())
-            .ok_or(v.to_string())
-    });
+    wait_scored(&a, "A indexed the chain", &q, "1", 32);
     let want = a.post_json("/query", &q).1;
 
     let b = Server::start_recovering(&[
@@ -185,12 +190,7 @@ fn a_replica_given_only_peers_adopts_the_workers_and_stays_live() {
     let (batch, prompt) = chain_batch(1, 100, 8);
     engine.send(&batch);
     let q = json!({"token_ids": prompt, "model_name": MODEL});
-    a.eventually("A indexed the chain", || {
-        let (_, v) = a.post_json("/query", &q);
-        (v["scores"]["7"]["0"] == 32)
-            .then_some(())
-            .ok_or(v.to_string())
-    });
+    wait_scored(&a, "A indexed the chain", &q, "7", 32);
     // B: nothing but the peer (no --workers, no --block-size).
     let b = Server::start(&[
         "--threads",
@@ -216,12 +216,13 @@ fn a_replica_given_only_peers_adopts_the_workers_and_stays_live() {
     let (batch, prompt) = chain_batch(5000, 900, 4);
     engine.send(&batch);
     let q = json!({"token_ids": prompt, "model_name": MODEL});
-    b.eventually("B indexed a chain published after its bootstrap", || {
-        let (_, v) = b.post_json("/query", &q);
-        (v["scores"]["7"]["0"] == 16)
-            .then_some(())
-            .ok_or(v.to_string())
-    });
+    wait_scored(
+        &b,
+        "B indexed a chain published after its bootstrap",
+        &q,
+        "7",
+        16,
+    );
 
     // With adoption off, B2 creates the index from the dump (no 404) but listens to
     // nobody, so it seeds nothing it could not keep true.
