@@ -94,7 +94,7 @@ fn depths(blocks: &[DumpedBlock]) -> (Vec<SeqHash>, Vec<u32>) {
             }
             chain.push(cur);
             match nodes[cur].1.and_then(find) {
-                Some(p) if chain.len() <= nodes.len() && !chain.contains(&p) => cur = p,
+                Some(p) if chain.len() <= nodes.len() => cur = p,
                 _ => break 0,
             }
         };
