@@ -7,11 +7,12 @@
 //! another shard's memory and never blocks.
 
 pub mod holders;
+pub mod table;
 
 use crate::types::{BlockHash, IndexId, SeqHash, Tier, TierSet, WorkerSlot};
-use hashbrown::HashMap;
 use holders::{Holder, HolderSet, HolderSlab};
-use std::hash::{BuildHasher, Hasher};
+use table::BlockTable;
+pub use table::SeqHasherBuilder;
 
 /// The one way to change a shard.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,35 +41,6 @@ pub enum ShardOp {
     },
 }
 
-/// Sequence hashes are XXH3 output already; one multiply spreads them over
-/// hashbrown's control bits even though the partition fixed some high bits.
-#[derive(Clone, Copy, Default)]
-pub struct SeqHasherBuilder;
-
-#[derive(Default)]
-pub struct SeqHasher(u64);
-
-impl Hasher for SeqHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0 ^ *b as u64).wrapping_mul(0x100_0000_01b3);
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = v.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
-
-impl BuildHasher for SeqHasherBuilder {
-    type Hasher = SeqHasher;
-    fn build_hasher(&self) -> SeqHasher {
-        SeqHasher(0)
-    }
-}
-
 /// One cached block in this shard.
 #[derive(Clone, Copy, Debug)]
 pub struct Node {
@@ -90,7 +62,7 @@ pub struct DumpedBlock {
 /// The part of one (model, tenant) index that lives in this shard.
 #[derive(Default)]
 pub struct IndexShard {
-    blocks: HashMap<SeqHash, Node, SeqHasherBuilder>,
+    blocks: BlockTable<Node>,
     slab: HolderSlab,
     /// Blocks held per slot (any tier), for `tree_sizes`.
     per_slot: Vec<u32>,
@@ -107,15 +79,6 @@ impl IndexShard {
 
     pub fn len(&self) -> usize {
         self.blocks.len()
-    }
-
-    /// Give memory back once the table is mostly empty (a quarter full or less),
-    /// keeping room to double: removals and clears must not pin peak memory.
-    fn shrink_if_sparse(&mut self) {
-        let cap = self.blocks.capacity();
-        if cap > 4096 && self.blocks.len() < cap / 4 {
-            self.blocks.shrink_to(self.blocks.len() * 2);
-        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -168,7 +131,7 @@ impl Shard {
                 tier,
             } => {
                 let ix = self.index_mut(index);
-                let node = ix.blocks.entry(seq).or_insert_with(|| Node {
+                let node = ix.blocks.get_or_insert_with(seq, || Node {
                     parent: parent.unwrap_or(seq),
                     local,
                     holders: HolderSet::default(),
@@ -195,7 +158,6 @@ impl Shard {
                 if gone {
                     if node.holders.is_empty() {
                         ix.blocks.remove(&seq);
-                        ix.shrink_if_sparse();
                     }
                     ix.count(slot, -1);
                 }
@@ -228,7 +190,6 @@ impl Shard {
                 if let Some(c) = per_slot.get_mut(slot.0 as usize) {
                     *c -= removed;
                 }
-                ix.shrink_if_sparse();
                 for (t, n) in per_tier.into_iter().enumerate() {
                     self.tier_pairs[t] -= n;
                 }
@@ -266,7 +227,7 @@ impl Shard {
         // One allocation up front: growing a vector of millions of pairs by doubling
         // would copy it repeatedly on the executor.
         out.reserve(ix.per_slot.iter().map(|&n| n as usize).sum());
-        for (&seq, node) in &ix.blocks {
+        for (&seq, node) in ix.blocks.iter() {
             let parent = (node.parent != seq).then_some(node.parent);
             for &h in node.holders.as_slice(&ix.slab) {
                 out.push(DumpedBlock {
