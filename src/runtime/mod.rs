@@ -32,10 +32,16 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// An export reads a shard in this many parts, one request each, so the shard's
+/// executor serves queries between them instead of walking its whole table at once.
+/// Ops applied between parts are covered by replay from the sequence numbers taken
+/// before the export, as ops applied after it are.
+const EXPORT_PARTS: usize = 32;
+
 /// A request from one core to another core's shard.
 enum Req {
     Lookup { index: IndexId, seqs: Vec<SeqHash> },
-    Export { index: IndexId },
+    Export { index: IndexId, part: usize },
     Stats,
 }
 
@@ -105,9 +111,9 @@ impl Core {
                 }))
             }
             Req::Lookup { index, seqs } => Rep::Lookup(query::answer(&shard, index, &seqs)),
-            Req::Export { index } => {
+            Req::Export { index, part } => {
                 let mut out = Vec::new();
-                shard.dump(index, &mut out);
+                shard.dump(index, part, EXPORT_PARTS, &mut out);
                 Rep::Export(out)
             }
         }
@@ -207,17 +213,24 @@ impl ShardMesh for Core {
         shard: ShardId,
         index: IndexId,
     ) -> Result<Vec<DumpedBlock>, ShardUnavailable> {
-        let mut reqs: Vec<Option<Req>> = (0..self.shards).map(|_| None).collect();
-        *reqs.get_mut(shard.0).ok_or(ShardUnavailable(shard))? = Some(Req::Export { index });
-        match self
-            .scatter(reqs)
-            .await?
-            .get_mut(shard.0)
-            .and_then(Option::take)
-        {
-            Some(Rep::Export(v)) => Ok(v),
-            _ => Err(ShardUnavailable(shard)),
+        let mut all = Vec::new();
+        for part in 0..EXPORT_PARTS {
+            let mut reqs: Vec<Option<Req>> = (0..self.shards).map(|_| None).collect();
+            *reqs.get_mut(shard.0).ok_or(ShardUnavailable(shard))? =
+                Some(Req::Export { index, part });
+            match self
+                .scatter(reqs)
+                .await?
+                .get_mut(shard.0)
+                .and_then(Option::take)
+            {
+                Some(Rep::Export(mut v)) => all.append(&mut v),
+                _ => return Err(ShardUnavailable(shard)),
+            }
+            // Our own shard answers in place: let queued queries run between parts.
+            glommio::yield_if_needed().await;
         }
+        Ok(all)
     }
 
     async fn stats(&self) -> Result<Vec<ShardStats>, ShardUnavailable> {

@@ -221,13 +221,14 @@ impl Shard {
         }
     }
 
-    /// Every (block, holder) of one index, for `/dump`.
-    pub fn dump(&self, index: IndexId, out: &mut Vec<DumpedBlock>) {
+    /// Every (block, holder) of one part of one index (of `parts` that together
+    /// cover it once), for `/dump` and snapshots.
+    pub fn dump(&self, index: IndexId, part: usize, parts: usize, out: &mut Vec<DumpedBlock>) {
         let Some(ix) = self.index(index) else { return };
         // One allocation up front: growing a vector of millions of pairs by doubling
-        // would copy it repeatedly on the executor.
-        out.reserve(ix.per_slot.iter().map(|&n| n as usize).sum());
-        for (&seq, node) in ix.blocks.iter() {
+        // would copy it repeatedly on the executor. Blocks bound pairs from below.
+        out.reserve(ix.blocks.len_part(part, parts));
+        for (&seq, node) in ix.blocks.iter_part(part, parts) {
             let parent = (node.parent != seq).then_some(node.parent);
             for &h in node.holders.as_slice(&ix.slab) {
                 out.push(DumpedBlock {

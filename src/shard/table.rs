@@ -135,6 +135,30 @@ impl<V> BlockTable<V> {
         self.segs.iter().flat_map(|s| s.iter())
     }
 
+    /// The entries of segments `part * SEGMENTS / parts ..` up to the next part's: an
+    /// export walks the table in `parts` steps and the executor serves between them.
+    pub fn iter_part(&self, part: usize, parts: usize) -> impl Iterator<Item = (&SeqHash, &V)> {
+        let parts = parts.clamp(1, SEGMENTS);
+        let (from, to) = (part * SEGMENTS / parts, (part + 1) * SEGMENTS / parts);
+        self.segs
+            .get(from.min(self.segs.len())..to.min(self.segs.len()))
+            .unwrap_or_default()
+            .iter()
+            .flat_map(|s| s.iter())
+    }
+
+    /// Entries in the segments of [`Self::iter_part`]'s `part`.
+    pub fn len_part(&self, part: usize, parts: usize) -> usize {
+        let parts = parts.clamp(1, SEGMENTS);
+        let (from, to) = (part * SEGMENTS / parts, (part + 1) * SEGMENTS / parts);
+        self.segs
+            .get(from.min(self.segs.len())..to.min(self.segs.len()))
+            .unwrap_or_default()
+            .iter()
+            .map(|s| s.len())
+            .sum()
+    }
+
     pub fn values(&self) -> impl Iterator<Item = &V> {
         self.segs.iter().flat_map(|s| s.values())
     }
@@ -181,6 +205,17 @@ mod tests {
             assert_eq!(t.get(k), Some(v));
         }
         assert_eq!(t.iter().count(), model.len());
+        for parts in [1, 3, 8, 64, 100] {
+            let mut seen: Vec<_> = (0..parts).flat_map(|p| t.iter_part(p, parts)).collect();
+            assert_eq!(seen.len(), model.len(), "parts={parts}");
+            assert_eq!(
+                (0..parts).map(|p| t.len_part(p, parts)).sum::<usize>(),
+                model.len()
+            );
+            seen.sort_by_key(|(k, _)| **k);
+            seen.dedup_by_key(|(k, _)| **k);
+            assert_eq!(seen.len(), model.len());
+        }
         t.retain(|_, v| *v % 2 == 0);
         model.retain(|_, v| *v % 2 == 0);
         assert_eq!(t.len(), model.len());
