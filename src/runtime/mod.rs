@@ -32,11 +32,12 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// An export reads a shard in this many parts, one request each, so the shard's
-/// executor serves queries between them instead of walking its whole table at once.
+/// An export reads a shard in this many parts (one segment of its block tables
+/// each), one request each, so the shard's executor serves queries between them
+/// instead of walking its whole table at once.
 /// Ops applied between parts are covered by replay from the sequence numbers taken
 /// before the export, as ops applied after it are.
-const EXPORT_PARTS: usize = 32;
+const EXPORT_PARTS: usize = crate::shard::table::SEGMENTS;
 
 /// A request from one core to another core's shard.
 enum Req {
