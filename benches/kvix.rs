@@ -3,7 +3,8 @@
 //! Events: hashing per 1k tokens, msgpack decode per block (vLLM, SGLang),
 //! shard apply per block. Queries: a 512-block prompt against 1M indexed
 //! blocks (lookup + gather, and with hashing), scatter/gather cost vs shard
-//! count. Ceiling: raw hashbrown lookups on a 1M-entry table.
+//! count. Cross-core: an op through an SPSC ring, a round trip over the executor
+//! mesh. Ceiling: raw hashbrown lookups on a 1M-entry table.
 //! Run: `cargo bench --bench kvix` (add `-- <filter>` for one group).
 
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
@@ -299,8 +300,134 @@ fn bench_ceiling(c: &mut Criterion) {
     g.finish();
 }
 
+/// The two hops between threads, alone: an event op's trip through an SPSC ring
+/// (staged in chunks, ingest thread → shard), and a query's round trip to another
+/// executor's shard over glommio's channel mesh (the scatter's per-shard cost).
+fn bench_cross_core(c: &mut Criterion) {
+    use kvix::ring::{OpSink, RingSink, Rings};
+    use kvix::types::{ShardId, TierSet};
+    let mut g = c.benchmark_group("cross_core");
+    const OPS: u64 = 1 << 16;
+    g.throughput(Throughput::Elements(OPS));
+    g.bench_function("ring_ops_thread_to_thread", |b| {
+        b.iter_custom(|iters| {
+            let rings = Rings::new(1, 1, 16_384);
+            let total = iters * OPS;
+            let consumer = {
+                let rings = rings.clone();
+                std::thread::spawn(move || {
+                    let mut n = 0u64;
+                    while n < total {
+                        let got = rings.drain(ShardId(0), usize::MAX, |op| {
+                            black_box(op);
+                        });
+                        if got == 0 {
+                            std::hint::spin_loop();
+                        }
+                        n += got as u64;
+                    }
+                })
+            };
+            let mut sink = RingSink::new(rings, 0);
+            let t = std::time::Instant::now();
+            for i in 0..total {
+                sink.push(ShardOp::Remove {
+                    index: IndexId(0),
+                    seq: SeqHash(i),
+                    slot: WorkerSlot(0),
+                    tiers: TierSet::ALL,
+                });
+            }
+            sink.flush();
+            consumer.join().unwrap();
+            t.elapsed()
+        })
+    });
+    g.throughput(Throughput::Elements(1));
+    for spin_us in [0u64, 200] {
+        g.bench_function(BenchmarkId::new("mesh_round_trip_spin_us", spin_us), |b| {
+            b.iter_custom(|iters| mesh_round_trips(iters, spin_us))
+        });
+    }
+    // The floor a polled hop could reach: two threads spinning on a request and a
+    // reply queue, nobody ever parked.
+    g.bench_function("polled_queue_round_trip", |b| {
+        b.iter_custom(|iters| {
+            use crossbeam_queue::ArrayQueue;
+            use std::sync::Arc;
+            let (req, rep) = (Arc::new(ArrayQueue::new(64)), Arc::new(ArrayQueue::new(64)));
+            let server = {
+                let (req, rep) = (req.clone(), rep.clone());
+                std::thread::spawn(move || {
+                    loop {
+                        match req.pop() {
+                            Some(u64::MAX) => break,
+                            Some(v) => while rep.push(v).is_err() {},
+                            None => std::hint::spin_loop(),
+                        }
+                    }
+                })
+            };
+            let t = std::time::Instant::now();
+            for i in 0..iters {
+                while req.push(i).is_err() {}
+                while rep.pop().is_none() {
+                    std::hint::spin_loop();
+                }
+            }
+            let took = t.elapsed();
+            while req.push(u64::MAX).is_err() {}
+            server.join().unwrap();
+            took
+        })
+    });
+    g.finish();
+}
+
+/// `iters` request/reply round trips from executor 0 to executor 1 over a
+/// glommio channel mesh, timed on executor 0 (start-up excluded); idle executors
+/// spin `spin_us` before parking, as kvix's `--spin-us`.
+fn mesh_round_trips(iters: u64, spin_us: u64) -> std::time::Duration {
+    use glommio::channels::channel_mesh::MeshBuilder;
+    use glommio::{LocalExecutorPoolBuilder, PoolPlacement};
+    let mesh = MeshBuilder::<u64, _>::full(2, 64);
+    let handles = LocalExecutorPoolBuilder::new(PoolPlacement::MaxSpread(2, None))
+        .spin_before_park(std::time::Duration::from_micros(spin_us))
+        .on_all_shards(move || async move {
+            let (tx, mut rx) = mesh.join().await.unwrap();
+            let me = tx.peer_id();
+            let other = 1 - me;
+            let (_, mut from) = rx.streams().into_iter().find(|(p, _)| *p == other).unwrap();
+            if me == 0 {
+                let t = std::time::Instant::now();
+                for i in 0..iters {
+                    tx.send_to(other, i).await.unwrap();
+                    futures_lite::StreamExt::next(&mut from).await.unwrap();
+                }
+                tx.send_to(other, u64::MAX).await.unwrap();
+                Some(t.elapsed())
+            } else {
+                while let Some(v) = futures_lite::StreamExt::next(&mut from).await {
+                    if v == u64::MAX {
+                        break;
+                    }
+                    tx.send_to(other, v).await.unwrap();
+                }
+                None
+            }
+        })
+        .unwrap();
+    handles
+        .join_all()
+        .into_iter()
+        .filter_map(|r| r.ok().flatten())
+        .next()
+        .unwrap()
+}
+
 criterion_group!(
     benches,
+    bench_cross_core,
     bench_hash,
     bench_decode,
     bench_apply,
