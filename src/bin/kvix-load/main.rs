@@ -10,6 +10,7 @@ mod http;
 mod plot;
 mod query;
 mod report;
+mod shared_prefix;
 mod sim;
 mod trace;
 
@@ -112,9 +113,19 @@ struct Common {
         default_value = "../shared/traces/mooncake_conversation_trace.jsonl"
     )]
     trace: String,
-    /// Use the first N requests of the trace
+    /// Where requests come from: the Mooncake trace (--trace), or generated
+    /// conversations opening with a few shared system prompts and few-shot prefixes
+    #[arg(long, value_enum, default_value_t = Workload::Trace)]
+    workload: Workload,
+    /// Use the first N requests of the trace (or generate N)
     #[arg(long, default_value_t = 6000)]
     requests: usize,
+    /// shared-prefix: distinct system prompts
+    #[arg(long, default_value_t = shared_prefix::Shape::default().system_prompts)]
+    system_prompts: usize,
+    /// shared-prefix: distinct few-shot prefixes (each follows one system prompt)
+    #[arg(long, default_value_t = shared_prefix::Shape::default().few_shots)]
+    few_shots: usize,
     /// Indexer process id: report its RSS (VmRSS) before and after
     #[arg(long)]
     pid: Option<u32>,
@@ -124,9 +135,20 @@ struct Common {
     /// No progress bars or notes on stderr
     #[arg(long, short)]
     quiet: bool,
-    /// Seed for routing and engine-hash salts
+    /// Seed for routing, engine-hash salts and the shared-prefix workload
     #[arg(long, default_value_t = 42)]
     seed: u64,
+}
+
+/// Source of the request list.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Workload {
+    /// The first --requests requests of the Mooncake trace.
+    #[default]
+    Trace,
+    /// Generated: shared system prompts and few-shot prefixes, per-conversation turns.
+    SharedPrefix,
 }
 
 #[derive(Args, Clone)]
@@ -237,15 +259,35 @@ fn run(cmd: Cmd) -> Result<bool, String> {
     if common.block_size == 0 {
         return Err("--block-size must be > 0".into());
     }
-    note(
-        quiet,
-        &format!("loading {} requests from {}", common.requests, common.trace),
-    );
-    let reqs = trace::load(&common.trace, common.requests, common.block_size)?;
+    let reqs = match common.workload {
+        Workload::Trace => {
+            note(
+                quiet,
+                &format!("loading {} requests from {}", common.requests, common.trace),
+            );
+            trace::load(&common.trace, common.requests, common.block_size)?
+        }
+        Workload::SharedPrefix => {
+            note(
+                quiet,
+                &format!("generating {} shared-prefix requests", common.requests),
+            );
+            let shape = shared_prefix::Shape {
+                system_prompts: common.system_prompts,
+                few_shots: common.few_shots,
+                ..Default::default()
+            };
+            shared_prefix::generate(&shape, common.requests, common.block_size, common.seed)
+        }
+    };
+    if reqs.is_empty() {
+        return Err("no requests (--requests 0?)".into());
+    }
     let mut report = Report {
         url: common.url.clone(),
         model_name: common.model_name.clone(),
         block_size: common.block_size,
+        workload: common.workload,
         requests: reqs.len(),
         ..Default::default()
     };
