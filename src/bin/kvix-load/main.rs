@@ -165,6 +165,16 @@ struct EventArgs {
     /// Flush a worker's batch (one ZMQ frame) once it holds this many events
     #[arg(long, default_value_t = 8)]
     batch_events: usize,
+    /// Encode batches as `[ts, events, nil]` instead of vLLM's `[ts, events]` when it
+    /// has no dp rank: Dynamo's decoder (dynamo-kv-router 1.6.1) takes only the former
+    #[arg(long)]
+    batch_dp_rank: bool,
+    /// Give a block the same engine hash on every worker (as engines with a fixed
+    /// hash seed do) instead of one per worker (as engines seeded per process do).
+    /// Dynamo 1.6.1's indexer loses stores under per-worker hashes once workers
+    /// share blocks, so comparisons with it use this
+    #[arg(long)]
+    shared_engine_hashes: bool,
     /// Add a CPU offload tier: GPU evictions are re-stored with medium "CPU"
     #[arg(long)]
     offload: bool,
@@ -308,6 +318,8 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             capacity: ev.capacity_blocks,
             cpu_capacity: 0,
             batch_events: ev.batch_events.max(1),
+            batch_dp_rank: ev.batch_dp_rank,
+            shared_engine_hashes: ev.shared_engine_hashes,
             seed: common.seed,
         };
         let cfg = resolve_capacity(cfg, &reqs, ev);
@@ -352,6 +364,7 @@ fn run(cmd: Cmd) -> Result<bool, String> {
                 &target,
                 &common.model_name,
                 common.block_size,
+                ev.batch_dp_rank,
                 nonce,
                 Duration::from_secs_f64(ev.settle_timeout),
                 sent.clone(),
