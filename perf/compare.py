@@ -149,7 +149,10 @@ def table(out):
         f"{len(runs)} run(s). Each cell: median over runs (range); each system at its best "
         "thread count (1 or 2) for that metric in that run, the count chosen after the value "
         "(`t1`, `t2`). Ratios are kvix ÷ the other, per run: above 1 is better for kvix on "
-        "rates, below 1 on latency and memory.",
+        "rates, below 1 on latency and memory. Event streams are vLLM's wire with a nil dp-rank "
+        "element and one engine hash per block on every worker, for both systems (what Dynamo "
+        "1.6.1 needs to index every event); tokio-hello answers a constant body of the mean size "
+        "of kvix's replies (`reply bytes`). `hit %`: replies with a non-empty `scores`.",
     ]
     workloads = sorted({w for r in runs for w in r["workloads"]}, key=lambda w: (w != "trace", w))
     for wl in workloads:

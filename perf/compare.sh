@@ -35,7 +35,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-REPEAT=3 QUICK=0 BUILD=1 REQUESTS=6000 DURATION=5
+REPEAT=3 QUICK=0 BUILD=1 REQUESTS=6000 DURATION=10
 OUT="perf/out/compare-$(date +%Y%m%d-%H%M%S)"
 while [ $# -gt 0 ]; do
     case "$1" in
