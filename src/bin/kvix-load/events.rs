@@ -130,6 +130,7 @@ pub fn publish(
     target: &Target,
     model: &str,
     block_size: usize,
+    batch_dp_rank: bool,
     nonce: u64,
     timeout: Duration,
     sent: Arc<AtomicU64>,
@@ -158,7 +159,7 @@ pub fn publish(
                 block_size,
                 "GPU",
             );
-            enc_batch(1.7e9, 1, &ev)
+            enc_batch(1.7e9, 1, &ev, batch_dp_rank)
         })
         .collect();
     let sentinels = Arc::new(sentinels);

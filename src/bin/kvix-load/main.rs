@@ -10,6 +10,7 @@ mod http;
 mod plot;
 mod query;
 mod report;
+mod shared_prefix;
 mod sim;
 mod trace;
 
@@ -112,9 +113,19 @@ struct Common {
         default_value = "../shared/traces/mooncake_conversation_trace.jsonl"
     )]
     trace: String,
-    /// Use the first N requests of the trace
+    /// Where requests come from: the Mooncake trace (--trace), or generated
+    /// conversations opening with a few shared system prompts and few-shot prefixes
+    #[arg(long, value_enum, default_value_t = Workload::Trace)]
+    workload: Workload,
+    /// Use the first N requests of the trace (or generate N)
     #[arg(long, default_value_t = 6000)]
     requests: usize,
+    /// shared-prefix: distinct system prompts
+    #[arg(long, default_value_t = shared_prefix::Shape::default().system_prompts)]
+    system_prompts: usize,
+    /// shared-prefix: distinct few-shot prefixes (each follows one system prompt)
+    #[arg(long, default_value_t = shared_prefix::Shape::default().few_shots)]
+    few_shots: usize,
     /// Indexer process id: report its RSS (VmRSS) before and after
     #[arg(long)]
     pid: Option<u32>,
@@ -124,9 +135,20 @@ struct Common {
     /// No progress bars or notes on stderr
     #[arg(long, short)]
     quiet: bool,
-    /// Seed for routing and engine-hash salts
+    /// Seed for routing, engine-hash salts and the shared-prefix workload
     #[arg(long, default_value_t = 42)]
     seed: u64,
+}
+
+/// Source of the request list.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Workload {
+    /// The first --requests requests of the Mooncake trace.
+    #[default]
+    Trace,
+    /// Generated: shared system prompts and few-shot prefixes, per-conversation turns.
+    SharedPrefix,
 }
 
 #[derive(Args, Clone)]
@@ -143,6 +165,16 @@ struct EventArgs {
     /// Flush a worker's batch (one ZMQ frame) once it holds this many events
     #[arg(long, default_value_t = 8)]
     batch_events: usize,
+    /// Encode batches as `[ts, events, nil]` instead of vLLM's `[ts, events]` when it
+    /// has no dp rank: Dynamo's decoder (dynamo-kv-router 1.6.1) takes only the former
+    #[arg(long)]
+    batch_dp_rank: bool,
+    /// Give a block the same engine hash on every worker (as engines with a fixed
+    /// hash seed do) instead of one per worker (as engines seeded per process do).
+    /// Dynamo 1.6.1's indexer loses stores under per-worker hashes once workers
+    /// share blocks, so comparisons with it use this
+    #[arg(long)]
+    shared_engine_hashes: bool,
     /// Add a CPU offload tier: GPU evictions are re-stored with medium "CPU"
     #[arg(long)]
     offload: bool,
@@ -237,15 +269,35 @@ fn run(cmd: Cmd) -> Result<bool, String> {
     if common.block_size == 0 {
         return Err("--block-size must be > 0".into());
     }
-    note(
-        quiet,
-        &format!("loading {} requests from {}", common.requests, common.trace),
-    );
-    let reqs = trace::load(&common.trace, common.requests, common.block_size)?;
+    let reqs = match common.workload {
+        Workload::Trace => {
+            note(
+                quiet,
+                &format!("loading {} requests from {}", common.requests, common.trace),
+            );
+            trace::load(&common.trace, common.requests, common.block_size)?
+        }
+        Workload::SharedPrefix => {
+            note(
+                quiet,
+                &format!("generating {} shared-prefix requests", common.requests),
+            );
+            let shape = shared_prefix::Shape {
+                system_prompts: common.system_prompts,
+                few_shots: common.few_shots,
+                ..Default::default()
+            };
+            shared_prefix::generate(&shape, common.requests, common.block_size, common.seed)
+        }
+    };
+    if reqs.is_empty() {
+        return Err("no requests (--requests 0?)".into());
+    }
     let mut report = Report {
         url: common.url.clone(),
         model_name: common.model_name.clone(),
         block_size: common.block_size,
+        workload: common.workload,
         requests: reqs.len(),
         ..Default::default()
     };
@@ -266,6 +318,8 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             capacity: ev.capacity_blocks,
             cpu_capacity: 0,
             batch_events: ev.batch_events.max(1),
+            batch_dp_rank: ev.batch_dp_rank,
+            shared_engine_hashes: ev.shared_engine_hashes,
             seed: common.seed,
         };
         let cfg = resolve_capacity(cfg, &reqs, ev);
@@ -310,6 +364,7 @@ fn run(cmd: Cmd) -> Result<bool, String> {
                 &target,
                 &common.model_name,
                 common.block_size,
+                ev.batch_dp_rank,
                 nonce,
                 Duration::from_secs_f64(ev.settle_timeout),
                 sent.clone(),

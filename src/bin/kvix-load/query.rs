@@ -63,6 +63,8 @@ pub struct PhaseResult {
     pub p999_us: f64,
     pub max_us: f64,
     pub mean_us: f64,
+    /// Mean body size of the successful replies, in bytes.
+    pub reply_bytes_mean: f64,
 }
 
 /// Pre-serialized request bodies for a phase, cycled through by every connection.
@@ -138,6 +140,7 @@ struct ThreadOut {
     errors: u64,
     hits: u64,
     unsent: u64,
+    reply_bytes: u64,
     finished: Instant,
 }
 
@@ -169,6 +172,7 @@ pub fn run(
                     errors: 0,
                     hits: 0,
                     unsent: 0,
+                    reply_bytes: 0,
                     finished: start,
                 };
                 let mut k = ci as u64;
@@ -203,6 +207,7 @@ pub fn run(
                             out.hist.saturating_record(lat.max(1));
                             out.completed += 1;
                             out.hits += has_scores(conn.body()) as u64;
+                            out.reply_bytes += conn.body().len() as u64;
                             done.fetch_add(1, Ordering::Relaxed);
                         }
                         _ => out.errors += 1,
@@ -221,6 +226,7 @@ pub fn run(
     let start = *start_cell.get().unwrap();
     let mut hist: Histogram<u64> = Histogram::new_with_bounds(1, 600_000_000, 3).unwrap();
     let (mut completed, mut errors, mut hits, mut unsent, mut finished) = (0, 0, 0, 0, start);
+    let mut reply_bytes = 0;
     for h in handles {
         let o = h.join().expect("query thread panicked");
         hist.add(&o.hist).unwrap();
@@ -228,6 +234,7 @@ pub fn run(
         errors += o.errors;
         hits += o.hits;
         unsent += o.unsent;
+        reply_bytes += o.reply_bytes;
         finished = finished.max(o.finished);
     }
     let elapsed = finished.duration_since(start).as_secs_f64().max(1e-9);
@@ -252,6 +259,7 @@ pub fn run(
         p999_us: q(0.999),
         max_us: hist.max() as f64,
         mean_us: hist.mean(),
+        reply_bytes_mean: reply_bytes as f64 / completed.max(1) as f64,
     }
 }
 

@@ -14,6 +14,7 @@ pub struct Report {
     pub url: String,
     pub model_name: String,
     pub block_size: usize,
+    pub workload: crate::Workload,
     pub requests: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub events: Option<EventReport>,
@@ -93,8 +94,8 @@ fn ms(us: f64) -> String {
 
 pub fn print_table(r: &Report) {
     println!(
-        "kvix-load  url={} model={} block_size={} requests={}",
-        r.url, r.model_name, r.block_size, r.requests
+        "kvix-load  url={} model={} block_size={} workload={:?} requests={}",
+        r.url, r.model_name, r.block_size, r.workload, r.requests
     );
     if let Some(e) = &r.events {
         let s = &e.sim;

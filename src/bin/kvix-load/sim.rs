@@ -26,6 +26,10 @@ pub struct SimConfig {
     /// CPU (offload) tier capacity per worker; 0 disables the tier.
     pub cpu_capacity: usize,
     pub batch_events: usize,
+    /// Batches carry a third, nil, dp-rank element.
+    pub batch_dp_rank: bool,
+    /// Every worker gives a block the same engine hash (else each its own).
+    pub shared_engine_hashes: bool,
     pub seed: u64,
 }
 
@@ -165,13 +169,17 @@ fn enc_removed(out: &mut Vec<u8>, hashes: &[u64], medium: &str) {
     w(rmp::encode::write_str(out, medium));
 }
 
-/// Wrap encoded events into a `[ts, [events...]]` batch (no dp rank, as vLLM without DP).
-pub fn enc_batch(ts: f64, n_events: u32, events: &[u8]) -> Vec<u8> {
+/// Wrap encoded events into a `[ts, [events...]]` batch (no dp rank, as vLLM without DP
+/// omits it), or `[ts, [events...], nil]` with `dp_rank`, the form Dynamo's decoder requires.
+pub fn enc_batch(ts: f64, n_events: u32, events: &[u8], dp_rank: bool) -> Vec<u8> {
     let mut out = Vec::with_capacity(events.len() + 16);
-    w(rmp::encode::write_array_len(&mut out, 2));
+    w(rmp::encode::write_array_len(&mut out, 2 + dp_rank as u32));
     w(rmp::encode::write_f64(&mut out, ts));
     w(rmp::encode::write_array_len(&mut out, n_events));
     out.extend_from_slice(events);
+    if dp_rank {
+        w(rmp::encode::write_nil(&mut out));
+    }
     out
 }
 
@@ -202,7 +210,8 @@ pub fn simulate(reqs: &[Request], cfg: &SimConfig, mut progress: impl FnMut(usiz
     let base_ts = 1.7e9;
     let mut workers: Vec<Worker> = (0..cfg.workers)
         .map(|i| Worker {
-            salt: splitmix(cfg.seed ^ (0xC0FFEE + i as u64)) | 1,
+            salt: splitmix(cfg.seed ^ (0xC0FFEE + (!cfg.shared_engine_hashes as u64 * i as u64)))
+                | 1,
             gpu: Lru::default(),
             cpu: Lru::default(),
             frames: Vec::new(),
@@ -325,11 +334,11 @@ pub fn simulate(reqs: &[Request], cfg: &SimConfig, mut progress: impl FnMut(usiz
             st.blocks_stored += (n - p) as u64;
         }
         if wk.n_events as usize >= cfg.batch_events {
-            flush(wk, wi, &mut order, &mut st);
+            flush(wk, wi, cfg.batch_dp_rank, &mut order, &mut st);
         }
     }
     for (wi, wk) in workers.iter_mut().enumerate() {
-        flush(wk, wi, &mut order, &mut st);
+        flush(wk, wi, cfg.batch_dp_rank, &mut order, &mut st);
     }
     st.blocks_stored += st.cpu_blocks_stored;
     st.blocks_removed += st.cpu_blocks_removed;
@@ -348,11 +357,17 @@ pub fn simulate(reqs: &[Request], cfg: &SimConfig, mut progress: impl FnMut(usiz
     }
 }
 
-fn flush(wk: &mut Worker, wi: usize, order: &mut Vec<(u32, u32)>, st: &mut SimStats) {
+fn flush(
+    wk: &mut Worker,
+    wi: usize,
+    dp_rank: bool,
+    order: &mut Vec<(u32, u32)>,
+    st: &mut SimStats,
+) {
     if wk.n_events == 0 {
         return;
     }
-    let payload = enc_batch(wk.ts, wk.n_events, &wk.events);
+    let payload = enc_batch(wk.ts, wk.n_events, &wk.events, dp_rank);
     st.frames += 1;
     st.events += wk.n_events as u64;
     st.payload_bytes += payload.len() as u64;

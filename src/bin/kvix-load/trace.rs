@@ -58,9 +58,7 @@ pub fn expand(h: u64, n: usize, out: &mut Vec<u32>) {
 /// Read the first `limit` requests of a trace and expand them for `block_size`.
 pub fn load(path: &str, limit: usize, block_size: usize) -> Result<Vec<Request>, String> {
     let f = std::fs::File::open(path).map_err(|e| format!("cannot open trace {path}: {e}"))?;
-    let seed = hash::block_seed(None, None);
     let mut out = Vec::new();
-    let mut seqs = Vec::new();
     for (n, line) in BufReader::new(f).lines().enumerate() {
         if out.len() >= limit {
             break;
@@ -78,18 +76,34 @@ pub fn load(path: &str, limit: usize, block_size: usize) -> Result<Vec<Request>,
             expand(h, l.input_length - tokens.len(), &mut tokens);
         }
         // A trace whose hash ids cover fewer tokens than input_length: keep what they cover.
-        hash::seq_hashes_for_tokens(&tokens, block_size, seed, &mut seqs);
-        out.push(Request {
-            timestamp_ms: l.timestamp,
-            output_length: l.output_length,
+        out.push(from_tokens(
             tokens,
-            seqs: seqs.iter().map(|s| s.0).collect(),
-        });
+            block_size,
+            l.timestamp,
+            l.output_length,
+        ));
     }
     if out.is_empty() {
         return Err(format!("{path}: no requests"));
     }
     Ok(out)
+}
+
+/// A request of these tokens, with the sequence hashes of its complete blocks.
+pub fn from_tokens(
+    tokens: Vec<u32>,
+    block_size: usize,
+    timestamp_ms: u64,
+    output_length: usize,
+) -> Request {
+    let mut seqs = Vec::new();
+    hash::seq_hashes_for_tokens(&tokens, block_size, hash::block_seed(None, None), &mut seqs);
+    Request {
+        timestamp_ms,
+        output_length,
+        tokens,
+        seqs: seqs.iter().map(|s| s.0).collect(),
+    }
 }
 
 /// `req`'s tokens truncated or padded to exactly `n`; padding is deterministic

@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# kvix against Dynamo's standalone indexer, side by side in one run, with the HTTP
+# ceiling of a plain tokio + hyper server; writes results and a ratio table.
+#
+#   perf/compare.sh [--repeat N] [--quick] [--out DIR] [--no-build]
+#                   [--requests N] [--duration S]
+#
+# Builds kvix (release) and scripts/dynamo_peer (dynamo-peer: the published crate
+# dynamo-kv-router 1.6.1 run by its own run_server; tokio-hello: tokio + hyper
+# answering a constant /query-sized body). Then, --repeat times, for each workload
+#   trace          first --requests requests of the Mooncake conversation trace,
+#                  16 workers, prefix-affinity routing
+#   shared-prefix  kvix-load's generated workload (6 x --requests requests, so the
+#                  index is of the trace's order of size): a few long system prompts and
+#                  few-shot prefixes opening most requests, 64 workers, random routing
+# and for each system at --threads 1 and 2 (kvix: executors; Dynamo: indexer threads
+# and as many tokio workers): a fresh server, the event load (blocks applied/s,
+# settled RSS per live (block, worker)), then closed-loop /query with 1k-token
+# prompts at 16 connections and at 1; tokio-hello takes the same query phases,
+# answering a constant body of the mean size of kvix's replies in that workload.
+# The event streams are vLLM's wire format with two choices Dynamo 1.6.1 needs, made
+# for both systems: batches carry the (nil) dp-rank element, and a block has the
+# same engine hash on every worker (under per-worker hashes Dynamo's indexer drops
+# stores whose parent another worker also holds; the log counts such failures).
+# Systems alternate which goes first from one repeat to the next, so the machine's
+# drift does not favour one. Everything runs on this machine, client included.
+#
+# Output: DIR/run-R/<workload>/<system>-t<threads>-{events,query}.json (kvix-load
+# --json reports) and .log (the server's stderr), DIR/run-R/results.json (the
+# figures of that run), and DIR/compare.md: per workload, each system at its best
+# thread count, ratios as median and range over the runs. DIR/compare.log: progress.
+#
+# Builds run under `nice -n 10`; set CARGO_BUILD_JOBS to bound their parallelism.
+# Needs a C/C++ compiler (libzmq and ring are built from source), python3, curl.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+REPEAT=3 QUICK=0 BUILD=1 REQUESTS=6000 DURATION=10
+OUT="perf/out/compare-$(date +%Y%m%d-%H%M%S)"
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --repeat) REPEAT="$2"; shift 2 ;;
+        --quick) QUICK=1; REPEAT=1; REQUESTS=1000; DURATION=2; shift ;;
+        --out) OUT="$2"; shift 2 ;;
+        --no-build) BUILD=0; shift ;;
+        --requests) REQUESTS="$2"; shift 2 ;;
+        --duration) DURATION="$2"; shift 2 ;;
+        *) echo "unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+. perf/lib.sh
+pick_trace
+mkdir -p "$OUT"
+exec 3>&2 2>"$OUT/compare.log"
+say() { echo "perf/compare.sh: $*" >&3; echo "== $*" >&2; }
+
+PEER_DIR=scripts/dynamo_peer
+PEER_BIN=$PEER_DIR/target/release
+if [ "$BUILD" = 1 ]; then
+    say "building kvix and kvix-load (release)"
+    nice -n 10 cargo build --release --locked --bin kvix --bin kvix-load >&2
+    say "building dynamo-peer and tokio-hello (dynamo-kv-router 1.6.1; slow the first time)"
+    if ! nice -n 10 cargo build --release --locked --manifest-path "$PEER_DIR/Cargo.toml" >&2; then
+        say "building $PEER_DIR failed (see $OUT/compare.log); it needs a C/C++ compiler: apt-get install build-essential"
+        exit 1
+    fi
+fi
+BIN=target/release
+for b in "$BIN/kvix" "$BIN/kvix-load" "$PEER_BIN/dynamo-peer" "$PEER_BIN/tokio-hello"; do
+    [ -x "$b" ] || { say "missing $b (run without --no-build)"; exit 1; }
+done
+describe_machine "$OUT/machine.txt" "repeat: $REPEAT requests: $REQUESTS duration: $DURATION trace: $TRACE
+dynamo: dynamo-kv-router 1.6.1 (scripts/dynamo_peer/Cargo.lock)
+load: $(uptime)"
+
+PID=""
+cleanup() { [ -n "$PID" ] && kill "$PID" 2>/dev/null; wait 2>/dev/null || true; }
+trap cleanup EXIT
+start() { # start SYSTEM THREADS LOG [HELLO BODY BYTES] → sets PID and PORT
+    local system=$1 threads=$2 log=$3 body=${4:-400} cmd
+    PORT=$(free_port)
+    case "$system" in
+        kvix) cmd=("$BIN/kvix" --host 127.0.0.1 --port "$PORT" --threads "$threads") ;;
+        dynamo) cmd=("$PEER_BIN/dynamo-peer" --port "$PORT" --threads "$threads"
+            --runtime-threads "$threads") ;;
+        hello) cmd=("$PEER_BIN/tokio-hello" --host 127.0.0.1 --port "$PORT" --threads "$threads"
+            --body-bytes "$body") ;;
+    esac
+    # The server itself, not a subshell, is $PID: its RSS is measured and it is stopped.
+    "${cmd[@]}" 2>"$log" &
+    PID=$!
+    wait_health "$PORT" || { say "$system did not answer /health"; exit 1; }
+}
+stop() { kill "$PID"; wait "$PID" 2>/dev/null || true; PID=""; }
+
+# The request list of a workload (events and queries alike), and its event-phase workers.
+workload_args() { # workload_args WORKLOAD
+    case "$1" in
+        trace) echo --workload trace --trace "$TRACE" --requests "$REQUESTS" ;;
+        shared-prefix) echo --workload shared-prefix --requests $((6 * REQUESTS)) ;;
+    esac
+}
+worker_args() { # worker_args WORKLOAD
+    local wire=(--batch-dp-rank --shared-engine-hashes)
+    case "$1" in
+        trace) echo --workers-count 16 --policy prefix-affinity "${wire[@]}" ;;
+        shared-prefix) echo --workers-count 64 --policy random "${wire[@]}" ;;
+    esac
+}
+# Mean reply size of kvix's 16-connection phase in this workload: tokio-hello's body.
+reply_bytes() { # reply_bytes QUERY_JSON
+    python3 -c 'import json,sys
+q=[p for p in json.load(open(sys.argv[1]))["queries"] if p["completed"]]
+print(round(q[0]["reply_bytes_mean"]) if q else 400)' "$1" 2>/dev/null || echo 400
+}
+# kvix-load exits 2 when it measured a failure (sentinels not seen, query errors):
+# the report is kept and the failure shows in the table, the run goes on.
+load() { "$BIN/kvix-load" "$@" || [ $? = 2 ]; }
+
+run_system() { # run_system RUNDIR WORKLOAD SYSTEM THREADS
+    local dir=$1 workload=$2 system=$3 threads=$4 wl ev
+    read -r -a wl <<<"$(workload_args "$workload")"
+    read -r -a ev <<<"$(worker_args "$workload")"
+    local name="$system-t$threads" body=""
+    [ "$system" = hello ] && body=$(reply_bytes "$dir/kvix-t2-query.json")
+    say "$(basename "$(dirname "$dir")"), $workload: $system --threads $threads"
+    start "$system" "$threads" "$dir/$name.log" "$body"
+    local common=(--url "http://127.0.0.1:$PORT" --quiet --json "${wl[@]}")
+    if [ "$system" != hello ]; then
+        load events "${common[@]}" "${ev[@]}" --pid "$PID" --keep >"$dir/$name-events.json"
+    fi
+    load query "${common[@]}" --connections 16,1 --prompt-tokens 1024 --duration "$DURATION" \
+        >"$dir/$name-query.json"
+    stop
+}
+
+for r in $(seq 1 "$REPEAT"); do
+    for workload in trace shared-prefix; do
+        dir="$OUT/run-$r/$workload"
+        mkdir -p "$dir"
+        systems=(kvix dynamo)
+        [ $((r % 2)) = 0 ] && systems=(dynamo kvix)
+        for system in "${systems[@]}" hello; do
+            for threads in 1 2; do
+                run_system "$dir" "$workload" "$system" "$threads"
+            done
+        done
+    done
+    python3 perf/compare.py run "$OUT/run-$r" >"$OUT/run-$r/results.json"
+done
+python3 perf/compare.py table "$OUT" >"$OUT/compare.md"
+say "results in $OUT (compare.md)"
+cat "$OUT/compare.md" >&3
