@@ -31,7 +31,8 @@ use std::time::Duration;
     long_about = "Load generator for KV-cache indexers with Dynamo's standalone-indexer HTTP API \
 (kvix, dynamo-kv-indexer).\n\n\
 Requests come from a Mooncake trace: each hash id expands deterministically into 512 token ids, \
-cut to input_length and split into --block-size blocks. Simulated workers (one ZMQ PUB socket \
+cut to input_length and split into --block-size blocks; or, with --workload shared-prefix, from \
+generated conversations that mostly open with a few shared system prompts and few-shot prefixes. Simulated workers (one ZMQ PUB socket \
 each, registered through POST /register) keep LRU KV caches and publish vLLM KVEventBatch frames \
 (BlockStored/BlockRemoved). After the last frame each worker publishes a sentinel block; the run \
 polls POST /query until every sentinel is visible, giving blocks applied/s at the indexer. Query \

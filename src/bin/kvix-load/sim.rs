@@ -382,6 +382,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn batch_dp_rank_is_a_trailing_nil() {
+        let mut ev = Vec::new();
+        enc_removed(&mut ev, &[7], "GPU");
+        let two = enc_batch(1.0, 1, &ev, false);
+        let three = enc_batch(1.0, 1, &ev, true);
+        assert_eq!(two[0], 0x92);
+        assert_eq!(three[0], 0x93);
+        assert_eq!(&three[1..three.len() - 1], &two[1..]);
+        assert_eq!(three.last(), Some(&0xc0));
+    }
+
+    #[test]
     fn lru_evicts_oldest_and_skips_stale() {
         let mut l = Lru::default();
         l.touch(1);
