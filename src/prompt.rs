@@ -126,9 +126,9 @@ pub struct Prompts {
 
 impl std::fmt::Debug for Prompts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut names: Vec<&str> = self.models.keys().map(String::as_str).collect();
-        names.sort_unstable();
-        f.debug_struct("Prompts").field("models", &names).finish()
+        f.debug_struct("Prompts")
+            .field("models", &self.names())
+            .finish()
     }
 }
 
