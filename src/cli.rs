@@ -110,6 +110,12 @@ pub struct Args {
     /// endpoints (`ipc:///run/engine.sock`); unset: any endpoint
     #[arg(long, env = "KVIX_ALLOW_ENDPOINTS")]
     pub allow_endpoints: Option<String>,
+    /// Tokenizer of a model for text queries, as MODEL=PATH (repeatable, or
+    /// comma-separated): PATH is a Hugging Face tokenizer.json or a directory holding
+    /// one; a tokenizer_config.json (or chat_template.jinja) beside it gives the chat
+    /// template for `messages`. Read at start; nothing is downloaded
+    #[arg(long, env = "KVIX_TOKENIZER", value_delimiter = ',')]
+    pub tokenizer: Vec<String>,
     /// Log format on stderr: `text` or `json` (one JSON object per line)
     #[arg(long, env = "KVIX_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,

@@ -4,7 +4,8 @@
 //! - events: ZMQ ([`ingest`]) → decode ([`wire`]) → engine→kvix hashes ([`ingest::feed`], [`hash`])
 //!   → SPSC rings ([`ring`]) → the owning shard ([`shard`], chosen by [`partition`]);
 //! - queries: HTTP ([`http`]) → hash ([`hash`]) → scatter to shards ([`runtime`]) →
-//!   gather ([`query`]) → JSON ([`http::json`]).
+//!   gather ([`query`]) → JSON ([`http::json`]); a text prompt is first turned into
+//!   token ids ([`prompt`]).
 //!
 //! - recovery: gap replay ([`ingest::replay`]), peer `/dump` bootstrap and local
 //!   snapshots ([`recovery`]) feed the same rings; [`metrics`] renders `/metrics`.
@@ -21,6 +22,7 @@ pub mod lifecycle;
 pub mod mesh;
 pub mod metrics;
 pub mod partition;
+pub mod prompt;
 pub mod query;
 pub mod recovery;
 pub mod registry;

@@ -1,5 +1,5 @@
-//! The `kvix` binary: validate flags, claim the port, start ingest, register
-//! `--workers`, start recovery, serve.
+//! The `kvix` binary: validate flags, load tokenizers, claim the port, start ingest,
+//! register `--workers`, start recovery, serve.
 
 use clap::Parser;
 use kvix::cli::{Args, parse_peers, parse_workers};
@@ -185,6 +185,11 @@ fn run(args: Args) -> Result<(), String> {
         return Err("--snapshot-interval must be a number of seconds ≥ 0".into());
     }
     let access = load_access(&args)?;
+    let prompts =
+        kvix::prompt::Prompts::load(&args.tokenizer).map_err(|e| format!("--tokenizer {e}"))?;
+    if !args.tokenizer.is_empty() {
+        tracing::info!(models = ?prompts.names(), "tokenizers loaded");
+    }
     let addr: SocketAddr = (args.host.as_str(), args.port)
         .to_socket_addrs()
         .map_err(|e| format!("bad --host/--port: {e}"))?
@@ -221,6 +226,7 @@ fn run(args: Args) -> Result<(), String> {
             // Below a few KiB no real batch fits; above 1 TiB is no limit at all.
             max_msg_bytes: clamp("zmq-max-msg-bytes", args.zmq_max_msg_bytes, 4096, 1 << 40) as i64,
         },
+        prompts: std::sync::Arc::new(prompts),
     };
     let app = App::new(&cfg);
     for p in parse_peers(args.peers.as_deref().unwrap_or("")) {

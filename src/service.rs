@@ -1,7 +1,7 @@
 //! The process-wide parts of the service and its control plane.
 //!
 //! Owns [`App`] (built once from a [`Config`]: registry, ingest threads, rings,
-//! lifecycle, peers) and the operations that change who is listened to
+//! lifecycle, peers, tokenizers) and the operations that change who is listened to
 //! ([`Control`]). Control operations block on ingest-thread replies: they run on the
 //! control thread or off the executors (`mesh::ShardMesh::offload`), never on an
 //! executor. Nothing here runs per block.
@@ -9,6 +9,7 @@
 use crate::cli::validate_endpoint;
 use crate::ingest::{Ingest, SocketOptions};
 use crate::lifecycle::Lifecycle;
+use crate::prompt::Prompts;
 use crate::registry::{Endpoint, EventLimits, ListenerOpts, Registration, Registry, RegistryError};
 use crate::ring::Rings;
 use crate::types::{DpRank, InstanceId};
@@ -47,6 +48,8 @@ pub struct Config {
     /// What event data may create in the registry.
     pub event_limits: EventLimits,
     pub sockets: SocketOptions,
+    /// Tokenizers and chat templates for text queries (`--tokenizer`).
+    pub prompts: Arc<Prompts>,
 }
 
 impl Config {
@@ -58,6 +61,7 @@ impl Config {
             snapshot: None,
             event_limits: EventLimits::default(),
             sockets: SocketOptions::default(),
+            prompts: Arc::default(),
         }
     }
 }
@@ -78,6 +82,7 @@ pub struct App {
     lifecycle: Lifecycle,
     recovery: RecoveryStats,
     snapshot: Option<SnapshotConfig>,
+    prompts: Arc<Prompts>,
 }
 
 impl App {
@@ -97,6 +102,7 @@ impl App {
             lifecycle: Lifecycle::new(shards),
             recovery: RecoveryStats::default(),
             snapshot: cfg.snapshot.clone(),
+            prompts: cfg.prompts.clone(),
         })
     }
 
@@ -126,6 +132,10 @@ impl App {
 
     pub fn snapshot_config(&self) -> Option<&SnapshotConfig> {
         self.snapshot.as_ref()
+    }
+
+    pub fn prompts(&self) -> &Arc<Prompts> {
+        &self.prompts
     }
 }
 

@@ -10,6 +10,7 @@ use super::json;
 use super::token_ids;
 use crate::hash;
 use crate::mesh::ShardMesh;
+use crate::prompt::{self, PromptError, Prompts, Text};
 use crate::query;
 use crate::query::gather;
 use crate::registry::{Endpoint, IndexInfo, InstanceKey, ListenerOpts};
@@ -21,6 +22,15 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 const DEFAULT_TENANT: &str = "default";
+
+impl From<PromptError> for ApiError {
+    fn from(e: PromptError) -> Self {
+        ApiError::Field {
+            field: e.field().into(),
+            msg: e.to_string(),
+        }
+    }
+}
 
 impl From<ControlError> for ApiError {
     fn from(e: ControlError) -> Self {
@@ -60,7 +70,9 @@ fn control_shape(body: &[u8], forced: Option<Shape>) -> Shape {
 /// changes the registry, and stop there: nothing is registered, looked up or
 /// answered. For the fuzz targets, so they exercise the handlers' own parsing.
 /// Returns the token ids of a `/query` (fast path or serde_json, as the handler
-/// reads them) and `None` for the other routes.
+/// reads them) and `None` for the other routes. A `prompt` or `messages` is checked
+/// against no tokenizers (the fuzz targets load none): it ends in the 422 a model
+/// without `--tokenizer` gets.
 pub fn parse_body(
     route: &str,
     forced: Option<Shape>,
@@ -71,8 +83,12 @@ pub fn parse_body(
         "/unregister" => parse_unregister(body, forced).map(|_| None),
         "/query" => {
             let mut r = parse_query(body)?;
-            named(&mut r.scope, forced)?;
-            Ok(Some(r.token_ids.0))
+            let input = r.input()?;
+            let n = named(&mut r.scope, forced)?;
+            Ok(Some(match input {
+                Input::Ids(ids) => ids,
+                Input::Text(t) => Prompts::default().model_for(&n.model, &t)?.encode(&t)?,
+            }))
         }
         "/query_by_hash" => {
             let mut r: QueryByHashReq = parse(body)?;
@@ -470,12 +486,18 @@ fn resolve<M: ShardMesh>(
     mut sc: Scope,
     forced: Option<Shape>,
 ) -> Result<Target, ApiError> {
+    let n = named(&mut sc, forced)?;
+    resolve_named(mesh, n, sc)
+}
+
+/// [`resolve`] once [`named`] has run.
+fn resolve_named<M: ShardMesh>(mesh: &M, n: Named, sc: Scope) -> Result<Target, ApiError> {
     let Named {
         shape,
         model,
         tenant,
         lora,
-    } = named(&mut sc, forced)?;
+    } = n;
     let ix = index_for(mesh, &model, Some(&tenant))?;
     if let Some(bs) = sc.block_size
         && bs != ix.block_size
@@ -603,7 +625,14 @@ impl<'de> Deserialize<'de> for TokenIds {
 
 #[derive(Deserialize)]
 struct QueryReq {
-    token_ids: TokenIds,
+    /// Exactly one of `token_ids`, `prompt` and `messages` (see [`QueryReq::input`]).
+    token_ids: Option<TokenIds>,
+    /// Text for the model's tokenizer (`--tokenizer`).
+    prompt: Option<String>,
+    /// Chat messages for the model's chat template.
+    messages: Option<prompt::Messages>,
+    /// With `messages`: end with the template's assistant header (default true).
+    add_generation_prompt: Option<bool>,
     cache_salt: Option<String>,
     /// Per block, the hashes of the multimodal objects it carries (or null),
     /// folded into its hash as Dynamo does.
@@ -618,7 +647,7 @@ fn parse_query(body: &[u8]) -> Result<QueryReq, ApiError> {
     Ok(match token_ids::split(body) {
         Some((ids, rest)) => match serde_json::from_slice::<QueryReq>(&rest) {
             Ok(r) => QueryReq {
-                token_ids: TokenIds(ids),
+                token_ids: Some(TokenIds(ids)),
                 ..r
             },
             // Errors are reported against the body as sent.
@@ -628,14 +657,70 @@ fn parse_query(body: &[u8]) -> Result<QueryReq, ApiError> {
     })
 }
 
+/// What a query asks about: token ids, or text for the model's tokenizer.
+enum Input {
+    Ids(Vec<u32>),
+    Text(Text),
+}
+
+/// A query's input once a text has its tokenizer.
+enum Tokens {
+    Ids(Vec<u32>),
+    Text(Arc<prompt::Model>, Text),
+}
+
+impl QueryReq {
+    /// The one input the body carries; none or two is a 422 naming a field.
+    fn input(&mut self) -> Result<Input, ApiError> {
+        let extra = |field: &str| ApiError::Field {
+            field: field.into(),
+            msg: "a query carries one of `token_ids`, `prompt` and `messages`".into(),
+        };
+        match (
+            self.token_ids.take(),
+            self.prompt.take(),
+            self.messages.take(),
+        ) {
+            (Some(ids), None, None) => Ok(Input::Ids(ids.0)),
+            (None, Some(p), None) => Ok(Input::Text(Text::Prompt(p))),
+            (None, None, Some(messages)) => Ok(Input::Text(Text::Messages {
+                messages,
+                add_generation_prompt: self.add_generation_prompt.unwrap_or(true),
+            })),
+            (None, None, None) => Err(ApiError::Field {
+                field: "token_ids".into(),
+                msg: "missing field `token_ids` (or `prompt` or `messages`, for a model \
+                      given by --tokenizer)"
+                    .into(),
+            }),
+            (_, _, Some(_)) => Err(extra("messages")),
+            (Some(_), Some(_), None) => Err(extra("prompt")),
+        }
+    }
+}
+
 pub async fn query<M: ShardMesh>(
     mesh: &M,
     body: &[u8],
     forced: Option<Shape>,
 ) -> Result<Reply, ApiError> {
-    let r = parse_query(body)?;
-    let t = resolve(mesh, r.scope, forced)?;
-    let token_ids = r.token_ids.0;
+    let mut r = parse_query(body)?;
+    let input = r.input()?;
+    let n = named(&mut r.scope, forced)?;
+    // A text's tokenizer is checked before the registry, as token ids are parsed
+    // before it; the encoding, the costly part, runs once the index is known.
+    let text = match input {
+        Input::Ids(ids) => Tokens::Ids(ids),
+        Input::Text(text) => Tokens::Text(mesh.app().prompts().model_for(&n.model, &text)?, text),
+    };
+    let t = resolve_named(mesh, n, r.scope)?;
+    let token_ids = match text {
+        Tokens::Ids(ids) => ids,
+        // Off the executor: encoding 1k tokens costs many times what a whole token-id
+        // query does (BENCHMARKS.md, "Text prompts"), time in which this core's other
+        // connections and shard lookups would wait.
+        Tokens::Text(model, text) => mesh.offload(move || model.encode(&text)).await?,
+    };
     let seed = hash::block_seed(t.lora.as_deref(), r.cache_salt.as_deref());
     let bs = t.ix.block_size as usize;
     let mut seqs = Vec::with_capacity(token_ids.len() / bs + 1);
@@ -855,5 +940,50 @@ mod tests {
         // Forced to the conductor's shape, a Dynamo body lacks `modelname`.
         assert_eq!(status("/register", Some(Shape::Conductor), reg), 422);
         assert_eq!(status("/nowhere", None, "{}"), 404);
+    }
+
+    #[test]
+    fn a_query_carries_one_input_and_text_needs_a_tokenizer() {
+        let field = |body: &str| match parse_body("/query", None, body.as_bytes()) {
+            Err(e @ ApiError::Field { .. }) => {
+                let v: serde_json::Value = serde_json::from_slice(&e.body()).unwrap();
+                (
+                    e.status().as_u16(),
+                    v["field"].as_str().unwrap().to_string(),
+                )
+            }
+            other => panic!("{body}: {:?}", other.map_err(|e| e.to_string())),
+        };
+        let want = |code, f: &str| (code, f.to_string());
+        // No tokenizer is loaded here: text is refused, naming its field.
+        assert_eq!(
+            field(r#"{"prompt": "hi", "model_name": "m"}"#),
+            want(422, "prompt")
+        );
+        assert_eq!(
+            field(r#"{"messages": [{"role": "user", "content": "hi"}], "model": "m"}"#),
+            want(422, "messages")
+        );
+        assert_eq!(
+            field(r#"{"messages": "hi", "model": "m"}"#),
+            want(422, "messages")
+        );
+        assert_eq!(field(r#"{"prompt": 1, "model": "m"}"#), want(422, "prompt"));
+        // None, or more than one.
+        assert_eq!(field(r#"{"model_name": "m"}"#), want(422, "token_ids"));
+        assert_eq!(
+            field(r#"{"token_ids": [1], "prompt": "x", "model_name": "m"}"#),
+            want(422, "prompt")
+        );
+        assert_eq!(
+            field(r#"{"prompt": "x", "messages": [], "model_name": "m"}"#),
+            want(422, "messages")
+        );
+        // Explicit nulls are absent fields; token ids keep their fast path.
+        let q = r#"{"token_ids": [4, 5], "prompt": null, "messages": null, "model_name": "m"}"#;
+        assert_eq!(
+            parse_body("/query", None, q.as_bytes()).unwrap(),
+            Some(vec![4, 5])
+        );
     }
 }

@@ -9,6 +9,7 @@
 //! (400 or 422; 413 is the body limit's); the fast path agrees with serde_json: a
 //! `/query` that parses has the token ids serde_json reads from the same body, and
 //! `token_ids::split` / `plain_u32_array` never return ids serde_json would not.
+//! A `prompt` or `messages` body is refused with a 422: no tokenizer is loaded here.
 #![no_main]
 
 use kvix::http::api::{self, Shape};

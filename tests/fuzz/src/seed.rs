@@ -320,7 +320,14 @@ fn has_any(v: &Value, keys: &[&str]) -> bool {
     keys.iter().any(|k| v.get(k).is_some())
 }
 
-const QUERY_KEYS: &[&str] = &["token_ids", "block_hashes", "seq_hashes", "block_hash"];
+const QUERY_KEYS: &[&str] = &[
+    "token_ids",
+    "prompt",
+    "messages",
+    "block_hashes",
+    "seq_hashes",
+    "block_hash",
+];
 const CONTROL_KEYS: &[&str] = &["instance_id", "endpoint", "modelname", "url"];
 
 fn numbered(values: Vec<Value>) -> Vec<(String, Vec<u8>)> {

@@ -1,0 +1,299 @@
+//! Text prompts end to end: the real binary started with `--tokenizer` on files this
+//! test writes, blocks stored over real ZMQ, and `/query` with `prompt` or `messages`
+//! answering exactly as `/query` with the same token ids; then the errors.
+
+mod common;
+
+use common::{Publisher, Server, kvix_bin, stored};
+use serde_json::{Value, json};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Special tokens of the test vocabulary, by id.
+const SPECIAL: [&str; 6] = [
+    "[UNK]",
+    "<s>",
+    "</s>",
+    "<|user|>",
+    "<|assistant|>",
+    "<|system|>",
+];
+const BOS: u32 = 1;
+const EOS: u32 = 2;
+const USER: u32 = 3;
+const ASSISTANT: u32 = 4;
+
+/// A word-level tokenizer.json whose ids are known by construction: the special
+/// tokens above, then word `tN` is id N (10 ≤ N < 1000); a plain encode puts `<s>`
+/// in front (its post-processor).
+fn tokenizer_json() -> String {
+    let mut vocab = serde_json::Map::new();
+    for (i, t) in SPECIAL.iter().enumerate() {
+        vocab.insert((*t).into(), i.into());
+    }
+    for n in 10..1000 {
+        vocab.insert(format!("t{n}"), n.into());
+    }
+    let added: Vec<Value> = (1..SPECIAL.len())
+        .map(|id| {
+            json!({"id": id, "content": SPECIAL[id], "single_word": false, "lstrip": false,
+                   "rstrip": false, "normalized": false, "special": true})
+        })
+        .collect();
+    json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": null,
+        "pre_tokenizer": {"type": "Whitespace"},
+        "post_processor": {
+            "type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                     {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {"<s>": {"id": "<s>", "ids": [BOS], "tokens": ["<s>"]}}
+        },
+        "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}
+    })
+    .to_string()
+}
+
+/// A Hugging Face style chat template: BOS from the config, Python's `.strip()`,
+/// `raise_exception`, `add_generation_prompt`.
+const TEMPLATE: &str = "{{ bos_token }}{% for m in messages %}\
+{% if m['role'] == 'tool' %}{{ raise_exception('no tool messages here') }}{% endif %}\
+<|{{ m['role'] }}|> {{ m['content'].strip() }} {{ eos_token }}{% endfor %}\
+{% if add_generation_prompt %}<|assistant|>{% endif %}";
+
+/// A fresh directory with `files` written into it.
+fn dir_with(tag: &str, files: &[(&str, String)]) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("kvix-prompts-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    for (name, text) in files {
+        std::fs::write(d.join(name), text).unwrap();
+    }
+    d
+}
+
+fn register(s: &Server, model: &str, instance: u64, p: &Publisher) {
+    s.post_ok(
+        "/register",
+        &json!({"instance_id": instance, "endpoint": p.endpoint, "model_name": model, "block_size": 4}),
+    );
+    p.wait_subscriber();
+}
+
+/// The error's `(status, field, message)`.
+fn error(s: &Server, path: &str, body: &Value) -> (u16, String, String) {
+    let (st, v) = s.post_json(path, body);
+    (
+        st,
+        v["field"].as_str().unwrap_or_default().to_string(),
+        v["error"].as_str().unwrap_or_default().to_string(),
+    )
+}
+
+#[test]
+fn prompts_and_messages_answer_as_their_token_ids() {
+    let chat = dir_with(
+        "chat",
+        &[
+            ("tokenizer.json", tokenizer_json()),
+            (
+                "tokenizer_config.json",
+                json!({"bos_token": "<s>", "eos_token": {"content": "</s>"}, "chat_template": TEMPLATE})
+                    .to_string(),
+            ),
+        ],
+    );
+    let plain = dir_with("plain", &[("tokenizer.json", tokenizer_json())]);
+    let s = Server::start(&[
+        "--threads",
+        "2",
+        "--tokenizer",
+        &format!("m={}", chat.display()),
+        // A file rather than its directory; no chat template beside it.
+        "--tokenizer",
+        &format!("plain={}", plain.join("tokenizer.json").display()),
+    ]);
+    let ctx = zmq::Context::new();
+    let (mut w1, mut w2, mut w3) = (
+        Publisher::bind(&ctx),
+        Publisher::bind(&ctx),
+        Publisher::bind(&ctx),
+    );
+    register(&s, "m", 1, &w1);
+    register(&s, "m", 2, &w2);
+    register(&s, "other", 3, &w3);
+
+    // "t10 … t16" encodes, with the tokenizer's BOS, to these 8 ids: two blocks.
+    let prompt = "t10 t11 t12\n t13  t14 t15 t16";
+    let prompt_ids: Vec<u32> = [BOS].into_iter().chain(10..=16).collect();
+    // The template writes BOS itself; nothing is added to the rendered text.
+    let messages = json!([
+        {"role": "user", "content": " t20 t21 t22 "},
+        {"role": "assistant", "content": "t23 t24"},
+    ]);
+    let chat_ids = vec![
+        BOS, USER, 20, 21, 22, EOS, ASSISTANT, 23, 24, EOS, ASSISTANT,
+    ];
+    w1.send(&stored(&[11, 12], None, &prompt_ids, 4));
+    w1.send(&stored(&[13, 14], None, &chat_ids[..8], 4));
+    w2.send(&stored(&[21], None, &prompt_ids[..4], 4));
+    w3.send(&stored(&[31], None, &prompt_ids[..4], 4));
+
+    let by_ids = json!({"token_ids": prompt_ids, "model_name": "m"});
+    s.eventually("both workers' blocks are indexed", || {
+        let v = s.post_json("/query", &by_ids).1;
+        (v["scores"] == json!({"1": {"0": 8}, "2": {"0": 4}}))
+            .then_some(())
+            .ok_or(v.to_string())
+    });
+    let ids_answer = s.post_ok("/query", &by_ids);
+    assert_eq!(
+        s.post_ok("/query", &json!({"prompt": prompt, "model_name": "m"})),
+        ids_answer
+    );
+    // The conductor's shape and llm-d scoring read the same ids.
+    for (path, ids, text) in [
+        (
+            "/conductor/query",
+            json!({"token_ids": prompt_ids, "model": "m"}),
+            json!({"prompt": prompt, "model": "m"}),
+        ),
+        (
+            "/query",
+            json!({"token_ids": prompt_ids, "model_name": "m", "scoring": "llm-d"}),
+            json!({"prompt": prompt, "model_name": "m", "scoring": "llm-d"}),
+        ),
+    ] {
+        let want = s.post_ok(path, &ids);
+        assert_eq!(s.post_ok(path, &text), want, "{path} {text}");
+    }
+
+    let chat_by_ids = json!({"token_ids": chat_ids, "model_name": "m"});
+    s.eventually("the chat blocks are indexed", || {
+        let v = s.post_json("/query", &chat_by_ids).1;
+        (v["scores"] == json!({"1": {"0": 8}}))
+            .then_some(())
+            .ok_or(v.to_string())
+    });
+    let chat_answer = s.post_ok("/query", &chat_by_ids);
+    assert_eq!(
+        s.post_ok("/query", &json!({"messages": messages, "model_name": "m"})),
+        chat_answer
+    );
+    let no_gen = s.post_ok(
+        "/query",
+        &json!({"token_ids": chat_ids[..chat_ids.len() - 1], "model_name": "m"}),
+    );
+    assert_eq!(
+        s.post_ok(
+            "/query",
+            &json!({"messages": messages, "model_name": "m", "add_generation_prompt": false})
+        ),
+        no_gen
+    );
+
+    // A model without a tokenizer, or without a chat template: 422 naming the field.
+    let (st, field, msg) = error(
+        &s,
+        "/query",
+        &json!({"prompt": prompt, "model_name": "other"}),
+    );
+    assert_eq!((st, field.as_str()), (422, "prompt"), "{msg}");
+    assert!(msg.contains("--tokenizer other=PATH"), "{msg}");
+    let (st, field, _) = error(
+        &s,
+        "/query",
+        &json!({"messages": messages, "model": "other"}),
+    );
+    assert_eq!((st, field.as_str()), (422, "messages"));
+    let (st, field, msg) = error(
+        &s,
+        "/query",
+        &json!({"messages": messages, "model_name": "plain"}),
+    );
+    assert_eq!((st, field.as_str()), (422, "messages"), "{msg}");
+    assert!(msg.contains("no chat template"), "{msg}");
+    // The template's own refusal.
+    let tool = json!([{"role": "tool", "content": "t10"}]);
+    let (st, field, msg) = error(&s, "/query", &json!({"messages": tool, "model_name": "m"}));
+    assert_eq!((st, field.as_str()), (422, "messages"), "{msg}");
+    assert!(msg.contains("no tool messages here"), "{msg}");
+    // One input per query.
+    let both = json!({"prompt": prompt, "token_ids": prompt_ids, "model_name": "m"});
+    assert_eq!(error(&s, "/query", &both).1, "prompt");
+    let none = json!({"model_name": "m"});
+    assert_eq!(error(&s, "/query", &none).1, "token_ids");
+    // A tokenizer but no index: the same 404 token ids get.
+    let (st, _, msg) = error(
+        &s,
+        "/query",
+        &json!({"prompt": prompt, "model_name": "plain"}),
+    );
+    assert_eq!(st, 404, "{msg}");
+
+    let log = s.stop();
+    assert!(log.contains("tokenizers loaded"), "{log}");
+    assert!(!log.contains("panicked"), "{log}");
+    std::fs::remove_dir_all(chat).unwrap();
+    std::fs::remove_dir_all(plain).unwrap();
+}
+
+/// Run kvix with `args` and `env`, expecting it to exit by itself: (code, stderr).
+fn run_to_exit(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
+    static RUNS: AtomicU64 = AtomicU64::new(0);
+    let n = RUNS.fetch_add(1, Ordering::Relaxed);
+    let log =
+        std::env::temp_dir().join(format!("kvix-prompts-exit-{}-{n}.log", std::process::id()));
+    let mut child = Command::new(kvix_bin())
+        .args(["--host", "127.0.0.1", "--port", "0"])
+        .args(args)
+        .envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let code = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st.code();
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("kvix {args:?} did not exit");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_file(log);
+    (code, text)
+}
+
+#[test]
+fn a_bad_tokenizer_stops_kvix_with_a_message() {
+    let d = dir_with("bad", &[("junk.json", "{\"model\": 1}".into())]);
+    let missing = d.join("nowhere").join("tokenizer.json");
+    let (code, err) = run_to_exit(&["--tokenizer", &format!("m={}", missing.display())], &[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("--tokenizer") && err.contains("cannot read") && err.contains("nowhere"),
+        "{err}"
+    );
+    // Through the environment, like every flag.
+    let junk = format!("m={}", d.join("junk.json").display());
+    let (code, err) = run_to_exit(&[], &[("KVIX_TOKENIZER", &junk)]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("not a Hugging Face tokenizer.json"), "{err}");
+    let (code, err) = run_to_exit(&["--tokenizer", "just-a-path"], &[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("expected MODEL=PATH"), "{err}");
+    std::fs::remove_dir_all(d).unwrap();
+}
