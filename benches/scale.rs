@@ -48,15 +48,19 @@ fn main() {
     // sets mimalloc's purge delay, option 15, to 0), so RSS is what the shard holds.
     // SAFETY: sets a process-wide integer option before any other thread exists.
     unsafe { libmimalloc_sys::mi_option_set(15, 0) };
-    let sizes: Vec<u64> = std::env::args()
+    // `cargo bench` passes `--bench`; `cargo test --all-targets` runs this binary
+    // without it, and then a small index only checks that it works.
+    let bench = std::env::args().any(|a| a == "--bench");
+    let sizes: Vec<f64> = std::env::args()
         .skip(1)
         .find(|a| !a.starts_with('-'))
         .map(|a| a.split(',').filter_map(|m| m.parse().ok()).collect())
-        .unwrap_or_else(|| vec![1, 10, 50]);
+        .unwrap_or_else(|| if bench { vec![1.0, 10.0, 50.0] } else { vec![0.05] });
+    let queries = if bench { 20_000 } else { 1_000 };
     println!("| blocks | RSS / block | query p50 | query p99 | apply ns / block |");
     println!("|---|---|---|---|---|");
     for millions in sizes {
-        let chains = millions * 1_000_000 / CHAIN;
+        let chains = ((millions * 1e6) as u64 / CHAIN).max(1);
         let rss0 = rss_bytes();
         let mut shard = Shard::default();
         let mut seqs = Vec::with_capacity(CHAIN as usize);
@@ -80,7 +84,7 @@ fn main() {
         let per_block = (rss_bytes().saturating_sub(rss0)) as f64 / (chains * CHAIN) as f64;
         let mut lat = hdrhistogram::Histogram::<u64>::new(3).unwrap();
         let mut x = 0x9E37_79B9_7F4A_7C15u64;
-        for _ in 0..20_000 {
+        for _ in 0..queries {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
