@@ -55,7 +55,13 @@ fn main() {
         .skip(1)
         .find(|a| !a.starts_with('-'))
         .map(|a| a.split(',').filter_map(|m| m.parse().ok()).collect())
-        .unwrap_or_else(|| if bench { vec![1.0, 10.0, 50.0] } else { vec![0.05] });
+        .unwrap_or_else(|| {
+            if bench {
+                vec![1.0, 10.0, 50.0]
+            } else {
+                vec![0.05]
+            }
+        });
     let queries = if bench { 20_000 } else { 1_000 };
     println!("| blocks | RSS / block | query p50 | query p99 | apply ns / block |");
     println!("|---|---|---|---|---|");
