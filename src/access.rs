@@ -27,7 +27,8 @@ pub enum Need {
 pub fn need(route: &str) -> Need {
     match route {
         "/register" | "/unregister" | "/register_peer" | "/deregister_peer" => Need::Admin,
-        "/query" | "/query_by_hash" | "/dump" | "/workers" | "/peers" | "/metrics" => Need::Read,
+        "/query" | "/query_by_hash" | "/speculate" | "/dump" | "/workers" | "/peers"
+        | "/metrics" => Need::Read,
         _ => Need::Open,
     }
 }

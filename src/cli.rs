@@ -116,6 +116,24 @@ pub struct Args {
     /// template for `messages`. Read at start; nothing is downloaded
     #[arg(long, env = "KVIX_TOKENIZER", value_delimiter = ',')]
     pub tokenizer: Vec<String>,
+    /// TTL of a `/speculate` prediction when the request names no `ttl_ms`: until
+    /// then (or the worker's BlockStored of the block) it scores as held on the device
+    #[arg(long, env = "KVIX_SPECULATIVE_TTL_MS", default_value_t = 2000)]
+    pub speculative_ttl_ms: u64,
+    /// Models whose workers publish no KV events (repeatable, or comma-separated):
+    /// their index is fed by `/speculate` alone, with --router-ttl-secs and pruning
+    #[arg(long, env = "KVIX_APPROXIMATE", value_delimiter = ',')]
+    pub approximate: Vec<String>,
+    /// TTL, in seconds, of the predictions of an --approximate model
+    #[arg(long, env = "KVIX_ROUTER_TTL_SECS", default_value_t = 120.0)]
+    pub router_ttl_secs: f64,
+    /// Blocks an --approximate model's index may hold before it is pruned
+    #[arg(long, env = "KVIX_ROUTER_MAX_TREE_SIZE", default_value_t = 1 << 20)]
+    pub router_max_tree_size: usize,
+    /// Fraction of --router-max-tree-size pruning brings the index down to, dropping
+    /// the predictions due soonest first
+    #[arg(long, env = "KVIX_ROUTER_PRUNE_TARGET_RATIO", default_value_t = 0.8)]
+    pub router_prune_target_ratio: f64,
     /// Log format on stderr: `text` or `json` (one JSON object per line)
     #[arg(long, env = "KVIX_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,

@@ -227,6 +227,38 @@ fn run(args: Args) -> Result<(), String> {
             max_msg_bytes: clamp("zmq-max-msg-bytes", args.zmq_max_msg_bytes, 4096, 1 << 40) as i64,
         },
         prompts: std::sync::Arc::new(prompts),
+        speculation: kvix::service::Speculation {
+            ttl: Duration::from_millis(clamp(
+                "speculative-ttl-ms",
+                args.speculative_ttl_ms,
+                1,
+                3_600_000,
+            )),
+            approximate: args
+                .approximate
+                .iter()
+                .filter(|m| !m.is_empty())
+                .cloned()
+                .collect(),
+            router_ttl: Duration::from_secs_f64(clamp(
+                "router-ttl-secs",
+                args.router_ttl_secs,
+                0.001,
+                3600.0,
+            )),
+            max_tree_size: clamp(
+                "router-max-tree-size",
+                args.router_max_tree_size,
+                1,
+                1 << 32,
+            ),
+            prune_target_ratio: clamp(
+                "router-prune-target-ratio",
+                args.router_prune_target_ratio,
+                0.0,
+                1.0,
+            ),
+        },
     };
     let app = App::new(&cfg);
     for p in parse_peers(args.peers.as_deref().unwrap_or("")) {

@@ -9,7 +9,7 @@
 use crate::metrics::{HttpStats, ShardStats};
 use crate::query::ShardReply;
 use crate::service::App;
-use crate::shard::DumpedBlock;
+use crate::shard::{DumpedBlock, PruneBound, ShardOp};
 use crate::types::{IndexId, SeqHash, ShardId};
 use std::cell::RefCell;
 use std::future::Future;
@@ -45,6 +45,16 @@ pub trait ShardMesh {
         shard: ShardId,
         index: IndexId,
     ) -> impl Future<Output = Result<Vec<DumpedBlock>, ShardUnavailable>>;
+
+    /// Apply prediction ops, `ops[s]` on shard `s` (each op on the shard owning its
+    /// block), all of one index; with `prune`, bound that index first. Returns once
+    /// every shard applied its part, so a query sent after sees them.
+    fn predict(
+        &self,
+        index: IndexId,
+        ops: Vec<Vec<ShardOp>>,
+        prune: Option<PruneBound>,
+    ) -> impl Future<Output = Result<(), ShardUnavailable>>;
 
     /// Every shard's figures.
     fn stats(&self) -> impl Future<Output = Result<Vec<ShardStats>, ShardUnavailable>>;

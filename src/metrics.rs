@@ -133,6 +133,8 @@ pub struct ShardStats {
     pub blocks: u64,
     /// (block, holder) pairs per tier.
     pub tier_blocks: [u64; Tier::COUNT],
+    /// What `/speculate`'s predictions did in this shard.
+    pub predictions: crate::shard::PredictionCounts,
     pub heap_bytes: u64,
     pub http: HttpStats,
 }
@@ -495,13 +497,61 @@ pub fn render(app: &App, shards: &[ShardStats]) -> String {
         MetricType::Gauge,
     );
     for s in shards {
-        for (t, n) in s.tier_blocks.iter().enumerate() {
+        for (t, n) in s.tier_blocks.iter().enumerate().take(Tier::MEDIA) {
             if t < 3 || *n > 0 {
                 f.with(
                     &[("shard", s.shard.to_string()), ("tier", tier_label(t))],
                     Value::Gauge(*n as i64),
                 );
             }
+        }
+    }
+    let f = g.add(
+        "kvix_predicted_blocks",
+        "Live predicted (block, worker) pairs per shard (from /speculate, not yet confirmed or expired)",
+        MetricType::Gauge,
+    );
+    for s in shards {
+        f.with(
+            &[("shard", s.shard.to_string())],
+            Value::Gauge(s.tier_blocks[Tier::PREDICTED.0 as usize] as i64),
+        );
+    }
+    type Count = fn(&crate::shard::PredictionCounts) -> u64;
+    let counts: [(&'static str, &'static str, Count); 5] = [
+        (
+            "kvix_predictions_created",
+            "Predicted (block, worker) pairs created by /speculate",
+            |c| c.created,
+        ),
+        (
+            "kvix_predictions_refreshed",
+            "Predictions given a later deadline by another /speculate",
+            |c| c.refreshed,
+        ),
+        (
+            "kvix_predictions_confirmed",
+            "Predictions confirmed by the worker's BlockStored (now ordinary holders)",
+            |c| c.confirmed,
+        ),
+        (
+            "kvix_predictions_expired",
+            "Predictions that reached their TTL unconfirmed",
+            |c| c.expired,
+        ),
+        (
+            "kvix_predictions_pruned",
+            "Predictions ended early to keep an approximate index under its maximum size",
+            |c| c.pruned,
+        ),
+    ];
+    for (name, help, get) in counts {
+        let f = g.add(name, help, MetricType::Counter);
+        for s in shards {
+            f.with(
+                &[("shard", s.shard.to_string())],
+                Value::Counter(get(&s.predictions)),
+            );
         }
     }
     g.add(

@@ -508,7 +508,8 @@ impl Registry {
         })
     }
 
-    /// Tier for a medium, interning an unknown one (up to 5 extra tiers; later ones share the last).
+    /// Tier for a medium, interning an unknown one (up to 4 extra tiers; later ones
+    /// share the last; [`Tier::PREDICTED`] is never a medium's).
     pub fn tier_for(&self, medium: Option<&str>) -> Tier {
         if let Some(t) = self.snapshot().tier_of(medium) {
             return t;
@@ -518,7 +519,7 @@ impl Registry {
             if let Some(t) = s.tier_of(Some(&m)) {
                 return t;
             }
-            if s.extra_tiers.len() < Tier::COUNT - 3 {
+            if s.extra_tiers.len() < Tier::MEDIA - 3 {
                 s.extra_tiers.push(m);
             }
             Tier(3 + s.extra_tiers.len() as u8 - 1)

@@ -169,9 +169,9 @@ impl RingSink {
 impl OpSink for RingSink {
     fn push(&mut self, op: ShardOp) {
         let shard = match op {
-            ShardOp::Store { seq, .. } | ShardOp::Remove { seq, .. } => {
-                shard_of(seq, self.rings.shards)
-            }
+            ShardOp::Store { seq, .. }
+            | ShardOp::Remove { seq, .. }
+            | ShardOp::Predict { seq, .. } => shard_of(seq, self.rings.shards),
             ShardOp::ClearSlot { .. } => return self.broadcast(op),
         };
         self.stage(shard, op);

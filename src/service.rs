@@ -50,6 +50,41 @@ pub struct Config {
     pub sockets: SocketOptions,
     /// Tokenizers and chat templates for text queries (`--tokenizer`).
     pub prompts: Arc<Prompts>,
+    pub speculation: Speculation,
+}
+
+/// How `/speculate`'s predictions live.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Speculation {
+    /// TTL of a prediction when the request names none (`--speculative-ttl-ms`).
+    pub ttl: std::time::Duration,
+    /// Models whose workers publish no events (`--approximate`): predictions are
+    /// their index, created on first use.
+    pub approximate: Vec<String>,
+    /// TTL of an approximate model's predictions (`--router-ttl-secs`).
+    pub router_ttl: std::time::Duration,
+    /// Blocks an approximate index may hold before it is pruned (`--router-max-tree-size`).
+    pub max_tree_size: usize,
+    /// Fraction of `max_tree_size` pruning brings it down to (`--router-prune-target-ratio`).
+    pub prune_target_ratio: f64,
+}
+
+impl Default for Speculation {
+    fn default() -> Self {
+        Speculation {
+            ttl: std::time::Duration::from_millis(2000),
+            approximate: Vec::new(),
+            router_ttl: std::time::Duration::from_secs(120),
+            max_tree_size: 1 << 20,
+            prune_target_ratio: 0.8,
+        }
+    }
+}
+
+impl Speculation {
+    pub fn is_approximate(&self, model: &str) -> bool {
+        self.approximate.iter().any(|m| m == model)
+    }
 }
 
 impl Config {
@@ -62,6 +97,7 @@ impl Config {
             event_limits: EventLimits::default(),
             sockets: SocketOptions::default(),
             prompts: Arc::default(),
+            speculation: Speculation::default(),
         }
     }
 }
@@ -83,6 +119,7 @@ pub struct App {
     recovery: RecoveryStats,
     snapshot: Option<SnapshotConfig>,
     prompts: Arc<Prompts>,
+    speculation: Speculation,
 }
 
 impl App {
@@ -103,6 +140,7 @@ impl App {
             recovery: RecoveryStats::default(),
             snapshot: cfg.snapshot.clone(),
             prompts: cfg.prompts.clone(),
+            speculation: cfg.speculation.clone(),
         })
     }
 
@@ -136,6 +174,10 @@ impl App {
 
     pub fn prompts(&self) -> &Arc<Prompts> {
         &self.prompts
+    }
+
+    pub fn speculation(&self) -> &Speculation {
+        &self.speculation
     }
 }
 

@@ -46,8 +46,13 @@ impl Tier {
     pub const DEVICE: Tier = Tier(0);
     pub const HOST: Tier = Tier(1);
     pub const DISK: Tier = Tier(2);
+    /// Not a medium: the worker is predicted to hold the block soon (`/speculate`).
+    /// Scored as the device; never dumped, snapshotted or named as a tier.
+    pub const PREDICTED: Tier = Tier(7);
     /// Tiers fit in an 8-bit mask per holder.
     pub const COUNT: usize = 8;
+    /// Tiers an engine's medium can map to (all but [`Tier::PREDICTED`]).
+    pub const MEDIA: usize = Tier::COUNT - 1;
 
     /// Map an engine's `medium` string (any case) to a tier; `None` (vLLM's
     /// default) is the device. Device: GPU/NPU/HBM and other accelerators; host:
@@ -103,6 +108,8 @@ pub struct TierSet(pub u8);
 impl TierSet {
     pub const NONE: TierSet = TierSet(0);
     pub const ALL: TierSet = TierSet(0xff);
+    /// Every tier a medium can name: what an engine's removal or clear can reach.
+    pub const MEDIA: TierSet = TierSet(0x7f);
 
     pub const fn contains(self, t: Tier) -> bool {
         self.0 & (1 << t.0) != 0

@@ -96,6 +96,7 @@ pub fn parse_body(
             Ok(None)
         }
         // Without the service's own address: every URL a peer could have passes.
+        "/speculate" => super::speculate::parse(body).map(|_| None),
         "/register_peer" => parse_new_peer(body, None).map(|_| None),
         "/deregister_peer" => parse::<PeerReq>(body).map(|_| None),
         _ => Err(ApiError::NoRoute(route.to_string())),
@@ -357,7 +358,7 @@ pub fn workers<M: ShardMesh>(mesh: &M, query: &str) -> Result<Reply, ApiError> {
     ))
 }
 
-fn index_for<M: ShardMesh>(
+pub(super) fn index_for<M: ShardMesh>(
     mesh: &M,
     model: &str,
     tenant: Option<&str>,
@@ -390,7 +391,7 @@ pub enum InstanceRef {
 }
 
 impl InstanceRef {
-    fn key(&self) -> InstanceKey {
+    pub(super) fn key(&self) -> InstanceKey {
         match self {
             InstanceRef::Int(i) => InstanceKey::Id(*i),
             InstanceRef::Name(n) => InstanceKey::parse(n),
@@ -399,7 +400,10 @@ impl InstanceRef {
 }
 
 /// The id of an instance a request names: any integer, or a name registered before.
-fn known_instance<M: ShardMesh>(mesh: &M, r: &InstanceRef) -> Result<InstanceId, ApiError> {
+pub(super) fn known_instance<M: ShardMesh>(
+    mesh: &M,
+    r: &InstanceRef,
+) -> Result<InstanceId, ApiError> {
     let key = r.key();
     mesh.app()
         .registry()
@@ -410,15 +414,15 @@ fn known_instance<M: ShardMesh>(mesh: &M, r: &InstanceRef) -> Result<InstanceId,
 
 /// Fields every query route shares, in both shapes.
 #[derive(Deserialize)]
-struct Scope {
+pub(super) struct Scope {
     model_name: Option<String>,
     model: Option<String>,
     tenant_id: Option<String>,
     routing_group: Option<String>,
     lora_name: Option<String>,
     lora_id: Option<i64>,
-    instance_id: Option<InstanceRef>,
-    block_size: Option<u32>,
+    pub(super) instance_id: Option<InstanceRef>,
+    pub(super) block_size: Option<u32>,
     /// `"llm-d"` adds tier-weighted, normalized scores to a Dynamo-shaped answer.
     scoring: Option<String>,
     /// llm-d tier weights by medium name (defaults: GPU 1.0, CPU 0.8).
@@ -436,16 +440,16 @@ struct Target {
 }
 
 /// What a query's scope names without asking the registry.
-struct Named {
-    shape: Shape,
-    model: String,
-    tenant: String,
-    lora: Option<String>,
+pub(super) struct Named {
+    pub(super) shape: Shape,
+    pub(super) model: String,
+    pub(super) tenant: String,
+    pub(super) lora: Option<String>,
 }
 
 /// The checks of a query's scope that need no registry (they run first): which
 /// shape, model, LoRA adapter and tenant. Takes those fields out of `sc`.
-fn named(sc: &mut Scope, forced: Option<Shape>) -> Result<Named, ApiError> {
+pub(super) fn named(sc: &mut Scope, forced: Option<Shape>) -> Result<Named, ApiError> {
     let (shape, model) = match (forced, sc.model_name.take(), sc.model.take()) {
         (Some(Shape::Conductor), m1, m2) => (Shape::Conductor, m2.or(m1)),
         (_, Some(m), _) => (Shape::Dynamo, Some(m)),
@@ -605,7 +609,7 @@ fn conductor_overlap(
 /// Token ids when serde_json parses the body (see [`token_ids`] for the usual path):
 /// plain arrays still skip the per-element path; anything else goes through
 /// serde_json, which reports the exact error.
-struct TokenIds(Vec<u32>);
+pub(super) struct TokenIds(pub(super) Vec<u32>);
 
 impl<'de> Deserialize<'de> for TokenIds {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -745,7 +749,7 @@ pub async fn query<M: ShardMesh>(
 
 /// A block hash as JSON: any integer (negative values are two's-complement u64
 /// bits), or a decimal / `0x` hex string as Mooncake object keys write them.
-struct HashNum(u64);
+pub(super) struct HashNum(pub(super) u64);
 
 impl<'de> Deserialize<'de> for HashNum {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {

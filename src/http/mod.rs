@@ -10,6 +10,7 @@
 pub mod api;
 pub mod error;
 pub mod json;
+pub mod speculate;
 pub mod token_ids;
 
 use crate::access::Access;
@@ -89,6 +90,7 @@ fn gated(route: &str) -> bool {
         route,
         "/query"
             | "/query_by_hash"
+            | "/speculate"
             | "/dump"
             | "/workers"
             | "/register"
@@ -132,6 +134,7 @@ async fn route<M: ShardMesh>(mesh: &M, opts: &Options, req: Request<Incoming>) -
                     "/unregister" => api::unregister(mesh, b, forced).await,
                     "/query" => api::query(mesh, &b, forced).await,
                     "/query_by_hash" => api::query_by_hash(mesh, &b, forced).await,
+                    "/speculate" => speculate::speculate(mesh, &b).await,
                     "/register_peer" => api::register_peer(mesh, &b).await,
                     "/deregister_peer" => api::deregister_peer(mesh, &b).await,
                     _ => Err(ApiError::NoRoute(path.clone())),
@@ -142,8 +145,8 @@ async fn route<M: ShardMesh>(mesh: &M, opts: &Options, req: Request<Incoming>) -
             }
             (
                 _,
-                "/register" | "/unregister" | "/query" | "/query_by_hash" | "/register_peer"
-                | "/deregister_peer",
+                "/register" | "/unregister" | "/query" | "/query_by_hash" | "/speculate"
+                | "/register_peer" | "/deregister_peer",
             ) => Err(ApiError::Method),
             _ => Err(ApiError::NoRoute(path.clone())),
         }

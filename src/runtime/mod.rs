@@ -20,7 +20,7 @@ use crate::mesh::{ShardMesh, ShardUnavailable};
 use crate::metrics::{HttpStats, ShardStats};
 use crate::query::{self, ShardReply};
 use crate::service::App;
-use crate::shard::{DumpedBlock, Shard};
+use crate::shard::{DumpedBlock, PruneBound, Shard, ShardOp};
 use crate::types::{IndexId, SeqHash, ShardId};
 use glommio::channels::channel_mesh::{MeshBuilder, Senders};
 use glommio::channels::local_channel::{self, LocalSender};
@@ -41,13 +41,26 @@ const EXPORT_PARTS: usize = crate::shard::table::SEGMENTS;
 
 /// A request from one core to another core's shard.
 enum Req {
-    Lookup { index: IndexId, seqs: Vec<SeqHash> },
-    Export { index: IndexId, part: usize },
+    Lookup {
+        index: IndexId,
+        seqs: Vec<SeqHash>,
+    },
+    /// Apply these prediction ops (one index), bounding the index first if asked.
+    Predict {
+        index: IndexId,
+        ops: Vec<ShardOp>,
+        prune: Option<PruneBound>,
+    },
+    Export {
+        index: IndexId,
+        part: usize,
+    },
     Stats,
 }
 
 enum Rep {
     Lookup(ShardReply),
+    Predicted,
     Export(Vec<DumpedBlock>),
     Stats(Box<ShardStats>),
 }
@@ -88,17 +101,9 @@ pub struct Core {
 
 impl Core {
     fn answer(&self, req: Req) -> Rep {
-        if matches!(req, Req::Export { .. }) {
-            // Apply everything already on the rings first, so an export taken after the
-            // ingest threads reported their sequence numbers covers them.
-            let mut shard = self.shard.borrow_mut();
-            self.app
-                .rings()
-                .drain(self.id, usize::MAX, |op| shard.apply(op));
-        }
-        let shard = self.shard.borrow();
         match req {
             Req::Stats => {
+                let shard = self.shard.borrow();
                 let (blocks, tier_blocks) = shard.tier_counts();
                 Rep::Stats(Box::new(ShardStats {
                     shard: self.id.0,
@@ -107,12 +112,31 @@ impl Core {
                     stalls: self.app.rings().stalls(self.id),
                     blocks,
                     tier_blocks,
+                    predictions: shard.predictions,
                     heap_bytes: shard.heap_bytes() as u64,
                     http: self.http_stats.borrow().clone(),
                 }))
             }
-            Req::Lookup { index, seqs } => Rep::Lookup(query::answer(&shard, index, &seqs)),
+            Req::Lookup { index, seqs } => {
+                Rep::Lookup(query::answer(&self.shard.borrow(), index, &seqs))
+            }
+            Req::Predict { index, ops, prune } => {
+                let mut shard = self.shard.borrow_mut();
+                if prune.is_some() {
+                    shard.set_prune_bound(index, prune);
+                }
+                for op in ops {
+                    shard.apply(op);
+                }
+                Rep::Predicted
+            }
             Req::Export { index, part } => {
+                // Apply everything already on the rings first, so an export taken after
+                // the ingest threads reported their sequence numbers covers them.
+                let mut shard = self.shard.borrow_mut();
+                self.app
+                    .rings()
+                    .drain(self.id, usize::MAX, |op| shard.apply(op));
                 let mut out = Vec::new();
                 shard.dump(index, part, EXPORT_PARTS, &mut out);
                 Rep::Export(out)
@@ -234,6 +258,26 @@ impl ShardMesh for Core {
         Ok(all)
     }
 
+    async fn predict(
+        &self,
+        index: IndexId,
+        ops: Vec<Vec<ShardOp>>,
+        prune: Option<PruneBound>,
+    ) -> Result<(), ShardUnavailable> {
+        let reqs = ops
+            .into_iter()
+            .map(|ops| {
+                (!ops.is_empty() || prune.is_some()).then_some(Req::Predict { index, ops, prune })
+            })
+            .collect();
+        for (i, r) in self.scatter(reqs).await?.into_iter().enumerate() {
+            if matches!(r, Some(Rep::Lookup(_) | Rep::Export(_) | Rep::Stats(_))) {
+                return Err(ShardUnavailable(ShardId(i)));
+            }
+        }
+        Ok(())
+    }
+
     async fn stats(&self) -> Result<Vec<ShardStats>, ShardUnavailable> {
         let reqs = (0..self.shards).map(|_| Some(Req::Stats)).collect();
         let mut out = Vec::with_capacity(self.shards);
@@ -259,7 +303,9 @@ impl ShardMesh for Core {
     }
 }
 
-/// Drain this core's rings into its shard forever, napping 1–2 ms when they are empty.
+/// Drain this core's rings into its shard forever, napping 1–2 ms when they are empty,
+/// and end the predictions that are due (a few wheel buckets per tick, see
+/// [`crate::shard::predict`]).
 /// Every park costs glommio a membarrier IPI to all cores; under event load, 250 µs
 /// naps spent ~20% of samples there, and 1 ms naps applied ~10–15% more blocks/s.
 /// A ring holds 16k ops, 8 ms of one producer at 2M ops/s, so a nap does not make a
@@ -270,7 +316,9 @@ async fn drain_loop(core: Rc<Core>) {
     loop {
         let n = {
             let mut shard = core.shard.borrow_mut();
-            core.app.rings().drain(core.id, 8192, |op| shard.apply(op))
+            let n = core.app.rings().drain(core.id, 8192, |op| shard.apply(op));
+            shard.expire(crate::shard::predict::now_tick());
+            n
         };
         if n == 0 {
             glommio::timer::sleep(idle).await;

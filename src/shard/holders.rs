@@ -24,6 +24,16 @@ impl Holder {
     pub fn has(self, tier: Tier) -> bool {
         self.tiers().contains(tier)
     }
+    /// The holder as scorers see it: a predicted holder counts as the device.
+    #[inline]
+    pub fn as_scored(self) -> Holder {
+        let p = Tier::PREDICTED.bit().0 as u32;
+        if self.0 & p == 0 {
+            self
+        } else {
+            Holder((self.0 & !p) | Tier::DEVICE.bit().0 as u32)
+        }
+    }
 }
 
 const EMPTY: u32 = 0;
@@ -112,6 +122,14 @@ impl HolderSet {
         } else {
             &self.w[..2]
         }
+    }
+
+    /// The tiers `slot` holds this block on (empty: not a holder).
+    pub fn tiers_of(&self, slot: WorkerSlot, slab: &HolderSlab) -> TierSet {
+        self.as_slice(slab)
+            .iter()
+            .find(|&&h| h >> 8 == slot.0)
+            .map_or(TierSet::NONE, |&h| TierSet(h as u8))
     }
 
     /// Add `tier` for `slot`. Returns the slot's tier bits before (0: it was not a

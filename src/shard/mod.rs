@@ -3,14 +3,17 @@
 //! Owns, for every (model, tenant) index, the blocks whose sequence hash the
 //! partition function assigns to this shard: sequence hash → (parent, local
 //! hash, holders). Changes arrive only as [`ShardOp`]s through [`Shard::apply`]
-//! (live events, replay, dump and bootstrap alike). A shard never touches
-//! another shard's memory and never blocks.
+//! (live events, replay, dump and bootstrap alike; predictions from `/speculate`),
+//! and predictions end through [`Shard::expire`]. A shard never touches another
+//! shard's memory and never blocks.
 
 pub mod holders;
+pub mod predict;
 pub mod table;
 
 use crate::types::{BlockHash, IndexId, SeqHash, Tier, TierSet, WorkerSlot};
 use holders::{Holder, HolderSet, HolderSlab};
+use predict::{Predicted, Predictions, Tick};
 use table::BlockTable;
 pub use table::SeqHasherBuilder;
 
@@ -39,6 +42,35 @@ pub enum ShardOp {
         slot: WorkerSlot,
         tiers: TierSet,
     },
+    /// A router expects `slot` to hold `seq` soon: it counts as held on the device
+    /// until `expires`, or until a `Store` of the block by `slot` confirms it.
+    Predict {
+        index: IndexId,
+        seq: SeqHash,
+        parent: Option<SeqHash>,
+        local: BlockHash,
+        slot: WorkerSlot,
+        expires: Tick,
+    },
+}
+
+/// How an index fed only by predictions (approximate mode) stays bounded: once it
+/// holds more than `max` blocks in this shard, the soonest-due predictions end
+/// until it holds `target`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PruneBound {
+    pub max: usize,
+    pub target: usize,
+}
+
+/// What predictions did in this shard since start, for metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PredictionCounts {
+    pub created: u64,
+    pub refreshed: u64,
+    pub confirmed: u64,
+    pub expired: u64,
+    pub pruned: u64,
 }
 
 /// One cached block in this shard.
@@ -66,6 +98,9 @@ pub struct IndexShard {
     slab: HolderSlab,
     /// Blocks held per slot (any tier), for `tree_sizes`.
     per_slot: Vec<u32>,
+    /// Deadlines of the predicted holders (empty unless `/speculate` was used).
+    predictions: Predictions,
+    prune: Option<PruneBound>,
 }
 
 impl IndexShard {
@@ -91,7 +126,28 @@ impl IndexShard {
 
     /// Approximate heap bytes owned by this index shard.
     pub fn heap_bytes(&self) -> usize {
-        self.blocks.allocation_size() + self.slab.capacity_bytes() + self.per_slot.capacity() * 4
+        self.blocks.allocation_size()
+            + self.slab.capacity_bytes()
+            + self.per_slot.capacity() * 4
+            + self.predictions.heap_bytes()
+    }
+
+    /// Take the predicted bit off `slot`'s holder of `seq` (expiry, pruning); drops
+    /// the block once nobody holds it. Returns whether the bit was there.
+    fn unpredict(&mut self, seq: SeqHash, slot: WorkerSlot) -> bool {
+        let Some(node) = self.blocks.get_mut(&seq) else {
+            return false;
+        };
+        let (removed, gone) = node
+            .holders
+            .remove(slot, Tier::PREDICTED.bit(), &mut self.slab);
+        if gone {
+            if node.holders.is_empty() {
+                self.blocks.remove(&seq);
+            }
+            self.count(slot, -1);
+        }
+        !removed.is_empty()
     }
 }
 
@@ -102,19 +158,22 @@ pub struct Shard {
     /// Ops applied since start, for metrics.
     pub applied: u64,
     /// (block, holder) pairs per tier over every index, kept as ops apply so that
-    /// metrics never walk the blocks.
+    /// metrics never walk the blocks; `Tier::PREDICTED`'s are the live predictions.
     tier_pairs: [u64; Tier::COUNT],
+    pub predictions: PredictionCounts,
+}
+
+/// The index shard of `index`, created if new. A function of the vector alone, so
+/// the caller can still update the shard's counters while holding it.
+fn index_mut(indexes: &mut Vec<IndexShard>, index: IndexId) -> &mut IndexShard {
+    let i = index.0 as usize;
+    if indexes.len() <= i {
+        indexes.resize_with(i + 1, IndexShard::default);
+    }
+    &mut indexes[i]
 }
 
 impl Shard {
-    fn index_mut(&mut self, index: IndexId) -> &mut IndexShard {
-        let i = index.0 as usize;
-        if self.indexes.len() <= i {
-            self.indexes.resize_with(i + 1, IndexShard::default);
-        }
-        &mut self.indexes[i]
-    }
-
     pub fn index(&self, index: IndexId) -> Option<&IndexShard> {
         self.indexes.get(index.0 as usize)
     }
@@ -130,13 +189,21 @@ impl Shard {
                 slot,
                 tier,
             } => {
-                let ix = self.index_mut(index);
+                let ix = index_mut(&mut self.indexes, index);
                 let node = ix.blocks.get_or_insert_with(seq, || Node {
                     parent: parent.unwrap_or(seq),
                     local,
                     holders: HolderSet::default(),
                 });
                 let before = node.holders.add(slot, tier, &mut ix.slab);
+                if before.contains(Tier::PREDICTED) {
+                    // The worker stored what it was predicted to: an ordinary holder now.
+                    node.holders
+                        .remove(slot, Tier::PREDICTED.bit(), &mut ix.slab);
+                    ix.predictions.forget(seq, slot);
+                    self.tier_pairs[Tier::PREDICTED.0 as usize] -= 1;
+                    self.predictions.confirmed += 1;
+                }
                 if before.is_empty() {
                     ix.count(slot, 1);
                 }
@@ -144,16 +211,27 @@ impl Shard {
                     self.tier_pairs[tier.0 as usize] += 1;
                 }
             }
+            ShardOp::Predict {
+                index,
+                seq,
+                parent,
+                local,
+                slot,
+                expires,
+            } => self.predict(index, seq, parent, local, slot, expires),
             ShardOp::Remove {
                 index,
                 seq,
                 slot,
                 tiers,
             } => {
-                let ix = self.index_mut(index);
+                let ix = index_mut(&mut self.indexes, index);
                 let Some(node) = ix.blocks.get_mut(&seq) else {
                     return;
                 };
+                // An engine's removal names media; a prediction ends only by its TTL
+                // or a confirming store.
+                let tiers = tiers & TierSet::MEDIA;
                 let (removed, gone) = node.holders.remove(slot, tiers, &mut ix.slab);
                 if gone {
                     if node.holders.is_empty() {
@@ -164,11 +242,12 @@ impl Shard {
                 uncount(&mut self.tier_pairs, removed, 1);
             }
             ShardOp::ClearSlot { index, slot, tiers } => {
-                let ix = self.index_mut(index);
+                let ix = index_mut(&mut self.indexes, index);
                 let IndexShard {
                     blocks,
                     slab,
                     per_slot,
+                    ..
                 } = ix;
                 let mut removed = 0u32;
                 let mut per_tier = [0u64; Tier::COUNT];
@@ -197,6 +276,104 @@ impl Shard {
         }
     }
 
+    fn predict(
+        &mut self,
+        index: IndexId,
+        seq: SeqHash,
+        parent: Option<SeqHash>,
+        local: BlockHash,
+        slot: WorkerSlot,
+        expires: Tick,
+    ) {
+        let ix = index_mut(&mut self.indexes, index);
+        let node = ix.blocks.get_or_insert_with(seq, || Node {
+            parent: parent.unwrap_or(seq),
+            local,
+            holders: HolderSet::default(),
+        });
+        let before = node.holders.tiers_of(slot, &ix.slab);
+        if !(before & TierSet::MEDIA).is_empty() {
+            // Already held for real: nothing to predict.
+            return;
+        }
+        if before.is_empty() {
+            node.holders.add(slot, Tier::PREDICTED, &mut ix.slab);
+            ix.count(slot, 1);
+            self.tier_pairs[Tier::PREDICTED.0 as usize] += 1;
+        }
+        match ix.predictions.predict(seq, slot, expires) {
+            Predicted::Created => self.predictions.created += 1,
+            Predicted::Refreshed => self.predictions.refreshed += 1,
+        }
+        if let Some(b) = ix.prune
+            && ix.blocks.len() > b.max
+        {
+            self.prune(index, b);
+        }
+    }
+
+    /// Bound an index fed by predictions alone (approximate mode); applies from its
+    /// next prediction on.
+    pub fn set_prune_bound(&mut self, index: IndexId, bound: Option<PruneBound>) {
+        index_mut(&mut self.indexes, index).prune = bound;
+    }
+
+    /// End the soonest-due predictions of `index` until it holds `b.target` blocks.
+    fn prune(&mut self, index: IndexId, b: PruneBound) {
+        let ix = index_mut(&mut self.indexes, index);
+        let (mut ended, mut passes) = (0u64, 0);
+        // A block may have several predicted holders, so one pass can fall short.
+        while ix.blocks.len() > b.target && !ix.predictions.is_empty() && passes < 4 {
+            let excess = ix.blocks.len() - b.target;
+            let mut due = Vec::with_capacity(excess);
+            ix.predictions
+                .prune(excess, |seq, slot| due.push((seq, slot)));
+            for (seq, slot) in due {
+                if ix.unpredict(seq, slot) {
+                    ended += 1;
+                }
+            }
+            passes += 1;
+        }
+        self.tier_pairs[Tier::PREDICTED.0 as usize] -= ended;
+        self.predictions.pruned += ended;
+    }
+
+    /// End every prediction due at `now`. Visits only the wheel buckets of the ticks
+    /// since the last call, in the indexes that hold predictions.
+    pub fn expire(&mut self, now: Tick) {
+        let mut ended = 0u64;
+        for ix in &mut self.indexes {
+            if ix.predictions.is_empty() {
+                continue;
+            }
+            let IndexShard {
+                predictions,
+                blocks,
+                slab,
+                per_slot,
+                ..
+            } = ix;
+            predictions.expire(now, |seq, slot| {
+                let Some(node) = blocks.get_mut(&seq) else {
+                    return;
+                };
+                let (removed, gone) = node.holders.remove(slot, Tier::PREDICTED.bit(), slab);
+                if gone {
+                    if node.holders.is_empty() {
+                        blocks.remove(&seq);
+                    }
+                    per_slot[slot.0 as usize] -= 1;
+                }
+                if !removed.is_empty() {
+                    ended += 1;
+                }
+            });
+        }
+        self.tier_pairs[Tier::PREDICTED.0 as usize] -= ended;
+        self.predictions.expired += ended;
+    }
+
     /// Holders of each block in `seqs`, appended to `out` as `[n, h1..hn]` per block.
     /// Holders of `seqs` (one part of a query, in prefix order) as `[n, holder..]`
     /// per block, up to and including the first block nobody holds: no worker's
@@ -211,7 +388,14 @@ impl Shard {
                 Some(node) => {
                     let hs = node.holders.as_slice(&ix.slab);
                     out.push(hs.len() as u32);
+                    let at = out.len();
                     out.extend_from_slice(hs);
+                    if !ix.predictions.is_empty() {
+                        // Scorers see a prediction as the device tier it stands for.
+                        for h in &mut out[at..] {
+                            *h = Holder(*h).as_scored().0;
+                        }
+                    }
                 }
                 None => {
                     out.push(0);
@@ -231,11 +415,16 @@ impl Shard {
         for (&seq, node) in ix.blocks.iter_part(part, parts) {
             let parent = (node.parent != seq).then_some(node.parent);
             for &h in node.holders.as_slice(&ix.slab) {
+                // Predictions are the router's guesses, not the engines' state.
+                let tiers = Holder(h).tiers() & TierSet::MEDIA;
+                if tiers.is_empty() {
+                    continue;
+                }
                 out.push(DumpedBlock {
                     seq,
                     parent,
                     local: node.local,
-                    holder: Holder(h),
+                    holder: Holder::new(Holder(h).slot(), tiers),
                 });
             }
         }
@@ -428,9 +617,22 @@ mod tests {
             x ^= x << 17;
             x % n
         };
+        let mut now: Tick = 0;
         for _ in 0..20_000 {
             let (seq, slot, tier) = (next(300), next(6) as u32, Tier(next(4) as u8));
-            let op = match next(10) {
+            if next(50) == 0 {
+                now += next(4) as Tick;
+                s.expire(now);
+            }
+            let op = match next(12) {
+                10 | 11 => ShardOp::Predict {
+                    index: IndexId(0),
+                    seq: SeqHash(seq),
+                    parent: None,
+                    local: BlockHash(seq),
+                    slot: WorkerSlot(slot),
+                    expires: now + next(6) as Tick,
+                },
                 0..=5 => store(seq, slot, tier),
                 6..=8 => ShardOp::Remove {
                     index: IndexId(0),
@@ -446,6 +648,92 @@ mod tests {
             };
             s.apply(op);
             assert_eq!(s.tier_counts().1, s.tier_counts_walked());
+            let ix = s.index(IndexId(0)).unwrap();
+            let mut per_slot = vec![0u32; ix.blocks_per_slot().len()];
+            for node in ix.blocks.values() {
+                for &h in node.holders.as_slice(&ix.slab) {
+                    per_slot[Holder(h).slot().0 as usize] += 1;
+                }
+            }
+            assert_eq!(per_slot, ix.blocks_per_slot());
         }
+        let p = s.predictions;
+        assert!(p.created > 0 && p.confirmed > 0 && p.expired > 0 && p.refreshed > 0);
+    }
+
+    #[test]
+    fn a_prediction_scores_as_device_until_confirmed_or_expired_and_is_never_dumped() {
+        let mut s = Shard::default();
+        let predict = |seq: u64, slot: u32, expires: Tick| ShardOp::Predict {
+            index: IndexId(0),
+            seq: SeqHash(seq),
+            parent: None,
+            local: BlockHash(seq),
+            slot: WorkerSlot(slot),
+            expires,
+        };
+        s.apply(predict(1, 3, 10));
+        s.apply(predict(2, 3, 10));
+        s.apply(store(2, 4, Tier::HOST));
+        let dev = |slot| Holder::new(WorkerSlot(slot), Tier::DEVICE.bit()).0;
+        assert_eq!(holders(&s, 1), vec![dev(3)]);
+        let mut out = Vec::new();
+        s.dump(IndexId(0), 0, 1, &mut out);
+        assert_eq!(out.len(), 1, "only the stored block: {out:?}");
+        // Slot 3 stores block 2 on the host: confirmed, held on the host only.
+        s.apply(store(2, 3, Tier::HOST));
+        assert_eq!(s.predictions.confirmed, 1);
+        assert_eq!(
+            holders(&s, 2),
+            vec![
+                Holder::new(WorkerSlot(3), Tier::HOST.bit()).0,
+                Holder::new(WorkerSlot(4), Tier::HOST.bit()).0
+            ]
+        );
+        // An engine's removal of everything leaves a prediction alone.
+        s.apply(predict(5, 3, 10));
+        s.apply(ShardOp::Remove {
+            index: IndexId(0),
+            seq: SeqHash(5),
+            slot: WorkerSlot(3),
+            tiers: TierSet::ALL,
+        });
+        assert_eq!(holders(&s, 5), vec![dev(3)]);
+        s.expire(9);
+        assert_eq!(s.predictions.expired, 0);
+        s.expire(10);
+        assert_eq!(s.predictions.expired, 2);
+        assert_eq!(s.index(IndexId(0)).unwrap().len(), 1);
+        assert_eq!(s.tier_counts().1[Tier::PREDICTED.0 as usize], 0);
+    }
+
+    #[test]
+    fn an_approximate_index_is_pruned_soonest_due_first() {
+        let mut s = Shard::default();
+        s.set_prune_bound(
+            IndexId(0),
+            Some(PruneBound {
+                max: 100,
+                target: 50,
+            }),
+        );
+        for seq in 0..500u64 {
+            s.apply(ShardOp::Predict {
+                index: IndexId(0),
+                seq: SeqHash(seq),
+                parent: None,
+                local: BlockHash(seq),
+                slot: WorkerSlot(1),
+                expires: 1000 + seq as Tick,
+            });
+            assert!(s.index(IndexId(0)).unwrap().len() <= 100);
+        }
+        assert!(s.predictions.pruned >= 400);
+        // The newest survive.
+        assert_eq!(holders(&s, 499).len(), 1);
+        assert_eq!(
+            s.tier_counts().1[Tier::PREDICTED.0 as usize],
+            s.index(IndexId(0)).unwrap().len() as u64
+        );
     }
 }

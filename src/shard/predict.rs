@@ -1,0 +1,273 @@
+//! Predicted holders: (block, worker) pairs a router expects to appear soon.
+//!
+//! A prediction is the worker's holder word with the [`Tier::PREDICTED`] bit; this
+//! module owns only *when* each one ends: a deadline per live pair and a timing
+//! wheel of pairs by deadline tick, so expiry visits only the pairs due, never the
+//! whole index, and pruning (approximate mode) drops the soonest-due pairs first.
+//! It never changes holders itself: it hands the pairs that end to its caller.
+//!
+//! [`Tier::PREDICTED`]: crate::types::Tier::PREDICTED
+
+use crate::types::{SeqHash, WorkerSlot};
+use hashbrown::HashMap;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// Time in [`TICK`]s since the process started (`u32`: two years at 16 ms).
+pub type Tick = u32;
+
+/// Expiry resolution: a prediction ends within one tick after its TTL.
+pub const TICK: Duration = Duration::from_millis(16);
+
+/// Buckets in the wheel: one lap spans 4 s, the default TTL with room to spare.
+/// A deadline further out waits in its bucket and is put back on each lap.
+const WHEEL: usize = 256;
+
+/// Ticks covering `d`, rounded up (a TTL never ends early), at least one.
+pub fn ticks(d: Duration) -> Tick {
+    let t = TICK.as_nanos();
+    (d.as_nanos().div_ceil(t)).clamp(1, Tick::MAX as u128 / 2) as Tick
+}
+
+/// The current tick, from a process-wide epoch shared by every core.
+pub fn now_tick() -> Tick {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    let e = *EPOCH.get_or_init(Instant::now);
+    (e.elapsed().as_nanos() / TICK.as_nanos()) as Tick
+}
+
+/// What a prediction op did to its pair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Predicted {
+    /// A new predicted pair.
+    Created,
+    /// An existing prediction got a later deadline.
+    Refreshed,
+}
+
+/// The live predictions of one index shard and their deadlines.
+#[derive(Default)]
+pub struct Predictions {
+    /// Deadline of every live predicted pair. An entry outlives its holder bit only
+    /// when the pair was cleared or evicted; its next wheel visit drops it.
+    deadline: HashMap<(SeqHash, WorkerSlot), Tick>,
+    /// `wheel[t % WHEEL]`: pairs whose deadline was `t` when filed (or a later lap).
+    /// Empty until the first prediction.
+    wheel: Vec<Vec<(SeqHash, WorkerSlot)>>,
+    /// Every tick up to this one has been expired.
+    done: Tick,
+}
+
+impl Predictions {
+    /// Pairs with a deadline (live, or cleared and not yet visited).
+    pub fn len(&self) -> usize {
+        self.deadline.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.deadline.is_empty()
+    }
+
+    /// Record that `(seq, slot)` is predicted until `deadline`; a prediction that
+    /// already runs longer keeps its deadline.
+    pub fn predict(&mut self, seq: SeqHash, slot: WorkerSlot, deadline: Tick) -> Predicted {
+        let deadline = deadline.max(self.done + 1);
+        match self.deadline.entry((seq, slot)) {
+            hashbrown::hash_map::Entry::Occupied(mut e) => {
+                // The pair is already filed; its visit finds the later deadline and
+                // files it again there.
+                if *e.get() < deadline {
+                    *e.get_mut() = deadline;
+                }
+                Predicted::Refreshed
+            }
+            hashbrown::hash_map::Entry::Vacant(e) => {
+                e.insert(deadline);
+                self.file(seq, slot, deadline);
+                Predicted::Created
+            }
+        }
+    }
+
+    fn file(&mut self, seq: SeqHash, slot: WorkerSlot, deadline: Tick) {
+        if self.wheel.is_empty() {
+            self.wheel.resize_with(WHEEL, Vec::new);
+        }
+        self.wheel[deadline as usize % WHEEL].push((seq, slot));
+    }
+
+    /// The pair became an ordinary holder (or went away): forget its deadline.
+    pub fn forget(&mut self, seq: SeqHash, slot: WorkerSlot) {
+        self.deadline.remove(&(seq, slot));
+    }
+
+    /// Hand every pair whose deadline is at or before `now` to `end`, visiting only
+    /// the buckets of the ticks since the last call (at most one lap).
+    pub fn expire(&mut self, now: Tick, mut end: impl FnMut(SeqHash, WorkerSlot)) {
+        if now <= self.done {
+            return;
+        }
+        if self.wheel.is_empty() {
+            self.done = now;
+            return;
+        }
+        let span = (now - self.done).min(WHEEL as Tick);
+        for t in now + 1 - span..=now {
+            let b = t as usize % WHEEL;
+            let mut bucket = std::mem::take(&mut self.wheel[b]);
+            for (seq, slot) in bucket.drain(..) {
+                match self.deadline.get(&(seq, slot)) {
+                    None => {}
+                    // Refreshed, or filed a lap or more ahead: file it where it is due.
+                    Some(&d) if d > now => self.wheel[d as usize % WHEEL].push((seq, slot)),
+                    Some(_) => {
+                        self.deadline.remove(&(seq, slot));
+                        end(seq, slot);
+                    }
+                }
+            }
+            // Keep the bucket's allocation for its next lap.
+            if self.wheel[b].is_empty() {
+                self.wheel[b] = bucket;
+            }
+        }
+        self.done = now;
+        if self.deadline.is_empty() && self.wheel.iter().all(Vec::is_empty) {
+            // Nothing predicted any more: give the wheel and the map back.
+            *self = Predictions {
+                done: now,
+                ..Predictions::default()
+            };
+        }
+    }
+
+    /// End about `n` pairs early, those due soonest first, handing each to `end`.
+    /// Two passes over the live pairs: a histogram of deadlines picks the cutoff, then
+    /// every pair due before it goes (pairs sharing the cutoff's bin may go too).
+    pub fn prune(&mut self, n: usize, mut end: impl FnMut(SeqHash, WorkerSlot)) {
+        if n == 0 || self.deadline.is_empty() {
+            return;
+        }
+        const BINS: usize = 1024;
+        let lo = self.deadline.values().copied().min().unwrap_or(0);
+        let hi = self.deadline.values().copied().max().unwrap_or(0);
+        let width = ((hi - lo) as usize / BINS + 1) as Tick;
+        let mut hist = [0usize; BINS];
+        for &d in self.deadline.values() {
+            hist[((d - lo) / width) as usize] += 1;
+        }
+        let mut seen = 0;
+        let mut cut = BINS;
+        for (i, c) in hist.iter().enumerate() {
+            seen += c;
+            if seen >= n {
+                cut = i;
+                break;
+            }
+        }
+        let limit = lo as u64 + (cut as u64 + 1) * width as u64;
+        self.deadline.retain(|&(seq, slot), d| {
+            if (*d as u64) < limit {
+                end(seq, slot);
+                false
+            } else {
+                true
+            }
+        });
+    }
+
+    /// Heap bytes, for memory accounting.
+    pub fn heap_bytes(&self) -> usize {
+        self.deadline.allocation_size()
+            + self
+                .wheel
+                .iter()
+                .map(|b| b.capacity() * std::mem::size_of::<(SeqHash, WorkerSlot)>())
+                .sum::<usize>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair(i: u64) -> (SeqHash, WorkerSlot) {
+        (SeqHash(i), WorkerSlot(1))
+    }
+
+    fn expired(p: &mut Predictions, now: Tick) -> Vec<u64> {
+        let mut out = Vec::new();
+        p.expire(now, |s, _| out.push(s.0));
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn pairs_end_at_their_deadline_not_before() {
+        let mut p = Predictions::default();
+        for i in 0..10 {
+            let (s, w) = pair(i);
+            assert_eq!(p.predict(s, w, 10 + i as Tick), Predicted::Created);
+        }
+        assert!(expired(&mut p, 9).is_empty());
+        assert_eq!(expired(&mut p, 12), vec![0, 1, 2]);
+        assert_eq!(expired(&mut p, 100), (3..10).collect::<Vec<_>>());
+        assert!(p.is_empty());
+    }
+
+    #[test]
+    fn a_refresh_moves_the_deadline_and_a_forgotten_pair_never_ends() {
+        let mut p = Predictions::default();
+        let (a, w) = pair(1);
+        let (b, _) = pair(2);
+        p.predict(a, w, 10);
+        p.predict(b, w, 10);
+        assert_eq!(p.predict(a, w, 50), Predicted::Refreshed);
+        // A shorter refresh does not cut a longer prediction.
+        p.predict(a, w, 20);
+        p.forget(b, w);
+        assert!(expired(&mut p, 49).is_empty());
+        assert_eq!(expired(&mut p, 50), vec![1]);
+    }
+
+    #[test]
+    fn deadlines_beyond_a_lap_and_long_gaps_between_calls() {
+        let mut p = Predictions::default();
+        let far = 3 * WHEEL as Tick + 7;
+        p.predict(SeqHash(1), WorkerSlot(0), far);
+        p.predict(SeqHash(2), WorkerSlot(0), 5);
+        for now in (1..far).step_by(3) {
+            let e = expired(&mut p, now);
+            assert!(e.iter().all(|&s| s == 2), "{now}: {e:?}");
+        }
+        assert_eq!(expired(&mut p, far), vec![1]);
+        // A gap of many laps between calls still ends everything due.
+        p.predict(SeqHash(3), WorkerSlot(0), far + 10);
+        assert_eq!(expired(&mut p, far + 10 * WHEEL as Tick), vec![3]);
+    }
+
+    #[test]
+    fn a_deadline_already_past_ends_on_the_next_tick() {
+        let mut p = Predictions::default();
+        p.expire(100, |_, _| {});
+        p.predict(SeqHash(1), WorkerSlot(0), 50);
+        assert_eq!(expired(&mut p, 101), vec![1]);
+    }
+
+    #[test]
+    fn prune_ends_the_soonest_due_first() {
+        let mut p = Predictions::default();
+        for i in 0..1000u64 {
+            p.predict(SeqHash(i), WorkerSlot(0), 1000 + i as Tick);
+        }
+        let mut gone = Vec::new();
+        p.prune(200, |s, _| gone.push(s.0));
+        gone.sort();
+        assert!(gone.len() >= 200 && gone.len() <= 202, "{}", gone.len());
+        assert_eq!(gone, (0..gone.len() as u64).collect::<Vec<_>>());
+        assert_eq!(p.len(), 1000 - gone.len());
+        // Pruned pairs do not end again.
+        let rest = expired(&mut p, 5000);
+        assert_eq!(rest.len(), 1000 - gone.len());
+    }
+}
