@@ -212,9 +212,8 @@ struct InlineShards(Vec<Shard>);
 
 impl kvix::ring::OpSink for InlineShards {
     fn push(&mut self, op: ShardOp) {
-        let seq = match op {
-            ShardOp::Store { seq, .. } | ShardOp::Remove { seq, .. } => seq,
-            ShardOp::ClearSlot { .. } => return self.broadcast(op),
+        let Some(seq) = op.seq() else {
+            return self.broadcast(op);
         };
         let n = self.0.len();
         self.0[kvix::partition::shard_of(seq, n).0].apply(op);

@@ -212,6 +212,9 @@ fn run(args: Args) -> Result<(), String> {
         0 => shards,
         n => clamp("ingest-threads", n, 1, (4 * cores).min(64)),
     };
+    if !args.router_prune_target_ratio.is_finite() {
+        return Err("--router-prune-target-ratio must be a number in [0, 1]".into());
+    }
     let cfg = Config {
         shards,
         ingest_threads,

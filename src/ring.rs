@@ -168,12 +168,10 @@ impl RingSink {
 
 impl OpSink for RingSink {
     fn push(&mut self, op: ShardOp) {
-        let shard = match op {
-            ShardOp::Store { seq, .. }
-            | ShardOp::Remove { seq, .. }
-            | ShardOp::Predict { seq, .. } => shard_of(seq, self.rings.shards),
-            ShardOp::ClearSlot { .. } => return self.broadcast(op),
+        let Some(seq) = op.seq() else {
+            return self.broadcast(op);
         };
+        let shard = shard_of(seq, self.rings.shards);
         self.stage(shard, op);
     }
 

@@ -123,13 +123,12 @@ pub async fn speculate<M: ShardMesh>(mesh: &M, body: &[u8]) -> Result<Reply, Api
     }
     hash::seq_hashes_for_locals(&locals, &mut seqs);
 
-    let ttl_ms = req.ttl_ms.unwrap_or_else(|| {
-        if approximate {
-            spec.router_ttl.as_millis() as u64
-        } else {
-            spec.ttl.as_millis() as u64
-        }
-    });
+    let default_ttl = if approximate {
+        spec.router_ttl
+    } else {
+        spec.ttl
+    };
+    let ttl_ms = req.ttl_ms.unwrap_or(default_ttl.as_millis() as u64);
     let expires = now_tick().saturating_add(ticks(Duration::from_millis(ttl_ms)));
     let shards = mesh.shards();
     let mut ops: Vec<Vec<ShardOp>> = vec![Vec::new(); shards];

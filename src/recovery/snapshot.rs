@@ -227,12 +227,17 @@ pub fn decode(data: &[u8]) -> Result<State, String> {
                 } else {
                     None
                 };
+                let tier = Tier((flags >> 1) & 7);
+                if tier == Tier::PREDICTED {
+                    // Snapshots hold the engines' state; a prediction is never written.
+                    return Err("a block on the predicted tier".into());
+                }
                 blocks.push(SeedBlock {
                     engine,
                     parent_engine: None,
                     parent_seq,
                     local: BlockHash(r.u64()?),
-                    tier: Tier((flags >> 1) & 7),
+                    tier,
                 });
             }
             workers.push(WorkerBlocks {

@@ -54,6 +54,19 @@ pub enum ShardOp {
     },
 }
 
+impl ShardOp {
+    /// The block an op is about (its owning shard's key); `None` for a clear, which
+    /// goes to every shard.
+    pub fn seq(&self) -> Option<SeqHash> {
+        match *self {
+            ShardOp::Store { seq, .. }
+            | ShardOp::Remove { seq, .. }
+            | ShardOp::Predict { seq, .. } => Some(seq),
+            ShardOp::ClearSlot { .. } => None,
+        }
+    }
+}
+
 /// How an index fed only by predictions (approximate mode) stays bounded: once it
 /// holds more than `max` blocks in this shard, the soonest-due predictions end
 /// until it holds `target`.

@@ -195,7 +195,7 @@ mod tests {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            let k = SeqHash(x % 20_000 | (x & (0xFF << 56)));
+            let k = SeqHash((x % 20_000) | (x & (0xFF << 56)));
             if i % 3 == 2 {
                 assert_eq!(t.remove(&k), model.remove(&k));
             } else {

@@ -1,7 +1,7 @@
 //! The HTTP API's query bodies through `kvix::http::api::parse_body`, which runs the
 //! handlers' own parsing and checks up to their first registry access: `/query` (its
 //! token ids by the fast path of `kvix::http::token_ids` when it applies) and
-//! `/query_by_hash`, each in the shape the body names or, for inputs of odd length,
+//! `/query_by_hash` and `/speculate`, each in the shape the body names or, for inputs of odd length,
 //! forced to the conductor's as under `/conductor/...` (half the work of parsing each
 //! input twice).
 //!
@@ -45,9 +45,11 @@ fuzz_target!(|data: &[u8]| {
         }
         Err(e) => client_error("/query", &e),
     }
-    match api::parse_body("/query_by_hash", forced, data) {
-        Ok(ids) => assert!(ids.is_none()),
-        Err(e) => client_error("/query_by_hash", &e),
+    for route in ["/query_by_hash", "/speculate"] {
+        match api::parse_body(route, forced, data) {
+            Ok(ids) => assert!(ids.is_none()),
+            Err(e) => client_error(route, &e),
+        }
     }
     // The fast path on its own: where serde_json reads the same body, it reads the
     // same ids (the handler would otherwise trust ids serde_json never saw).
