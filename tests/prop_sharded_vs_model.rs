@@ -5,7 +5,9 @@
 //! frames (vLLM positional encoding) → `wire::vllm::decode` → `WorkerFeed`
 //! → SPSC rings → per-shard `Shard::apply`; queries go `hash` → `query::split`
 //! → `query::answer` per shard → `query::gather`. The model knows nothing of
-//! hashes or shards: each worker holds a set of token prefixes with tiers.
+//! hashes or shards: each worker holds a set of token prefixes with tiers, and a
+//! set of predicted prefixes (`/speculate`'s ops, pushed on the same rings) that
+//! score as the device until the worker stores them, clears, or they expire.
 
 use kvix::hash;
 use kvix::ingest::feed::WorkerFeed;
@@ -13,10 +15,11 @@ use kvix::query::{self, Overlap};
 use kvix::registry::{Endpoint, Registration, Registry};
 use kvix::ring::{OpSink, RingSink, Rings};
 use kvix::shard::Shard;
-use kvix::types::{IndexId, ShardId, WorkerSlot};
+use kvix::shard::ShardOp;
+use kvix::types::{IndexId, ShardId, Tier, WorkerSlot};
 use kvix::wire::{self, Batch};
 use proptest::prelude::*;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 const BS: usize = 2;
@@ -44,6 +47,14 @@ enum Action {
         inst: u64,
         dp: Option<u32>,
     },
+    /// A router predicts that the worker will hold this prompt's blocks.
+    Predict {
+        inst: u64,
+        dp: Option<u32>,
+        blocks: Vec<[u32; BS]>,
+    },
+    /// Time passes beyond every prediction's TTL.
+    Expire,
 }
 
 fn action() -> impl Strategy<Value = Action> {
@@ -52,11 +63,14 @@ fn action() -> impl Strategy<Value = Action> {
     let block = prop::array::uniform2(0u32..3);
     prop_oneof![
         6 => (inst.clone(), dp.clone(), prop::option::weighted(0.7, 0usize..64),
-              prop::collection::vec(block, 1..4), 0usize..3)
+              prop::collection::vec(block.clone(), 1..4), 0usize..3)
             .prop_map(|(inst, dp, parent, blocks, medium)| Action::Store { inst, dp, parent, blocks, medium }),
         2 => (inst.clone(), dp.clone(), prop::collection::vec(0usize..64, 1..4), 0usize..3)
             .prop_map(|(inst, dp, picks, medium)| Action::Remove { inst, dp, picks, medium }),
-        1 => (inst, dp).prop_map(|(inst, dp)| Action::Clear { inst, dp }),
+        1 => (inst.clone(), dp.clone()).prop_map(|(inst, dp)| Action::Clear { inst, dp }),
+        2 => (inst, dp, prop::collection::vec(block, 1..4))
+            .prop_map(|(inst, dp, blocks)| Action::Predict { inst, dp, blocks }),
+        1 => Just(Action::Expire),
     ]
 }
 
@@ -74,6 +88,8 @@ type Held = HashMap<u64, (Vec<u32>, u8)>;
 #[derive(Default)]
 struct Model {
     workers: HashMap<(u64, u32), Held>,
+    /// Predicted prefixes per worker (never one the worker holds on any tier).
+    predicted: HashMap<(u64, u32), HashSet<Vec<u32>>>,
 }
 
 impl Model {
@@ -97,7 +113,8 @@ impl Model {
                 let hit = held.is_some_and(|m| {
                     m.values()
                         .any(|(p, tiers)| p == prefix && (*tiers & set.0) != 0)
-                });
+                }) || (set.contains(Tier::DEVICE)
+                    && self.predicted.get(&w).is_some_and(|p| p.contains(prefix)));
                 if !hit {
                     break;
                 }
@@ -116,6 +133,8 @@ struct Sharded {
     sink: RingSink,
     shards: Vec<Shard>,
     batch: Batch,
+    /// The shards' clock, in prediction ticks.
+    now: u32,
 }
 
 impl Sharded {
@@ -152,17 +171,47 @@ impl Sharded {
             index,
             shards: (0..n).map(|_| Shard::default()).collect(),
             batch: Batch::default(),
+            now: 0,
+        }
+    }
+
+    fn drain(&mut self) {
+        self.sink.flush();
+        for (i, shard) in self.shards.iter_mut().enumerate() {
+            self.rings
+                .drain(ShardId(i), usize::MAX, |op| shard.apply(op));
+        }
+    }
+
+    /// What `/speculate` does: one op per block of `tokens`, on the same rings.
+    fn predict(&mut self, inst: u64, dp: u32, tokens: &[u32]) {
+        let slot = self.registry.slot_for(self.index, inst.into(), dp).unwrap();
+        let mut seqs = Vec::new();
+        hash::seq_hashes_for_tokens(tokens, BS, hash::block_seed(None, None), &mut seqs);
+        for (i, (seq, chunk)) in seqs.iter().zip(tokens.chunks_exact(BS)).enumerate() {
+            self.sink.push(ShardOp::Predict {
+                index: self.index,
+                seq: *seq,
+                parent: i.checked_sub(1).map(|p| seqs[p]),
+                local: hash::local_hash(chunk, hash::block_seed(None, None)),
+                slot,
+                expires: self.now + 1000,
+            });
+        }
+        self.drain();
+    }
+
+    fn expire(&mut self) {
+        self.now += 2000;
+        for s in &mut self.shards {
+            s.expire(self.now);
         }
     }
 
     fn publish(&mut self, inst: u64, payload: &[u8]) {
         wire::vllm::decode(payload, &mut self.batch).expect("test frames are valid");
         self.feeds[inst as usize].apply(&self.batch, payload, &self.registry, &mut self.sink);
-        self.sink.flush();
-        for (i, shard) in self.shards.iter_mut().enumerate() {
-            self.rings
-                .drain(ShardId(i), usize::MAX, |op| shard.apply(op));
-        }
+        self.drain();
     }
 
     fn query(&self, tokens: &[u32]) -> (Overlap, HashMap<WorkerSlot, (u64, u32)>) {
@@ -236,10 +285,13 @@ fn run(n: usize, actions: &[Action], queries: &[(usize, usize, Vec<u32>)]) {
                 }
                 if let Some(pre) = prefix.as_mut() {
                     let m = model.workers.entry(w).or_default();
+                    let predicted = model.predicted.entry(w).or_default();
                     for (i, blk) in blocks.iter().enumerate() {
                         pre.extend_from_slice(blk);
                         let e = m.entry(hashes[i]).or_insert((pre.clone(), 0));
                         e.1 |= 1 << tier_of(*medium);
+                        // The store confirms a prediction: an ordinary block now.
+                        predicted.remove(pre.as_slice());
                     }
                 }
                 let payload = frame(*dp, |b| {
@@ -297,8 +349,27 @@ fn run(n: usize, actions: &[Action], queries: &[(usize, usize, Vec<u32>)]) {
                 });
                 sharded.publish(*inst, &payload);
             }
+            Action::Predict { inst, dp, blocks } => {
+                let w = (*inst, dp.unwrap_or(0));
+                let tokens: Vec<u32> = blocks.iter().flatten().copied().collect();
+                let held = model.workers.get(&w);
+                let predicted = model.predicted.entry(w).or_default();
+                for depth in 1..=blocks.len() {
+                    let p = &tokens[..depth * BS];
+                    // A block the worker already holds (any tier) is not predicted.
+                    if !held.is_some_and(|m| m.values().any(|(q, _)| q == p)) {
+                        predicted.insert(p.to_vec());
+                    }
+                }
+                sharded.predict(*inst, w.1, &tokens);
+            }
+            Action::Expire => {
+                model.predicted.clear();
+                sharded.expire();
+            }
             Action::Clear { inst, dp } => {
                 model.workers.remove(&(*inst, dp.unwrap_or(0)));
+                model.predicted.remove(&(*inst, dp.unwrap_or(0)));
                 let payload = frame(*dp, |b| {
                     rmp::encode::write_array_len(b, 1).unwrap();
                     rmp::encode::write_str(b, "AllBlocksCleared").unwrap();
@@ -313,6 +384,7 @@ fn run(n: usize, actions: &[Action], queries: &[(usize, usize, Vec<u32>)]) {
         .workers
         .values()
         .flat_map(|m| m.values().map(|(p, _)| p.clone()))
+        .chain(model.predicted.values().flatten().cloned())
         .collect();
     prefixes.sort();
     for (pick, cut, tail) in queries {
@@ -340,7 +412,8 @@ fn run(n: usize, actions: &[Action], queries: &[(usize, usize, Vec<u32>)]) {
                 ov.matched[slot.0 as usize], want,
                 "shards={n} worker={w:?} query={q:?}"
             );
-            let size = model.workers.get(w).map_or(0, |m| m.len()) as u32;
+            let size = (model.workers.get(w).map_or(0, |m| m.len())
+                + model.predicted.get(w).map_or(0, |p| p.len())) as u32;
             assert_eq!(
                 ov.tree_sizes[slot.0 as usize], size,
                 "tree size, shards={n} worker={w:?}"
