@@ -157,6 +157,78 @@ fn bench_apply(c: &mut Criterion) {
     g.finish();
 }
 
+fn predict(seq: SeqHash, parent: Option<SeqHash>, slot: u32, expires: u32) -> ShardOp {
+    ShardOp::Predict {
+        index: IndexId(0),
+        seq,
+        parent,
+        local: BlockHash(seq.0 ^ 1),
+        slot: WorkerSlot(slot),
+        expires,
+    }
+}
+
+/// What `/speculate` costs a shard per block: a new prediction (new block), one on a
+/// block others hold, its confirmation by the worker's store, and its expiry.
+fn bench_predict(c: &mut Criterion) {
+    let n = 100_000;
+    let s = seqs(n, 5);
+    let mut g = c.benchmark_group("predict");
+    g.throughput(Throughput::Elements(n as u64));
+    g.bench_function("predict_new_blocks", |b| {
+        b.iter_batched(
+            Shard::default,
+            |mut shard| {
+                let mut parent = None;
+                for &q in &s {
+                    shard.apply(predict(q, parent, 0, 100));
+                    parent = Some(q);
+                }
+                shard
+            },
+            BatchSize::LargeInput,
+        )
+    });
+    let mut warm = Shard::default();
+    for &q in &s {
+        warm.apply(store(q, None, 0));
+    }
+    // Warm: predict slot 1 on held blocks, then its store confirms and a removal
+    // takes it away again (three ops per block, counted as one).
+    g.bench_function("predict_confirm_remove_warm", |b| {
+        b.iter(|| {
+            for &q in &s {
+                warm.apply(predict(q, None, 1, u32::MAX / 4));
+                warm.apply(store(q, None, 1));
+                warm.apply(ShardOp::Remove {
+                    index: IndexId(0),
+                    seq: q,
+                    slot: WorkerSlot(1),
+                    tiers: kvix::types::TierSet::ALL,
+                });
+            }
+        })
+    });
+    // Expiry of n predictions on held blocks, all due at one tick.
+    g.bench_function("expire_warm", |b| {
+        let mut now = 0u32;
+        b.iter_custom(|iters| {
+            let mut total = std::time::Duration::ZERO;
+            for _ in 0..iters {
+                now += 1000;
+                for &q in &s {
+                    warm.apply(predict(q, None, 2, now));
+                }
+                let t = std::time::Instant::now();
+                warm.expire(now);
+                total += t.elapsed();
+            }
+            total
+        })
+    });
+    g.finish();
+}
+
 /// `prompts` chains of 512 blocks, prompt `i` held by slot `i % 16`, spread over `n` shards.
 fn indexed(n: usize, prompts: usize) -> (Vec<Shard>, Vec<Vec<SeqHash>>) {
     let mut shards: Vec<Shard> = (0..n).map(|_| Shard::default()).collect();
@@ -426,6 +498,7 @@ fn mesh_round_trips(iters: u64, spin_us: u64) -> std::time::Duration {
 
 criterion_group!(
     benches,
+    bench_predict,
     bench_cross_core,
     bench_hash,
     bench_decode,

@@ -16,7 +16,7 @@ use crate::hash;
 use crate::mesh::ShardMesh;
 use crate::partition::shard_of;
 use crate::registry::IndexInfo;
-use crate::shard::predict::{now_tick, ticks};
+use crate::shard::predict::deadline_after;
 use crate::shard::{PruneBound, ShardOp};
 use crate::types::{BlockHash, DpRank, InstanceId, WorkerSlot};
 use hyper::StatusCode;
@@ -129,7 +129,7 @@ pub async fn speculate<M: ShardMesh>(mesh: &M, body: &[u8]) -> Result<Reply, Api
         spec.ttl
     };
     let ttl_ms = req.ttl_ms.unwrap_or(default_ttl.as_millis() as u64);
-    let expires = now_tick().saturating_add(ticks(Duration::from_millis(ttl_ms)));
+    let expires = deadline_after(Duration::from_millis(ttl_ms));
     let shards = mesh.shards();
     let mut ops: Vec<Vec<ShardOp>> = vec![Vec::new(); shards];
     for (i, (&seq, &local)) in seqs.iter().zip(&locals).enumerate() {

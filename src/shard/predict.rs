@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 /// Time in [`TICK`]s since the process started (`u32`: two years at 16 ms).
 pub type Tick = u32;
 
-/// Expiry resolution: a prediction ends within one tick after its TTL.
+/// Expiry resolution: a prediction ends within two ticks after its TTL.
 pub const TICK: Duration = Duration::from_millis(16);
 
 /// Buckets in the wheel: one lap spans 4 s, the default TTL with room to spare.
@@ -29,11 +29,20 @@ pub fn ticks(d: Duration) -> Tick {
     (d.as_nanos().div_ceil(t)).clamp(1, Tick::MAX as u128 / 2) as Tick
 }
 
+/// The deadline of a prediction made now that must live at least `ttl`: the
+/// current tick is partly gone, so the count starts at the next one.
+pub fn deadline_after(ttl: Duration) -> Tick {
+    now_tick().saturating_add(1).saturating_add(ticks(ttl))
+}
+
 /// The current tick, from a process-wide epoch shared by every core.
 pub fn now_tick() -> Tick {
+    (since_epoch().as_nanos() / TICK.as_nanos()) as Tick
+}
+
+fn since_epoch() -> Duration {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
-    let e = *EPOCH.get_or_init(Instant::now);
-    (e.elapsed().as_nanos() / TICK.as_nanos()) as Tick
+    EPOCH.get_or_init(Instant::now).elapsed()
 }
 
 /// What a prediction op did to its pair.
@@ -200,6 +209,17 @@ mod tests {
         p.expire(now, |s, _| out.push(s.0));
         out.sort();
         out
+    }
+
+    #[test]
+    fn a_deadline_never_comes_before_its_ttl() {
+        for ms in [1, 15, 16, 17, 1500] {
+            let ttl = Duration::from_millis(ms);
+            let start = since_epoch();
+            let due = TICK * deadline_after(ttl);
+            assert!(due >= start + ttl, "{ms} ms: due {due:?}, start {start:?}");
+            assert!(due <= start + ttl + 2 * TICK, "{ms} ms: due {due:?}");
+        }
     }
 
     #[test]
