@@ -150,9 +150,10 @@ impl Predictions {
         }
     }
 
-    /// End about `n` pairs early, those due soonest first, handing each to `end`.
-    /// Two passes over the live pairs: a histogram of deadlines picks the cutoff, then
-    /// every pair due before it goes (pairs sharing the cutoff's bin may go too).
+    /// End `n` pairs early (or all, if fewer), those due soonest first, handing each
+    /// to `end`; among pairs due in the same tick, the first predicted go first. A
+    /// histogram of deadlines finds the cutoff bin: every pair due before it ends,
+    /// then the bin's ticks are walked in their wheel buckets' filing order.
     pub fn prune(&mut self, n: usize, mut end: impl FnMut(SeqHash, WorkerSlot)) {
         if n == 0 || self.deadline.is_empty() {
             return;
@@ -166,18 +167,45 @@ impl Predictions {
             hist[((d - lo) / width) as usize] += 1;
         }
         let mut seen = 0;
-        let mut cut = BINS;
+        let mut cut = BINS - 1;
         for (i, c) in hist.iter().enumerate() {
-            seen += c;
-            if seen >= n {
+            if seen + c >= n {
                 cut = i;
                 break;
             }
+            seen += c;
         }
-        let limit = lo as u64 + (cut as u64 + 1) * width as u64;
+        let bin = lo as u64 + cut as u64 * width as u64;
         self.deadline.retain(|&(seq, slot), d| {
-            if (*d as u64) < limit {
+            if (*d as u64) < bin {
                 end(seq, slot);
+                false
+            } else {
+                true
+            }
+        });
+        let mut left = n - seen;
+        for t in bin..bin + width as u64 {
+            if left == 0 {
+                return;
+            }
+            let t = t as Tick;
+            // A pair predicted again since it was filed sits in its old bucket;
+            // popping a stale entry here is harmless (expiry skips it).
+            for &(seq, slot) in &self.wheel[t as usize % WHEEL] {
+                if left > 0 && self.deadline.get(&(seq, slot)) == Some(&t) {
+                    self.deadline.remove(&(seq, slot));
+                    end(seq, slot);
+                    left -= 1;
+                }
+            }
+        }
+        // Refreshed pairs not yet re-filed: any of the bin's, to make up the count.
+        let end_bin = bin + width as u64;
+        self.deadline.retain(|&(seq, slot), d| {
+            if left > 0 && (*d as u64) < end_bin {
+                end(seq, slot);
+                left -= 1;
                 false
             } else {
                 true
@@ -283,11 +311,26 @@ mod tests {
         let mut gone = Vec::new();
         p.prune(200, |s, _| gone.push(s.0));
         gone.sort();
-        assert!(gone.len() >= 200 && gone.len() <= 202, "{}", gone.len());
-        assert_eq!(gone, (0..gone.len() as u64).collect::<Vec<_>>());
+        assert_eq!(gone, (0..200).collect::<Vec<_>>());
         assert_eq!(p.len(), 1000 - gone.len());
         // Pruned pairs do not end again.
         let rest = expired(&mut p, 5000);
         assert_eq!(rest.len(), 1000 - gone.len());
+    }
+
+    #[test]
+    fn prune_within_one_tick_ends_the_first_predicted() {
+        let mut p = Predictions::default();
+        for i in 0..100u64 {
+            p.predict(SeqHash(i), WorkerSlot(0), 700);
+        }
+        // Refreshing keeps a pair's place: it was still predicted first.
+        p.predict(SeqHash(3), WorkerSlot(0), 700);
+        let mut gone = Vec::new();
+        p.prune(30, |s, _| gone.push(s.0));
+        assert_eq!(gone, (0..30).collect::<Vec<_>>());
+        p.prune(500, |s, _| gone.push(s.0));
+        assert_eq!(gone.len(), 100);
+        assert!(p.is_empty());
     }
 }
