@@ -248,7 +248,7 @@ fn indexed(n: usize, prompts: usize) -> (Vec<Shard>, Vec<Vec<SeqHash>>) {
 fn bench_query(c: &mut Criterion) {
     let mut g = c.benchmark_group("query_512_blocks_1M_indexed");
     for n in [1usize, 2, 4] {
-        let (shards, chains) = indexed(n, 2048);
+        let (mut shards, chains) = indexed(n, 2048);
         g.throughput(Throughput::Elements(1));
         g.bench_function(BenchmarkId::new("split_answer_gather", n), |b| {
             let mut i = 0;
@@ -257,7 +257,7 @@ fn bench_query(c: &mut Criterion) {
                 let q = &chains[i];
                 let replies: Vec<_> = query::split(q, n)
                     .iter()
-                    .zip(&shards)
+                    .zip(shards.iter_mut())
                     .map(|(part, sh)| query::answer(sh, IndexId(0), part))
                     .collect();
                 black_box(query::gather(q, &replies, 16, |_| true))
@@ -270,7 +270,7 @@ fn bench_query(c: &mut Criterion) {
             g.bench_function("hash_then_lookup_gather_1_shard", |b| {
                 b.iter(|| {
                     hash::seq_hashes_for_tokens(black_box(&prompt), BS, seed, &mut hs);
-                    let r = query::answer(&shards[0], IndexId(0), &hs);
+                    let r = query::answer(&mut shards[0], IndexId(0), &hs);
                     black_box(query::gather(&hs, std::slice::from_ref(&r), 16, |_| true))
                 })
             });

@@ -96,7 +96,7 @@ fn main() {
             x ^= x << 17;
             chain(x % chains, &mut seqs);
             let t = Instant::now();
-            let r = query::answer(&shard, IndexId(0), &seqs);
+            let r = query::answer(&mut shard, IndexId(0), &seqs);
             let ov = query::gather(&seqs, std::slice::from_ref(&r), WORKERS as usize, |_| true);
             std::hint::black_box(ov);
             lat.record(t.elapsed().as_nanos() as u64).ok();

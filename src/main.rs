@@ -262,6 +262,7 @@ fn run(args: Args) -> Result<(), String> {
                 1.0,
             ),
         },
+        max_blocks: args.max_blocks,
     };
     let app = App::new(&cfg);
     for p in parse_peers(args.peers.as_deref().unwrap_or("")) {

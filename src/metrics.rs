@@ -135,6 +135,8 @@ pub struct ShardStats {
     pub tier_blocks: [u64; Tier::COUNT],
     /// What `/speculate`'s predictions did in this shard.
     pub predictions: crate::shard::PredictionCounts,
+    /// Blocks evicted to stay within `--max-blocks`.
+    pub evicted: u64,
     pub heap_bytes: u64,
     pub http: HttpStats,
 }
@@ -553,6 +555,14 @@ pub fn render(app: &App, shards: &[ShardStats]) -> String {
                 Value::Counter(get(&s.predictions)),
             );
         }
+    }
+    let f = g.add(
+        "kvix_evicted_blocks",
+        "Blocks evicted (least recently stored or matched first) to keep the index within --max-blocks",
+        MetricType::Counter,
+    );
+    for s in shards {
+        f.with(&[("shard", s.shard.to_string())], Value::Counter(s.evicted));
     }
     g.add(
         "kvix_engine_map_heap_bytes",

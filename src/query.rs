@@ -37,7 +37,7 @@ pub fn split(seqs: &[SeqHash], shards: usize) -> Vec<Vec<SeqHash>> {
 }
 
 /// What `shard` answers for its part `seqs` of a query on `index`.
-pub fn answer(shard: &Shard, index: IndexId, seqs: &[SeqHash]) -> ShardReply {
+pub fn answer(shard: &mut Shard, index: IndexId, seqs: &[SeqHash]) -> ShardReply {
     let mut reply = ShardReply {
         holders: Vec::with_capacity(seqs.len() * 3),
         per_slot: Vec::new(),

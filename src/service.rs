@@ -51,6 +51,8 @@ pub struct Config {
     /// Tokenizers and chat templates for text queries (`--tokenizer`).
     pub prompts: Arc<Prompts>,
     pub speculation: Speculation,
+    /// Most blocks over every index (`--max-blocks`); `None`: unbounded.
+    pub max_blocks: Option<u64>,
 }
 
 /// How `/speculate`'s predictions live.
@@ -98,6 +100,7 @@ impl Config {
             sockets: SocketOptions::default(),
             prompts: Arc::default(),
             speculation: Speculation::default(),
+            max_blocks: None,
         }
     }
 }
@@ -120,6 +123,8 @@ pub struct App {
     snapshot: Option<SnapshotConfig>,
     prompts: Arc<Prompts>,
     speculation: Speculation,
+    /// Blocks each shard may hold (`--max-blocks` over the shards).
+    shard_budget: Option<usize>,
 }
 
 impl App {
@@ -141,6 +146,10 @@ impl App {
             snapshot: cfg.snapshot.clone(),
             prompts: cfg.prompts.clone(),
             speculation: cfg.speculation.clone(),
+            // Each shard's share, rounded down: together they never pass the bound.
+            shard_budget: cfg
+                .max_blocks
+                .map(|n| (n / shards as u64).clamp(1, usize::MAX as u64) as usize),
         })
     }
 
@@ -178,6 +187,11 @@ impl App {
 
     pub fn speculation(&self) -> &Speculation {
         &self.speculation
+    }
+
+    /// Blocks each shard may hold; `None`: unbounded.
+    pub fn shard_budget(&self) -> Option<usize> {
+        self.shard_budget
     }
 }
 

@@ -214,12 +214,12 @@ impl Sharded {
         self.drain();
     }
 
-    fn query(&self, tokens: &[u32]) -> (Overlap, HashMap<WorkerSlot, (u64, u32)>) {
+    fn query(&mut self, tokens: &[u32]) -> (Overlap, HashMap<WorkerSlot, (u64, u32)>) {
         let mut seqs = Vec::new();
         hash::seq_hashes_for_tokens(tokens, BS, hash::block_seed(None, None), &mut seqs);
         let replies: Vec<_> = query::split(&seqs, self.shards.len())
             .iter()
-            .zip(&self.shards)
+            .zip(self.shards.iter_mut())
             .map(|(part, shard)| query::answer(shard, self.index, part))
             .collect();
         let snap = self.registry.snapshot();

@@ -113,12 +113,13 @@ impl Core {
                     blocks,
                     tier_blocks,
                     predictions: shard.predictions,
+                    evicted: shard.evicted,
                     heap_bytes: shard.heap_bytes() as u64,
                     http: self.http_stats.borrow().clone(),
                 }))
             }
             Req::Lookup { index, seqs } => {
-                Rep::Lookup(query::answer(&self.shard.borrow(), index, &seqs))
+                Rep::Lookup(query::answer(&mut self.shard.borrow_mut(), index, &seqs))
             }
             Req::Predict { index, ops, prune } => {
                 let mut shard = self.shard.borrow_mut();
@@ -303,6 +304,9 @@ impl ShardMesh for Core {
     }
 }
 
+/// A shard that evicts says so at most this often.
+const EVICTION_LOG_EVERY: Duration = Duration::from_secs(10);
+
 /// Drain this core's rings into its shard forever, napping 1–2 ms when they are empty,
 /// and end the predictions that are due (a few wheel buckets per tick, see
 /// [`crate::shard::predict`]).
@@ -313,13 +317,24 @@ impl ShardMesh for Core {
 /// visible at most one nap after they arrive.
 async fn drain_loop(core: Rc<Core>) {
     let mut idle = Duration::from_millis(1);
+    // Evictions as of the last warning, and when it was logged.
+    let mut warned: (u64, Option<Instant>) = (0, None);
     loop {
-        let n = {
+        let (n, evicted) = {
             let mut shard = core.shard.borrow_mut();
             let n = core.app.rings().drain(core.id, 8192, |op| shard.apply(op));
             shard.expire(crate::shard::predict::now_tick());
-            n
+            (n, shard.evicted)
         };
+        if evicted > warned.0 && warned.1.is_none_or(|t| t.elapsed() >= EVICTION_LOG_EVERY) {
+            tracing::warn!(
+                shard = core.id.0,
+                evicted = evicted - warned.0,
+                budget = core.app.shard_budget(),
+                "index at --max-blocks: evicting the blocks least recently stored or matched"
+            );
+            warned = (evicted, Some(Instant::now()));
+        }
         if n == 0 {
             glommio::timer::sleep(idle).await;
             idle = (idle * 2).min(Duration::from_millis(2));
@@ -461,11 +476,13 @@ pub fn serve(app: Arc<App>, opts: ServeOptions) -> std::io::Result<()> {
             async move {
                 let (senders, mut receivers) = mesh.join().await.expect("join shard mesh");
                 let id = ShardId(senders.peer_id());
+                let mut shard = Shard::default();
+                shard.set_block_budget(app.shard_budget());
                 let core = Rc::new(Core {
                     id,
                     shards,
                     app,
-                    shard: RefCell::new(Shard::default()),
+                    shard: RefCell::new(shard),
                     mesh: senders,
                     pending: RefCell::default(),
                     next_qid: Cell::new(0),

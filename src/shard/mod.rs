@@ -174,14 +174,34 @@ pub struct Shard {
     /// metrics never walk the blocks; `Tier::PREDICTED`'s are the live predictions.
     tier_pairs: [u64; Tier::COUNT],
     pub predictions: PredictionCounts,
+    /// Most blocks this shard holds over all its indexes; `None`: unbounded.
+    budget: Option<usize>,
+    /// Blocks evicted to stay within the budget, since start.
+    pub evicted: u64,
+    /// The index the next eviction looks at first (they take turns).
+    evict_from: usize,
 }
 
-/// The index shard of `index`, created if new. A function of the vector alone, so
-/// the caller can still update the shard's counters while holding it.
-fn index_mut(indexes: &mut Vec<IndexShard>, index: IndexId) -> &mut IndexShard {
+/// An eviction looks at a quarter of one index's buckets (at least
+/// [`EVICT_STEPS`]) before trying the next: an index whose blocks are all in use
+/// gives way to one whose blocks are not, and every index's hand laps in the same
+/// number of turns, so a small index's blocks are as safe as a large one's.
+const EVICT_TURNS: usize = 4;
+const EVICT_STEPS: usize = 16;
+
+/// The index shard of `index`, created if new (tracking use if the shard is
+/// bounded). A function of the vector alone, so the caller can still update the
+/// shard's counters while holding it.
+fn index_mut(indexes: &mut Vec<IndexShard>, index: IndexId, bounded: bool) -> &mut IndexShard {
     let i = index.0 as usize;
     if indexes.len() <= i {
-        indexes.resize_with(i + 1, IndexShard::default);
+        indexes.resize_with(i + 1, || {
+            let mut ix = IndexShard::default();
+            if bounded {
+                ix.blocks.track_use();
+            }
+            ix
+        });
     }
     &mut indexes[i]
 }
@@ -202,11 +222,15 @@ impl Shard {
                 slot,
                 tier,
             } => {
-                let ix = index_mut(&mut self.indexes, index);
-                let node = ix.blocks.get_or_insert_with(seq, || Node {
-                    parent: parent.unwrap_or(seq),
-                    local,
-                    holders: HolderSet::default(),
+                let ix = index_mut(&mut self.indexes, index, self.budget.is_some());
+                let mut grew = false;
+                let node = ix.blocks.get_or_insert_with(seq, || {
+                    grew = true;
+                    Node {
+                        parent: parent.unwrap_or(seq),
+                        local,
+                        holders: HolderSet::default(),
+                    }
                 });
                 let before = node.holders.add(slot, tier, &mut ix.slab);
                 if before.contains(Tier::PREDICTED) {
@@ -223,6 +247,9 @@ impl Shard {
                 if !before.contains(tier) {
                     self.tier_pairs[tier.0 as usize] += 1;
                 }
+                if grew {
+                    self.keep_budget();
+                }
             }
             ShardOp::Predict {
                 index,
@@ -238,7 +265,7 @@ impl Shard {
                 slot,
                 tiers,
             } => {
-                let ix = index_mut(&mut self.indexes, index);
+                let ix = index_mut(&mut self.indexes, index, self.budget.is_some());
                 let Some(node) = ix.blocks.get_mut(&seq) else {
                     return;
                 };
@@ -255,7 +282,7 @@ impl Shard {
                 uncount(&mut self.tier_pairs, removed, 1);
             }
             ShardOp::ClearSlot { index, slot, tiers } => {
-                let ix = index_mut(&mut self.indexes, index);
+                let ix = index_mut(&mut self.indexes, index, self.budget.is_some());
                 let IndexShard {
                     blocks,
                     slab,
@@ -298,11 +325,15 @@ impl Shard {
         slot: WorkerSlot,
         expires: Tick,
     ) {
-        let ix = index_mut(&mut self.indexes, index);
-        let node = ix.blocks.get_or_insert_with(seq, || Node {
-            parent: parent.unwrap_or(seq),
-            local,
-            holders: HolderSet::default(),
+        let ix = index_mut(&mut self.indexes, index, self.budget.is_some());
+        let mut grew = false;
+        let node = ix.blocks.get_or_insert_with(seq, || {
+            grew = true;
+            Node {
+                parent: parent.unwrap_or(seq),
+                local,
+                holders: HolderSet::default(),
+            }
         });
         let before = node.holders.tiers_of(slot, &ix.slab);
         if !(before & TierSet::MEDIA).is_empty() {
@@ -323,17 +354,62 @@ impl Shard {
         {
             self.prune(index, b);
         }
+        if grew {
+            self.keep_budget();
+        }
+    }
+
+    /// Hold at most `max` blocks in this shard, over all indexes, evicting those not
+    /// stored or matched for longest (see [`BlockTable::evict`]); `None` lifts the
+    /// bound.
+    pub fn set_block_budget(&mut self, max: Option<usize>) {
+        self.budget = max;
+        if max.is_some() {
+            for ix in &mut self.indexes {
+                ix.blocks.track_use();
+            }
+            self.keep_budget();
+        }
+    }
+
+    /// Evict until the shard is within its budget. The indexes take turns; one whose
+    /// hand finds every block in use within its turn passes the turn on, with the
+    /// bits it passed cleared, so the loop ends within two laps of every table.
+    fn keep_budget(&mut self) {
+        let Some(max) = self.budget else { return };
+        let mut total: usize = self.indexes.iter().map(|ix| ix.blocks.len()).sum();
+        while total > max {
+            let i = self.evict_from % self.indexes.len();
+            self.evict_from = i + 1;
+            let ix = &mut self.indexes[i];
+            let steps = (ix.blocks.buckets() / EVICT_TURNS).max(EVICT_STEPS);
+            let Some((seq, node)) = ix.blocks.evict(steps) else {
+                continue;
+            };
+            for &h in node.holders.as_slice(&ix.slab) {
+                let h = Holder(h);
+                ix.per_slot[h.slot().0 as usize] -= 1;
+                if h.has(Tier::PREDICTED) {
+                    ix.predictions.forget(seq, h.slot());
+                }
+                uncount(&mut self.tier_pairs, h.tiers(), 1);
+            }
+            let mut holders = node.holders;
+            holders.free(&mut ix.slab);
+            total -= 1;
+            self.evicted += 1;
+        }
     }
 
     /// Bound an index fed by predictions alone (approximate mode); applies from its
     /// next prediction on.
     pub fn set_prune_bound(&mut self, index: IndexId, bound: Option<PruneBound>) {
-        index_mut(&mut self.indexes, index).prune = bound;
+        index_mut(&mut self.indexes, index, self.budget.is_some()).prune = bound;
     }
 
     /// End the soonest-due predictions of `index` until it holds `b.target` blocks.
     fn prune(&mut self, index: IndexId, b: PruneBound) {
-        let ix = index_mut(&mut self.indexes, index);
+        let ix = index_mut(&mut self.indexes, index, self.budget.is_some());
         let (mut ended, mut passes) = (0u64, 0);
         // A block may have several predicted holders, so one pass can fall short.
         while ix.blocks.len() > b.target && !ix.predictions.is_empty() && passes < 4 {
@@ -391,13 +467,14 @@ impl Shard {
     /// Holders of `seqs` (one part of a query, in prefix order) as `[n, holder..]`
     /// per block, up to and including the first block nobody holds: no worker's
     /// prefix reaches past it, so the blocks after it are not looked up.
-    pub fn lookup(&self, index: IndexId, seqs: &[SeqHash], out: &mut Vec<u32>) {
-        let Some(ix) = self.index(index) else {
+    /// A match counts as a use of the block for a bounded shard's eviction.
+    pub fn lookup(&mut self, index: IndexId, seqs: &[SeqHash], out: &mut Vec<u32>) {
+        let Some(ix) = self.indexes.get_mut(index.0 as usize) else {
             out.extend(seqs.first().map(|_| 0));
             return;
         };
         for s in seqs {
-            match ix.blocks.get(s) {
+            match ix.blocks.get_matched(s) {
                 Some(node) => {
                     let hs = node.holders.as_slice(&ix.slab);
                     out.push(hs.len() as u32);
@@ -495,7 +572,7 @@ mod tests {
         }
     }
 
-    fn holders(s: &Shard, seq: u64) -> Vec<u32> {
+    fn holders(s: &mut Shard, seq: u64) -> Vec<u32> {
         let mut out = Vec::new();
         s.lookup(IndexId(0), &[SeqHash(seq)], &mut out);
         out[1..].to_vec()
@@ -522,7 +599,7 @@ mod tests {
         for slot in 0..40 {
             s.apply(store(7, slot, Tier::DEVICE));
         }
-        assert_eq!(holders(&s, 7).len(), 40);
+        assert_eq!(holders(&mut s, 7).len(), 40);
         for slot in (0..40).step_by(2) {
             s.apply(ShardOp::Remove {
                 index: IndexId(0),
@@ -531,7 +608,10 @@ mod tests {
                 tiers: TierSet::ALL,
             });
         }
-        let left: Vec<u32> = holders(&s, 7).iter().map(|h| Holder(*h).slot().0).collect();
+        let left: Vec<u32> = holders(&mut s, 7)
+            .iter()
+            .map(|h| Holder(*h).slot().0)
+            .collect();
         assert_eq!(left, (1..40).step_by(2).collect::<Vec<_>>());
         for slot in (1..40).step_by(2) {
             s.apply(ShardOp::Remove {
@@ -562,7 +642,7 @@ mod tests {
             slot: WorkerSlot(3),
             tiers: Tier::DEVICE.bit(),
         });
-        let h = holders(&s, 1);
+        let h = holders(&mut s, 1);
         assert_eq!(h.len(), 1);
         assert!(Holder(h[0]).has(Tier::HOST) && !Holder(h[0]).has(Tier::DEVICE));
     }
@@ -589,7 +669,7 @@ mod tests {
             s.apply(store(seq, 5, Tier::DEVICE));
         }
         for seq in 0..n {
-            let slots: Vec<u32> = holders(&s, seq)
+            let slots: Vec<u32> = holders(&mut s, seq)
                 .iter()
                 .map(|h| Holder(*h).slot().0)
                 .collect();
@@ -611,7 +691,7 @@ mod tests {
             tiers: TierSet::ALL,
         });
         for seq in 0..100 {
-            let slots: Vec<u32> = holders(&s, seq)
+            let slots: Vec<u32> = holders(&mut s, seq)
                 .iter()
                 .map(|h| Holder(*h).slot().0)
                 .collect();
@@ -689,7 +769,7 @@ mod tests {
         s.apply(predict(2, 3, 10));
         s.apply(store(2, 4, Tier::HOST));
         let dev = |slot| Holder::new(WorkerSlot(slot), Tier::DEVICE.bit()).0;
-        assert_eq!(holders(&s, 1), vec![dev(3)]);
+        assert_eq!(holders(&mut s, 1), vec![dev(3)]);
         let mut out = Vec::new();
         s.dump(IndexId(0), 0, 1, &mut out);
         assert_eq!(out.len(), 1, "only the stored block: {out:?}");
@@ -697,7 +777,7 @@ mod tests {
         s.apply(store(2, 3, Tier::HOST));
         assert_eq!(s.predictions.confirmed, 1);
         assert_eq!(
-            holders(&s, 2),
+            holders(&mut s, 2),
             vec![
                 Holder::new(WorkerSlot(3), Tier::HOST.bit()).0,
                 Holder::new(WorkerSlot(4), Tier::HOST.bit()).0
@@ -711,7 +791,7 @@ mod tests {
             slot: WorkerSlot(3),
             tiers: TierSet::ALL,
         });
-        assert_eq!(holders(&s, 5), vec![dev(3)]);
+        assert_eq!(holders(&mut s, 5), vec![dev(3)]);
         s.expire(9);
         assert_eq!(s.predictions.expired, 0);
         s.expire(10);
@@ -743,10 +823,82 @@ mod tests {
         }
         assert!(s.predictions.pruned >= 400);
         // The newest survive.
-        assert_eq!(holders(&s, 499).len(), 1);
+        assert_eq!(holders(&mut s, 499).len(), 1);
         assert_eq!(
             s.tier_counts().1[Tier::PREDICTED.0 as usize],
             s.index(IndexId(0)).unwrap().len() as u64
         );
+    }
+
+    #[test]
+    fn a_bounded_shard_evicts_unused_blocks_and_keeps_its_counters() {
+        let mut s = Shard::default();
+        s.set_block_budget(Some(300));
+        let op = |index: u32, seq: u64, slot: u32, tier: Tier| ShardOp::Store {
+            index: IndexId(index),
+            seq: SeqHash(xxhash_rust::xxh3::xxh3_64(&seq.to_le_bytes())),
+            parent: None,
+            local: BlockHash(seq),
+            slot: WorkerSlot(slot),
+            tier,
+        };
+        let key = |seq: u64| SeqHash(xxhash_rust::xxh3::xxh3_64(&seq.to_le_bytes()));
+        // Index 1 holds 50 blocks a router keeps matching; index 0 gets a stream.
+        for seq in 0..50 {
+            s.apply(op(1, seq, 2, Tier::DEVICE));
+        }
+        for seq in 1000..3000u64 {
+            s.apply(op(0, seq, (seq % 4) as u32, Tier::DEVICE));
+            s.apply(op(0, seq, 9, Tier::HOST));
+            if seq % 3 == 0 {
+                s.apply(ShardOp::Predict {
+                    index: IndexId(0),
+                    seq: key(seq),
+                    parent: None,
+                    local: BlockHash(seq),
+                    slot: WorkerSlot(5),
+                    expires: 100,
+                });
+            }
+            let mut out = Vec::new();
+            s.lookup(IndexId(1), &(0..50).map(key).collect::<Vec<_>>(), &mut out);
+            assert_eq!(out.len(), 100, "a matched block was evicted");
+            let (blocks, _) = s.tier_counts();
+            assert!(blocks <= 300, "{blocks} blocks");
+        }
+        assert_eq!(s.evicted, 2050 - 300);
+        assert_eq!(s.tier_counts().1, s.tier_counts_walked());
+        // Per-slot counts match the blocks left.
+        let ix = s.index(IndexId(0)).unwrap();
+        let per_slot: u32 = ix.blocks_per_slot().iter().sum();
+        let walked: usize = ix
+            .blocks
+            .values()
+            .map(|n| n.holders.as_slice(&ix.slab).len())
+            .sum();
+        assert_eq!(per_slot as usize, walked);
+        // The newest blocks are there; an evicted one's removal and expiry are no-ops.
+        assert!(
+            s.index(IndexId(0))
+                .unwrap()
+                .blocks
+                .get(&key(2999))
+                .is_some()
+        );
+        let gone =
+            (1000..3000).find(|&q| s.index(IndexId(0)).unwrap().blocks.get(&key(q)).is_none());
+        s.apply(ShardOp::Remove {
+            index: IndexId(0),
+            seq: key(gone.unwrap()),
+            slot: WorkerSlot(9),
+            tiers: TierSet::ALL,
+        });
+        s.expire(100);
+        assert_eq!(s.tier_counts().1, s.tier_counts_walked());
+        assert_eq!(s.tier_counts().1[Tier::PREDICTED.0 as usize], 0);
+        // Lifting the bound stops evictions.
+        s.set_block_budget(None);
+        s.apply(op(0, 7, 1, Tier::DEVICE));
+        assert_eq!(s.evicted, 2050 - 300);
     }
 }

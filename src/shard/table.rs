@@ -10,8 +10,7 @@
 //! shard; never shared.
 
 use crate::types::SeqHash;
-use hashbrown::HashMap;
-use hashbrown::hash_map::Entry;
+use hashbrown::HashTable;
 use std::hash::{BuildHasher, Hasher};
 
 /// Sixteen: more segments would shorten the stall further, but each table is then
@@ -52,13 +51,83 @@ impl BuildHasher for SeqHasherBuilder {
     }
 }
 
-type Segment<V> = HashMap<SeqHash, V, SeqHasherBuilder>;
+type Segment<V> = HashTable<(SeqHash, V)>;
+
+/// The table hash of `seq`: what [`SeqHasherBuilder`] gives a `SeqHash` key.
+#[inline]
+fn hash(seq: SeqHash) -> u64 {
+    seq.0.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+#[inline]
+fn rehash<V>(e: &(SeqHash, V)) -> u64 {
+    hash(e.0)
+}
 
 /// Sequence hash → `V`, in [`SEGMENTS`] independently sized hash tables.
 pub struct BlockTable<V> {
     /// Empty until the first insert, so an index a shard never sees costs nothing.
     segs: Vec<Segment<V>>,
     len: usize,
+    /// Use bits and the eviction hand; only for a bounded table.
+    clock: Option<Box<Clock>>,
+}
+
+/// CLOCK (second chance) over the buckets: a bit per bucket, set when the entry in
+/// it is stored or matched, cleared as the hand passes; the hand evicts the first
+/// entry it finds clear. Costs one bit per bucket and nothing per lookup beyond
+/// setting it. A resize moves entries, so a segment whose bucket count changed
+/// starts over with every bit set (everything counts as just used); a same-size
+/// rehash of deleted slots can misplace bits, which only makes a choice less exact.
+#[derive(Default)]
+struct Clock {
+    /// `used[seg]`: the bits of that segment's buckets.
+    used: Vec<Used>,
+    seg: usize,
+    bucket: usize,
+}
+
+#[derive(Default)]
+struct Used {
+    /// The segment's bucket count these bits were laid out for.
+    buckets: usize,
+    bits: Vec<u64>,
+}
+
+impl Clock {
+    /// The bits of `seg`, laid out for its current `buckets` (all set if they were
+    /// laid out for another count).
+    fn used(&mut self, seg: usize, buckets: usize) -> &mut Used {
+        if self.used.len() <= seg {
+            self.used.resize_with(SEGMENTS, Used::default);
+        }
+        let u = &mut self.used[seg];
+        if u.buckets != buckets {
+            u.buckets = buckets;
+            u.bits.clear();
+            u.bits.resize(buckets.div_ceil(64), u64::MAX);
+        }
+        u
+    }
+
+    /// Mark `bucket` of `seg` used without knowing the segment's current bucket
+    /// count: if it changed, the next [`Self::used`] sets every bit anyway.
+    fn note(&mut self, seg: usize, bucket: usize) {
+        if let Some(u) = self.used.get_mut(seg)
+            && bucket < u.buckets
+        {
+            u.bits[bucket / 64] |= 1 << (bucket % 64);
+        }
+    }
+
+    /// Clear the bit of `bucket`, saying whether it was set.
+    fn take(&mut self, seg: usize, buckets: usize, bucket: usize) -> bool {
+        let w = &mut self.used(seg, buckets).bits[bucket / 64];
+        let bit = 1u64 << (bucket % 64);
+        let was = *w & bit != 0;
+        *w &= !bit;
+        was
+    }
 }
 
 impl<V> Default for BlockTable<V> {
@@ -66,6 +135,7 @@ impl<V> Default for BlockTable<V> {
         BlockTable {
             segs: Vec::new(),
             len: 0,
+            clock: None,
         }
     }
 }
@@ -86,45 +156,119 @@ impl<V> BlockTable<V> {
         self.len == 0
     }
 
+    /// From now on, note which entries are stored or matched, so that
+    /// [`Self::evict`] can pick one that was not lately.
+    pub fn track_use(&mut self) {
+        if self.clock.is_none() {
+            self.clock = Some(Box::default());
+        }
+    }
+
     #[inline]
     pub fn get(&self, seq: &SeqHash) -> Option<&V> {
-        self.segs.get(segment(*seq))?.get(seq)
+        let seq = *seq;
+        self.segs
+            .get(segment(seq))?
+            .find(hash(seq), |e| e.0 == seq)
+            .map(|e| &e.1)
+    }
+
+    /// [`Self::get`] for a query: a match counts as a use.
+    #[inline]
+    pub fn get_matched(&mut self, seq: &SeqHash) -> Option<&V> {
+        let Some(clock) = self.clock.as_deref_mut() else {
+            return self.get(seq);
+        };
+        let (s, seq) = (segment(*seq), *seq);
+        let seg = self.segs.get(s)?;
+        let i = seg.find_bucket_index(hash(seq), |e| e.0 == seq)?;
+        clock.note(s, i);
+        seg.get_bucket(i).map(|e| &e.1)
     }
 
     #[inline]
     pub fn get_mut(&mut self, seq: &SeqHash) -> Option<&mut V> {
-        self.segs.get_mut(segment(*seq))?.get_mut(seq)
+        let seq = *seq;
+        self.segs
+            .get_mut(segment(seq))?
+            .find_mut(hash(seq), |e| e.0 == seq)
+            .map(|e| &mut e.1)
     }
 
-    /// The value of `seq`, inserted by `make` if absent.
+    /// The value of `seq`, inserted by `make` if absent; a use either way.
     #[inline]
     pub fn get_or_insert_with(&mut self, seq: SeqHash, make: impl FnOnce() -> V) -> &mut V {
         if self.segs.is_empty() {
             self.segs.resize_with(SEGMENTS, Segment::default);
         }
-        match self.segs[segment(seq)].entry(seq) {
-            Entry::Occupied(e) => e.into_mut(),
-            Entry::Vacant(e) => {
+        let s = segment(seq);
+        let seg = &mut self.segs[s];
+        let entry = match seg.entry(hash(seq), |e| e.0 == seq, rehash) {
+            hashbrown::hash_table::Entry::Occupied(e) => e,
+            hashbrown::hash_table::Entry::Vacant(e) => {
                 self.len += 1;
-                e.insert(make())
+                e.insert((seq, make()))
             }
+        };
+        if let Some(clock) = self.clock.as_deref_mut() {
+            clock.note(s, entry.bucket_index());
         }
+        &mut entry.into_mut().1
     }
 
     /// Remove `seq`; its segment gives memory back if it became sparse.
     pub fn remove(&mut self, seq: &SeqHash) -> Option<V> {
-        let seg = self.segs.get_mut(segment(*seq))?;
-        let v = seg.remove(seq)?;
+        let seq = *seq;
+        let seg = self.segs.get_mut(segment(seq))?;
+        let (e, _) = seg.find_entry(hash(seq), |e| e.0 == seq).ok()?.remove();
         self.len -= 1;
         shrink_if_sparse(seg);
-        Some(v)
+        Some(e.1)
+    }
+
+    /// Buckets over all segments (what a lap of the eviction hand visits).
+    pub fn buckets(&self) -> usize {
+        self.segs.iter().map(|s| s.num_buckets()).sum()
+    }
+
+    /// Remove and return an entry not stored or matched since the hand last passed
+    /// it, looking at no more than `steps` buckets (clearing the bits it passes).
+    /// `None` if the table is empty, does not track use, or the steps ran out: a
+    /// later call goes on from there, and within two laps always finds one.
+    pub fn evict(&mut self, steps: usize) -> Option<(SeqHash, V)> {
+        let clock = self.clock.as_deref_mut()?;
+        if self.len == 0 {
+            return None;
+        }
+        for _ in 0..steps {
+            let s = clock.seg;
+            let seg = &mut self.segs[s];
+            let (i, buckets) = (clock.bucket, seg.num_buckets());
+            if i >= buckets {
+                clock.seg = (s + 1) % SEGMENTS;
+                clock.bucket = 0;
+                continue;
+            }
+            clock.bucket += 1;
+            if seg.get_bucket(i).is_none() || clock.take(s, buckets, i) {
+                continue;
+            }
+            let Ok(entry) = seg.get_bucket_entry(i) else {
+                continue;
+            };
+            let (e, _) = entry.remove();
+            self.len -= 1;
+            shrink_if_sparse(seg);
+            return Some(e);
+        }
+        None
     }
 
     /// Keep the entries for which `keep` is true, segment by segment.
     pub fn retain(&mut self, mut keep: impl FnMut(&SeqHash, &mut V) -> bool) {
         let mut len = 0;
         for seg in &mut self.segs {
-            seg.retain(|k, v| keep(k, v));
+            seg.retain(|e| keep(&e.0, &mut e.1));
             shrink_if_sparse(seg);
             len += seg.len();
         }
@@ -135,7 +279,9 @@ impl<V> BlockTable<V> {
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&SeqHash, &V)> {
-        self.segs.iter().flat_map(|s| s.iter())
+        self.segs
+            .iter()
+            .flat_map(|s| s.iter().map(|e| (&e.0, &e.1)))
     }
 
     /// The entries of segments `part * SEGMENTS / parts ..` up to the next part's: an
@@ -147,7 +293,7 @@ impl<V> BlockTable<V> {
             .get(from.min(self.segs.len())..to.min(self.segs.len()))
             .unwrap_or_default()
             .iter()
-            .flat_map(|s| s.iter())
+            .flat_map(|s| s.iter().map(|e| (&e.0, &e.1)))
     }
 
     /// Entries in the segments of [`Self::iter_part`]'s `part`.
@@ -163,13 +309,18 @@ impl<V> BlockTable<V> {
     }
 
     pub fn values(&self) -> impl Iterator<Item = &V> {
-        self.segs.iter().flat_map(|s| s.values())
+        self.segs.iter().flat_map(|s| s.iter().map(|e| &e.1))
     }
 
-    /// Heap bytes of the segments' tables.
+    /// Heap bytes of the segments' tables and the use bits.
     pub fn allocation_size(&self) -> usize {
         self.segs.capacity() * std::mem::size_of::<Segment<V>>()
             + self.segs.iter().map(|s| s.allocation_size()).sum::<usize>()
+            + self.clock.as_ref().map_or(0, |c| {
+                std::mem::size_of::<Clock>()
+                    + c.used.capacity() * std::mem::size_of::<Used>()
+                    + c.used.iter().map(|u| u.bits.capacity() * 8).sum::<usize>()
+            })
     }
 }
 
@@ -178,7 +329,7 @@ impl<V> BlockTable<V> {
 fn shrink_if_sparse<V>(seg: &mut Segment<V>) {
     let cap = seg.capacity();
     if cap >= SHRINK_FROM && seg.len() < cap / 4 {
-        seg.shrink_to(seg.len() * 2);
+        seg.shrink_to(seg.len() * 2, rehash);
     }
 }
 
@@ -237,6 +388,42 @@ mod tests {
         assert!(t.segs.iter().all(|s| s.len() > 400));
     }
 
+    #[test]
+    fn evicts_what_was_not_used_since_the_hand_passed() {
+        let key = |i: u64| SeqHash(xxhash_rust::xxh3::xxh3_64(&i.to_le_bytes()));
+        let mut t = BlockTable::<u64>::default();
+        for i in 0..4000 {
+            t.get_or_insert_with(key(i), || i);
+        }
+        assert_eq!(t.evict(usize::MAX), None, "not tracking use");
+        t.track_use();
+        // Keep the table at 4000 entries while new ones arrive and the first 100
+        // are matched between arrivals: those are never chosen.
+        let mut evicted = Vec::new();
+        for i in 4000..12_000 {
+            for h in 0..100 {
+                assert!(t.get_matched(&key(h)).is_some(), "hot entry {h} evicted");
+            }
+            t.get_or_insert_with(key(i), || i);
+            let (k, v) = t.evict(usize::MAX).expect("an entry to evict");
+            assert_eq!(k, key(v));
+            evicted.push(v);
+        }
+        assert_eq!(t.len(), 4000);
+        assert_eq!(t.iter().count(), 4000);
+        evicted.sort();
+        evicted.dedup();
+        assert_eq!(evicted.len(), 8000);
+        // The newest entries were stored after the hand last passed: all still there.
+        assert!((11_900..12_000).all(|i| t.get(&key(i)).is_some()));
+        // A bounded number of steps may come back empty-handed; later calls go on.
+        let mut steps = 0;
+        while t.evict(8).is_none() {
+            steps += 8;
+            assert!(steps < 1 << 20);
+        }
+    }
+
     /// The longest single insert while growing to 8M entries, segmented and as
     /// one table: the stall a query behind a resize waits. A figure, not a check:
     /// `cargo test --release --lib growth_stall -- --ignored --nocapture`.
@@ -247,7 +434,7 @@ mod tests {
         let n = 8u64 << 20;
         let key = |i: u64| SeqHash(xxhash_rust::xxh3::xxh3_64(&i.to_le_bytes()));
         let mut worst = Duration::ZERO;
-        let mut m: Segment<[u64; 3]> = Default::default();
+        let mut m: hashbrown::HashMap<SeqHash, [u64; 3], SeqHasherBuilder> = Default::default();
         let t0 = Instant::now();
         for i in 0..n {
             let s = Instant::now();
