@@ -229,6 +229,40 @@ fn bench_predict(c: &mut Criterion) {
     g.finish();
 }
 
+/// A shard bounded at 100k blocks and full, storing 100k new ones: each store evicts
+/// one, against the same stores into an unbounded shard.
+fn bench_evict(c: &mut Criterion) {
+    let n = 100_000;
+    let old = seqs(n, 7);
+    let new = seqs(n, 8);
+    let mut g = c.benchmark_group("evict");
+    g.throughput(Throughput::Elements(n as u64));
+    for (name, budget) in [("store_unbounded", None), ("store_evicting", Some(n))] {
+        g.bench_function(name, |b| {
+            b.iter_batched(
+                || {
+                    let mut shard = Shard::default();
+                    shard.set_block_budget(budget);
+                    for &q in &old {
+                        shard.apply(store(q, None, 0));
+                    }
+                    shard
+                },
+                |mut shard| {
+                    let mut parent = None;
+                    for &q in &new {
+                        shard.apply(store(q, parent, 1));
+                        parent = Some(q);
+                    }
+                    shard
+                },
+                BatchSize::LargeInput,
+            )
+        });
+    }
+    g.finish();
+}
+
 /// `prompts` chains of 512 blocks, prompt `i` held by slot `i % 16`, spread over `n` shards.
 fn indexed(n: usize, prompts: usize) -> (Vec<Shard>, Vec<Vec<SeqHash>>) {
     let mut shards: Vec<Shard> = (0..n).map(|_| Shard::default()).collect();
@@ -499,6 +533,7 @@ fn mesh_round_trips(iters: u64, spin_us: u64) -> std::time::Duration {
 criterion_group!(
     benches,
     bench_predict,
+    bench_evict,
     bench_cross_core,
     bench_hash,
     bench_decode,
