@@ -210,21 +210,23 @@ fn bench_predict(c: &mut Criterion) {
         })
     });
     // Expiry of n predictions on held blocks, all due at one tick.
-    g.bench_function("expire_warm", |b| {
-        let mut now = 0u32;
-        b.iter_custom(|iters| {
-            let mut total = std::time::Duration::ZERO;
-            for _ in 0..iters {
-                now += 1000;
+    g.bench_function("expire", |b| {
+        b.iter_batched(
+            || {
+                let mut shard = Shard::default();
                 for &q in &s {
-                    warm.apply(predict(q, None, 2, now));
+                    shard.apply(store(q, None, 0));
+                    shard.apply(predict(q, None, 2, 1000));
                 }
-                let t = std::time::Instant::now();
-                warm.expire(now);
-                total += t.elapsed();
-            }
-            total
-        })
+                shard
+            },
+            |mut shard| {
+                shard.expire(1000);
+                assert_eq!(shard.predictions.expired, n as u64);
+                shard
+            },
+            BatchSize::LargeInput,
+        )
     });
     g.finish();
 }
