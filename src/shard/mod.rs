@@ -901,4 +901,32 @@ mod tests {
         s.apply(op(0, 7, 1, Tier::DEVICE));
         assert_eq!(s.evicted, 2050 - 300);
     }
+
+    /// A prediction's own cost (its holder bit, deadline and wheel entry) stays
+    /// under what a confirmed block costs.
+    #[test]
+    fn a_prediction_costs_less_than_a_stored_block() {
+        let n = 200_000u64;
+        let key = |q: u64| SeqHash(xxhash_rust::xxh3::xxh3_64(&q.to_le_bytes()));
+        let mut s = Shard::default();
+        for q in 0..n {
+            s.apply(store(key(q).0, 0, Tier::DEVICE));
+        }
+        let stored = s.heap_bytes();
+        for q in 0..n {
+            s.apply(ShardOp::Predict {
+                index: IndexId(0),
+                seq: key(q),
+                parent: None,
+                local: BlockHash(q),
+                slot: WorkerSlot(1),
+                expires: 100 + (q % 125) as u32,
+            });
+        }
+        let predicted = s.heap_bytes() - stored;
+        assert!(
+            predicted < stored,
+            "{predicted} B of predictions, {stored} B of blocks"
+        );
+    }
 }

@@ -45,6 +45,25 @@ fn since_epoch() -> Duration {
     EPOCH.get_or_init(Instant::now).elapsed()
 }
 
+/// A predicted (block, worker) pair, packed into 4-byte words: 12 bytes where
+/// `(SeqHash, WorkerSlot)` takes 16, and 16 with its deadline where that takes 24.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct Pair([u32; 3]);
+
+impl Pair {
+    fn new(seq: SeqHash, slot: WorkerSlot) -> Pair {
+        Pair([seq.0 as u32, (seq.0 >> 32) as u32, slot.0])
+    }
+
+    fn seq(self) -> SeqHash {
+        SeqHash(self.0[0] as u64 | (self.0[1] as u64) << 32)
+    }
+
+    fn slot(self) -> WorkerSlot {
+        WorkerSlot(self.0[2])
+    }
+}
+
 /// What a prediction op did to its pair.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Predicted {
@@ -59,10 +78,10 @@ pub enum Predicted {
 pub struct Predictions {
     /// Deadline of every live predicted pair. An entry outlives its holder bit only
     /// when the pair was cleared or evicted; its next wheel visit drops it.
-    deadline: HashMap<(SeqHash, WorkerSlot), Tick>,
+    deadline: HashMap<Pair, Tick>,
     /// `wheel[t % WHEEL]`: pairs whose deadline was `t` when filed (or a later lap).
     /// Empty until the first prediction.
-    wheel: Vec<Vec<(SeqHash, WorkerSlot)>>,
+    wheel: Vec<Vec<Pair>>,
     /// Every tick up to this one has been expired.
     done: Tick,
 }
@@ -81,7 +100,7 @@ impl Predictions {
     /// already runs longer keeps its deadline.
     pub fn predict(&mut self, seq: SeqHash, slot: WorkerSlot, deadline: Tick) -> Predicted {
         let deadline = deadline.max(self.done + 1);
-        match self.deadline.entry((seq, slot)) {
+        match self.deadline.entry(Pair::new(seq, slot)) {
             hashbrown::hash_map::Entry::Occupied(mut e) => {
                 // The pair is already filed; its visit finds the later deadline and
                 // files it again there.
@@ -102,12 +121,12 @@ impl Predictions {
         if self.wheel.is_empty() {
             self.wheel.resize_with(WHEEL, Vec::new);
         }
-        self.wheel[deadline as usize % WHEEL].push((seq, slot));
+        self.wheel[deadline as usize % WHEEL].push(Pair::new(seq, slot));
     }
 
     /// The pair became an ordinary holder (or went away): forget its deadline.
     pub fn forget(&mut self, seq: SeqHash, slot: WorkerSlot) {
-        self.deadline.remove(&(seq, slot));
+        self.deadline.remove(&Pair::new(seq, slot));
     }
 
     /// Hand every pair whose deadline is at or before `now` to `end`, visiting only
@@ -124,14 +143,14 @@ impl Predictions {
         for t in now + 1 - span..=now {
             let b = t as usize % WHEEL;
             let mut bucket = std::mem::take(&mut self.wheel[b]);
-            for (seq, slot) in bucket.drain(..) {
-                match self.deadline.get(&(seq, slot)) {
+            for pair in bucket.drain(..) {
+                match self.deadline.get(&pair) {
                     None => {}
                     // Refreshed, or filed a lap or more ahead: file it where it is due.
-                    Some(&d) if d > now => self.wheel[d as usize % WHEEL].push((seq, slot)),
+                    Some(&d) if d > now => self.wheel[d as usize % WHEEL].push(pair),
                     Some(_) => {
-                        self.deadline.remove(&(seq, slot));
-                        end(seq, slot);
+                        self.deadline.remove(&pair);
+                        end(pair.seq(), pair.slot());
                     }
                 }
             }
@@ -176,9 +195,9 @@ impl Predictions {
             seen += c;
         }
         let bin = lo as u64 + cut as u64 * width as u64;
-        self.deadline.retain(|&(seq, slot), d| {
+        self.deadline.retain(|pair, d| {
             if (*d as u64) < bin {
-                end(seq, slot);
+                end(pair.seq(), pair.slot());
                 false
             } else {
                 true
@@ -192,19 +211,19 @@ impl Predictions {
             let t = t as Tick;
             // A pair predicted again since it was filed sits in its old bucket;
             // popping a stale entry here is harmless (expiry skips it).
-            for &(seq, slot) in &self.wheel[t as usize % WHEEL] {
-                if left > 0 && self.deadline.get(&(seq, slot)) == Some(&t) {
-                    self.deadline.remove(&(seq, slot));
-                    end(seq, slot);
+            for pair in &self.wheel[t as usize % WHEEL] {
+                if left > 0 && self.deadline.get(pair) == Some(&t) {
+                    self.deadline.remove(pair);
+                    end(pair.seq(), pair.slot());
                     left -= 1;
                 }
             }
         }
         // Refreshed pairs not yet re-filed: any of the bin's, to make up the count.
         let end_bin = bin + width as u64;
-        self.deadline.retain(|&(seq, slot), d| {
+        self.deadline.retain(|pair, d| {
             if left > 0 && (*d as u64) < end_bin {
-                end(seq, slot);
+                end(pair.seq(), pair.slot());
                 left -= 1;
                 false
             } else {
@@ -219,7 +238,7 @@ impl Predictions {
             + self
                 .wheel
                 .iter()
-                .map(|b| b.capacity() * std::mem::size_of::<(SeqHash, WorkerSlot)>())
+                .map(|b| b.capacity() * std::mem::size_of::<Pair>())
                 .sum::<usize>()
     }
 }
