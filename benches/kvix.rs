@@ -194,11 +194,14 @@ fn bench_predict(c: &mut Criterion) {
         warm.apply(store(q, None, 0));
     }
     // Warm: predict slot 1 on held blocks, then its store confirms and a removal
-    // takes it away again (three ops per block, counted as one).
+    // takes it away again (three ops per block, counted as one); the expiry pass at
+    // the deadline tick then drops the confirmed predictions' wheel entries.
+    let mut now = 0u32;
     g.bench_function("predict_confirm_remove_warm", |b| {
         b.iter(|| {
+            now += 1;
             for &q in &s {
-                warm.apply(predict(q, None, 1, u32::MAX / 4));
+                warm.apply(predict(q, None, 1, now));
                 warm.apply(store(q, None, 1));
                 warm.apply(ShardOp::Remove {
                     index: IndexId(0),
@@ -207,6 +210,7 @@ fn bench_predict(c: &mut Criterion) {
                     tiers: kvix::types::TierSet::ALL,
                 });
             }
+            warm.expire(now);
         })
     });
     // Expiry of n predictions on held blocks, all due at one tick.

@@ -47,8 +47,16 @@ fn since_epoch() -> Duration {
 
 /// A predicted (block, worker) pair, packed into 4-byte words: 12 bytes where
 /// `(SeqHash, WorkerSlot)` takes 16, and 16 with its deadline where that takes 24.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 struct Pair([u32; 3]);
+
+impl std::hash::Hash for Pair {
+    /// Two integer writes, as the unpacked tuple would hash (not a byte slice).
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        h.write_u64(self.seq().0);
+        h.write_u32(self.0[2]);
+    }
+}
 
 impl Pair {
     fn new(seq: SeqHash, slot: WorkerSlot) -> Pair {
