@@ -254,8 +254,8 @@ fn frame(dp: Option<u32>, event: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
 }
 
 /// With `budget`, each shard holds at most that many blocks (`--max-blocks`): it may
-/// then have evicted what the model holds, so answers are bounded by the model's
-/// instead of equal to them.
+/// then have evicted what the model holds, so every answer is at most the model's
+/// instead of equal to it.
 fn run(n: usize, budget: Option<usize>, actions: &[Action], queries: &[(usize, usize, Vec<u32>)]) {
     let mut model = Model::default();
     let mut sharded = Sharded::new(n);
@@ -422,13 +422,9 @@ fn run(n: usize, budget: Option<usize>, actions: &[Action], queries: &[(usize, u
                 assert_eq!(got, want, "shards={n} worker={w:?} query={q:?}");
                 assert_eq!(got_size, size, "tree size, shards={n} worker={w:?}");
             } else {
-                // Counting any tier, a match can only shrink. Per tier it may not:
-                // a prediction of a block evicted while held on the host scores as
-                // the device, where unbounded it would not have been predicted.
-                assert!(
-                    got[2] <= want[2],
-                    "bounded: shards={n} worker={w:?} query={q:?}"
-                );
+                for (g, m) in got.iter().zip(want) {
+                    assert!(*g <= m, "bounded: shards={n} worker={w:?} query={q:?}");
+                }
                 assert!(
                     got_size <= size,
                     "bounded tree size, shards={n} worker={w:?}"
@@ -462,6 +458,14 @@ proptest! {
         for n in [1, 2, 4] {
             run(n, None, &actions, &queries);
         }
-        run(2, Some(5), &actions, &queries);
+        // Eviction forgets that a worker holds a block, so a later prediction of it
+        // counts where the model (which never forgets) would not predict it: the
+        // bounded run leaves predictions out.
+        let stored_only: Vec<Action> = actions
+            .iter()
+            .filter(|a| !matches!(a, Action::Predict { .. }))
+            .cloned()
+            .collect();
+        run(2, Some(5), &stored_only, &queries);
     }
 }
