@@ -136,7 +136,7 @@ pub struct Args {
     pub router_prune_target_ratio: f64,
     /// Most blocks the index holds, over all models and tenants (each executor's
     /// shard keeps its share); past it the blocks not stored or matched for longest
-    /// are evicted (kvix_evicted_blocks_total). Unset: unbounded
+    /// are evicted (kvix_evicted_blocks_total). At least one a shard; unset: unbounded
     #[arg(long, env = "KVIX_MAX_BLOCKS")]
     pub max_blocks: Option<u64>,
     /// Log format on stderr: `text` or `json` (one JSON object per line)

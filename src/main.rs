@@ -262,7 +262,10 @@ fn run(args: Args) -> Result<(), String> {
                 1.0,
             ),
         },
-        max_blocks: args.max_blocks,
+        // Each shard keeps at least one block, so fewer than one a shard cannot hold.
+        max_blocks: args
+            .max_blocks
+            .map(|n| clamp("max-blocks", n, shards as u64, u64::MAX)),
     };
     let app = App::new(&cfg);
     for p in parse_peers(args.peers.as_deref().unwrap_or("")) {
