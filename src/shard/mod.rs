@@ -4,8 +4,9 @@
 //! partition function assigns to this shard: sequence hash → (parent, local
 //! hash, holders). Changes arrive only as [`ShardOp`]s through [`Shard::apply`]
 //! (live events, replay, dump and bootstrap alike; predictions from `/speculate`),
-//! and predictions end through [`Shard::expire`]. A shard never touches another
-//! shard's memory and never blocks.
+//! and predictions end through [`Shard::expire`]. With a block budget
+//! (`--max-blocks`) a store past it evicts the block least recently stored or
+//! matched. A shard never touches another shard's memory and never blocks.
 
 pub mod holders;
 pub mod predict;

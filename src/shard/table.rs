@@ -6,7 +6,9 @@
 //! bits that neither the partition rule nor hashbrown's probing uses, each
 //! segment grows and shrinks on its own: a resize moves a sixteenth of the
 //! entries, memory grows in small steps, and a segment's freed table is reused
-//! by the next segment's growth instead of faulting in fresh pages. Owned by one
+//! by the next segment's growth instead of faulting in fresh pages. A bounded
+//! shard's tables also keep a use bit per bucket and pick what to evict by CLOCK
+//! ([`BlockTable::evict`]); the table never decides *when* to evict. Owned by one
 //! shard; never shared.
 
 use crate::types::SeqHash;
