@@ -24,7 +24,7 @@ pub struct Args {
     /// KV cache block size for initial workers registered via --workers
     #[arg(long, env = "KVIX_BLOCK_SIZE")]
     pub block_size: Option<u32>,
-    /// Initial workers as "worker_id[:dp_rank]=zmq_address,..." (e.g. "1=tcp://host:5557,1:1=tcp://host:5558")
+    /// Initial workers as `worker_id[:dp_rank]=zmq_address,...` (e.g. `1=tcp://host:5557,1:1=tcp://host:5558`)
     #[arg(long, env = "KVIX_WORKERS")]
     pub workers: Option<String>,
     /// Model name for initial workers registered via --workers
