@@ -170,7 +170,9 @@ pub fn scores(
         .collect();
     rows.sort_unstable();
     let matched = |s: WorkerSlot| ov.matched.get(s.0 as usize).copied().unwrap_or_default();
-    let mut out = Vec::with_capacity(256 + rows.len() * 64);
+    // A live slot writes ~110 bytes (its score, tree size and `instances` entry):
+    // sized once, the reply is never copied to grow.
+    let mut out = Vec::with_capacity(256 + rows.len() * 128);
     out.extend_from_slice(b"{\"scores\":");
     let device: Vec<_> = rows
         .iter()
