@@ -197,3 +197,39 @@ fn bad_input_gets_clear_errors() {
     let log = s.stop();
     assert!(!log.contains("panicked"), "{log}");
 }
+
+/// kvix turns transparent huge pages off for itself (its tables are written at
+/// random positions, so a huge page would be resident whole for one entry), unless
+/// mimalloc's `MIMALLOC_ALLOW_THP` asks for them.
+#[test]
+fn transparent_huge_pages_are_off_unless_asked_for() {
+    let thp = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("THP_enabled:").map(|v| v.trim().to_string()))
+    };
+    let s = Server::start(&["--threads", "1"]);
+    let Some(off) = thp(s.pid()) else {
+        return; // a kernel without the field (before 6.x) cannot say
+    };
+    assert_eq!(off, "0");
+    drop(s);
+
+    let log = std::env::temp_dir().join(format!("kvix-thp-{}.log", std::process::id()));
+    let mut child = std::process::Command::new(common::kvix_bin())
+        .args(["--host", "127.0.0.1", "--port", "0", "--threads", "1"])
+        .env("MIMALLOC_ALLOW_THP", "1")
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !std::fs::read_to_string(&log).unwrap().contains("listening") {
+        assert!(std::time::Instant::now() < deadline, "kvix did not start");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let on = thp(child.id());
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(on.as_deref(), Some("1"));
+}
