@@ -2,20 +2,22 @@
 //!
 //! Owns, for every (model, tenant) index, the blocks whose sequence hash the
 //! partition function assigns to this shard: sequence hash → (parent, local
-//! hash, holders). Changes arrive only as [`ShardOp`]s through [`Shard::apply`]
+//! hash, holders), in [`blocks::Blocks`] (which derives most keys instead of
+//! storing them). Changes arrive only as [`ShardOp`]s through [`Shard::apply`]
 //! (live events, replay, dump and bootstrap alike; predictions from `/speculate`),
 //! and predictions end through [`Shard::expire`]. With a block budget
 //! (`--max-blocks`) a store past it evicts the block least recently stored or
 //! matched. A shard never touches another shard's memory and never blocks.
 
+pub mod blocks;
 pub mod holders;
 pub mod predict;
 pub mod table;
 
 use crate::types::{BlockHash, IndexId, SeqHash, Tier, TierSet, WorkerSlot};
-use holders::{Holder, HolderSet, HolderSlab};
+use blocks::{Blocks, EVICT_TURNS, Hand};
+use holders::{Holder, HolderSlab};
 use predict::{Predicted, Predictions, Tick};
-use table::BlockTable;
 pub use table::SeqHasherBuilder;
 
 /// The one way to change a shard.
@@ -87,15 +89,6 @@ pub struct PredictionCounts {
     pub pruned: u64,
 }
 
-/// One cached block in this shard.
-#[derive(Clone, Copy, Debug)]
-pub struct Node {
-    /// Parent's sequence hash; equal to the block's own hash for a first block.
-    parent: SeqHash,
-    local: BlockHash,
-    holders: HolderSet,
-}
-
 /// A block as the dump sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DumpedBlock {
@@ -108,7 +101,7 @@ pub struct DumpedBlock {
 /// The part of one (model, tenant) index that lives in this shard.
 #[derive(Default)]
 pub struct IndexShard {
-    blocks: BlockTable<Node>,
+    blocks: Blocks,
     slab: HolderSlab,
     /// Blocks held per slot (any tier), for `tree_sizes`.
     per_slot: Vec<u32>,
@@ -179,16 +172,9 @@ pub struct Shard {
     budget: Option<usize>,
     /// Blocks evicted to stay within the budget, since start.
     pub evicted: u64,
-    /// The index the next eviction looks at first (they take turns).
+    /// The table hand (index × [`Hand`]) the next eviction turn goes to.
     evict_from: usize,
 }
-
-/// An eviction looks at a quarter of one index's buckets (at least
-/// [`EVICT_STEPS`]) before trying the next: an index whose blocks are all in use
-/// gives way to one whose blocks are not, and every index's hand laps in the same
-/// number of turns, so a small index's blocks are as safe as a large one's.
-const EVICT_TURNS: usize = 4;
-const EVICT_STEPS: usize = 16;
 
 /// The index shard of `index`, created if new (tracking use if the shard is
 /// bounded). A function of the vector alone, so the caller can still update the
@@ -224,15 +210,7 @@ impl Shard {
                 tier,
             } => {
                 let ix = index_mut(&mut self.indexes, index, self.budget.is_some());
-                let mut grew = false;
-                let node = ix.blocks.get_or_insert_with(seq, || {
-                    grew = true;
-                    Node {
-                        parent: parent.unwrap_or(seq),
-                        local,
-                        holders: HolderSet::default(),
-                    }
-                });
+                let (node, grew) = ix.blocks.get_or_insert(seq, parent, local);
                 let before = node.holders.add(slot, tier, &mut ix.slab);
                 if before.contains(Tier::PREDICTED) {
                     // The worker stored what it was predicted to: an ordinary holder now.
@@ -292,7 +270,7 @@ impl Shard {
                 } = ix;
                 let mut removed = 0u32;
                 let mut per_tier = [0u64; Tier::COUNT];
-                blocks.retain(|_, node| {
+                blocks.retain(|node| {
                     let (bits, gone) = node.holders.remove(slot, tiers, slab);
                     for t in bits.iter() {
                         per_tier[t.0 as usize] += 1;
@@ -327,15 +305,7 @@ impl Shard {
         expires: Tick,
     ) {
         let ix = index_mut(&mut self.indexes, index, self.budget.is_some());
-        let mut grew = false;
-        let node = ix.blocks.get_or_insert_with(seq, || {
-            grew = true;
-            Node {
-                parent: parent.unwrap_or(seq),
-                local,
-                holders: HolderSet::default(),
-            }
-        });
+        let (node, grew) = ix.blocks.get_or_insert(seq, parent, local);
         let before = node.holders.tiers_of(slot, &ix.slab);
         if !(before & TierSet::MEDIA).is_empty() {
             // Already held for real: nothing to predict.
@@ -361,7 +331,7 @@ impl Shard {
     }
 
     /// Hold at most `max` blocks in this shard, over all indexes, evicting those not
-    /// stored or matched for longest (see [`BlockTable::evict`]); `None` lifts the
+    /// stored or matched for longest (see [`table::BlockTable::evict`]); `None` lifts the
     /// bound.
     pub fn set_block_budget(&mut self, max: Option<usize>) {
         self.budget = max;
@@ -373,22 +343,24 @@ impl Shard {
         }
     }
 
-    /// Evict until the shard is within its budget. The indexes take turns; one whose
-    /// hand finds every block in use within its turn passes the turn on, with the
-    /// bits it passed cleared, so the loop ends within two laps of every table.
+    /// Evict until the shard is within its budget. The hands of every index's tables
+    /// take turns; one that finds every block in use within its turn passes the turn
+    /// on, with the bits it passed cleared, so the loop ends within two laps of
+    /// every table.
     fn keep_budget(&mut self) {
         let Some(max) = self.budget else { return };
         let mut total: usize = self.indexes.iter().map(|ix| ix.blocks.len()).sum();
+        let hands = self.indexes.len() * Hand::BOTH.len();
         // Turns without an eviction. Two laps of every hand always find one, so the
         // bound is never reached; it only keeps a broken invariant from spinning the
         // executor forever.
         let mut misses = 0;
-        while total > max && misses <= 4 * (EVICT_TURNS + 1) * self.indexes.len() {
-            let i = self.evict_from % self.indexes.len();
-            self.evict_from = i + 1;
-            let ix = &mut self.indexes[i];
-            let steps = (ix.blocks.buckets() / EVICT_TURNS).max(EVICT_STEPS);
-            let Some((seq, node)) = ix.blocks.evict(steps) else {
+        while total > max && misses <= 4 * (EVICT_TURNS + 1) * hands {
+            let turn = self.evict_from % hands;
+            self.evict_from = turn + 1;
+            let hand = Hand::BOTH[turn % Hand::BOTH.len()];
+            let ix = &mut self.indexes[turn / Hand::BOTH.len()];
+            let Some((seq, node)) = ix.blocks.evict(hand) else {
                 misses += 1;
                 continue;
             };
@@ -509,8 +481,7 @@ impl Shard {
         // One allocation up front: growing a vector of millions of pairs by doubling
         // would copy it repeatedly on the executor. Blocks bound pairs from below.
         out.reserve(ix.blocks.len_part(part, parts));
-        for (&seq, node) in ix.blocks.iter_part(part, parts) {
-            let parent = (node.parent != seq).then_some(node.parent);
+        for (seq, parent, node) in ix.blocks.iter_part(part, parts) {
             for &h in node.holders.as_slice(&ix.slab) {
                 // Predictions are the router's guesses, not the engines' state.
                 let tiers = Holder(h).tiers() & TierSet::MEDIA;
@@ -520,7 +491,7 @@ impl Shard {
                 out.push(DumpedBlock {
                     seq,
                     parent,
-                    local: node.local,
+                    local: node.local(),
                     holder: Holder::new(Holder(h).slot(), tiers),
                 });
             }
@@ -910,7 +881,8 @@ mod tests {
     }
 
     /// A prediction's own cost (its holder bit, deadline and wheel entry) stays
-    /// under what a confirmed block costs.
+    /// under what a confirmed block costs: its shard entry, and at the ingest side an
+    /// engine-hash entry (counted here at its payload alone, the least it can cost).
     #[test]
     fn a_prediction_costs_less_than_a_stored_block() {
         let n = 200_000u64;
@@ -931,6 +903,8 @@ mod tests {
             });
         }
         let predicted = s.heap_bytes() - stored;
+        let engine_entry = std::mem::size_of::<(crate::types::EngineHash, SeqHash)>();
+        let stored = stored + engine_entry * n as usize;
         assert!(
             predicted < stored,
             "{predicted} B of predictions, {stored} B of blocks"

@@ -1,4 +1,8 @@
-//! The block table of one index shard: sequence hash → node, kept in segments.
+//! The block table of one index shard: entries filed by sequence hash, kept in
+//! segments.
+//!
+//! An entry says its own key ([`Keyed`]): stored beside the value, or computed
+//! from it, so a table need not spend eight bytes a block on a hash it can derive.
 //!
 //! One hash table of millions of entries grows by doubling in one go: the
 //! executor stops for the whole copy (queries wait behind it) and the old and new
@@ -53,7 +57,21 @@ impl BuildHasher for SeqHasherBuilder {
     }
 }
 
-type Segment<V> = HashTable<(SeqHash, V)>;
+/// An entry of a [`BlockTable`]: the sequence hash it is filed under. The key of an
+/// entry never changes while the entry is in a table (the table files it by it).
+pub trait Keyed {
+    fn key(&self) -> SeqHash;
+}
+
+/// The plain entry: the key stored beside the value.
+impl<V> Keyed for (SeqHash, V) {
+    #[inline]
+    fn key(&self) -> SeqHash {
+        self.0
+    }
+}
+
+type Segment<E> = HashTable<E>;
 
 /// The table hash of `seq`: what [`SeqHasherBuilder`] gives a `SeqHash` key.
 #[inline]
@@ -62,14 +80,15 @@ fn hash(seq: SeqHash) -> u64 {
 }
 
 #[inline]
-fn rehash<V>(e: &(SeqHash, V)) -> u64 {
-    hash(e.0)
+fn rehash<E: Keyed>(e: &E) -> u64 {
+    hash(e.key())
 }
 
-/// Sequence hash → `V`, in [`SEGMENTS`] independently sized hash tables.
-pub struct BlockTable<V> {
+/// Entries `E` by their sequence hash, in [`SEGMENTS`] independently sized hash
+/// tables.
+pub struct BlockTable<E> {
     /// Empty until the first insert, so an index a shard never sees costs nothing.
-    segs: Vec<Segment<V>>,
+    segs: Vec<Segment<E>>,
     len: usize,
     /// Use bits and the eviction hand; only for a bounded table.
     clock: Option<Box<Clock>>,
@@ -132,7 +151,7 @@ impl Clock {
     }
 }
 
-impl<V> Default for BlockTable<V> {
+impl<E> Default for BlockTable<E> {
     fn default() -> Self {
         BlockTable {
             segs: Vec::new(),
@@ -149,7 +168,7 @@ fn segment(seq: SeqHash) -> usize {
     (seq.0 >> (64 - SEG_BITS)) as usize
 }
 
-impl<V> BlockTable<V> {
+impl<E: Keyed> BlockTable<E> {
     pub fn len(&self) -> usize {
         self.len
     }
@@ -167,65 +186,81 @@ impl<V> BlockTable<V> {
     }
 
     #[inline]
-    pub fn get(&self, seq: &SeqHash) -> Option<&V> {
+    pub fn get(&self, seq: &SeqHash) -> Option<&E> {
         let seq = *seq;
         self.segs
             .get(segment(seq))?
-            .find(hash(seq), |e| e.0 == seq)
-            .map(|e| &e.1)
+            .find(hash(seq), |e| e.key() == seq)
     }
 
     /// [`Self::get`] for a query: a match counts as a use.
     #[inline]
-    pub fn get_matched(&mut self, seq: &SeqHash) -> Option<&V> {
+    pub fn get_matched(&mut self, seq: &SeqHash) -> Option<&E> {
         let Some(clock) = self.clock.as_deref_mut() else {
             return self.get(seq);
         };
         let (s, seq) = (segment(*seq), *seq);
         let seg = self.segs.get(s)?;
-        let i = seg.find_bucket_index(hash(seq), |e| e.0 == seq)?;
+        let i = seg.find_bucket_index(hash(seq), |e| e.key() == seq)?;
         clock.note(s, i);
-        seg.get_bucket(i).map(|e| &e.1)
+        seg.get_bucket(i)
     }
 
     #[inline]
-    pub fn get_mut(&mut self, seq: &SeqHash) -> Option<&mut V> {
+    pub fn get_mut(&mut self, seq: &SeqHash) -> Option<&mut E> {
         let seq = *seq;
         self.segs
             .get_mut(segment(seq))?
-            .find_mut(hash(seq), |e| e.0 == seq)
-            .map(|e| &mut e.1)
+            .find_mut(hash(seq), |e| e.key() == seq)
     }
 
-    /// The value of `seq`, inserted by `make` if absent; a use either way.
+    /// The entry of `seq`, inserted by `make` if absent; a use either way. `make`
+    /// must give an entry whose key is `seq`.
     #[inline]
-    pub fn get_or_insert_with(&mut self, seq: SeqHash, make: impl FnOnce() -> V) -> &mut V {
+    pub fn get_or_insert_with(&mut self, seq: SeqHash, make: impl FnOnce() -> E) -> &mut E {
+        match self.get_or_try_insert(seq, || Ok::<E, std::convert::Infallible>(make())) {
+            Ok(e) => e,
+            Err(never) => match never {},
+        }
+    }
+
+    /// The entry of `seq`, or if absent the one `make` gives (filed, and a use like
+    /// a store), or `make`'s error (nothing filed). `make` must give an entry whose
+    /// key is `seq`.
+    #[inline]
+    pub fn get_or_try_insert<R>(
+        &mut self,
+        seq: SeqHash,
+        make: impl FnOnce() -> Result<E, R>,
+    ) -> Result<&mut E, R> {
         if self.segs.is_empty() {
             self.segs.resize_with(SEGMENTS, Segment::default);
         }
         let s = segment(seq);
         let seg = &mut self.segs[s];
-        let entry = match seg.entry(hash(seq), |e| e.0 == seq, rehash) {
+        let entry = match seg.entry(hash(seq), |e| e.key() == seq, rehash) {
             hashbrown::hash_table::Entry::Occupied(e) => e,
             hashbrown::hash_table::Entry::Vacant(e) => {
+                let new = make()?;
+                debug_assert_eq!(new.key(), seq, "an entry filed under another key");
                 self.len += 1;
-                e.insert((seq, make()))
+                e.insert(new)
             }
         };
         if let Some(clock) = self.clock.as_deref_mut() {
             clock.note(s, entry.bucket_index());
         }
-        &mut entry.into_mut().1
+        Ok(entry.into_mut())
     }
 
     /// Remove `seq`; its segment gives memory back if it became sparse.
-    pub fn remove(&mut self, seq: &SeqHash) -> Option<V> {
+    pub fn remove(&mut self, seq: &SeqHash) -> Option<E> {
         let seq = *seq;
         let seg = self.segs.get_mut(segment(seq))?;
-        let (e, _) = seg.find_entry(hash(seq), |e| e.0 == seq).ok()?.remove();
+        let (e, _) = seg.find_entry(hash(seq), |e| e.key() == seq).ok()?.remove();
         self.len -= 1;
         shrink_if_sparse(seg);
-        Some(e.1)
+        Some(e)
     }
 
     /// Buckets over all segments (what a lap of the eviction hand visits).
@@ -237,7 +272,7 @@ impl<V> BlockTable<V> {
     /// it, looking at no more than `steps` buckets (clearing the bits it passes).
     /// `None` if the table is empty, does not track use, or the steps ran out: a
     /// later call goes on from there, and within two laps always finds one.
-    pub fn evict(&mut self, steps: usize) -> Option<(SeqHash, V)> {
+    pub fn evict(&mut self, steps: usize) -> Option<E> {
         let clock = self.clock.as_deref_mut()?;
         if self.len == 0 {
             return None;
@@ -267,10 +302,10 @@ impl<V> BlockTable<V> {
     }
 
     /// Keep the entries for which `keep` is true, segment by segment.
-    pub fn retain(&mut self, mut keep: impl FnMut(&SeqHash, &mut V) -> bool) {
+    pub fn retain(&mut self, mut keep: impl FnMut(&mut E) -> bool) {
         let mut len = 0;
         for seg in &mut self.segs {
-            seg.retain(|e| keep(&e.0, &mut e.1));
+            seg.retain(&mut keep);
             shrink_if_sparse(seg);
             len += seg.len();
         }
@@ -280,22 +315,20 @@ impl<V> BlockTable<V> {
         }
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = (&SeqHash, &V)> {
-        self.segs
-            .iter()
-            .flat_map(|s| s.iter().map(|e| (&e.0, &e.1)))
+    pub fn iter(&self) -> impl Iterator<Item = &E> {
+        self.segs.iter().flat_map(|s| s.iter())
     }
 
     /// The entries of segments `part * SEGMENTS / parts ..` up to the next part's: an
     /// export walks the table in `parts` steps and the executor serves between them.
-    pub fn iter_part(&self, part: usize, parts: usize) -> impl Iterator<Item = (&SeqHash, &V)> {
+    pub fn iter_part(&self, part: usize, parts: usize) -> impl Iterator<Item = &E> {
         let parts = parts.clamp(1, SEGMENTS);
         let (from, to) = (part * SEGMENTS / parts, (part + 1) * SEGMENTS / parts);
         self.segs
             .get(from.min(self.segs.len())..to.min(self.segs.len()))
             .unwrap_or_default()
             .iter()
-            .flat_map(|s| s.iter().map(|e| (&e.0, &e.1)))
+            .flat_map(|s| s.iter())
     }
 
     /// Entries in the segments of [`Self::iter_part`]'s `part`.
@@ -310,13 +343,9 @@ impl<V> BlockTable<V> {
             .sum()
     }
 
-    pub fn values(&self) -> impl Iterator<Item = &V> {
-        self.segs.iter().flat_map(|s| s.iter().map(|e| &e.1))
-    }
-
     /// Heap bytes of the segments' tables and the use bits.
     pub fn allocation_size(&self) -> usize {
-        self.segs.capacity() * std::mem::size_of::<Segment<V>>()
+        self.segs.capacity() * std::mem::size_of::<Segment<E>>()
             + self.segs.iter().map(|s| s.allocation_size()).sum::<usize>()
             + self.clock.as_ref().map_or(0, |c| {
                 std::mem::size_of::<Clock>()
@@ -328,7 +357,7 @@ impl<V> BlockTable<V> {
 
 /// Give memory back once a segment is a quarter full or less, keeping room to
 /// double: removals and clears must not pin peak memory.
-fn shrink_if_sparse<V>(seg: &mut Segment<V>) {
+fn shrink_if_sparse<E: Keyed>(seg: &mut Segment<E>) {
     let cap = seg.capacity();
     if cap >= SHRINK_FROM && seg.len() < cap / 4 {
         seg.shrink_to(seg.len() * 2, rehash);
@@ -341,7 +370,7 @@ mod tests {
 
     #[test]
     fn behaves_as_one_map() {
-        let mut t = BlockTable::<u64>::default();
+        let mut t = BlockTable::<(SeqHash, u64)>::default();
         let mut model = std::collections::HashMap::new();
         let mut x = 0x2545_F491_4F6C_DD1Du64;
         for i in 0..50_000u64 {
@@ -350,15 +379,15 @@ mod tests {
             x ^= x << 17;
             let k = SeqHash((x % 20_000) | (x & (0xFF << 56)));
             if i % 3 == 2 {
-                assert_eq!(t.remove(&k), model.remove(&k));
+                assert_eq!(t.remove(&k).map(|e| e.1), model.remove(&k));
             } else {
-                *t.get_or_insert_with(k, || 0) += 1;
+                t.get_or_insert_with(k, || (k, 0)).1 += 1;
                 *model.entry(k).or_insert(0) += 1;
             }
             assert_eq!(t.len(), model.len());
         }
         for (k, v) in &model {
-            assert_eq!(t.get(k), Some(v));
+            assert_eq!(t.get(k).map(|e| &e.1), Some(v));
         }
         assert_eq!(t.iter().count(), model.len());
         for parts in [1, 3, 8, 64, 100] {
@@ -368,24 +397,24 @@ mod tests {
                 (0..parts).map(|p| t.len_part(p, parts)).sum::<usize>(),
                 model.len()
             );
-            seen.sort_by_key(|(k, _)| **k);
-            seen.dedup_by_key(|(k, _)| **k);
+            seen.sort_by_key(|e| e.0);
+            seen.dedup_by_key(|e| e.0);
             assert_eq!(seen.len(), model.len());
         }
-        t.retain(|_, v| *v % 2 == 0);
+        t.retain(|e| e.1 % 2 == 0);
         model.retain(|_, v| *v % 2 == 0);
         assert_eq!(t.len(), model.len());
-        assert_eq!(t.values().count(), model.len());
-        t.retain(|_, _| false);
+        t.retain(|_| false);
         assert!(t.is_empty());
         assert_eq!(t.allocation_size(), 0);
     }
 
     #[test]
     fn uses_every_segment_for_xxh3_keys() {
-        let mut t = BlockTable::<()>::default();
+        let mut t = BlockTable::<(SeqHash, ())>::default();
         for i in 0..10_000u64 {
-            t.get_or_insert_with(SeqHash(xxhash_rust::xxh3::xxh3_64(&i.to_le_bytes())), || ());
+            let k = SeqHash(xxhash_rust::xxh3::xxh3_64(&i.to_le_bytes()));
+            t.get_or_insert_with(k, || (k, ()));
         }
         assert!(t.segs.iter().all(|s| s.len() > 400));
     }
@@ -393,9 +422,9 @@ mod tests {
     #[test]
     fn evicts_what_was_not_used_since_the_hand_passed() {
         let key = |i: u64| SeqHash(xxhash_rust::xxh3::xxh3_64(&i.to_le_bytes()));
-        let mut t = BlockTable::<u64>::default();
+        let mut t = BlockTable::<(SeqHash, u64)>::default();
         for i in 0..4000 {
-            t.get_or_insert_with(key(i), || i);
+            t.get_or_insert_with(key(i), || (key(i), i));
         }
         assert_eq!(t.evict(usize::MAX), None, "not tracking use");
         t.track_use();
@@ -406,7 +435,7 @@ mod tests {
             for h in 0..100 {
                 assert!(t.get_matched(&key(h)).is_some(), "hot entry {h} evicted");
             }
-            t.get_or_insert_with(key(i), || i);
+            t.get_or_insert_with(key(i), || (key(i), i));
             let (k, v) = t.evict(usize::MAX).expect("an entry to evict");
             assert_eq!(k, key(v));
             evicted.push(v);
@@ -450,11 +479,11 @@ mod tests {
         );
         drop(m);
         let mut worst = Duration::ZERO;
-        let mut t = BlockTable::<[u64; 3]>::default();
+        let mut t = BlockTable::<(SeqHash, [u64; 3])>::default();
         let t0 = Instant::now();
         for i in 0..n {
             let s = Instant::now();
-            t.get_or_insert_with(key(i), || [i; 3]);
+            t.get_or_insert_with(key(i), || (key(i), [i; 3]));
             worst = worst.max(s.elapsed());
         }
         println!(
