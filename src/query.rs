@@ -13,15 +13,17 @@
 //! Pure computation: no I/O, no shard access beyond [`answer`].
 
 use crate::partition::shard_of;
-use crate::shard::Shard;
 use crate::shard::holders::Holder;
+use crate::shard::{SAME_HOLDERS, Shard};
 use crate::types::{IndexId, SeqHash, Tier, TierSet, WorkerSlot};
 
 /// What one shard answers for its part of a query.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct ShardReply {
-    /// Per requested block, in order: `[n, holder_1 .. holder_n]`, ending at the
-    /// first block with no holder (the prefix ends there for every worker).
+    /// Per requested block, in order: `[n, holder_1 .. holder_n]`, or
+    /// [`SAME_HOLDERS`] for a block held exactly as the one before it in this part;
+    /// ending at the first block with no holder (the prefix ends there for every
+    /// worker).
     pub holders: Vec<u32>,
     /// Blocks held per slot in this shard (for `tree_sizes`).
     pub per_slot: Vec<u32>,
@@ -69,6 +71,11 @@ pub struct Overlap {
 
 /// Walk `seqs` in prefix order over the replies of `replies.len()` shards.
 /// `live` filters out slots that were unregistered but not yet cleared.
+///
+/// Kept as one bit per slot and tier set: the slots still matching (`alive`) and
+/// those holding the current block (`holds`). A block costs a bit set per holder
+/// and a word operation per 64 slots; a slot's depth is written once, when it
+/// stops matching, so a prefix many workers share costs little per worker.
 pub fn gather(
     seqs: &[SeqHash],
     replies: &[ShardReply],
@@ -85,31 +92,80 @@ pub fn gather(
             *t += c;
         }
     }
-    for (depth, holders) in Blocks::new(seqs, replies).enumerate() {
-        let depth = depth as u32;
-        let (mut advanced, mut freq) = (false, 0);
+    let words = slots.div_ceil(64);
+    let mut alive = vec![[0u64; 3]; words];
+    for s in (0..slots).filter(|&s| live(WorkerSlot(s as u32))) {
+        for w in &mut alive[s / 64] {
+            *w |= 1 << (s % 64);
+        }
+    }
+    let mut holds = vec![[0u64; 3]; words];
+    let (mut depth, mut freq) = (0u32, 0);
+    let mut blocks = Blocks::new(seqs, replies);
+    while let Some(holders) = blocks.next() {
+        if blocks.repeated {
+            // The same holders again: every slot still matching matches this block too.
+            depth += 1;
+            if freq > 0 {
+                out.frequencies.push(freq);
+            }
+            continue;
+        }
+        holds.fill([0; 3]);
+        // Bits gather in registers while holders stay in one word (always, up to 64
+        // slots): or-ing each into memory would chain every holder through a
+        // store and a load of the same word.
+        let (mut word, mut acc) = (usize::MAX, [0u64; 3]);
         for &h in holders {
             let h = Holder(h);
-            let slot = h.slot();
-            if slot.0 as usize >= slots || !live(slot) {
+            let s = h.slot().0 as usize;
+            if s >= slots {
                 continue;
             }
-            let m = &mut out.matched[slot.0 as usize];
-            for (k, set) in TIER_SETS.iter().enumerate() {
-                if !(h.tiers() & *set).is_empty() && m[k] == depth {
-                    m[k] = depth + 1;
-                    advanced = true;
-                    if k == 0 {
-                        freq += 1;
-                    }
+            if s / 64 != word {
+                if let Some(w) = holds.get_mut(word) {
+                    *w = [w[0] | acc[0], w[1] | acc[1], w[2] | acc[2]];
                 }
+                (word, acc) = (s / 64, [0; 3]);
             }
+            let (tiers, bit) = (h.tiers(), 1u64 << (s % 64));
+            acc[0] |= bit * u64::from(!(tiers & TIER_SETS[0]).is_empty());
+            acc[1] |= bit * u64::from(!(tiers & TIER_SETS[1]).is_empty());
+            acc[2] |= bit * u64::from(!(tiers & TIER_SETS[2]).is_empty());
         }
-        if !advanced {
+        if let Some(w) = holds.get_mut(word) {
+            *w = [w[0] | acc[0], w[1] | acc[1], w[2] | acc[2]];
+        }
+        let mut any = false;
+        freq = 0;
+        for (i, (a, h)) in alive.iter_mut().zip(&holds).enumerate() {
+            for k in 0..TIER_SETS.len() {
+                let after = a[k] & h[k];
+                let mut ended = a[k] & !after;
+                while ended != 0 {
+                    out.matched[i * 64 + ended.trailing_zeros() as usize][k] = depth;
+                    ended &= ended - 1;
+                }
+                a[k] = after;
+                any |= after != 0;
+            }
+            freq += a[0].count_ones();
+        }
+        if !any {
             break;
         }
+        depth += 1;
         if freq > 0 {
             out.frequencies.push(freq);
+        }
+    }
+    for (i, a) in alive.iter().enumerate() {
+        for (k, &word) in a.iter().enumerate() {
+            let mut left = word;
+            while left != 0 {
+                out.matched[i * 64 + left.trailing_zeros() as usize][k] = depth;
+                left &= left - 1;
+            }
         }
     }
     out
@@ -121,6 +177,11 @@ struct Blocks<'a> {
     seqs: std::slice::Iter<'a, SeqHash>,
     replies: &'a [ShardReply],
     cursor: Vec<usize>,
+    /// Per shard, where its last block's holders are in its reply (start, count).
+    last: Vec<(usize, usize)>,
+    last_shard: usize,
+    /// The block just yielded has the holders of the one before it in prefix order.
+    repeated: bool,
 }
 
 impl<'a> Blocks<'a> {
@@ -129,6 +190,9 @@ impl<'a> Blocks<'a> {
             seqs: seqs.iter(),
             replies,
             cursor: vec![0; replies.len()],
+            last: vec![(0, 0); replies.len()],
+            last_shard: usize::MAX,
+            repeated: false,
         }
     }
 }
@@ -140,10 +204,20 @@ impl<'a> Iterator for Blocks<'a> {
         let s = shard_of(*seq, self.replies.len()).0;
         let words = &self.replies[s].holders;
         let at = self.cursor[s];
-        let n = *words.get(at)? as usize;
-        let holders = words.get(at + 1..at + 1 + n)?;
-        self.cursor[s] = at + 1 + n;
-        Some(holders)
+        let n = *words.get(at)?;
+        let (from, n) = if n == SAME_HOLDERS {
+            self.cursor[s] = at + 1;
+            self.repeated = self.last_shard == s;
+            self.last[s]
+        } else {
+            let n = n as usize;
+            self.cursor[s] = at + 1 + n;
+            self.last[s] = (at + 1, n);
+            self.repeated = false;
+            (at + 1, n)
+        };
+        self.last_shard = s;
+        words.get(from..from + n)
     }
 }
 
@@ -298,6 +372,94 @@ mod tests {
         assert_eq!(o.matched[1], [1, 1, 1]);
         assert_eq!(o.frequencies, vec![2, 1, 1]);
         assert_eq!(o.tree_sizes, vec![3, 2]);
+    }
+
+    /// The rule stated plainly, holder by holder: what [`gather`] must equal.
+    fn gather_by_holder(
+        seqs: &[SeqHash],
+        replies: &[ShardReply],
+        slots: usize,
+        live: impl Fn(WorkerSlot) -> bool,
+    ) -> (Vec<[u32; 3]>, Vec<u32>) {
+        let (mut matched, mut frequencies) = (vec![[0u32; 3]; slots], Vec::new());
+        for (depth, holders) in Blocks::new(seqs, replies).enumerate() {
+            let depth = depth as u32;
+            let (mut advanced, mut freq) = (false, 0);
+            for &h in holders {
+                let h = Holder(h);
+                let slot = h.slot();
+                if slot.0 as usize >= slots || !live(slot) {
+                    continue;
+                }
+                let m = &mut matched[slot.0 as usize];
+                for (k, set) in TIER_SETS.iter().enumerate() {
+                    if !(h.tiers() & *set).is_empty() && m[k] == depth {
+                        m[k] = depth + 1;
+                        advanced = true;
+                        freq += u32::from(k == 0);
+                    }
+                }
+            }
+            if !advanced {
+                break;
+            }
+            if freq > 0 {
+                frequencies.push(freq);
+            }
+        }
+        (matched, frequencies)
+    }
+
+    #[test]
+    fn equals_the_holder_by_holder_rule_over_many_slots() {
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        let tiers = [
+            Tier::DEVICE.bit(),
+            Tier::HOST.bit(),
+            Tier::DISK.bit(),
+            TierSet(Tier::DEVICE.bit().0 | Tier::HOST.bit().0),
+        ];
+        for case in 0..300 {
+            let slots = 1 + next(200) as usize;
+            let blocks = 1 + next(40) as usize;
+            let shards = 1 + next(3) as usize;
+            let seqs: Vec<SeqHash> = (0..blocks as u64)
+                .map(|b| SeqHash(b * 7919 + case))
+                .collect();
+            let mut replies = vec![ShardReply::default(); shards];
+            let mut last: Vec<Vec<u32>> = vec![Vec::new(); shards];
+            // Holders thin out with depth, so prefixes end at different blocks.
+            for (d, seq) in seqs.iter().enumerate() {
+                let part = crate::partition::shard_of(*seq, shards).0;
+                let r = &mut replies[part];
+                if last[part].len() > 1 && next(3) == 0 {
+                    // Held as the part's block before it.
+                    r.holders.push(SAME_HOLDERS);
+                    continue;
+                }
+                let mut held = Vec::new();
+                for s in 0..slots as u32 + 5 {
+                    if next(100) as usize >= d.min(60) {
+                        held.push(h(s, tiers[next(4) as usize]));
+                    }
+                }
+                held.truncate(next(1 + slots as u64) as usize);
+                r.holders.push(held.len() as u32);
+                r.holders.extend(&held);
+                last[part] = held;
+            }
+            let live = |s: WorkerSlot| s.0 % 11 != 3;
+            let o = gather(&seqs, &replies, slots, live);
+            let (matched, frequencies) = gather_by_holder(&seqs, &replies, slots, live);
+            assert_eq!(o.matched, matched, "case {case}");
+            assert_eq!(o.frequencies, frequencies, "case {case}");
+        }
     }
 
     #[test]

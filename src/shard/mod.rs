@@ -20,6 +20,11 @@ use holders::{Holder, HolderSlab};
 use predict::{Predicted, Predictions, Tick};
 pub use table::SeqHasherBuilder;
 
+/// In a lookup's output, a block held exactly as the block before it (see
+/// [`Shard::lookup`]); never a holder count, since a block has fewer holders than
+/// there are worker slots.
+pub const SAME_HOLDERS: u32 = u32::MAX;
+
 /// The one way to change a shard.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ShardOp {
@@ -442,23 +447,32 @@ impl Shard {
         self.predictions.expired += ended;
     }
 
-    /// Holders of each block in `seqs`, appended to `out` as `[n, h1..hn]` per block.
     /// Holders of `seqs` (one part of a query, in prefix order) as `[n, holder..]`
-    /// per block, up to and including the first block nobody holds: no worker's
-    /// prefix reaches past it, so the blocks after it are not looked up.
-    /// A match counts as a use of the block for a bounded shard's eviction.
+    /// per block, or [`SAME_HOLDERS`] for a block held exactly as the block before
+    /// it in `seqs` (a shared prefix: the gatherer skips it in one step), up to and
+    /// including the first block nobody holds: no worker's prefix reaches past it,
+    /// so the blocks after it are not looked up. A match counts as a use of the
+    /// block for a bounded shard's eviction.
     pub fn lookup(&mut self, index: IndexId, seqs: &[SeqHash], out: &mut Vec<u32>) {
         let Some(ix) = self.indexes.get_mut(index.0 as usize) else {
             out.extend(seqs.first().map(|_| 0));
             return;
         };
+        // Where the last written block's holders are in `out`.
+        let mut last = 0..0;
         for s in seqs {
             match ix.blocks.get_matched(s) {
                 Some(node) => {
                     let hs = node.holders.as_slice(&ix.slab);
+                    // Predicted holders are rewritten below, so only plain ones repeat.
+                    if hs.len() > 1 && ix.predictions.is_empty() && out[last.clone()] == *hs {
+                        out.push(SAME_HOLDERS);
+                        continue;
+                    }
                     out.push(hs.len() as u32);
                     let at = out.len();
                     out.extend_from_slice(hs);
+                    last = at..out.len();
                     if !ix.predictions.is_empty() {
                         // Scorers see a prediction as the device tier it stands for.
                         for h in &mut out[at..] {
