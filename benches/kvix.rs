@@ -105,12 +105,36 @@ fn seqs(n: usize, seed: u64) -> Vec<SeqHash> {
         .collect()
 }
 
-fn store(seq: SeqHash, parent: Option<SeqHash>, slot: u32) -> ShardOp {
+/// A block as a shard sees it.
+#[derive(Clone, Copy)]
+struct Block {
+    seq: SeqHash,
+    parent: Option<SeqHash>,
+    local: BlockHash,
+}
+
+/// One chain of `n` blocks (each the parent of the next) hashed as kvix hashes
+/// engines' blocks, so the shard files them as real traffic's.
+fn chain(n: usize, seed: u64) -> Vec<Block> {
+    let mut parent = None;
+    seqs(n, seed)
+        .into_iter()
+        .map(|x| {
+            let local = BlockHash(x.0);
+            let seq = hash::chain(parent, local);
+            let b = Block { seq, parent, local };
+            parent = Some(seq);
+            b
+        })
+        .collect()
+}
+
+fn store(b: &Block, slot: u32) -> ShardOp {
     ShardOp::Store {
         index: IndexId(0),
-        seq,
-        parent,
-        local: BlockHash(seq.0 ^ 1),
+        seq: b.seq,
+        parent: b.parent,
+        local: b.local,
         slot: WorkerSlot(slot),
         tier: Tier::DEVICE,
     }
@@ -118,17 +142,15 @@ fn store(seq: SeqHash, parent: Option<SeqHash>, slot: u32) -> ShardOp {
 
 fn bench_apply(c: &mut Criterion) {
     let n = 100_000;
-    let s = seqs(n, 3);
+    let s = chain(n, 3);
     let mut g = c.benchmark_group("shard_apply");
     g.throughput(Throughput::Elements(n as u64));
     g.bench_function("store_new_blocks", |b| {
         b.iter_batched(
             Shard::default,
             |mut shard| {
-                let mut parent = None;
-                for &q in &s {
-                    shard.apply(store(q, parent, 0));
-                    parent = Some(q);
+                for q in &s {
+                    shard.apply(store(q, 0));
                 }
                 shard
             },
@@ -137,17 +159,17 @@ fn bench_apply(c: &mut Criterion) {
     });
     // Steady state: a warm shard, every op adds a second holder then removes it.
     let mut warm = Shard::default();
-    for &q in &s {
-        warm.apply(store(q, None, 0));
+    for q in &s {
+        warm.apply(store(q, 0));
     }
     g.throughput(Throughput::Elements(2 * n as u64));
     g.bench_function("add_remove_holder_warm", |b| {
         b.iter(|| {
-            for &q in &s {
-                warm.apply(store(q, None, 1));
+            for q in &s {
+                warm.apply(store(q, 1));
                 warm.apply(ShardOp::Remove {
                     index: IndexId(0),
-                    seq: q,
+                    seq: q.seq,
                     slot: WorkerSlot(1),
                     tiers: kvix::types::TierSet::ALL,
                 });
@@ -157,12 +179,12 @@ fn bench_apply(c: &mut Criterion) {
     g.finish();
 }
 
-fn predict(seq: SeqHash, parent: Option<SeqHash>, slot: u32, expires: u32) -> ShardOp {
+fn predict(b: &Block, slot: u32, expires: u32) -> ShardOp {
     ShardOp::Predict {
         index: IndexId(0),
-        seq,
-        parent,
-        local: BlockHash(seq.0 ^ 1),
+        seq: b.seq,
+        parent: b.parent,
+        local: b.local,
         slot: WorkerSlot(slot),
         expires,
     }
@@ -172,17 +194,15 @@ fn predict(seq: SeqHash, parent: Option<SeqHash>, slot: u32, expires: u32) -> Sh
 /// block others hold, its confirmation by the worker's store, and its expiry.
 fn bench_predict(c: &mut Criterion) {
     let n = 100_000;
-    let s = seqs(n, 5);
+    let s = chain(n, 5);
     let mut g = c.benchmark_group("predict");
     g.throughput(Throughput::Elements(n as u64));
     g.bench_function("predict_new_blocks", |b| {
         b.iter_batched(
             Shard::default,
             |mut shard| {
-                let mut parent = None;
-                for &q in &s {
-                    shard.apply(predict(q, parent, 0, 100));
-                    parent = Some(q);
+                for q in &s {
+                    shard.apply(predict(q, 0, 100));
                 }
                 shard
             },
@@ -190,8 +210,8 @@ fn bench_predict(c: &mut Criterion) {
         )
     });
     let mut warm = Shard::default();
-    for &q in &s {
-        warm.apply(store(q, None, 0));
+    for q in &s {
+        warm.apply(store(q, 0));
     }
     // Warm: predict slot 1 on held blocks, then its store confirms and a removal
     // takes it away again (three ops per block, counted as one); the expiry pass at
@@ -200,12 +220,12 @@ fn bench_predict(c: &mut Criterion) {
     g.bench_function("predict_confirm_remove_warm", |b| {
         b.iter(|| {
             now += 1;
-            for &q in &s {
-                warm.apply(predict(q, None, 1, now));
-                warm.apply(store(q, None, 1));
+            for q in &s {
+                warm.apply(predict(q, 1, now));
+                warm.apply(store(q, 1));
                 warm.apply(ShardOp::Remove {
                     index: IndexId(0),
-                    seq: q,
+                    seq: q.seq,
                     slot: WorkerSlot(1),
                     tiers: kvix::types::TierSet::ALL,
                 });
@@ -218,9 +238,9 @@ fn bench_predict(c: &mut Criterion) {
         b.iter_batched(
             || {
                 let mut shard = Shard::default();
-                for &q in &s {
-                    shard.apply(store(q, None, 0));
-                    shard.apply(predict(q, None, 2, 1000));
+                for q in &s {
+                    shard.apply(store(q, 0));
+                    shard.apply(predict(q, 2, 1000));
                 }
                 shard
             },
@@ -239,8 +259,8 @@ fn bench_predict(c: &mut Criterion) {
 /// one, against the same stores into an unbounded shard.
 fn bench_evict(c: &mut Criterion) {
     let n = 100_000;
-    let old = seqs(n, 7);
-    let new = seqs(n, 8);
+    let old = chain(n, 7);
+    let new = chain(n, 8);
     let mut g = c.benchmark_group("evict");
     g.throughput(Throughput::Elements(n as u64));
     for (name, budget) in [("store_unbounded", None), ("store_evicting", Some(n))] {
@@ -249,16 +269,14 @@ fn bench_evict(c: &mut Criterion) {
                 || {
                     let mut shard = Shard::default();
                     shard.set_block_budget(budget);
-                    for &q in &old {
-                        shard.apply(store(q, None, 0));
+                    for q in &old {
+                        shard.apply(store(q, 0));
                     }
                     shard
                 },
                 |mut shard| {
-                    let mut parent = None;
-                    for &q in &new {
-                        shard.apply(store(q, parent, 1));
-                        parent = Some(q);
+                    for q in &new {
+                        shard.apply(store(q, 1));
                     }
                     shard
                 },
@@ -274,13 +292,11 @@ fn indexed(n: usize, prompts: usize) -> (Vec<Shard>, Vec<Vec<SeqHash>>) {
     let mut shards: Vec<Shard> = (0..n).map(|_| Shard::default()).collect();
     let mut chains = Vec::new();
     for p in 0..prompts {
-        let chain = seqs(512, 1000 + p as u64);
-        let mut parent = None;
-        for &q in &chain {
-            shards[kvix::partition::shard_of(q, n).0].apply(store(q, parent, (p % 16) as u32));
-            parent = Some(q);
+        let blocks = chain(512, 1000 + p as u64);
+        for q in &blocks {
+            shards[kvix::partition::shard_of(q.seq, n).0].apply(store(q, (p % 16) as u32));
         }
-        chains.push(chain);
+        chains.push(blocks.iter().map(|q| q.seq).collect());
     }
     (shards, chains)
 }
