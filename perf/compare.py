@@ -4,6 +4,8 @@
   compare.py run RUNDIR   figures of one run (RUNDIR/<workload>/<system>-t<n>-*.json) as JSON
   compare.py table OUT    markdown over OUT/run-*/results.json: per workload, each system at
                           its best thread count per metric, ratios as median (min-max) over runs
+  compare.py scale OUT    markdown over OUT/size-*/run-*/results.json (perf/scale.sh): one row
+                          per index size, kvix and Dynamo at their best thread count, ratios
 """
 import glob
 import json
@@ -242,10 +244,63 @@ def table(out):
     print("\n".join(lines))
 
 
+def scale(out):
+    sizes = []
+    for d in glob.glob(os.path.join(out, "size-*")):
+        runs = [load(f) for f in sorted(glob.glob(os.path.join(d, "run-*", "results.json")))]
+        runs = [r for r in runs if r]
+        if runs:
+            sizes.append((os.path.basename(d), runs))
+    if not sizes:
+        sys.exit(f"no size-*/run-*/results.json under {out}")
+    machine = ""
+    mf = os.path.join(out, "machine.txt")
+    if os.path.exists(mf):
+        machine = open(mf).read().strip()
+    lines = [
+        "# How cost grows with the index: kvix vs Dynamo 1.6.1 (perf/scale.sh)",
+        "",
+        "```",
+        machine,
+        "```",
+        "",
+        "shared-prefix workload (64 workers, random routing), one run per size. Each cell: "
+        "kvix / Dynamo, each at its best thread count for that metric, then the ratio "
+        "kvix ÷ Dynamo (median over runs if several).",
+        "",
+        "| live (block, worker) pairs | blocks applied/s | 16c req/s | 16c p99 µs "
+        "| 1c p50 µs | RSS bytes / live pair |",
+        "|---|---|---|---|---|---|",
+    ]
+    rows = []
+    for name, runs in sizes:
+        configs = [r["workloads"].get("shared-prefix", {}) for r in runs]
+        lp = [c.get("live_pairs") for r in configs for c in r.values() if c.get("live_pairs")]
+        cells = []
+        for key, _, higher, _ in METRICS:
+            k = [best(c, "kvix", key, higher) for c in configs]
+            d = [best(c, "dynamo", key, higher) for c in configs]
+            kv = [x[0] for x in k if x]
+            dv = [x[0] for x in d if x]
+            if not kv or not dv:
+                cells.append("—")
+                continue
+            ratio = spread([a[0] / b[0] if a and b and b[0] else None for a, b in zip(k, d)])
+            cells.append(
+                f"{fmt(key, statistics.median(kv))} / {fmt(key, statistics.median(dv))}: {ratio}"
+            )
+        pairs = max(lp) if lp else 0
+        rows.append((pairs, f"| {pairs / 1e6:.1f}M | " + " | ".join(cells) + " |"))
+    lines += [r for _, r in sorted(rows)]
+    print("\n".join(lines))
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[1] not in ("run", "table"):
+    if len(sys.argv) != 3 or sys.argv[1] not in ("run", "table", "scale"):
         sys.exit(__doc__)
     if sys.argv[1] == "run":
         print(json.dumps(run(sys.argv[2]), indent=1))
+    elif sys.argv[1] == "scale":
+        scale(sys.argv[2])
     else:
         table(sys.argv[2])

@@ -3,7 +3,8 @@
 # ceiling of a plain tokio + hyper server; writes results and a ratio table.
 #
 #   perf/compare.sh [--repeat N] [--quick] [--out DIR] [--no-build]
-#                   [--requests N] [--duration S]
+#                   [--requests N] [--duration S] [--workloads "trace shared-prefix"]
+#                   [--systems "kvix dynamo hello"] [--threads "1 2"]
 #
 # Builds kvix (release) and scripts/dynamo_peer (dynamo-peer: the published crate
 # dynamo-kv-router 1.6.1 run by its own run_server; tokio-hello: tokio + hyper
@@ -36,6 +37,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 REPEAT=3 QUICK=0 BUILD=1 REQUESTS=6000 DURATION=10
+WORKLOADS="trace shared-prefix" SYSTEMS="kvix dynamo hello" THREADS="1 2"
 OUT="perf/out/compare-$(date +%Y%m%d-%H%M%S)"
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -45,6 +47,9 @@ while [ $# -gt 0 ]; do
         --no-build) BUILD=0; shift ;;
         --requests) REQUESTS="$2"; shift 2 ;;
         --duration) DURATION="$2"; shift 2 ;;
+        --workloads) WORKLOADS="$2"; shift 2 ;;
+        --systems) SYSTEMS="$2"; shift 2 ;;
+        --threads) THREADS="$2"; shift 2 ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -70,6 +75,7 @@ for b in "$BIN/kvix" "$BIN/kvix-load" "$PEER_BIN/dynamo-peer" "$PEER_BIN/tokio-h
     [ -x "$b" ] || { say "missing $b (run without --no-build)"; exit 1; }
 done
 describe_machine "$OUT/machine.txt" "repeat: $REPEAT requests: $REQUESTS duration: $DURATION trace: $TRACE
+workloads: $WORKLOADS systems: $SYSTEMS threads: $THREADS
 dynamo: dynamo-kv-router 1.6.1 (scripts/dynamo_peer/Cargo.lock)
 load: $(uptime)"
 
@@ -135,13 +141,14 @@ run_system() { # run_system RUNDIR WORKLOAD SYSTEM THREADS
 }
 
 for r in $(seq 1 "$REPEAT"); do
-    for workload in trace shared-prefix; do
+    for workload in $WORKLOADS; do
         dir="$OUT/run-$r/$workload"
         mkdir -p "$dir"
-        systems=(kvix dynamo)
-        [ $((r % 2)) = 0 ] && systems=(dynamo kvix)
-        for system in "${systems[@]}" hello; do
-            for threads in 1 2; do
+        order=(kvix dynamo hello)
+        [ $((r % 2)) = 0 ] && order=(dynamo kvix hello)
+        for system in "${order[@]}"; do
+            [[ " $SYSTEMS " == *" $system "* ]] || continue
+            for threads in $THREADS; do
                 run_system "$dir" "$workload" "$system" "$threads"
             done
         done
