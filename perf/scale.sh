@@ -10,8 +10,9 @@
 # workers, so a size of M generates M * 27,000 requests. Each size is one
 # perf/compare.sh run (shared-prefix only, kvix and Dynamo at each of --threads) in
 # DIR/size-<M>M; DIR/scale.md is the table (perf/compare.py scale). kvix-load holds
-# every generated request in memory: ~8 KB a request, so 50M pairs takes ~11 GB on
-# the client side, on top of both servers' index.
+# every generated request and its simulation in memory, ~15 KB a request: 50M pairs
+# needs ~20 GB on the client side alone, on top of the server's index, so on a 24 GiB
+# machine sizes stop at ~25M.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
