@@ -129,6 +129,12 @@ def spread(xs, fn=lambda x: f"{x:.2f}×"):
     return f"**{fn(med)}** ({fn(min(xs))}–{fn(max(xs))})"
 
 
+def read_machine(out):
+    """OUT/machine.txt (perf/lib.sh describe_machine), or nothing."""
+    mf = os.path.join(out, "machine.txt")
+    return open(mf).read().strip() if os.path.exists(mf) else ""
+
+
 def table(out):
     runs = []
     for f in sorted(glob.glob(os.path.join(out, "run-*", "results.json"))):
@@ -137,10 +143,7 @@ def table(out):
             runs.append(r)
     if not runs:
         sys.exit(f"no run-*/results.json under {out}")
-    machine = ""
-    mf = os.path.join(out, "machine.txt")
-    if os.path.exists(mf):
-        machine = open(mf).read().strip()
+    machine = read_machine(out)
     lines = [
         "# kvix vs Dynamo's standalone indexer (perf/compare.sh)",
         "",
@@ -253,10 +256,7 @@ def scale(out):
             sizes.append((os.path.basename(d), runs))
     if not sizes:
         sys.exit(f"no size-*/run-*/results.json under {out}")
-    machine = ""
-    mf = os.path.join(out, "machine.txt")
-    if os.path.exists(mf):
-        machine = open(mf).read().strip()
+    machine = read_machine(out)
     lines = [
         "# How cost grows with the index: kvix vs Dynamo 1.6.1 (perf/scale.sh)",
         "",

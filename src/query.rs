@@ -141,11 +141,7 @@ pub fn gather(
         for (i, (a, h)) in alive.iter_mut().zip(&holds).enumerate() {
             for k in 0..TIER_SETS.len() {
                 let after = a[k] & h[k];
-                let mut ended = a[k] & !after;
-                while ended != 0 {
-                    out.matched[i * 64 + ended.trailing_zeros() as usize][k] = depth;
-                    ended &= ended - 1;
-                }
+                settle(&mut out.matched, i, k, a[k] & !after, depth);
                 a[k] = after;
                 any |= after != 0;
             }
@@ -160,15 +156,20 @@ pub fn gather(
         }
     }
     for (i, a) in alive.iter().enumerate() {
-        for (k, &word) in a.iter().enumerate() {
-            let mut left = word;
-            while left != 0 {
-                out.matched[i * 64 + left.trailing_zeros() as usize][k] = depth;
-                left &= left - 1;
-            }
+        for (k, &left) in a.iter().enumerate() {
+            settle(&mut out.matched, i, k, left, depth);
         }
     }
     out
+}
+
+/// Record `depth` as tier set `k`'s match of every slot set in `bits`, the
+/// `word`-th 64 slots: where those slots stopped matching.
+fn settle(matched: &mut [[u32; 3]], word: usize, k: usize, mut bits: u64, depth: u32) {
+    while bits != 0 {
+        matched[word * 64 + bits.trailing_zeros() as usize][k] = depth;
+        bits &= bits - 1;
+    }
 }
 
 /// The holders of each query block, in prefix order, read from the shards' replies;
