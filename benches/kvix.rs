@@ -177,6 +177,40 @@ fn bench_apply(c: &mut Criterion) {
         })
     });
     g.finish();
+
+    // A table far larger than the caches, as a live index is: every store misses.
+    // The ring hands the shard chunks of ops; `apply_all` loads the buckets of the
+    // ops a few places ahead, `apply` one op at a time does not.
+    let n = 2_000_000;
+    let big: Vec<ShardOp> = chain(n, 3).iter().map(|q| store(q, 0)).collect();
+    let mut g = c.benchmark_group("shard_apply_2m_blocks");
+    g.sample_size(10);
+    g.throughput(Throughput::Elements(n as u64));
+    g.bench_function("store_one_by_one", |b| {
+        b.iter_batched(
+            Shard::default,
+            |mut shard| {
+                for op in &big {
+                    shard.apply(*op);
+                }
+                shard
+            },
+            BatchSize::LargeInput,
+        )
+    });
+    g.bench_function("store_chunks_prefetched", |b| {
+        b.iter_batched(
+            Shard::default,
+            |mut shard| {
+                for ops in big.chunks(kvix::ring::CHUNK) {
+                    shard.apply_all(ops);
+                }
+                shard
+            },
+            BatchSize::LargeInput,
+        )
+    });
+    g.finish();
 }
 
 fn predict(b: &Block, slot: u32, expires: u32) -> ShardOp {
@@ -445,8 +479,8 @@ fn bench_cross_core(c: &mut Criterion) {
                 std::thread::spawn(move || {
                     let mut n = 0u64;
                     while n < total {
-                        let got = rings.drain(ShardId(0), usize::MAX, |op| {
-                            black_box(op);
+                        let got = rings.drain(ShardId(0), usize::MAX, |ops| {
+                            black_box(ops);
                         });
                         if got == 0 {
                             std::hint::spin_loop();

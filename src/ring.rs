@@ -66,16 +66,17 @@ impl Rings {
         &self.rings[producer * self.shards + shard.0]
     }
 
-    /// Apply whole chunks for `shard` until at least `max` ops (or all that are
-    /// queued) went to `f`, in per-producer order. Returns the number of ops.
-    pub fn drain(&self, shard: ShardId, max: usize, mut f: impl FnMut(ShardOp)) -> usize {
+    /// Hand whole chunks for `shard` to `f` until at least `max` ops (or all that are
+    /// queued) went, in per-producer order. Returns the number of ops.
+    pub fn drain(&self, shard: ShardId, max: usize, mut f: impl FnMut(&[ShardOp])) -> usize {
         let mut n = 0;
         for p in 0..self.producers {
             let r = self.ring(p, shard);
             while n < max {
                 let Some(mut chunk) = r.full.pop() else { break };
                 let len = chunk.len();
-                chunk.drain(..).for_each(&mut f);
+                f(&chunk);
+                chunk.clear();
                 r.queued.fetch_sub(len, Ordering::Relaxed);
                 n += len;
                 // A full return ring only means the producer has spares: drop this one.
@@ -215,9 +216,11 @@ mod tests {
         sink.flush();
         assert_eq!(rings.pending(ShardId(0)), total);
         let mut seen = Vec::new();
-        let n = rings.drain(ShardId(0), usize::MAX, |op| {
-            if let ShardOp::Remove { seq, .. } = op {
-                seen.push(seq.0)
+        let n = rings.drain(ShardId(0), usize::MAX, |ops| {
+            for op in ops {
+                if let ShardOp::Remove { seq, .. } = op {
+                    seen.push(seq.0)
+                }
             }
         });
         assert_eq!(n, total);

@@ -179,7 +179,7 @@ impl Sharded {
         self.sink.flush();
         for (i, shard) in self.shards.iter_mut().enumerate() {
             self.rings
-                .drain(ShardId(i), usize::MAX, |op| shard.apply(op));
+                .drain(ShardId(i), usize::MAX, |ops| shard.apply_all(ops));
         }
     }
 

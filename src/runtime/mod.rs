@@ -137,7 +137,7 @@ impl Core {
                 let mut shard = self.shard.borrow_mut();
                 self.app
                     .rings()
-                    .drain(self.id, usize::MAX, |op| shard.apply(op));
+                    .drain(self.id, usize::MAX, |ops| shard.apply_all(ops));
                 let mut out = Vec::new();
                 shard.dump(index, part, EXPORT_PARTS, &mut out);
                 Rep::Export(out)
@@ -322,7 +322,10 @@ async fn drain_loop(core: Rc<Core>) {
     loop {
         let (n, evicted) = {
             let mut shard = core.shard.borrow_mut();
-            let n = core.app.rings().drain(core.id, 8192, |op| shard.apply(op));
+            let n = core
+                .app
+                .rings()
+                .drain(core.id, 8192, |ops| shard.apply_all(ops));
             shard.expire(crate::shard::predict::now_tick());
             (n, shard.evicted)
         };

@@ -25,6 +25,11 @@ pub use table::SeqHasherBuilder;
 /// there are worker slots.
 pub const SAME_HOLDERS: u32 = u32::MAX;
 
+/// How many blocks ahead [`Shard::apply_all`] and [`Shard::lookup`] load the table
+/// buckets: enough misses in flight to cover memory latency, few enough that
+/// the lines are still cached when their op comes.
+const PREFETCH_AHEAD: usize = 8;
+
 /// The one way to change a shard.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ShardOp {
@@ -71,6 +76,16 @@ impl ShardOp {
             | ShardOp::Remove { seq, .. }
             | ShardOp::Predict { seq, .. } => Some(seq),
             ShardOp::ClearSlot { .. } => None,
+        }
+    }
+
+    /// The index an op changes.
+    pub fn index(&self) -> IndexId {
+        match *self {
+            ShardOp::Store { index, .. }
+            | ShardOp::Remove { index, .. }
+            | ShardOp::Predict { index, .. }
+            | ShardOp::ClearSlot { index, .. } => index,
         }
     }
 }
@@ -201,6 +216,30 @@ fn index_mut(indexes: &mut Vec<IndexShard>, index: IndexId, bounded: bool) -> &m
 impl Shard {
     pub fn index(&self, index: IndexId) -> Option<&IndexShard> {
         self.indexes.get(index.0 as usize)
+    }
+
+    /// [`Self::apply`] each op in order, loading the table buckets of the ops a few
+    /// places ahead while one is applied: a table of millions of blocks misses the
+    /// cache on nearly every op, and these misses then overlap instead of queueing.
+    pub fn apply_all(&mut self, ops: &[ShardOp]) {
+        for op in ops.iter().take(PREFETCH_AHEAD) {
+            self.prefetch(op);
+        }
+        for (i, op) in ops.iter().enumerate() {
+            if let Some(ahead) = ops.get(i + PREFETCH_AHEAD) {
+                self.prefetch(ahead);
+            }
+            self.apply(*op);
+        }
+    }
+
+    #[inline]
+    fn prefetch(&self, op: &ShardOp) {
+        if let Some(seq) = op.seq()
+            && let Some(ix) = self.indexes.get(op.index().0 as usize)
+        {
+            ix.blocks.prefetch(seq);
+        }
     }
 
     pub fn apply(&mut self, op: ShardOp) {
@@ -460,7 +499,13 @@ impl Shard {
         };
         // Where the last written block's holders are in `out`.
         let mut last = 0..0;
-        for s in seqs {
+        for s in seqs.iter().take(PREFETCH_AHEAD) {
+            ix.blocks.prefetch(*s);
+        }
+        for (i, s) in seqs.iter().enumerate() {
+            if let Some(ahead) = seqs.get(i + PREFETCH_AHEAD) {
+                ix.blocks.prefetch(*ahead);
+            }
             match ix.blocks.get_matched(s) {
                 Some(node) => {
                     let hs = node.holders.as_slice(&ix.slab);
