@@ -90,6 +90,15 @@ fn bench_decode(c: &mut Criterion) {
             b.iter(|| wire::vllm::decode(black_box(&p), &mut batch).unwrap())
         });
     }
+    // An engine's frame of a long prefill: token ids of mixed widths in no
+    // repeating pattern (a small payload, decoded again and again, is one the
+    // branch predictor learns).
+    let p = stored_payload_seeded(4096, false, 7);
+    let mut batch = Batch::default();
+    g.throughput(Throughput::Elements(4096));
+    g.bench_function(BenchmarkId::new("vllm", "4096_blocks_bs16"), |b| {
+        b.iter(|| wire::vllm::decode(black_box(&p), &mut batch).unwrap())
+    });
     g.finish();
 }
 

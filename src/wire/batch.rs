@@ -311,11 +311,7 @@ pub(super) fn tokens(
         if n > c.remaining() {
             return Err(WireError::Truncated);
         }
-        out.tokens.reserve(n);
-        for _ in 0..n {
-            let t = c.token(field)?;
-            out.tokens.push(t);
-        }
+        c.tokens_into(n, &mut out.tokens, field)?;
         return Ok((start..out.tokens.len(), false));
     }
     let mut bigram = None;

@@ -151,6 +151,43 @@ impl<'a> Cursor<'a> {
         }
     }
 
+    /// `n` flat token ids appended to `out`, as [`Self::token`] reads each. Token
+    /// ids of a real vocabulary come in mixed widths (fixint, u8, u16, u32), in no
+    /// pattern a branch predictor can learn; while eight bytes are left to read, an
+    /// id is decoded from one word, its width computed from its marker, without a
+    /// branch on the width. Anything else (another marker, the frame's last
+    /// bytes) goes through [`Self::token`].
+    pub fn tokens_into(
+        &mut self,
+        n: usize,
+        out: &mut Vec<u32>,
+        field: &'static str,
+    ) -> Result<(), WireError> {
+        out.reserve(n);
+        for _ in 0..n {
+            let word = self.buf.get(self.pos..self.pos + 8);
+            let w = word.map_or(0, |b| {
+                u64::from_le_bytes(b.try_into().expect("eight bytes"))
+            });
+            let marker = w as u8;
+            let fixint = marker < 0x80;
+            if word.is_none() || !(fixint || (0xcc..=0xce).contains(&marker)) {
+                let t = self.token(field)?;
+                out.push(t);
+                continue;
+            }
+            // The bytes after the marker, first one highest: a uN's big-endian value
+            // sits in the top N bits. A fixint (width 1) is its marker.
+            // u8, u16, u32 (markers 0xcc..=0xce) take 1, 2, 4 bytes after the marker.
+            let bytes = 1u32 << (marker.wrapping_sub(0xcc) & 3);
+            let be = (w >> 8).swap_bytes();
+            let wide = be.wrapping_shr(64 - 8 * bytes) as u32;
+            out.push(if fixint { marker as u32 } else { wide });
+            self.pos += if fixint { 1 } else { 1 + bytes as usize };
+        }
+        Ok(())
+    }
+
     /// A non-negative integer that fits `u32`.
     pub fn u32(&mut self, field: &'static str) -> Result<u32, WireError> {
         match self.int(field)? {
@@ -362,5 +399,86 @@ impl<'a> Cursor<'a> {
         };
         self.take(n)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn encode(ids: &[u64]) -> Vec<u8> {
+        let mut buf = Vec::new();
+        for &t in ids {
+            rmp::encode::write_uint(&mut buf, t).unwrap();
+        }
+        buf
+    }
+
+    /// The word-at-a-time path reads exactly what `token` reads, one id at a time,
+    /// at every width boundary and up to the frame's last byte.
+    #[test]
+    fn tokens_into_reads_as_token_does() {
+        let edges = [
+            0,
+            1,
+            127,
+            128,
+            255,
+            256,
+            65_535,
+            65_536,
+            128_000,
+            u32::MAX as u64,
+        ];
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut ids: Vec<u64> = edges.to_vec();
+        for _ in 0..2_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            ids.push(edges[(x % 10) as usize].saturating_sub(x >> 60) % (u32::MAX as u64 + 1));
+        }
+        for take in [0, 1, 2, 3, 7, 9, ids.len()] {
+            let buf = encode(&ids[..take]);
+            let (mut fast, mut slow) = (Vec::new(), Vec::new());
+            let mut c = Cursor::new(&buf);
+            c.tokens_into(take, &mut fast, "token_ids").unwrap();
+            assert_eq!(c.pos(), buf.len());
+            let mut c = Cursor::new(&buf);
+            for _ in 0..take {
+                slow.push(c.token("token_ids").unwrap());
+            }
+            assert_eq!(fast, slow);
+            assert_eq!(
+                fast,
+                ids[..take].iter().map(|&t| t as u32).collect::<Vec<_>>()
+            );
+        }
+    }
+
+    #[test]
+    fn tokens_into_rejects_what_is_not_a_u32() {
+        for bad in [u32::MAX as u64 + 1, u64::MAX] {
+            let mut buf = encode(&[5, 6, 7, 8, 9, 10, 11, 12]);
+            rmp::encode::write_uint(&mut buf, bad).unwrap();
+            buf.extend(encode(&[1; 8]));
+            let mut c = Cursor::new(&buf);
+            assert!(c.tokens_into(17, &mut Vec::new(), "token_ids").is_err());
+        }
+        let mut buf = encode(&[5; 8]);
+        rmp::encode::write_sint(&mut buf, -3).unwrap();
+        buf.extend(encode(&[1; 8]));
+        assert!(
+            Cursor::new(&buf)
+                .tokens_into(17, &mut Vec::new(), "token_ids")
+                .is_err()
+        );
+        // Fewer ids than the array claims: truncated, not a panic.
+        let buf = encode(&[300; 4]);
+        assert!(
+            Cursor::new(&buf)
+                .tokens_into(5, &mut Vec::new(), "token_ids")
+                .is_err()
+        );
     }
 }
