@@ -344,6 +344,25 @@ fn indexed(n: usize, prompts: usize) -> (Vec<Shard>, Vec<Vec<SeqHash>>) {
     (shards, chains)
 }
 
+/// A `/query` body's token ids as JSON text, read into ids (the largest kvix-side
+/// cost of a token-id query before hashing).
+fn bench_token_ids(c: &mut Criterion) {
+    let ids = tokens(1024, 5);
+    let text = format!(
+        "[{}]",
+        ids.iter()
+            .map(|t| t.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let mut g = c.benchmark_group("token_ids");
+    g.throughput(Throughput::Elements(ids.len() as u64));
+    g.bench_function("json_array_1k", |b| {
+        b.iter(|| kvix::http::token_ids::plain_u32_array(black_box(text.as_bytes())).unwrap())
+    });
+    g.finish();
+}
+
 fn bench_query(c: &mut Criterion) {
     let mut g = c.benchmark_group("query_512_blocks_1M_indexed");
     for n in [1usize, 2, 4] {
@@ -605,6 +624,7 @@ criterion_group!(
     bench_apply,
     bench_ingest,
     bench_query,
+    bench_token_ids,
     bench_ceiling
 );
 criterion_main!(benches);

@@ -10,6 +10,7 @@
 
 pub mod feed;
 pub mod replay;
+pub mod wake;
 
 use crate::registry::{Endpoint, ListenerOpts, Registry};
 use crate::ring::{OpSink, RingSink, Rings};
@@ -23,6 +24,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
+use wake::{CommandTx, Wake};
 
 /// Control messages to an ingest thread.
 pub enum Command {
@@ -135,7 +137,7 @@ impl Default for SocketOptions {
 /// Handle to all ingest threads.
 pub struct Ingest {
     /// `mpsc::Sender` is `Sync`: any thread may send without a lock.
-    senders: Vec<mpsc::Sender<Command>>,
+    senders: Vec<CommandTx<Command>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// Stats of every listener ever started, for metrics.
     pub listeners: Mutex<Vec<ListenerStats>>,
@@ -154,9 +156,11 @@ impl Ingest {
         let replay_stats = Arc::new(ReplayStats::default());
         for producer in 0..rings.producers() {
             let (tx, rx) = mpsc::channel();
+            let wake = Arc::new(Wake::new().expect("eventfd for an ingest thread"));
             let sink = RingSink::new(rings.clone(), producer);
             let (ctx, registry) = (ctx.clone(), registry.clone());
             let (paused, replay_stats) = (paused.clone(), replay_stats.clone());
+            let thread_wake = wake.clone();
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("kvix-ingest-{producer}"))
@@ -164,6 +168,7 @@ impl Ingest {
                         IngestThread {
                             ctx,
                             rx,
+                            wake: thread_wake,
                             sink,
                             registry,
                             listeners: Vec::new(),
@@ -177,7 +182,7 @@ impl Ingest {
                     })
                     .expect("spawn ingest thread"),
             );
-            senders.push(tx);
+            senders.push(CommandTx::new(tx, wake));
         }
         Arc::new(Ingest {
             senders,
@@ -364,6 +369,8 @@ struct Listener {
 struct IngestThread {
     ctx: zmq::Context,
     rx: mpsc::Receiver<Command>,
+    /// Rung with every command: polled beside the SUB sockets.
+    wake: Arc<Wake>,
     sink: RingSink,
     registry: Arc<Registry>,
     listeners: Vec<Listener>,
@@ -381,8 +388,14 @@ struct IngestThread {
 /// Frames drained from one socket before the others get a turn.
 const BURST: usize = 256;
 
+/// How long a poll waits for frames: briefly while frames flow, then longer and
+/// longer while none come (commands wake the thread at once whatever the wait).
+const POLL_BUSY: Duration = Duration::from_millis(5);
+const POLL_IDLE_MAX: Duration = Duration::from_millis(200);
+
 impl IngestThread {
     fn run(mut self) {
+        let mut wait = POLL_BUSY;
         loop {
             loop {
                 match self.rx.try_recv() {
@@ -399,25 +412,33 @@ impl IngestThread {
                 }
                 continue;
             }
-            // Per listener: its SUB socket, then its monitor.
+            // The wake-up, then per listener: its SUB socket, then its monitor.
             let ready: Vec<bool> = {
-                let mut items: Vec<zmq::PollItem<'_>> = self
-                    .listeners
-                    .iter()
-                    .flat_map(|l| {
+                let wake = zmq::PollItem::from_fd(self.wake.fd(), zmq::POLLIN);
+                let mut items: Vec<zmq::PollItem<'_>> = std::iter::once(wake)
+                    .chain(self.listeners.iter().flat_map(|l| {
                         [
                             l.socket.as_poll_item(zmq::POLLIN),
                             l.monitor.as_poll_item(zmq::POLLIN),
                         ]
-                    })
+                    }))
                     .collect();
-                if let Err(e) = zmq::poll(&mut items, 5) {
+                if let Err(e) = zmq::poll(&mut items, wait.as_millis() as i64) {
                     tracing::warn!("zmq poll failed: {e}");
                     continue;
                 }
-                items.iter().map(|i| i.is_readable()).collect()
+                if items[0].is_readable() {
+                    // Commands are taken at the top of the loop.
+                    self.wake.clear();
+                }
+                items[1..].iter().map(|i| i.is_readable()).collect()
             };
             let busy = ready.iter().any(|r| *r);
+            wait = if busy {
+                POLL_BUSY
+            } else {
+                (wait * 2).min(POLL_IDLE_MAX)
+            };
             for (i, r) in ready.chunks_exact(2).enumerate() {
                 if r[0] {
                     self.drain(i);
