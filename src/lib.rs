@@ -16,6 +16,7 @@
 pub mod access;
 pub mod cli;
 pub mod hash;
+pub mod heap;
 pub mod http;
 pub mod ingest;
 pub mod lifecycle;

@@ -16,18 +16,24 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// crate does not name it.
 const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 
-/// Free memory goes back to the OS at once instead of after mimalloc's delay (1 s,
-/// times 10 for arena memory, and only checked on the next allocator call, so an
-/// idle indexer kept what a burst or an unregister had freed). Purges are whole
-/// 2 MiB spans, so small-object churn does not pay for them. `MIMALLOC_PURGE_DELAY`
-/// still wins when set.
+/// Freed memory goes back to the OS after [`PURGE_DELAY_MS`] instead of mimalloc's
+/// 1 s (times 10 for arena memory, and only checked on the next allocator call, so
+/// an idle indexer kept what a burst or an unregister had freed). Not at once: a
+/// table that grows reuses the pages its last growth freed instead of faulting in
+/// and zeroing fresh ones, which was the largest cost of a burst of events. A
+/// thread that goes quiet after work releases the rest ([`kvix::heap`]). Purges
+/// are whole 2 MiB spans, so small-object churn does not pay for them.
+/// `MIMALLOC_PURGE_DELAY` still wins when set.
 fn return_freed_memory_promptly() {
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
         // SAFETY: sets a process-wide integer option; mimalloc reads options with
         // relaxed atomics, so changing one while threads allocate is allowed.
-        unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0) };
+        unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, PURGE_DELAY_MS) };
     }
 }
+
+/// Milliseconds freed memory stays with mimalloc before it is purged.
+const PURGE_DELAY_MS: std::ffi::c_long = 10;
 
 /// Transparent huge pages off for this process, unless `MIMALLOC_ALLOW_THP` is set
 /// (mimalloc's own switch, read before `main`; unset, mimalloc advises huge pages
@@ -406,7 +412,10 @@ mod tests {
         unsafe {
             assert_eq!(libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY), 1000);
             return_freed_memory_promptly();
-            assert_eq!(libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY), 0);
+            assert_eq!(
+                libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY),
+                PURGE_DELAY_MS
+            );
         }
     }
 }

@@ -439,3 +439,38 @@ fn million_block_dump_under_queries() {
         during.last().unwrap_or(&0),
     );
 }
+
+/// What a burst of events grew (block tables, engine-hash maps, libzmq's frames) goes
+/// back to the OS once the worker is unregistered and the indexer is idle: freed
+/// memory is held only briefly, to be reused while a burst lasts.
+#[test]
+fn memory_a_burst_grew_goes_back_once_idle() {
+    let s = Server::start(&["--threads", "1"]);
+    let ctx = zmq::Context::new();
+    let mut p = Publisher::bind(&ctx);
+    register(&s, 1, &p);
+    let rss0 = common::rss_mib(s.pid());
+    // 400k blocks in chains of 100.
+    let (chains, n) = (4_000u64, 100usize);
+    for c in 0..chains {
+        let (batch, _) = chain_batch((c as u32) << 12, c << 16, n);
+        p.send(&batch);
+    }
+    let want = (chains as usize * n) as f64;
+    s.eventually("every block applied", || {
+        let b = s.metric("kvix_shard_blocks", &[]);
+        (b == want).then_some(()).ok_or(format!("{b} of {want}"))
+    });
+    let grown = common::rss_mib(s.pid()) - rss0;
+    assert!(grown > 20.0, "the index grew only {grown:.1} MiB");
+    s.post_ok(
+        "/unregister",
+        &json!({"instance_id": 1, "model_name": MODEL}),
+    );
+    s.eventually("memory returned", || {
+        let left = common::rss_mib(s.pid()) - rss0;
+        (left < grown / 4.0)
+            .then_some(())
+            .ok_or(format!("{left:.1} of {grown:.1} MiB still held"))
+    });
+}

@@ -396,6 +396,7 @@ const POLL_IDLE_MAX: Duration = Duration::from_millis(200);
 impl IngestThread {
     fn run(mut self) {
         let mut wait = POLL_BUSY;
+        let mut last_busy = std::time::Instant::now();
         loop {
             loop {
                 match self.rx.try_recv() {
@@ -450,14 +451,12 @@ impl IngestThread {
             self.sink.flush();
             if busy {
                 self.since_trim += 1;
-            } else if self.since_trim > 0 {
-                // libzmq buffers frames with the C allocator; after a burst, hand the
-                // freed memory back to the OS instead of holding it for the next one.
+                last_busy = std::time::Instant::now();
+            } else if self.since_trim > 0 && last_busy.elapsed() >= crate::heap::QUIET {
+                // After a burst, hand what it freed (libzmq's frames, grown maps) back
+                // to the OS instead of holding it for the next one.
                 self.since_trim = 0;
-                // SAFETY: malloc_trim only releases free heap pages; it touches no live allocation.
-                unsafe {
-                    libc::malloc_trim(0);
-                }
+                crate::heap::release();
             }
         }
     }

@@ -304,6 +304,9 @@ impl ShardMesh for Core {
     }
 }
 
+/// The drain loop's first nap after applying ops.
+const IDLE_AFTER_WORK: Duration = Duration::from_millis(1);
+
 /// A shard that evicts says so at most this often.
 const EVICTION_LOG_EVERY: Duration = Duration::from_secs(10);
 
@@ -316,7 +319,9 @@ const EVICTION_LOG_EVERY: Duration = Duration::from_secs(10);
 /// producer wait (`kvix_ring_full_stalls_total` counts when it does); events become
 /// visible at most one nap after they arrive.
 async fn drain_loop(core: Rc<Core>) {
-    let mut idle = Duration::from_millis(1);
+    let mut idle = IDLE_AFTER_WORK;
+    // When ops were last applied, until freed memory is released after them.
+    let mut worked_at: Option<Instant> = None;
     // Evictions as of the last warning, and when it was logged.
     let mut warned: (u64, Option<Instant>) = (0, None);
     loop {
@@ -339,10 +344,16 @@ async fn drain_loop(core: Rc<Core>) {
             warned = (evicted, Some(Instant::now()));
         }
         if n == 0 {
+            if worked_at.is_some_and(|t| t.elapsed() >= crate::heap::QUIET) {
+                // Nothing to do for a while after work: give back what it freed.
+                crate::heap::release();
+                worked_at = None;
+            }
             glommio::timer::sleep(idle).await;
             idle = (idle * 2).min(Duration::from_millis(2));
         } else {
-            idle = Duration::from_millis(1);
+            idle = IDLE_AFTER_WORK;
+            worked_at = Some(Instant::now());
             glommio::yield_if_needed().await;
         }
     }
