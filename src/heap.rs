@@ -5,13 +5,45 @@
 //! memory stays with the allocator for a short delay (set in `main.rs`), so a
 //! growing table reuses the pages the last growth freed instead of faulting and
 //! zeroing fresh ones; a thread that has worked and then had nothing to do for
-//! [`QUIET`] calls [`release`], so an idle indexer does not keep what the burst
-//! freed. Never called per event, nor between the frames of a steady stream.
+//! [`QUIET`] releases the rest ([`Release`]), so an idle indexer does not keep
+//! what the burst freed. Never called per event; a light steady stream releases
+//! at most once per [`RELEASE_EVERY`].
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How long a thread goes without work before it releases freed memory.
 pub const QUIET: Duration = Duration::from_millis(50);
+/// A thread releases at most this often: a release walks the thread's heap.
+pub const RELEASE_EVERY: Duration = Duration::from_secs(1);
+
+/// When one thread last worked and last released; it calls [`Release::worked`]
+/// after work and [`Release::idle`] whenever it has nothing to do.
+#[derive(Debug, Default)]
+pub struct Release {
+    worked_at: Option<Instant>,
+    released_at: Option<Instant>,
+}
+
+impl Release {
+    pub fn worked(&mut self) {
+        self.worked_at = Some(Instant::now());
+    }
+
+    /// Release if this thread worked, has been quiet for [`QUIET`] since, and has not
+    /// released within [`RELEASE_EVERY`]. Returns whether it released.
+    pub fn idle(&mut self) -> bool {
+        let due = self.worked_at.is_some_and(|t| t.elapsed() >= QUIET)
+            && self
+                .released_at
+                .is_none_or(|t| t.elapsed() >= RELEASE_EVERY);
+        if due {
+            release();
+            self.worked_at = None;
+            self.released_at = Some(Instant::now());
+        }
+        due
+    }
+}
 
 /// Return what this thread's heaps hold free to the OS.
 pub fn release() {
@@ -21,5 +53,24 @@ pub fn release() {
     unsafe {
         libmimalloc_sys::mi_collect(true);
         libc::malloc_trim(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn releases_once_quiet_after_work_and_not_too_often() {
+        let mut r = Release::default();
+        assert!(!r.idle(), "nothing was done");
+        r.worked();
+        assert!(!r.idle(), "not quiet yet");
+        std::thread::sleep(QUIET);
+        assert!(r.idle());
+        assert!(!r.idle(), "nothing done since");
+        r.worked();
+        std::thread::sleep(QUIET);
+        assert!(!r.idle(), "released within RELEASE_EVERY");
     }
 }

@@ -16,14 +16,14 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// crate does not name it.
 const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 
-/// Freed memory goes back to the OS after [`PURGE_DELAY_MS`] instead of mimalloc's
-/// 1 s (times 10 for arena memory, and only checked on the next allocator call, so
-/// an idle indexer kept what a burst or an unregister had freed). Not at once: a
-/// table that grows reuses the pages its last growth freed instead of faulting in
-/// and zeroing fresh ones, which was the largest cost of a burst of events. A
-/// thread that goes quiet after work releases the rest ([`kvix::heap`]). Purges
-/// are whole 2 MiB spans, so small-object churn does not pay for them.
-/// `MIMALLOC_PURGE_DELAY` still wins when set.
+/// Freed memory goes back to the OS after [`PURGE_DELAY_MS`] (arena memory after ten
+/// times that, mimalloc's `arena_purge_mult`) instead of mimalloc's 1 s, checked on
+/// a later allocator call. Not at once: a table that grows reuses the pages its last
+/// growth freed instead of faulting in and zeroing fresh ones. A thread that goes
+/// quiet after work releases the rest ([`kvix::heap`]), so an idle indexer does not
+/// keep what a burst or an unregister freed. Purges are whole 2 MiB spans, so
+/// small-object churn does not pay for them. `MIMALLOC_PURGE_DELAY` still wins
+/// when set.
 fn return_freed_memory_promptly() {
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
         // SAFETY: sets a process-wide integer option; mimalloc reads options with

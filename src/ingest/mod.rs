@@ -136,7 +136,7 @@ impl Default for SocketOptions {
 
 /// Handle to all ingest threads.
 pub struct Ingest {
-    /// `mpsc::Sender` is `Sync`: any thread may send without a lock.
+    /// Any thread may send without a lock (`mpsc::Sender` is `Sync`).
     senders: Vec<CommandTx<Command>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// Stats of every listener ever started, for metrics.
@@ -175,7 +175,7 @@ impl Ingest {
                             last_seq: HashMap::new(),
                             paused,
                             replay_stats,
-                            since_trim: 0,
+                            release: crate::heap::Release::default(),
                             sockets,
                         }
                         .run()
@@ -380,8 +380,8 @@ struct IngestThread {
     last_seq: HashMap<SeqKey, u64>,
     paused: Arc<AtomicBool>,
     replay_stats: Arc<ReplayStats>,
-    /// Busy polls since the C heap was last trimmed.
-    since_trim: u64,
+    /// When this thread last worked, to give back what work freed once quiet.
+    release: crate::heap::Release,
     sockets: SocketOptions,
 }
 
@@ -396,7 +396,6 @@ const POLL_IDLE_MAX: Duration = Duration::from_millis(200);
 impl IngestThread {
     fn run(mut self) {
         let mut wait = POLL_BUSY;
-        let mut last_busy = std::time::Instant::now();
         loop {
             loop {
                 match self.rx.try_recv() {
@@ -409,7 +408,9 @@ impl IngestThread {
                 match self.rx.recv_timeout(Duration::from_millis(50)) {
                     Ok(Command::Shutdown) | Err(mpsc::RecvTimeoutError::Disconnected) => return,
                     Ok(cmd) => self.command(cmd),
-                    Err(mpsc::RecvTimeoutError::Timeout) => {}
+                    Err(mpsc::RecvTimeoutError::Timeout) => {
+                        self.release.idle();
+                    }
                 }
                 continue;
             }
@@ -450,18 +451,18 @@ impl IngestThread {
             }
             self.sink.flush();
             if busy {
-                self.since_trim += 1;
-                last_busy = std::time::Instant::now();
-            } else if self.since_trim > 0 && last_busy.elapsed() >= crate::heap::QUIET {
+                self.release.worked();
+            } else {
                 // After a burst, hand what it freed (libzmq's frames, grown maps) back
                 // to the OS instead of holding it for the next one.
-                self.since_trim = 0;
-                crate::heap::release();
+                self.release.idle();
             }
         }
     }
 
     fn command(&mut self, cmd: Command) {
+        // A command may free (a removed listener) or grow (a seed) this thread's heap.
+        self.release.worked();
         // A command may answer (sequence numbers, "done"): ops pushed before it must be
         // visible to the shards by then, and so must ops it pushes itself (flushed again
         // before those answers).

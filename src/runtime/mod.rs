@@ -320,8 +320,8 @@ const EVICTION_LOG_EVERY: Duration = Duration::from_secs(10);
 /// visible at most one nap after they arrive.
 async fn drain_loop(core: Rc<Core>) {
     let mut idle = IDLE_AFTER_WORK;
-    // When ops were last applied, until freed memory is released after them.
-    let mut worked_at: Option<Instant> = None;
+    // Gives back what applying ops freed once the shard is quiet.
+    let mut release = crate::heap::Release::default();
     // Evictions as of the last warning, and when it was logged.
     let mut warned: (u64, Option<Instant>) = (0, None);
     loop {
@@ -344,16 +344,12 @@ async fn drain_loop(core: Rc<Core>) {
             warned = (evicted, Some(Instant::now()));
         }
         if n == 0 {
-            if worked_at.is_some_and(|t| t.elapsed() >= crate::heap::QUIET) {
-                // Nothing to do for a while after work: give back what it freed.
-                crate::heap::release();
-                worked_at = None;
-            }
+            release.idle();
             glommio::timer::sleep(idle).await;
             idle = (idle * 2).min(Duration::from_millis(2));
         } else {
             idle = IDLE_AFTER_WORK;
-            worked_at = Some(Instant::now());
+            release.worked();
             glommio::yield_if_needed().await;
         }
     }

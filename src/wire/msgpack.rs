@@ -2,7 +2,8 @@
 //!
 //! Owns bounds-checked reads of msgpack values (via `rmp::Marker`) without
 //! building a value tree. Every read either succeeds or returns a
-//! [`WireError`]; nothing here panics or allocates.
+//! [`WireError`]; nothing here panics, and nothing allocates but
+//! [`Cursor::tokens_into`], which appends to the caller's vector.
 
 use super::WireError;
 use rmp::Marker;
@@ -163,12 +164,11 @@ impl<'a> Cursor<'a> {
         out: &mut Vec<u32>,
         field: &'static str,
     ) -> Result<(), WireError> {
-        out.reserve(n);
+        // Every id takes at least a byte: a lying count runs out of input, not memory.
+        out.reserve(n.min(self.remaining()));
         for _ in 0..n {
-            let word = self.buf.get(self.pos..self.pos + 8);
-            let w = word.map_or(0, |b| {
-                u64::from_le_bytes(b.try_into().expect("eight bytes"))
-            });
+            let word = self.buf.get(self.pos..).and_then(|r| r.first_chunk::<8>());
+            let w = word.map_or(0, |b| u64::from_le_bytes(*b));
             let marker = w as u8;
             let fixint = marker < 0x80;
             if word.is_none() || !(fixint || (0xcc..=0xce).contains(&marker)) {
@@ -176,9 +176,9 @@ impl<'a> Cursor<'a> {
                 out.push(t);
                 continue;
             }
-            // The bytes after the marker, first one highest: a uN's big-endian value
-            // sits in the top N bits. A fixint (width 1) is its marker.
-            // u8, u16, u32 (markers 0xcc..=0xce) take 1, 2, 4 bytes after the marker.
+            // u8, u16, u32 (markers 0xcc..=0xce) take 1, 2, 4 bytes after the marker;
+            // read first byte highest, a uN's big-endian value sits in the top N bits.
+            // A fixint is its marker.
             let bytes = 1u32 << (marker.wrapping_sub(0xcc) & 3);
             let be = (w >> 8).swap_bytes();
             let wide = be.wrapping_shr(64 - 8 * bytes) as u32;
@@ -456,29 +456,52 @@ mod tests {
         }
     }
 
+    /// Ids the one-word path leaves to `token` (u64 and signed markers holding a
+    /// u32 value) are read in the middle of a stream as `token` reads them.
+    #[test]
+    fn tokens_into_reads_other_integer_markers_as_token_does() {
+        let mut buf = encode(&[300; 8]);
+        rmp::encode::write_u64(&mut buf, 70_000).unwrap();
+        rmp::encode::write_i8(&mut buf, 5).unwrap();
+        rmp::encode::write_i32(&mut buf, 100_000).unwrap();
+        buf.extend(encode(&[7, 65_536, 1]));
+        buf.extend(encode(&[128_000; 8]));
+        let mut fast = Vec::new();
+        Cursor::new(&buf)
+            .tokens_into(22, &mut fast, "token_ids")
+            .unwrap();
+        let mut c = Cursor::new(&buf);
+        let slow: Vec<u32> = (0..22).map(|_| c.token("token_ids").unwrap()).collect();
+        assert_eq!(fast, slow);
+        assert_eq!(&fast[8..14], &[70_000, 5, 100_000, 7, 65_536, 1]);
+    }
+
+    /// What is not a u32 fails with the error `token` gives at that id.
     #[test]
     fn tokens_into_rejects_what_is_not_a_u32() {
+        let same_error = |buf: &[u8], n: usize| {
+            let fast = Cursor::new(buf).tokens_into(n, &mut Vec::new(), "token_ids");
+            let mut c = Cursor::new(buf);
+            let slow = (0..n).try_for_each(|_| c.token("token_ids").map(drop));
+            assert!(fast.is_err());
+            assert_eq!(fast, slow);
+        };
         for bad in [u32::MAX as u64 + 1, u64::MAX] {
             let mut buf = encode(&[5, 6, 7, 8, 9, 10, 11, 12]);
             rmp::encode::write_uint(&mut buf, bad).unwrap();
             buf.extend(encode(&[1; 8]));
-            let mut c = Cursor::new(&buf);
-            assert!(c.tokens_into(17, &mut Vec::new(), "token_ids").is_err());
+            same_error(&buf, 17);
         }
         let mut buf = encode(&[5; 8]);
         rmp::encode::write_sint(&mut buf, -3).unwrap();
         buf.extend(encode(&[1; 8]));
-        assert!(
-            Cursor::new(&buf)
-                .tokens_into(17, &mut Vec::new(), "token_ids")
-                .is_err()
-        );
-        // Fewer ids than the array claims: truncated, not a panic.
-        let buf = encode(&[300; 4]);
-        assert!(
-            Cursor::new(&buf)
-                .tokens_into(5, &mut Vec::new(), "token_ids")
-                .is_err()
-        );
+        same_error(&buf, 17);
+        let mut buf = encode(&[5; 8]);
+        rmp::encode::write_str(&mut buf, "x").unwrap();
+        buf.extend(encode(&[1; 8]));
+        same_error(&buf, 17);
+        // Fewer ids than the array claims: truncated, not a panic, nor a huge reservation.
+        same_error(&encode(&[300; 4]), 5);
+        same_error(&encode(&[300; 40]), 1 << 40);
     }
 }
