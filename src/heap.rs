@@ -16,15 +16,35 @@ pub const QUIET: Duration = Duration::from_millis(50);
 /// A thread releases at most this often: a release walks the thread's heap.
 pub const RELEASE_EVERY: Duration = Duration::from_secs(1);
 
+/// Which heaps a thread gives back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Heaps {
+    /// mimalloc's only: what an executor may do, since glibc's `malloc_trim` takes
+    /// arena locks another thread (libzmq's) may hold, and an executor never waits
+    /// on a lock.
+    Own,
+    /// mimalloc's and the C heap, where libzmq keeps its frames (ingest threads).
+    OwnAndC,
+}
+
 /// When one thread last worked and last released; it calls [`Release::worked`]
 /// after work and [`Release::idle`] whenever it has nothing to do.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Release {
+    heaps: Heaps,
     worked_at: Option<Instant>,
     released_at: Option<Instant>,
 }
 
 impl Release {
+    pub fn new(heaps: Heaps) -> Self {
+        Release {
+            heaps,
+            worked_at: None,
+            released_at: None,
+        }
+    }
+
     pub fn worked(&mut self) {
         self.worked_at = Some(Instant::now());
     }
@@ -37,7 +57,7 @@ impl Release {
                 .released_at
                 .is_none_or(|t| t.elapsed() >= RELEASE_EVERY);
         if due {
-            release();
+            release(self.heaps);
             self.worked_at = None;
             self.released_at = Some(Instant::now());
         }
@@ -45,14 +65,16 @@ impl Release {
     }
 }
 
-/// Return what this thread's heaps hold free to the OS.
-pub fn release() {
-    // SAFETY: both calls only release free heap pages and read no caller memory;
-    // mimalloc's collect acts on the calling thread's heap and the shared arenas,
-    // which it synchronises itself; malloc_trim takes glibc's arena locks.
-    unsafe {
-        libmimalloc_sys::mi_collect(true);
-        libc::malloc_trim(0);
+/// Return what `heaps` hold free to the OS.
+pub fn release(heaps: Heaps) {
+    // SAFETY: mi_collect only releases free pages of the calling thread's heap and
+    // the shared arenas (synchronised by mimalloc with atomics); it reads no caller
+    // memory.
+    unsafe { libmimalloc_sys::mi_collect(true) };
+    if heaps == Heaps::OwnAndC {
+        // SAFETY: malloc_trim only releases free C-heap pages, under glibc's own
+        // arena locks; it reads no caller memory.
+        unsafe { libc::malloc_trim(0) };
     }
 }
 
@@ -62,7 +84,7 @@ mod tests {
 
     #[test]
     fn releases_once_quiet_after_work_and_not_too_often() {
-        let mut r = Release::default();
+        let mut r = Release::new(Heaps::Own);
         assert!(!r.idle(), "nothing was done");
         r.worked();
         assert!(!r.idle(), "not quiet yet");

@@ -175,7 +175,7 @@ impl Ingest {
                             last_seq: HashMap::new(),
                             paused,
                             replay_stats,
-                            release: crate::heap::Release::default(),
+                            release: crate::heap::Release::new(crate::heap::Heaps::OwnAndC),
                             sockets,
                         }
                         .run()

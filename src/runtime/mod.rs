@@ -320,8 +320,9 @@ const EVICTION_LOG_EVERY: Duration = Duration::from_secs(10);
 /// visible at most one nap after they arrive.
 async fn drain_loop(core: Rc<Core>) {
     let mut idle = IDLE_AFTER_WORK;
-    // Gives back what applying ops freed once the shard is quiet.
-    let mut release = crate::heap::Release::default();
+    // Gives back what applying ops freed once the shard is quiet (never the C heap:
+    // trimming it takes locks).
+    let mut release = crate::heap::Release::new(crate::heap::Heaps::Own);
     // Evictions as of the last warning, and when it was logged.
     let mut warned: (u64, Option<Instant>) = (0, None);
     loop {
