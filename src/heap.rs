@@ -66,7 +66,7 @@ impl Release {
 }
 
 /// Return what `heaps` hold free to the OS.
-pub fn release(heaps: Heaps) {
+fn release(heaps: Heaps) {
     // SAFETY: mi_collect only releases free pages of the calling thread's heap and
     // the shared arenas (synchronised by mimalloc with atomics); it reads no caller
     // memory.
