@@ -135,13 +135,15 @@ impl Blocks {
         }
     }
 
-    /// The node of `seq`, filed with `parent` and `local` and no holder if new
-    /// (then the flag is true); a use either way.
+    /// The node of `seq`, filed with `parent`, `local` and `holders` if new (then the
+    /// flag is true); a use either way. A new node is written whole, so the caller
+    /// never reads back a bucket whose cache line the insert has only begun to fetch.
     pub fn get_or_insert(
         &mut self,
         seq: SeqHash,
         parent: Option<SeqHash>,
         local: BlockHash,
+        holders: HolderSet,
     ) -> (&mut Node, bool) {
         let mut grew = false;
         if self.keyed.is_empty() || self.keyed.get(&seq).is_none() {
@@ -156,7 +158,7 @@ impl Blocks {
                 Ok(Chained(Node {
                     parent: chained_parent,
                     local,
-                    holders: HolderSet::default(),
+                    holders,
                 }))
             });
             if let Ok(c) = found {
@@ -168,7 +170,7 @@ impl Blocks {
             let node = Node {
                 parent: parent.unwrap_or(seq),
                 local,
-                holders: HolderSet::default(),
+                holders,
             };
             (seq, node)
         });
@@ -259,8 +261,11 @@ mod tests {
         assert_eq!(std::mem::size_of::<Chained>(), 24);
         let mut b = Blocks::default();
         for (seq, parent, local) in chain_of(1000) {
-            assert!(b.get_or_insert(seq, parent, local).1);
-            assert!(!b.get_or_insert(seq, parent, local).1, "filed twice");
+            assert!(b.get_or_insert(seq, parent, local, HolderSet::default()).1);
+            assert!(
+                !b.get_or_insert(seq, parent, local, HolderSet::default()).1,
+                "filed twice"
+            );
         }
         assert_eq!((b.chained.len(), b.keyed.len()), (1000, 0));
         let mut seen: Vec<_> = (0..3).flat_map(|p| b.iter_part(p, 3)).collect();
@@ -277,15 +282,15 @@ mod tests {
     fn blocks_that_are_not_their_chain_keep_their_key() {
         let mut b = Blocks::default();
         let first = chain_of(1)[0];
-        b.get_or_insert(first.0, None, first.2);
+        b.get_or_insert(first.0, None, first.2, HolderSet::default());
         // A second block with the same tokens: its parent hash is its local hash.
         let repeat = hash::chain(Some(first.0), first.2);
-        b.get_or_insert(repeat, Some(first.0), first.2);
+        b.get_or_insert(repeat, Some(first.0), first.2, HolderSet::default());
         // Standardized rolling hashes come without local hashes.
         let rolled = SeqHash(42);
-        b.get_or_insert(rolled, Some(repeat), BlockHash(0));
+        b.get_or_insert(rolled, Some(repeat), BlockHash(0), HolderSet::default());
         let rolled_root = SeqHash(7);
-        b.get_or_insert(rolled_root, None, BlockHash(0));
+        b.get_or_insert(rolled_root, None, BlockHash(0), HolderSet::default());
         assert_eq!((b.chained.len(), b.keyed.len()), (1, 3));
         let mut seen: Vec<_> = b
             .iter_part(0, 1)
@@ -305,8 +310,14 @@ mod tests {
             assert!(b.get_matched(s).is_some());
         }
         // A block filed under one table is found there, whatever a later store says.
-        assert!(!b.get_or_insert(rolled, None, BlockHash(9)).1);
-        assert!(!b.get_or_insert(first.0, Some(SeqHash(1)), first.2).1);
+        assert!(
+            !b.get_or_insert(rolled, None, BlockHash(9), HolderSet::default())
+                .1
+        );
+        assert!(
+            !b.get_or_insert(first.0, Some(SeqHash(1)), first.2, HolderSet::default())
+                .1
+        );
         assert_eq!(b.len(), 4);
         for (s, ..) in &want {
             assert!(b.remove(s).is_some());
@@ -320,10 +331,10 @@ mod tests {
         let mut b = Blocks::default();
         b.track_use();
         for (seq, parent, local) in chain_of(100) {
-            b.get_or_insert(seq, parent, local);
+            b.get_or_insert(seq, parent, local, HolderSet::default());
         }
         for i in 0..100 {
-            b.get_or_insert(SeqHash(i), None, BlockHash(0));
+            b.get_or_insert(SeqHash(i), None, BlockHash(0), HolderSet::default());
         }
         let mut n = 0;
         while !b.is_empty() {

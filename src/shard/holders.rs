@@ -107,6 +107,13 @@ impl Default for HolderSet {
 }
 
 impl HolderSet {
+    /// The set of one holder.
+    pub fn of(holder: Holder) -> Self {
+        HolderSet {
+            w: [holder.0, EMPTY],
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.w[0] == EMPTY
     }

@@ -16,7 +16,7 @@ pub mod table;
 
 use crate::types::{BlockHash, IndexId, SeqHash, Tier, TierSet, WorkerSlot};
 use blocks::{Blocks, EVICT_TURNS, Hand};
-use holders::{Holder, HolderSlab};
+use holders::{Holder, HolderSet, HolderSlab};
 use predict::{Predicted, Predictions, Tick};
 pub use table::SeqHasherBuilder;
 
@@ -254,8 +254,13 @@ impl Shard {
                 tier,
             } => {
                 let ix = index_mut(&mut self.indexes, index, self.budget.is_some());
-                let (node, grew) = ix.blocks.get_or_insert(seq, parent, local);
-                let before = node.holders.add(slot, tier, &mut ix.slab);
+                let first = HolderSet::of(Holder::new(slot, tier.bit()));
+                let (node, grew) = ix.blocks.get_or_insert(seq, parent, local, first);
+                let before = if grew {
+                    TierSet::NONE
+                } else {
+                    node.holders.add(slot, tier, &mut ix.slab)
+                };
                 if before.contains(Tier::PREDICTED) {
                     // The worker stored what it was predicted to: an ordinary holder now.
                     node.holders
@@ -349,14 +354,21 @@ impl Shard {
         expires: Tick,
     ) {
         let ix = index_mut(&mut self.indexes, index, self.budget.is_some());
-        let (node, grew) = ix.blocks.get_or_insert(seq, parent, local);
-        let before = node.holders.tiers_of(slot, &ix.slab);
+        let first = HolderSet::of(Holder::new(slot, Tier::PREDICTED.bit()));
+        let (node, grew) = ix.blocks.get_or_insert(seq, parent, local, first);
+        let before = if grew {
+            TierSet::NONE
+        } else {
+            node.holders.tiers_of(slot, &ix.slab)
+        };
         if !(before & TierSet::MEDIA).is_empty() {
             // Already held for real: nothing to predict.
             return;
         }
         if before.is_empty() {
-            node.holders.add(slot, Tier::PREDICTED, &mut ix.slab);
+            if !grew {
+                node.holders.add(slot, Tier::PREDICTED, &mut ix.slab);
+            }
             ix.count(slot, 1);
             self.tier_pairs[Tier::PREDICTED.0 as usize] += 1;
         }
