@@ -121,9 +121,29 @@ pub struct SocketOptions {
     pub max_msg_bytes: i64,
 }
 
+/// A SUB socket to every topic, set up as `opts` says, not yet connected.
+fn subscriber(ctx: &zmq::Context, opts: SocketOptions) -> zmq::Result<zmq::Socket> {
+    let s = ctx.socket(zmq::SUB)?;
+    s.set_rcvhwm(opts.rcvhwm)?;
+    // Nor without a size limit: libzmq drops a connection that announces a larger
+    // part before buffering it; the frames lost meanwhile show up as a sequence gap
+    // (replayed when the engine can).
+    s.set_maxmsgsize(opts.max_msg_bytes)?;
+    // An engine that is down is retried at growing intervals, up to a second, so
+    // that many stopped engines do not keep an ingest thread busy connecting
+    // (libzmq's default retries each one every 100 ms forever).
+    s.set_reconnect_ivl_max(RECONNECT_MAX_MS)?;
+    s.set_subscribe(b"")?;
+    Ok(s)
+}
+
 /// Default `--zmq-max-msg-bytes`: far above the largest real batch (a few MiB of
 /// token ids), far below what would hurt to buffer.
 pub const DEFAULT_MAX_MSG_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Longest wait, in milliseconds, between two attempts to reach an engine that is
+/// down (libzmq doubles the wait from 100 ms up to this).
+const RECONNECT_MAX_MS: i32 = 1000;
 
 impl Default for SocketOptions {
     fn default() -> Self {
@@ -736,15 +756,7 @@ impl IngestThread {
     /// dropped connections on.
     fn connect(&self, endpoint: &str) -> Result<(zmq::Socket, zmq::Socket), String> {
         static MONITORS: AtomicU64 = AtomicU64::new(0);
-        let s = self.ctx.socket(zmq::SUB).map_err(|e| e.to_string())?;
-        s.set_rcvhwm(self.sockets.rcvhwm)
-            .map_err(|e| e.to_string())?;
-        // Nor without a size limit: libzmq drops a connection that announces a larger
-        // part before buffering it; the frames lost meanwhile show up as a sequence
-        // gap (replayed when the engine can).
-        s.set_maxmsgsize(self.sockets.max_msg_bytes)
-            .map_err(|e| e.to_string())?;
-        s.set_subscribe(b"").map_err(|e| e.to_string())?;
+        let s = subscriber(&self.ctx, self.sockets).map_err(|e| e.to_string())?;
         let at = format!(
             "inproc://kvix-monitor-{}",
             MONITORS.fetch_add(1, Ordering::Relaxed)
@@ -923,4 +935,23 @@ fn recv_parts(s: &zmq::Socket, parts: &mut [zmq::Message; 3]) -> Result<Option<u
         n += 1;
     }
     Ok(Some(n))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subscribers_bound_their_queue_and_back_off_from_a_stopped_engine() {
+        let ctx = zmq::Context::new();
+        let opts = SocketOptions {
+            rcvhwm: 123,
+            max_msg_bytes: 4567,
+        };
+        let s = subscriber(&ctx, opts).unwrap();
+        assert_eq!(s.get_rcvhwm().unwrap(), 123);
+        assert_eq!(s.get_maxmsgsize().unwrap(), 4567);
+        assert_eq!(s.get_reconnect_ivl_max().unwrap(), RECONNECT_MAX_MS);
+        assert!(s.get_reconnect_ivl().unwrap() < RECONNECT_MAX_MS);
+    }
 }
