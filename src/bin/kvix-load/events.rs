@@ -279,19 +279,30 @@ fn tree_sizes_sum(body: &[u8], instances: &[u64]) -> Option<u64> {
 }
 
 /// Resident set size of a process in bytes, from /proc/PID/status.
-/// RSS once it stops falling: sampled every 250 ms until a sample is within 1% of
-/// the one before (at most 3 s), so buffers freed after a burst are not counted.
+/// Samples RSS must hold within 1% for, 250 ms apart, to count as settled: a server
+/// may give freed memory back up to a second after it goes quiet.
+const SETTLED_SAMPLES: u32 = 5;
+
+/// RSS once it stops falling: the lowest sample once RSS has not fallen by more than
+/// 1% over [`SETTLED_SAMPLES`] samples in a row (at most 6 s), so buffers freed after
+/// a burst are not counted.
 pub fn settled_rss_bytes(pid: u32) -> Option<u64> {
-    let mut last = rss_bytes(pid)?;
-    for _ in 0..12 {
+    let mut low = rss_bytes(pid)?;
+    let mut flat = 0;
+    for _ in 0..24 {
         std::thread::sleep(std::time::Duration::from_millis(250));
         let now = rss_bytes(pid)?;
-        if now + last / 100 >= last {
-            return Some(now.min(last));
+        if now + low / 100 >= low {
+            flat += 1;
+        } else {
+            flat = 0;
         }
-        last = now;
+        low = low.min(now);
+        if flat >= SETTLED_SAMPLES {
+            break;
+        }
     }
-    Some(last)
+    Some(low)
 }
 
 pub fn rss_bytes(pid: u32) -> Option<u64> {
