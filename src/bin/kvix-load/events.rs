@@ -278,7 +278,6 @@ fn tree_sizes_sum(body: &[u8], instances: &[u64]) -> Option<u64> {
     Some(sum)
 }
 
-/// Resident set size of a process in bytes, from /proc/PID/status.
 /// Samples RSS must hold within 1% for, 250 ms apart, to count as settled: a server
 /// may give freed memory back up to a second after it goes quiet.
 const SETTLED_SAMPLES: u32 = 5;
@@ -305,6 +304,7 @@ pub fn settled_rss_bytes(pid: u32) -> Option<u64> {
     Some(low)
 }
 
+/// Resident set size of a process in bytes, from /proc/PID/status.
 pub fn rss_bytes(pid: u32) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = s.lines().find(|l| l.starts_with("VmRSS:"))?;
