@@ -366,6 +366,7 @@ impl Shard {
             return;
         }
         if before.is_empty() {
+            // A new node was filed already holding the prediction.
             if !grew {
                 node.holders.add(slot, Tier::PREDICTED, &mut ix.slab);
             }
