@@ -11,6 +11,9 @@ use bytes::Bytes;
 use http_body_util::{Either, Full};
 use hyper::StatusCode;
 use hyper::header::{CONTENT_TYPE, HeaderValue};
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
 
 pub fn bytes(status: StatusCode, body: Vec<u8>) -> Reply {
     let mut r = hyper::Response::new(Either::Left(Full::new(Bytes::from(body))));
@@ -30,14 +33,90 @@ pub fn ok(status: StatusCode) -> Reply {
     bytes(status, br#"{"status":"ok"}"#.to_vec())
 }
 
-fn num(out: &mut Vec<u8>, n: impl itoa::Integer) {
-    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+/// Two-digit pairs "00".."99", so a number is written two digits per division.
+const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+2021222324252627282930313233343536373839\
+4041424344454647484950515253545556575859\
+6061626364656667686970717273747576777879\
+8081828384858687888990919293949596979899";
+
+/// Append `n` in decimal. Digits go straight into the buffer's spare room: a
+/// reply holds hundreds of numbers, and formatting each into a scratch buffer
+/// and copying it out cost a `memcpy` call apiece.
+fn num(out: &mut Vec<u8>, n: impl Into<u64>) {
+    let mut n: u64 = n.into();
+    let digits = n.checked_ilog10().unwrap_or(0) as usize + 1;
+    out.reserve(digits);
+    let start = out.len();
+    let spare = &mut out.spare_capacity_mut()[..digits];
+    let mut i = digits;
+    while n >= 100 {
+        let pair = 2 * (n % 100) as usize;
+        n /= 100;
+        i -= 2;
+        spare[i].write(PAIRS[pair]);
+        spare[i + 1].write(PAIRS[pair + 1]);
+    }
+    if n >= 10 {
+        let pair = 2 * n as usize;
+        spare[0].write(PAIRS[pair]);
+        spare[1].write(PAIRS[pair + 1]);
+    } else {
+        spare[0].write(b'0' + n as u8);
+    }
+    // SAFETY: `spare[..digits]` is written above: the loop fills it from the end,
+    // two digits at a time, down to index 2 or 1, and the branch fills the rest.
+    unsafe { out.set_len(start + digits) };
 }
 
-fn key(out: &mut Vec<u8>, n: impl itoa::Integer) {
+fn key(out: &mut Vec<u8>, n: impl Into<u64>) {
     out.push(b'"');
     num(out, n);
     out.extend_from_slice(b"\":");
+}
+
+/// One JSON object key with its colon (`"7":`), rendered once.
+#[derive(Clone)]
+enum Key {
+    /// Most keys: the text in a fixed cell, copied whole (no `memcpy` call)
+    /// and then cut to its length.
+    Short([u8; KEY_CELL], u8),
+    Long(Box<[u8]>),
+}
+
+const KEY_CELL: usize = 32;
+
+impl Key {
+    fn new(text: &[u8]) -> Key {
+        if text.len() <= KEY_CELL {
+            let mut cell = [0u8; KEY_CELL];
+            cell[..text.len()].copy_from_slice(text);
+            Key::Short(cell, text.len() as u8)
+        } else {
+            Key::Long(text.into())
+        }
+    }
+
+    fn put(&self, out: &mut Vec<u8>) {
+        match self {
+            Key::Short(cell, len) => {
+                out.reserve(KEY_CELL);
+                let start = out.len();
+                // SAFETY: `reserve` left room for KEY_CELL more bytes, so the copy stays
+                // inside the allocation and cannot overlap `cell`; `set_len` then keeps
+                // only the first `len` (<= KEY_CELL) of the bytes just written.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        cell.as_ptr(),
+                        out.as_mut_ptr().add(start),
+                        KEY_CELL,
+                    );
+                    out.set_len(start + *len as usize);
+                }
+            }
+            Key::Long(text) => out.extend_from_slice(text),
+        }
+    }
 }
 
 /// Write an instance's router-facing name as a JSON object key.
@@ -47,31 +126,95 @@ fn inst_key(out: &mut Vec<u8>, snap: &Snapshot, inst: InstanceId) {
         out.extend_from_slice(name.as_bytes());
         out.push(b':');
     } else {
-        key(out, inst);
+        key(out, inst as u64);
     }
 }
 
-/// Write `{"<instance>":{"<dp>":v,...},...}` for rows sorted by (instance, dp).
+/// What a score reply needs of an index that only changes with the registry:
+/// its slots in (instance, dp) order and each slot's instance and dp keys.
+struct Layout {
+    /// The index this was rendered from; a new snapshot brings a new `Arc`.
+    ix: Arc<IndexInfo>,
+    order: Vec<WorkerSlot>,
+    inst: Vec<Key>,
+    dp: Vec<Key>,
+}
+
+impl Layout {
+    fn new(snap: &Snapshot, ix: &Arc<IndexInfo>) -> Layout {
+        let mut order: Vec<WorkerSlot> = (0..ix.slots.len() as u32).map(WorkerSlot).collect();
+        order.sort_unstable_by_key(|s| (ix.slot(*s).instance, ix.slot(*s).dp));
+        let mut text = Vec::new();
+        let mut render = |f: &mut dyn FnMut(&mut Vec<u8>)| {
+            text.clear();
+            f(&mut text);
+            Key::new(&text)
+        };
+        let inst = ix
+            .slots
+            .iter()
+            .map(|s| render(&mut |t| inst_key(t, snap, s.instance)))
+            .collect();
+        let dp = ix
+            .slots
+            .iter()
+            .map(|s| render(&mut |t| key(t, s.dp)))
+            .collect();
+        Layout {
+            ix: ix.clone(),
+            order,
+            inst,
+            dp,
+        }
+    }
+}
+
+thread_local! {
+    /// Each executor's layouts, by index id. Replies are rendered on the executor
+    /// that answers them, so this is never shared.
+    static LAYOUTS: RefCell<Vec<Option<Rc<Layout>>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The layout of `ix`, rendered again only when the registry replaced it.
+fn layout(snap: &Snapshot, ix: &Arc<IndexInfo>) -> Rc<Layout> {
+    LAYOUTS.with_borrow_mut(|all| {
+        let at = ix.id.0 as usize;
+        if all.len() <= at {
+            all.resize(at + 1, None);
+        }
+        match &all[at] {
+            Some(l) if Arc::ptr_eq(&l.ix, ix) => l.clone(),
+            _ => {
+                let l = Rc::new(Layout::new(snap, ix));
+                all[at] = Some(l.clone());
+                l
+            }
+        }
+    })
+}
+
+/// Write `{"<instance>":{"<dp>":v,...},...}` for rows in layout order.
 fn nested<V: Copy>(
     out: &mut Vec<u8>,
-    snap: &Snapshot,
-    rows: &[(InstanceId, DpRank, V)],
+    lay: &Layout,
+    rows: &[(WorkerSlot, V)],
     mut value: impl FnMut(&mut Vec<u8>, V),
 ) {
     out.push(b'{');
     let mut prev: Option<InstanceId> = None;
-    for &(inst, dp, v) in rows {
+    for &(slot, v) in rows {
+        let inst = lay.ix.slot(slot).instance;
         if prev != Some(inst) {
             if prev.is_some() {
                 out.extend_from_slice(b"},");
             }
-            inst_key(out, snap, inst);
+            lay.inst[slot.0 as usize].put(out);
             out.push(b'{');
             prev = Some(inst);
         } else {
             out.push(b',');
         }
-        key(out, dp);
+        lay.dp[slot.0 as usize].put(out);
         value(out, v);
     }
     if prev.is_some() {
@@ -155,20 +298,14 @@ pub fn conductor(
 /// `scores` counts device blocks, as Dynamo's router does.
 pub fn scores(
     snap: &Snapshot,
-    ix: &IndexInfo,
+    ix: &Arc<IndexInfo>,
     ov: &Overlap,
     llmd: Option<&[f32]>,
     live: &impl Fn(WorkerSlot) -> bool,
 ) -> Vec<u8> {
+    let lay = layout(snap, ix);
     let bs = ix.block_size as u64;
-    let mut rows: Vec<(InstanceId, DpRank, WorkerSlot)> = ix
-        .slots
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| live(WorkerSlot(*i as u32)))
-        .map(|(i, s)| (s.instance, s.dp, WorkerSlot(i as u32)))
-        .collect();
-    rows.sort_unstable();
+    let rows: Vec<WorkerSlot> = lay.order.iter().copied().filter(|s| live(*s)).collect();
     let matched = |s: WorkerSlot| ov.matched.get(s.0 as usize).copied().unwrap_or_default();
     // A live slot writes ~110 bytes (its score, tree size and `instances` entry):
     // sized once, the reply is never copied to grow.
@@ -176,10 +313,10 @@ pub fn scores(
     out.extend_from_slice(b"{\"scores\":");
     let device: Vec<_> = rows
         .iter()
-        .filter(|r| matched(r.2)[0] > 0)
-        .map(|&(i, d, s)| (i, d, matched(s)[0] as u64 * bs))
+        .filter(|s| matched(**s)[0] > 0)
+        .map(|&s| (s, matched(s)[0] as u64 * bs))
         .collect();
-    nested(&mut out, snap, &device, num);
+    nested(&mut out, &lay, &device, num);
     out.extend_from_slice(b",\"frequencies\":[");
     for (i, f) in ov.frequencies.iter().enumerate() {
         if i > 0 {
@@ -190,42 +327,42 @@ pub fn scores(
     out.extend_from_slice(b"],\"tree_sizes\":");
     let sizes: Vec<_> = rows
         .iter()
-        .map(|&(i, d, s)| {
+        .map(|&s| {
             (
-                i,
-                d,
+                s,
                 ov.tree_sizes.get(s.0 as usize).copied().unwrap_or(0) as u64,
             )
         })
         .collect();
-    nested(&mut out, snap, &sizes, num);
+    nested(&mut out, &lay, &sizes, num);
     // Dynamo 1.6's `instances`: every live instance; `cpu` and `disk` extend the
     // device prefix through the lower tiers (cumulative), per Dynamo's router.
     out.extend_from_slice(b",\"instances\":{");
-    for (g, group) in rows.chunk_by(|a, b| a.0 == b.0).enumerate() {
+    let instance = |s: &WorkerSlot| ix.slot(*s).instance;
+    for (g, group) in rows.chunk_by(|a, b| instance(a) == instance(b)).enumerate() {
         if g > 0 {
             out.push(b',');
         }
         let max = |k: usize| {
             group
                 .iter()
-                .map(|r| matched(r.2)[k] as u64 * bs)
+                .map(|s| matched(*s)[k] as u64 * bs)
                 .max()
                 .unwrap_or(0)
         };
         let (gpu, cpu, disk) = (max(0), max(1), max(2));
-        inst_key(&mut out, snap, group[0].0);
+        lay.inst[group[0].0 as usize].put(&mut out);
         out.extend_from_slice(b"{\"longest_matched\":");
         num(&mut out, gpu.max(cpu).max(disk));
         out.extend_from_slice(b",\"gpu\":");
         num(&mut out, gpu);
         out.extend_from_slice(b",\"dp\":{");
-        for (j, r) in group.iter().enumerate() {
+        for (j, s) in group.iter().enumerate() {
             if j > 0 {
                 out.push(b',');
             }
-            key(&mut out, r.1);
-            num(&mut out, matched(r.2)[0] as u64 * bs);
+            lay.dp[s.0 as usize].put(&mut out);
+            num(&mut out, matched(*s)[0] as u64 * bs);
         }
         out.extend_from_slice(b"},\"cpu\":");
         num(&mut out, cpu);
@@ -235,15 +372,15 @@ pub fn scores(
     }
     out.push(b'}');
     if let Some(raw) = llmd {
-        let live_scores: Vec<f32> = rows.iter().map(|r| raw[r.2.0 as usize]).collect();
+        let live_scores: Vec<f32> = rows.iter().map(|s| raw[s.0 as usize]).collect();
         let norm = crate::query::normalize(&live_scores);
         let vals: Vec<_> = rows
             .iter()
             .zip(live_scores.iter().zip(&norm))
-            .map(|(&(i, d, _), (&s, &n))| (i, d, (s, n)))
+            .map(|(&s, (&v, &n))| (s, (v, n)))
             .collect();
         out.extend_from_slice(b",\"llm_d\":");
-        nested(&mut out, snap, &vals, |o, (s, n)| {
+        nested(&mut out, &lay, &vals, |o, (s, n)| {
             o.extend_from_slice(b"{\"score\":");
             float(o, s);
             o.extend_from_slice(b",\"normalized\":");
@@ -386,4 +523,97 @@ fn dump_event(
     out.extend_from_slice(b",\"mm_extra_info\":null}]}},\"dp_rank\":");
     num(out, dp);
     out.extend_from_slice(b"}}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::SlotInfo;
+    use crate::types::IndexId;
+
+    #[test]
+    fn num_writes_what_display_writes() {
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut ns = vec![
+            0,
+            1,
+            9,
+            10,
+            11,
+            99,
+            100,
+            101,
+            999,
+            1000,
+            u64::MAX,
+            u64::MAX - 1,
+        ];
+        ns.extend((1..20).map(|p| 10u64.pow(p) - 1));
+        for _ in 0..1000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            ns.push(x >> (x % 64));
+        }
+        for n in ns {
+            let mut out = b"[".to_vec();
+            num(&mut out, n);
+            assert_eq!(out, format!("[{n}").into_bytes());
+        }
+    }
+
+    #[test]
+    fn keys_of_any_length_are_written_whole() {
+        for len in [0, 1, KEY_CELL - 1, KEY_CELL, KEY_CELL + 1, 300] {
+            let text: Vec<u8> = (0..len).map(|i| b'a' + (i % 26) as u8).collect();
+            let mut out = b"{".to_vec();
+            Key::new(&text).put(&mut out);
+            Key::new(b"\"7\":").put(&mut out);
+            assert_eq!(out, [&b"{"[..], &text, b"\"7\":"].concat());
+        }
+    }
+
+    fn index(slots: &[(InstanceId, DpRank)]) -> Arc<IndexInfo> {
+        Arc::new(IndexInfo {
+            id: IndexId(0),
+            model: "m".into(),
+            tenant: "t".into(),
+            block_size: 4,
+            slots: slots
+                .iter()
+                .map(|&(instance, dp)| SlotInfo {
+                    instance,
+                    dp,
+                    live: true,
+                })
+                .collect(),
+            slot_of: Default::default(),
+            endpoints: Default::default(),
+        })
+    }
+
+    /// Replies group dp ranks under their instance in (instance, dp) order, whatever
+    /// the slot order, and a new index (a new registry snapshot) is rendered afresh.
+    #[test]
+    fn scores_follow_the_current_index() {
+        let snap = Snapshot::default();
+        let ov = Overlap {
+            matched: vec![[2, 2, 2], [1, 1, 1], [3, 3, 3]],
+            frequencies: vec![3, 2],
+            tree_sizes: vec![5, 6, 7],
+        };
+        let all = |_| true;
+        let ix = index(&[(20, 1), (u64::MAX as InstanceId, 0), (20, 0)]);
+        let body = String::from_utf8(scores(&snap, &ix, &ov, None, &all)).unwrap();
+        assert!(
+            body.starts_with(r#"{"scores":{"20":{"0":12,"1":8},"18446744073709551615":{"0":4}},"frequencies":[3,2],"tree_sizes":{"20":{"0":7,"1":5},"#),
+            "{body}"
+        );
+        let ix = index(&[(3, 0), (20, 1), (1, 2)]);
+        let body = String::from_utf8(scores(&snap, &ix, &ov, None, &all)).unwrap();
+        assert!(
+            body.starts_with(r#"{"scores":{"1":{"2":12},"3":{"0":8},"20":{"1":4}}"#),
+            "{body}"
+        );
+    }
 }
