@@ -548,7 +548,8 @@ mod tests {
             u64::MAX,
             u64::MAX - 1,
         ];
-        ns.extend((1..20).map(|p| 10u64.pow(p) - 1));
+        ns.extend((1..20).flat_map(|p| [10u64.pow(p) - 1, 10u64.pow(p)]));
+        ns.extend((0..100_000_000).step_by(9_973));
         for _ in 0..1000 {
             x ^= x << 13;
             x ^= x >> 7;
@@ -598,16 +599,25 @@ mod tests {
     fn scores_follow_the_current_index() {
         let snap = Snapshot::default();
         let ov = Overlap {
-            matched: vec![[2, 2, 2], [1, 1, 1], [3, 3, 3]],
+            matched: vec![[2, 2, 2], [1, 2, 3], [3, 3, 3]],
             frequencies: vec![3, 2],
             tree_sizes: vec![5, 6, 7],
         };
         let all = |_| true;
         let ix = index(&[(20, 1), (u64::MAX as InstanceId, 0), (20, 0)]);
         let body = String::from_utf8(scores(&snap, &ix, &ov, None, &all)).unwrap();
-        assert!(
-            body.starts_with(r#"{"scores":{"20":{"0":12,"1":8},"18446744073709551615":{"0":4}},"frequencies":[3,2],"tree_sizes":{"20":{"0":7,"1":5},"#),
-            "{body}"
+        let max = "18446744073709551615";
+        assert_eq!(
+            body,
+            format!(
+                concat!(
+                    r#"{{"scores":{{"20":{{"0":12,"1":8}},"{max}":{{"0":4}}}},"frequencies":[3,2],"#,
+                    r#""tree_sizes":{{"20":{{"0":7,"1":5}},"{max}":{{"0":6}}}},"instances":{{"#,
+                    r#""20":{{"longest_matched":12,"gpu":12,"dp":{{"0":12,"1":8}},"cpu":12,"disk":12}},"#,
+                    r#""{max}":{{"longest_matched":12,"gpu":4,"dp":{{"0":4}},"cpu":8,"disk":12}}}}}}"#
+                ),
+                max = max
+            )
         );
         let ix = index(&[(3, 0), (20, 1), (1, 2)]);
         let body = String::from_utf8(scores(&snap, &ix, &ov, None, &all)).unwrap();
