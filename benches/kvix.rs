@@ -461,6 +461,33 @@ fn bench_ingest(c: &mut Criterion) {
             BatchSize::LargeInput,
         )
     });
+    // The ingest thread's own share: decode, hash, engine map and staging ops into
+    // ring chunks; the ring is emptied in place after each frame (no shard work).
+    g.bench_function("decode_feed_ring", |b| {
+        use kvix::ring::{OpSink, RingSink, Rings};
+        use kvix::types::ShardId;
+        b.iter_batched(
+            || {
+                let rings = Rings::new(1, 1, 1 << 16);
+                let sink = RingSink::new(rings.clone(), 0);
+                (WorkerFeed::new(index, 1, 0, BS as u32), sink, rings)
+            },
+            |(mut feed, mut sink, rings)| {
+                let mut batch = Batch::default();
+                let mut ops = 0;
+                for p in &payloads {
+                    wire::decode(p, &mut batch).unwrap();
+                    feed.apply(&batch, p, &registry, &mut sink);
+                    sink.flush();
+                    ops += rings.drain(ShardId(0), usize::MAX, |chunk| {
+                        black_box(chunk);
+                    });
+                }
+                (feed, black_box(ops))
+            },
+            BatchSize::LargeInput,
+        )
+    });
     g.finish();
 }
 
