@@ -179,7 +179,8 @@ impl Sharded {
         self.sink.flush();
         for (i, shard) in self.shards.iter_mut().enumerate() {
             self.rings
-                .drain(ShardId(i), usize::MAX, |ops| shard.apply_all(ops));
+                .drain(ShardId(i), usize::MAX, |ops| shard.apply_staged(ops));
+            shard.settle();
         }
     }
 

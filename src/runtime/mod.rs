@@ -137,7 +137,8 @@ impl Core {
                 let mut shard = self.shard.borrow_mut();
                 self.app
                     .rings()
-                    .drain(self.id, usize::MAX, |ops| shard.apply_all(ops));
+                    .drain(self.id, usize::MAX, |ops| shard.apply_staged(ops));
+                shard.settle();
                 let mut out = Vec::new();
                 shard.dump(index, part, EXPORT_PARTS, &mut out);
                 Rep::Export(out)
@@ -331,7 +332,8 @@ async fn drain_loop(core: Rc<Core>) {
             let n = core
                 .app
                 .rings()
-                .drain(core.id, 8192, |ops| shard.apply_all(ops));
+                .drain(core.id, 8192, |ops| shard.apply_staged(ops));
+            shard.settle();
             shard.expire(crate::shard::predict::now_tick());
             (n, shard.evicted)
         };

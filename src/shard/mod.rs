@@ -194,6 +194,8 @@ pub struct Shard {
     pub evicted: u64,
     /// The table hand (index × [`Hand`]) the next eviction turn goes to.
     evict_from: usize,
+    /// Clears staged by [`Self::apply_staged`], applied together by [`Self::settle`].
+    clears: Vec<(IndexId, WorkerSlot, TierSet)>,
 }
 
 /// The index shard of `index`, created if new (tracking use if the shard is
@@ -222,6 +224,17 @@ impl Shard {
     /// places ahead while one is applied: a table of millions of blocks misses the
     /// cache on nearly every op, and these misses then overlap instead of queueing.
     pub fn apply_all(&mut self, ops: &[ShardOp]) {
+        self.apply_staged(ops);
+        self.settle();
+    }
+
+    /// [`Self::apply_all`], except that clears wait: a run of them, however many
+    /// chunks it spans, is applied in one walk of the blocks by the next
+    /// [`Self::settle`] (or before the next other op). Clears commute with each
+    /// other, so the result is the same as one by one; unregistering many workers
+    /// walks the index once instead of once per worker. The caller settles before
+    /// anything reads the shard.
+    pub fn apply_staged(&mut self, ops: &[ShardOp]) {
         for op in ops.iter().take(PREFETCH_AHEAD) {
             self.prefetch(op);
         }
@@ -229,7 +242,81 @@ impl Shard {
             if let Some(ahead) = ops.get(i + PREFETCH_AHEAD) {
                 self.prefetch(ahead);
             }
-            self.apply(*op);
+            match *op {
+                ShardOp::ClearSlot { index, slot, tiers } => {
+                    self.applied += 1;
+                    self.clears.push((index, slot, tiers));
+                }
+                op => self.apply(op),
+            }
+        }
+    }
+
+    /// Apply the clears [`Self::apply_staged`] held back: one walk per index.
+    pub fn settle(&mut self) {
+        if self.clears.is_empty() {
+            return;
+        }
+        let mut clears = std::mem::take(&mut self.clears);
+        clears.sort_unstable_by_key(|c| c.0);
+        for run in clears.chunk_by(|a, b| a.0 == b.0) {
+            self.clear_slots(run[0].0, run.iter().map(|&(_, slot, tiers)| (slot, tiers)));
+        }
+        clears.clear();
+        self.clears = clears;
+    }
+
+    /// Drop each given slot's tiers from every block of `index`, in one walk.
+    fn clear_slots(&mut self, index: IndexId, clears: impl Iterator<Item = (WorkerSlot, TierSet)>) {
+        // Per slot, the tiers it loses (empty: untouched).
+        let mut losing: Vec<TierSet> = Vec::new();
+        for (slot, tiers) in clears {
+            let i = slot.0 as usize;
+            if losing.len() <= i {
+                losing.resize(i + 1, TierSet::NONE);
+            }
+            losing[i] = losing[i] | tiers;
+        }
+        let ix = index_mut(&mut self.indexes, index, self.budget.is_some());
+        let IndexShard {
+            blocks,
+            slab,
+            per_slot,
+            ..
+        } = ix;
+        let mut removed = vec![0u32; losing.len()];
+        let mut per_tier = [0u64; Tier::COUNT];
+        let mut hit: Vec<(WorkerSlot, TierSet)> = Vec::new();
+        blocks.retain(|node| {
+            hit.clear();
+            hit.extend(node.holders.as_slice(slab).iter().filter_map(|&h| {
+                let slot = Holder(h).slot();
+                let tiers = losing.get(slot.0 as usize).copied()?;
+                (!tiers.is_empty()).then_some((slot, tiers))
+            }));
+            for &(slot, tiers) in &hit {
+                let (bits, gone) = node.holders.remove(slot, tiers, slab);
+                for t in bits.iter() {
+                    per_tier[t.0 as usize] += 1;
+                }
+                if gone {
+                    removed[slot.0 as usize] += 1;
+                }
+            }
+            if node.holders.is_empty() {
+                node.holders.free(slab);
+                false
+            } else {
+                true
+            }
+        });
+        for (slot, n) in removed.into_iter().enumerate() {
+            if let Some(c) = per_slot.get_mut(slot) {
+                *c -= n;
+            }
+        }
+        for (t, n) in per_tier.into_iter().enumerate() {
+            self.tier_pairs[t] -= n;
         }
     }
 
@@ -243,6 +330,7 @@ impl Shard {
     }
 
     pub fn apply(&mut self, op: ShardOp) {
+        self.settle();
         self.applied += 1;
         match op {
             ShardOp::Store {
@@ -310,36 +398,7 @@ impl Shard {
                 uncount(&mut self.tier_pairs, removed, 1);
             }
             ShardOp::ClearSlot { index, slot, tiers } => {
-                let ix = index_mut(&mut self.indexes, index, self.budget.is_some());
-                let IndexShard {
-                    blocks,
-                    slab,
-                    per_slot,
-                    ..
-                } = ix;
-                let mut removed = 0u32;
-                let mut per_tier = [0u64; Tier::COUNT];
-                blocks.retain(|node| {
-                    let (bits, gone) = node.holders.remove(slot, tiers, slab);
-                    for t in bits.iter() {
-                        per_tier[t.0 as usize] += 1;
-                    }
-                    if gone {
-                        removed += 1;
-                    }
-                    if node.holders.is_empty() {
-                        node.holders.free(slab);
-                        false
-                    } else {
-                        true
-                    }
-                });
-                if let Some(c) = per_slot.get_mut(slot.0 as usize) {
-                    *c -= removed;
-                }
-                for (t, n) in per_tier.into_iter().enumerate() {
-                    self.tier_pairs[t] -= n;
-                }
+                self.clear_slots(index, std::iter::once((slot, tiers)))
             }
         }
     }
@@ -748,6 +807,67 @@ mod tests {
             assert_eq!(slots, vec![1, 3]);
         }
         assert_eq!(s.index(IndexId(0)).unwrap().blocks_per_slot()[2], 0);
+    }
+
+    /// Clears staged across chunks and applied in one walk leave every block, holder
+    /// and counter as applying each op in turn does.
+    #[test]
+    fn staged_clears_equal_clears_one_by_one() {
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        let tiers = [Tier::DEVICE, Tier::HOST, Tier::DISK];
+        let ops: Vec<ShardOp> = (0..6_000)
+            .map(|_| {
+                let (slot, tier) = (next(8) as u32, tiers[next(3) as usize]);
+                match next(20) {
+                    0..=2 => ShardOp::ClearSlot {
+                        index: IndexId(next(2) as u32),
+                        slot: WorkerSlot(slot),
+                        tiers: [tier.bit(), TierSet::ALL][next(2) as usize],
+                    },
+                    3..=5 => ShardOp::Remove {
+                        index: IndexId(0),
+                        seq: SeqHash(next(400)),
+                        slot: WorkerSlot(slot),
+                        tiers: tier.bit(),
+                    },
+                    _ => store(next(400), slot, tier),
+                }
+            })
+            .collect();
+        let (mut one, mut staged) = (Shard::default(), Shard::default());
+        let mut at = 0;
+        while at < ops.len() {
+            let end = (at + 1 + next(12) as usize).min(ops.len());
+            for op in &ops[at..end] {
+                one.apply(*op);
+            }
+            staged.apply_staged(&ops[at..end]);
+            if next(4) == 0 {
+                staged.settle();
+                for seq in 0..400 {
+                    let mut a = holders(&mut one, seq);
+                    let mut b = holders(&mut staged, seq);
+                    a.sort_unstable();
+                    b.sort_unstable();
+                    assert_eq!(a, b, "block {seq} after op {end}");
+                }
+                assert_eq!(one.tier_counts(), staged.tier_counts());
+                for ix in [IndexId(0), IndexId(1)] {
+                    assert_eq!(
+                        one.index(ix).map(|i| i.blocks_per_slot().to_vec()),
+                        staged.index(ix).map(|i| i.blocks_per_slot().to_vec())
+                    );
+                }
+            }
+            at = end;
+        }
+        assert_eq!(one.applied, staged.applied);
     }
 
     #[test]
