@@ -275,7 +275,7 @@ impl Shard {
             if losing.len() <= i {
                 losing.resize(i + 1, TierSet::NONE);
             }
-            losing[i] = losing[i] | tiers;
+            losing[i] |= tiers;
         }
         let ix = index_mut(&mut self.indexes, index, self.budget.is_some());
         let IndexShard {
