@@ -164,17 +164,39 @@ impl<'a> Cursor<'a> {
         out: &mut Vec<u32>,
         field: &'static str,
     ) -> Result<(), WireError> {
+        let mut left = n;
+        loop {
+            left -= self.words_into(left, out);
+            if left == 0 {
+                return Ok(());
+            }
+            let t = self.token(field)?;
+            out.push(t);
+            left -= 1;
+        }
+    }
+
+    /// Up to `n` ids read a word at a time (see [`Self::tokens_into`]), appended to
+    /// `out`; stops early at a marker or a position that needs [`Self::token`].
+    /// Returns how many it read. The position and the output live in locals for the
+    /// whole run: kept in `self` and `out`, each id stored and reloaded them, on the
+    /// chain from one id's width to the next id's position.
+    #[inline]
+    fn words_into(&mut self, n: usize, out: &mut Vec<u32>) -> usize {
         // Every id takes at least a byte: a lying count runs out of input, not memory.
-        out.reserve(n.min(self.remaining()));
-        for _ in 0..n {
-            let word = self.buf.get(self.pos..).and_then(|r| r.first_chunk::<8>());
-            let w = word.map_or(0, |b| u64::from_le_bytes(*b));
+        let room = n.min(self.remaining());
+        out.reserve(room);
+        let (buf, mut pos) = (self.buf, self.pos);
+        let mut done = 0;
+        for slot in &mut out.spare_capacity_mut()[..room] {
+            let Some(word) = buf.get(pos..).and_then(|r| r.first_chunk::<8>()) else {
+                break;
+            };
+            let w = u64::from_le_bytes(*word);
             let marker = w as u8;
             let fixint = marker < 0x80;
-            if word.is_none() || !(fixint || (0xcc..=0xce).contains(&marker)) {
-                let t = self.token(field)?;
-                out.push(t);
-                continue;
+            if !(fixint || (0xcc..=0xce).contains(&marker)) {
+                break;
             }
             // u8, u16, u32 (markers 0xcc..=0xce) take 1, 2, 4 bytes after the marker;
             // read first byte highest, a uN's big-endian value sits in the top N bits.
@@ -182,10 +204,14 @@ impl<'a> Cursor<'a> {
             let bytes = 1u32 << (marker.wrapping_sub(0xcc) & 3);
             let be = (w >> 8).swap_bytes();
             let wide = be.wrapping_shr(64 - 8 * bytes) as u32;
-            out.push(if fixint { marker as u32 } else { wide });
-            self.pos += if fixint { 1 } else { 1 + bytes as usize };
+            slot.write(if fixint { marker as u32 } else { wide });
+            pos += if fixint { 1 } else { 1 + bytes as usize };
+            done += 1;
         }
-        Ok(())
+        // SAFETY: the loop wrote the first `done` slots of the spare capacity, in order.
+        unsafe { out.set_len(out.len() + done) };
+        self.pos = pos;
+        done
     }
 
     /// A non-negative integer that fits `u32`.
