@@ -253,10 +253,16 @@ impl Shard {
     }
 
     /// Apply the clears [`Self::apply_staged`] held back: one walk per index.
+    /// Called before every op, so the common case (nothing held) stays inline.
+    #[inline]
     pub fn settle(&mut self) {
-        if self.clears.is_empty() {
-            return;
+        if !self.clears.is_empty() {
+            self.settle_clears();
         }
+    }
+
+    #[cold]
+    fn settle_clears(&mut self) {
         let mut clears = std::mem::take(&mut self.clears);
         clears.sort_unstable_by_key(|c| c.0);
         for run in clears.chunk_by(|a, b| a.0 == b.0) {
