@@ -5,7 +5,7 @@
 //! value) and then converting them was the largest kvix-side cost of `/query`
 //! (perf, 16 connections: ~18% of server CPU). Here each id is read once: in
 //! compact runs (`1,22,333,`) 64-byte windows at a time, every id converted from
-//! one word ([`compact_run`]); anything else id by id (`atoi_simd`).
+//! one word (`compact_run`); anything else id by id (`atoi_simd`).
 //!
 //! Never decides an error: anything but a plain top-level `token_ids` array of
 //! non-negative integers returns `None`, and the caller parses the whole body
