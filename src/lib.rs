@@ -31,5 +31,7 @@ pub mod ring;
 pub mod runtime;
 pub mod service;
 pub mod shard;
+#[cfg(test)]
+mod testing;
 pub mod types;
 pub mod wire;

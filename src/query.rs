@@ -413,13 +413,8 @@ mod tests {
 
     #[test]
     fn equals_the_holder_by_holder_rule_over_many_slots() {
-        let mut x = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % n
-        };
+        let mut rng = crate::testing::Xorshift::new(0x9E37_79B9_7F4A_7C15u64);
+        let mut next = |n: u64| rng.below(n);
         let tiers = [
             Tier::DEVICE.bit(),
             Tier::HOST.bit(),

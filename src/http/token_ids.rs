@@ -263,13 +263,8 @@ mod tests {
     /// window reader leaves to the id-by-id path, or to a rejection).
     #[test]
     fn window_reads_equal_id_by_id_reads() {
-        let mut x = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % n
-        };
+        let mut rng = crate::testing::Xorshift::new(0x9E37_79B9_7F4A_7C15u64);
+        let mut next = |n: u64| rng.below(n);
         for round in 0..3_000 {
             let ids: Vec<u64> = (0..next(300))
                 .map(|_| match next(10) {

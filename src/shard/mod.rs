@@ -819,13 +819,8 @@ mod tests {
     /// and counter as applying each op in turn does.
     #[test]
     fn staged_clears_equal_clears_one_by_one() {
-        let mut x = 0x2545_F491_4F6C_DD1Du64;
-        let mut next = |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % n
-        };
+        let mut rng = crate::testing::Xorshift::new(0x2545_F491_4F6C_DD1Du64);
+        let mut next = |n: u64| rng.below(n);
         let tiers = [Tier::DEVICE, Tier::HOST, Tier::DISK];
         let ops: Vec<ShardOp> = (0..6_000)
             .map(|_| {
@@ -879,13 +874,8 @@ mod tests {
     #[test]
     fn tier_counters_equal_a_walk_of_the_blocks() {
         let mut s = Shard::default();
-        let mut x = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % n
-        };
+        let mut rng = crate::testing::Xorshift::new(0x9E37_79B9_7F4A_7C15u64);
+        let mut next = |n: u64| rng.below(n);
         let mut now: Tick = 0;
         for _ in 0..20_000 {
             let (seq, slot, tier) = (next(300), next(6) as u32, Tier(next(4) as u8));

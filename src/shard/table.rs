@@ -440,11 +440,9 @@ mod tests {
     fn behaves_as_one_map() {
         let mut t = BlockTable::<(SeqHash, u64)>::default();
         let mut model = std::collections::HashMap::new();
-        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let mut rng = crate::testing::Xorshift::new(0x2545_F491_4F6C_DD1D);
         for i in 0..50_000u64 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            let x = rng.next_u64();
             let k = SeqHash((x % 20_000) | (x & (0xFF << 56)));
             if i % 3 == 2 {
                 assert_eq!(t.remove(&k).map(|e| e.1), model.remove(&k));

@@ -456,12 +456,10 @@ mod tests {
             128_000,
             u32::MAX as u64,
         ];
-        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut rng = crate::testing::Xorshift::new(0x9E37_79B9_7F4A_7C15);
         let mut ids: Vec<u64> = edges.to_vec();
         for _ in 0..2_000 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            let x = rng.next_u64();
             ids.push(edges[(x % 10) as usize].saturating_sub(x >> 60) % (u32::MAX as u64 + 1));
         }
         for take in [0, 1, 2, 3, 7, 9, ids.len()] {
