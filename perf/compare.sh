@@ -99,20 +99,6 @@ start() { # start SYSTEM THREADS LOG [HELLO BODY BYTES] → sets PID and PORT
 }
 stop() { kill "$PID"; wait "$PID" 2>/dev/null || true; PID=""; }
 
-# The request list of a workload (events and queries alike), and its event-phase workers.
-workload_args() { # workload_args WORKLOAD
-    case "$1" in
-        trace) echo --workload trace --trace "$TRACE" --requests "$REQUESTS" ;;
-        shared-prefix) echo --workload shared-prefix --requests $((6 * REQUESTS)) ;;
-    esac
-}
-worker_args() { # worker_args WORKLOAD
-    local wire=(--batch-dp-rank --shared-engine-hashes)
-    case "$1" in
-        trace) echo --workers-count 16 --policy prefix-affinity "${wire[@]}" ;;
-        shared-prefix) echo --workers-count 64 --policy random "${wire[@]}" ;;
-    esac
-}
 # Mean reply size of kvix's 16-connection phase in this workload: tokio-hello's body.
 reply_bytes() { # reply_bytes QUERY_JSON
     python3 -c 'import json,sys

@@ -31,3 +31,20 @@ wait_health() {
     for _ in $(seq 200); do curl -fs "http://127.0.0.1:$1/health" >/dev/null && return 0; sleep 0.05; done
     return 1
 }
+
+# The request list of a workload (events and queries alike; $REQUESTS, default 6000,
+# is the trace's count and a sixth of shared-prefix's), and its event-phase workers:
+# what perf/compare.sh and perf/unregister.sh load.
+workload_args() { # workload_args WORKLOAD
+    case "$1" in
+        trace) echo --workload trace --trace "$TRACE" --requests "${REQUESTS:-6000}" ;;
+        shared-prefix) echo --workload shared-prefix --requests $((6 * ${REQUESTS:-6000})) ;;
+    esac
+}
+worker_args() { # worker_args WORKLOAD
+    local wire=(--batch-dp-rank --shared-engine-hashes)
+    case "$1" in
+        trace) echo --workers-count 16 --policy prefix-affinity "${wire[@]}" ;;
+        shared-prefix) echo --workers-count 64 --policy random "${wire[@]}" ;;
+    esac
+}

@@ -25,12 +25,10 @@ PORT=$(free_port)
 PID=$!
 trap 'kill $PID 2>/dev/null; wait 2>/dev/null || true' EXIT
 wait_health "$PORT"
-case $WORKLOAD in
-    trace) LOAD=(--workload trace --trace "$TRACE" --requests 6000 --workers-count 16 --policy prefix-affinity) ;;
-    shared-prefix) LOAD=(--workload shared-prefix --requests 36000 --workers-count 64 --policy random) ;;
-esac
-"$BIN/kvix-load" events --url "http://127.0.0.1:$PORT" --quiet "${LOAD[@]}" \
-    --batch-dp-rank --shared-engine-hashes --keep --pid "$PID" >/dev/null
+read -r -a WL <<<"$(workload_args "$WORKLOAD")"
+read -r -a EV <<<"$(worker_args "$WORKLOAD")"
+"$BIN/kvix-load" events --url "http://127.0.0.1:$PORT" --quiet "${WL[@]}" "${EV[@]}" \
+    --keep --pid "$PID" >/dev/null
 python3 - "$PORT" "$PID" "$WORKLOAD" "$THREADS" <<'PY'
 import glob, json, sys, time, urllib.request
 
