@@ -46,7 +46,7 @@ pub fn answer(shard: &mut Shard, index: IndexId, seqs: &[SeqHash]) -> ShardReply
     };
     shard.lookup(index, seqs, &mut reply.holders);
     if let Some(ix) = shard.index(index) {
-        reply.per_slot.extend_from_slice(ix.blocks_per_slot());
+        ix.tree_sizes_into(&mut reply.per_slot);
     }
     reply
 }

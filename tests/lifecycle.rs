@@ -113,6 +113,84 @@ fn control_calls_stay_fast_during_an_event_flood_with_tiny_rings() {
     eprintln!("{rounds} rounds of control calls, slowest {worst:?}, {stalls} ring-full stalls");
 }
 
+/// A worker's `AllBlocksCleared` over a large index: while the executor drops its
+/// blocks in steps, every answer is already the one after the clear (never a
+/// partly cleared worker), the other worker keeps its blocks, and the worker's
+/// stores right after the clear count again.
+#[test]
+fn a_cleared_worker_is_gone_from_every_answer_while_its_blocks_are_dropped() {
+    let s = Server::start(&["--threads", "1"]);
+    let ctx = zmq::Context::new();
+    let (mut one, mut two) = (Publisher::bind(&ctx), Publisher::bind(&ctx));
+    register(&s, 1, &one);
+    register(&s, 2, &two);
+    let (batches, per_batch) = (300usize, 128usize);
+    let mut last = Vec::new();
+    for i in 0..batches {
+        let (p, tokens) = chain_batch(1_000_000 + i as u32 * 4096, (i as u64) << 20, per_batch);
+        one.send(&p);
+        two.send(&p);
+        last = tokens;
+    }
+    let held = (batches * per_batch) as u64;
+    let q = json!({"token_ids": last, "model_name": MODEL});
+    wait_scored(
+        &s,
+        "worker 1 holds the last chain",
+        &q,
+        "1",
+        last.len() as u64,
+    );
+    wait_scored(
+        &s,
+        "worker 2 holds the last chain",
+        &q,
+        "2",
+        last.len() as u64,
+    );
+
+    let mut cleared = Vec::new();
+    rmp::encode::write_array_len(&mut cleared, 2).unwrap();
+    rmp::encode::write_f64(&mut cleared, 2.5).unwrap();
+    rmp::encode::write_array_len(&mut cleared, 1).unwrap();
+    rmp::encode::write_array_len(&mut cleared, 1).unwrap();
+    rmp::encode::write_str(&mut cleared, "AllBlocksCleared").unwrap();
+    one.send(&cleared);
+    let mut seen = std::collections::BTreeSet::new();
+    let mut check = |v: &Value, after: u64| {
+        let size = v["tree_sizes"]["1"]["0"].as_u64().unwrap_or(0);
+        seen.insert(size);
+        assert!(
+            [held, after].contains(&size),
+            "worker 1 partly cleared: tree size {size} in {v}"
+        );
+        assert_eq!(v["scores"]["2"]["0"], json!(last.len()), "{v}");
+        assert_eq!(v["tree_sizes"]["2"]["0"], json!(held), "{v}");
+        assert_eq!(
+            size == held,
+            v["scores"]["1"]["0"] == json!(last.len()),
+            "worker 1's score and tree size disagree: {v}"
+        );
+        size
+    };
+    s.eventually("worker 1 holds nothing", || {
+        let (_, v) = s.post_json("/query", &q);
+        (check(&v, 0) == 0).then_some(()).ok_or(v.to_string())
+    });
+    let (again, again_tokens) = chain_batch(7, 1 << 40, 4);
+    one.send(&again);
+    let qa = json!({"token_ids": again_tokens, "model_name": MODEL});
+    s.eventually("worker 1 holds what it stored after the clear", || {
+        let (_, va) = s.post_json("/query", &qa);
+        (va["scores"]["1"]["0"] == json!(16) && va["tree_sizes"]["1"]["0"] == json!(4))
+            .then_some(())
+            .ok_or(va.to_string())
+    });
+    let (_, v) = s.post_json("/query", &q);
+    check(&v, 4);
+    eprintln!("worker 1 tree sizes seen: {seen:?}");
+}
+
 /// A loaded peer A, and B started against it: B answers data routes only once
 /// recovered, and then as A does.
 #[test]

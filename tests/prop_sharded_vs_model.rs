@@ -169,7 +169,15 @@ impl Sharded {
             rings,
             registry,
             index,
-            shards: (0..n).map(|_| Shard::default()).collect(),
+            shards: (0..n)
+                .map(|_| {
+                    let mut s = Shard::default();
+                    // Drops walk a few buckets per drain, so queries and later ops
+                    // meet them partway.
+                    s.set_drop_step_buckets(3);
+                    s
+                })
+                .collect(),
             batch: Batch::default(),
             now: 0,
         }
@@ -181,6 +189,8 @@ impl Sharded {
             self.rings
                 .drain(ShardId(i), usize::MAX, |ops| shard.apply_staged(ops));
             shard.settle();
+            // As the drain loop does: one step of a slot drop per pass.
+            shard.step_drops();
         }
     }
 

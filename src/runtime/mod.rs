@@ -312,13 +312,17 @@ const IDLE_AFTER_WORK: Duration = Duration::from_millis(1);
 const EVICTION_LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// Drain this core's rings into its shard forever, napping 1–2 ms when they are empty,
-/// and end the predictions that are due (a few wheel buckets per tick, see
+/// walk one part of a slot drop per pass (queries and control calls run between
+/// parts), and end the predictions that are due (a few wheel buckets per tick, see
 /// [`crate::shard::predict`]).
 /// Every park costs glommio a membarrier IPI to all cores; under event load, 250 µs
 /// naps spent ~20% of samples there, and 1 ms naps applied ~10–15% more blocks/s.
 /// A ring holds 16k ops, 8 ms of one producer at 2M ops/s, so a nap does not make a
 /// producer wait (`kvix_ring_full_stalls_total` counts when it does); events become
 /// visible at most one nap after they arrive.
+/// The pause between two steps of a drop (see [`drain_loop`]).
+const DROP_PAUSE: Duration = Duration::from_micros(10);
+
 async fn drain_loop(core: Rc<Core>) {
     let mut idle = IDLE_AFTER_WORK;
     // Gives back what applying ops freed once the shard is quiet (never the C heap:
@@ -327,15 +331,16 @@ async fn drain_loop(core: Rc<Core>) {
     // Evictions as of the last warning, and when it was logged.
     let mut warned: (u64, Option<Instant>) = (0, None);
     loop {
-        let (n, evicted) = {
+        let (n, dropping, evicted) = {
             let mut shard = core.shard.borrow_mut();
             let n = core
                 .app
                 .rings()
                 .drain(core.id, 8192, |ops| shard.apply_staged(ops));
             shard.settle();
+            let dropping = shard.step_drops();
             shard.expire(crate::shard::predict::now_tick());
-            (n, shard.evicted)
+            (n, dropping, shard.evicted)
         };
         if evicted > warned.0 && warned.1.is_none_or(|t| t.elapsed() >= EVICTION_LOG_EVERY) {
             tracing::warn!(
@@ -346,14 +351,23 @@ async fn drain_loop(core: Rc<Core>) {
             );
             warned = (evicted, Some(Instant::now()));
         }
-        if n == 0 {
+        if n == 0 && !dropping {
             release.idle();
             glommio::timer::sleep(idle).await;
             idle = (idle * 2).min(Duration::from_millis(2));
         } else {
             idle = IDLE_AFTER_WORK;
             release.worked();
-            glommio::yield_if_needed().await;
+            if dropping {
+                // Queries that arrived during a step of a drop run before the next
+                // step. Neither kind of yield gets them there: the connections'
+                // completions are only reaped when the executor polls its rings,
+                // which a task that stays runnable never lets it do. A timer that
+                // has not yet expired when first polled does.
+                glommio::timer::sleep(DROP_PAUSE).await;
+            } else {
+                glommio::yield_if_needed().await;
+            }
         }
     }
 }

@@ -12,7 +12,7 @@
 //! local hash once filed (its key would change under the table).
 
 use super::holders::HolderSet;
-use super::table::{BlockTable, Keyed};
+use super::table::{BlockTable, Cursor, Keyed};
 use crate::hash;
 use crate::types::{BlockHash, SeqHash};
 
@@ -68,11 +68,25 @@ impl Hand {
 }
 
 /// An eviction looks at a quarter of one table's buckets (at least
-/// [`EVICT_STEPS`]) before the shard passes the turn on: a table whose blocks are
+/// `EVICT_STEPS`) before the shard passes the turn on: a table whose blocks are
 /// all in use gives way to one whose blocks are not, and every hand laps in the
 /// same number of turns, so a small table's blocks are as safe as a large one's.
 pub const EVICT_TURNS: usize = 4;
 const EVICT_STEPS: usize = 16;
+
+/// Where a walk of both tables in steps ([`Blocks::retain_step`]) has got to; the
+/// default starts one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Walk {
+    chained: Cursor,
+    keyed: Cursor,
+}
+
+impl Walk {
+    pub fn is_done(&self) -> bool {
+        self.chained.is_done() && self.keyed.is_done()
+    }
+}
 
 /// Sequence hash → [`Node`] for one index shard.
 #[derive(Default)]
@@ -205,9 +219,23 @@ impl Blocks {
     }
 
     /// Keep the nodes for which `keep` is true.
-    pub fn retain(&mut self, mut keep: impl FnMut(&mut Node) -> bool) {
-        self.chained.retain(|c| keep(&mut c.0));
-        self.keyed.retain(|e| keep(&mut e.1));
+    /// Keep the blocks for which `keep` is true among at most `budget` buckets from
+    /// `at` (see [`BlockTable::retain_step`]); `keep` must give the same answer for
+    /// a block it has seen.
+    pub fn retain_step(
+        &mut self,
+        at: &mut Walk,
+        budget: usize,
+        mut keep: impl FnMut(&mut Node) -> bool,
+    ) {
+        if !at.chained.is_done() {
+            self.chained
+                .retain_step(&mut at.chained, budget, |c| keep(&mut c.0));
+        }
+        if at.chained.is_done() {
+            self.keyed
+                .retain_step(&mut at.keyed, budget, |e| keep(&mut e.1));
+        }
     }
 
     /// `(seq, parent, node)` of one of `parts` parts that together cover every

@@ -91,6 +91,9 @@ pub struct BlockTable<E> {
     segs: Vec<Segment<E>>,
     /// Per segment, where its buckets are, for [`Self::prefetch`].
     layout: Vec<Layout>,
+    /// Per segment, how often its entries may have moved (it grew, shrank or
+    /// rehashed in place), for walks in steps ([`Self::retain_step`]).
+    moves: Vec<u32>,
     len: usize,
     /// Use bits and the eviction hand; only for a bounded table.
     clock: Option<Box<Clock>>,
@@ -170,9 +173,26 @@ impl<E> Default for BlockTable<E> {
         BlockTable {
             segs: Vec::new(),
             layout: Vec::new(),
+            moves: Vec::new(),
             len: 0,
             clock: None,
         }
+    }
+}
+
+/// Where a walk in steps ([`BlockTable::retain_step`]) has got to; the default
+/// starts one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Cursor {
+    seg: usize,
+    bucket: usize,
+    /// The segment's move count when the walk got to `bucket`.
+    moves: u32,
+}
+
+impl Cursor {
+    pub fn is_done(&self) -> bool {
+        self.seg >= SEGMENTS
     }
 }
 
@@ -251,10 +271,16 @@ impl<E: Keyed> BlockTable<E> {
         if self.segs.is_empty() {
             self.segs.resize_with(SEGMENTS, Segment::default);
             self.layout.resize(SEGMENTS, Layout::default());
+            self.moves.resize(SEGMENTS, 0);
         }
         let s = segment(seq);
         let seg = &mut self.segs[s];
         let buckets = seg.num_buckets();
+        if seg.capacity() == seg.len() {
+            // No room left: finding the entry makes room first, by growing or by
+            // rehashing in place, either of which moves entries.
+            self.moves[s] = self.moves[s].wrapping_add(1);
+        }
         let entry = match seg.entry(hash(seq), |e| e.key() == seq, rehash) {
             hashbrown::hash_table::Entry::Occupied(e) => e,
             hashbrown::hash_table::Entry::Vacant(e) => {
@@ -309,10 +335,13 @@ impl<E: Keyed> BlockTable<E> {
     /// Remove `seq`; its segment gives memory back if it became sparse.
     pub fn remove(&mut self, seq: &SeqHash) -> Option<E> {
         let seq = *seq;
-        let seg = self.segs.get_mut(segment(seq))?;
+        let s = segment(seq);
+        let seg = self.segs.get_mut(s)?;
         let (e, _) = seg.find_entry(hash(seq), |e| e.key() == seq).ok()?.remove();
         self.len -= 1;
-        shrink_if_sparse(seg);
+        if shrink_if_sparse(seg) {
+            self.moves[s] = self.moves[s].wrapping_add(1);
+        }
         Some(e)
     }
 
@@ -348,24 +377,67 @@ impl<E: Keyed> BlockTable<E> {
             };
             let (e, _) = entry.remove();
             self.len -= 1;
-            shrink_if_sparse(seg);
+            if shrink_if_sparse(seg) {
+                self.moves[s] = self.moves[s].wrapping_add(1);
+            }
             return Some(e);
         }
         None
     }
 
-    /// Keep the entries for which `keep` is true, segment by segment.
-    pub fn retain(&mut self, mut keep: impl FnMut(&mut E) -> bool) {
-        let mut len = 0;
-        for seg in &mut self.segs {
-            seg.retain(&mut keep);
-            shrink_if_sparse(seg);
-            len += seg.len();
+    /// Keep the entries for which `keep` is true.
+    pub fn retain(&mut self, keep: impl FnMut(&mut E) -> bool) {
+        self.retain_step(&mut Cursor::default(), usize::MAX, keep);
+    }
+
+    /// [`Self::retain`] over at most `budget` buckets from `at`, moving `at` past
+    /// them: a walk of every entry in steps, other changes to the table allowed
+    /// between steps. Every entry in the table from the walk's start to its end is
+    /// passed to `keep` at least once: a segment whose entries moved since the last
+    /// step is walked again from its start, so `keep` must give the same answer for
+    /// an entry it has seen. An entry filed during the walk may or may not be seen.
+    pub fn retain_step(
+        &mut self,
+        at: &mut Cursor,
+        budget: usize,
+        mut keep: impl FnMut(&mut E) -> bool,
+    ) {
+        let mut left = budget;
+        while left > 0 && at.seg < SEGMENTS {
+            let Some(seg) = self.segs.get_mut(at.seg) else {
+                // Nothing is filed: nothing is left to walk.
+                at.seg = SEGMENTS;
+                break;
+            };
+            if at.moves != self.moves[at.seg] || at.bucket > seg.num_buckets() {
+                at.moves = self.moves[at.seg];
+                at.bucket = 0;
+            }
+            let end = seg.num_buckets().min(at.bucket.saturating_add(left));
+            for i in at.bucket..end {
+                // Removing an entry never moves another (hashbrown only marks its
+                // bucket), so the buckets after it are still where they were.
+                if let Ok(mut entry) = seg.get_bucket_entry(i)
+                    && !keep(entry.get_mut())
+                {
+                    entry.remove();
+                    self.len -= 1;
+                }
+            }
+            left -= end - at.bucket;
+            at.bucket = end;
+            if end == seg.num_buckets() {
+                if shrink_if_sparse(seg) {
+                    self.moves[at.seg] = self.moves[at.seg].wrapping_add(1);
+                }
+                at.seg += 1;
+                at.bucket = 0;
+            }
         }
-        self.len = len;
-        if len == 0 {
+        if self.len == 0 {
             self.segs = Vec::new();
             self.layout = Vec::new();
+            self.moves = Vec::new();
         }
     }
 
@@ -425,16 +497,74 @@ fn prefetch(addr: usize) {
 
 /// Give memory back once a segment is a quarter full or less, keeping room to
 /// double: removals and clears must not pin peak memory.
-fn shrink_if_sparse<E: Keyed>(seg: &mut Segment<E>) {
+/// Give memory back if `seg` is three quarters empty; says whether it did (and so
+/// moved every entry).
+fn shrink_if_sparse<E: Keyed>(seg: &mut Segment<E>) -> bool {
     let cap = seg.capacity();
-    if cap >= SHRINK_FROM && seg.len() < cap / 4 {
+    let shrink = cap >= SHRINK_FROM && seg.len() < cap / 4;
+    if shrink {
         seg.shrink_to(seg.len() * 2, rehash);
     }
+    shrink
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A walk in steps, with the table growing, shrinking and rehashing in place
+    /// between steps, still passes every entry that stays in the table to `keep`.
+    #[test]
+    fn a_walk_in_steps_sees_every_entry_that_stays() {
+        let mut rng = crate::testing::Xorshift::new(0x9E37_79B9_7F4A_7C15);
+        let key = |x: u64| SeqHash(x.wrapping_mul(0x2545_F491_4F6C_DD1D));
+        // (stores, removals) per step: growth; emptying (shrinks); churn (tombstones,
+        // so rehashes in place).
+        for (round, (stores, removals)) in [(60, 0), (0, 30), (30, 30)].into_iter().enumerate() {
+            let mut t = BlockTable::<(SeqHash, u64)>::default();
+            let mut model = std::collections::HashMap::new();
+            let mut live = Vec::new();
+            for k in 0..20_000u64 {
+                let v = rng.below(3);
+                t.get_or_insert_with(key(k), || (key(k), v));
+                model.insert(key(k), v);
+                live.push(key(k));
+            }
+            let mut next_key = 20_000u64;
+            let mut at = Cursor::default();
+            let moves_before: u32 = t.moves.iter().sum();
+            while !at.is_done() {
+                t.retain_step(&mut at, 1 + rng.below(40) as usize, |e| e.1 != 0);
+                // Stores are never dropped: the walk may or may not see them.
+                for _ in 0..rng.below(stores + 1) {
+                    let k = key(next_key);
+                    next_key += 1;
+                    t.get_or_insert_with(k, || (k, 1));
+                    model.insert(k, 1);
+                    live.push(k);
+                }
+                for _ in 0..rng.below(removals + 1) {
+                    if live.is_empty() {
+                        break;
+                    }
+                    let k = live.swap_remove(rng.below(live.len() as u64) as usize);
+                    t.remove(&k);
+                    model.remove(&k);
+                }
+            }
+            if removals == 0 || stores == 0 {
+                assert!(
+                    t.moves.iter().sum::<u32>() > moves_before,
+                    "round {round}: no moves"
+                );
+            }
+            model.retain(|_, v| *v != 0);
+            assert_eq!(t.len(), model.len(), "round {round}");
+            for (k, v) in &model {
+                assert_eq!(t.get(k).map(|e| e.1), Some(*v), "round {round}");
+            }
+        }
+    }
 
     #[test]
     fn behaves_as_one_map() {
@@ -470,6 +600,9 @@ mod tests {
         t.retain(|e| e.1 % 2 == 0);
         model.retain(|_, v| *v % 2 == 0);
         assert_eq!(t.len(), model.len());
+        for (k, v) in &model {
+            assert_eq!(t.get(k).map(|e| &e.1), Some(v));
+        }
         t.retain(|_| false);
         assert!(t.is_empty());
         assert_eq!(t.allocation_size(), 0);
