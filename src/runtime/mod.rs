@@ -255,7 +255,7 @@ impl ShardMesh for Core {
                 _ => return Err(ShardUnavailable(shard)),
             }
             // Our own shard answers in place: let queued queries run between parts.
-            glommio::yield_if_needed().await;
+            let_requests_in().await;
         }
         Ok(all)
     }
@@ -320,8 +320,17 @@ const EVICTION_LOG_EVERY: Duration = Duration::from_secs(10);
 /// A ring holds 16k ops, 8 ms of one producer at 2M ops/s, so a nap does not make a
 /// producer wait (`kvix_ring_full_stalls_total` counts when it does); events become
 /// visible at most one nap after they arrive.
-/// The pause between two steps of a drop (see [`drain_loop`]).
-const DROP_PAUSE: Duration = Duration::from_micros(10);
+/// How long [`let_requests_in`] pauses a task.
+const SERVE_PAUSE: Duration = Duration::from_micros(10);
+
+/// Pause the calling task so that requests that arrived meanwhile are served before
+/// it goes on with a long job. A yield, conditional or not, does not get them there:
+/// the connections' completions are only reaped when the executor polls its rings,
+/// which it does not while a task is runnable. A timer that has not expired when
+/// first polled makes the task wait, and the executor polls.
+async fn let_requests_in() {
+    glommio::timer::sleep(SERVE_PAUSE).await;
+}
 
 async fn drain_loop(core: Rc<Core>) {
     let mut idle = IDLE_AFTER_WORK;
@@ -359,12 +368,8 @@ async fn drain_loop(core: Rc<Core>) {
             idle = IDLE_AFTER_WORK;
             release.worked();
             if dropping {
-                // Queries that arrived during a step of a drop run before the next
-                // step. Neither kind of yield gets them there: the connections'
-                // completions are only reaped when the executor polls its rings,
-                // which a task that stays runnable never lets it do. A timer that
-                // has not yet expired when first polled does.
-                glommio::timer::sleep(DROP_PAUSE).await;
+                // Queries that arrived during a step of a drop run before the next.
+                let_requests_in().await;
             } else {
                 glommio::yield_if_needed().await;
             }
