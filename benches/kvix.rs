@@ -488,6 +488,46 @@ fn bench_ingest(c: &mut Criterion) {
             BatchSize::LargeInput,
         )
     });
+    // The same into a worker whose engine-hash map already holds 256k blocks, as a
+    // busy worker's does: its inserts miss the cache as they do in service.
+    let prefill: Vec<Vec<u8>> = (0..8192u64)
+        .map(|i| stored_payload_seeded(32, false, 1_000_000 + i))
+        .collect();
+    g.bench_function("decode_feed_ring_256k_map", |b| {
+        use kvix::ring::{OpSink, RingSink, Rings};
+        use kvix::types::ShardId;
+        b.iter_batched(
+            || {
+                let rings = Rings::new(1, 1, 1 << 16);
+                let mut sink = RingSink::new(rings.clone(), 0);
+                let mut feed = WorkerFeed::new(index, 1, 0, BS as u32);
+                let mut batch = Batch::default();
+                for p in &prefill {
+                    wire::decode(p, &mut batch).unwrap();
+                    feed.apply(&batch, p, &registry, &mut sink);
+                    sink.flush();
+                    rings.drain(ShardId(0), usize::MAX, |chunk| {
+                        black_box(chunk);
+                    });
+                }
+                (feed, sink, rings)
+            },
+            |(mut feed, mut sink, rings)| {
+                let mut batch = Batch::default();
+                let mut ops = 0;
+                for p in &payloads {
+                    wire::decode(p, &mut batch).unwrap();
+                    feed.apply(&batch, p, &registry, &mut sink);
+                    sink.flush();
+                    ops += rings.drain(ShardId(0), usize::MAX, |chunk| {
+                        black_box(chunk);
+                    });
+                }
+                (feed, black_box(ops))
+            },
+            BatchSize::PerIteration,
+        )
+    });
     g.finish();
 }
 

@@ -12,6 +12,7 @@ use crate::hash;
 use crate::registry::{ListenerOpts, Registry, RegistryError};
 use crate::ring::OpSink;
 use crate::shard::ShardOp;
+use crate::shard::table::BlockTable;
 use crate::types::{
     BlockHash, DpRank, EngineHash, IndexId, InstanceId, SeqHash, Tier, TierSet, WorkerSlot,
 };
@@ -51,19 +52,25 @@ impl FeedStats {
 /// One worker's engine hash → kvix sequence hash map, with each block's tiers.
 ///
 /// Sized for memory: the common block lives on the device only and costs one
-/// 16-byte entry; the tier set of any other block is kept in a side map.
+/// 16-byte entry; the tier set of any other block is kept in a side map. The map
+/// is a segmented [`BlockTable`], like a shard's: it grows a sixteenth at a time,
+/// into memory the last segment's growth freed instead of fresh pages.
 #[derive(Default)]
 struct EngineMap {
-    seqs: HashMap<EngineHash, SeqHash>,
+    seqs: BlockTable<(EngineHash, SeqHash)>,
     /// Tier bits of blocks whose tiers are not exactly {device}.
     tiers: HashMap<EngineHash, TierSet>,
 }
 
 const DEVICE_ONLY: TierSet = Tier::DEVICE.bit();
 
+/// How many blocks of a stored event ahead the engine-hash map's buckets are
+/// loaded: a block's hashing covers the miss of one a few blocks on.
+const PREFETCH_AHEAD: usize = 4;
+
 impl EngineMap {
     fn get(&self, eh: &EngineHash) -> Option<SeqHash> {
-        self.seqs.get(eh).copied()
+        self.seqs.get(eh).map(|e| e.1)
     }
 
     fn tiers_of(&self, eh: &EngineHash) -> TierSet {
@@ -81,7 +88,13 @@ impl EngineMap {
     /// Record `eh` → `seq` on `bits`. If the engine reused `eh` for other
     /// content, returns the old block and its tiers for the caller to remove.
     fn add(&mut self, eh: EngineHash, seq: SeqHash, bits: TierSet) -> Option<(SeqHash, TierSet)> {
-        match self.seqs.insert(eh, seq) {
+        let mut new = false;
+        let e = self.seqs.get_or_insert_with(eh, || {
+            new = true;
+            (eh, seq)
+        });
+        let old = (!new).then(|| std::mem::replace(&mut e.1, seq));
+        match old {
             None => {
                 self.set_tiers(eh, bits);
                 None
@@ -106,7 +119,7 @@ impl EngineMap {
         if left.is_empty() {
             self.seqs.remove(eh);
             self.tiers.remove(eh);
-            self.shrink_if_sparse();
+            shrink_if_sparse(&mut self.tiers);
         } else {
             self.set_tiers(*eh, left);
         }
@@ -120,7 +133,7 @@ impl EngineMap {
             return;
         }
         let tiers = &mut self.tiers;
-        self.seqs.retain(|eh, _| {
+        self.seqs.retain(|(eh, _)| {
             let left = tiers.get(eh).copied().unwrap_or(DEVICE_ONLY).without(bits);
             match left {
                 TierSet::NONE => {
@@ -137,16 +150,11 @@ impl EngineMap {
                 }
             }
         });
-        self.shrink_if_sparse();
+        shrink_if_sparse(&mut self.tiers);
     }
 
     fn iter(&self) -> impl Iterator<Item = (&EngineHash, &SeqHash)> {
-        self.seqs.iter()
-    }
-
-    fn shrink_if_sparse(&mut self) {
-        shrink_if_sparse(&mut self.seqs);
-        shrink_if_sparse(&mut self.tiers);
+        self.seqs.iter().map(|(eh, seq)| (eh, seq))
     }
 }
 
@@ -465,12 +473,18 @@ impl WorkerFeed {
         };
         let seed = hash::block_seed(lora.as_deref(), salt);
         let mut mm = ev.mm;
+        for eh in ev.hashes.iter().take(PREFETCH_AHEAD) {
+            sf.blocks.seqs.prefetch(*eh);
+        }
         for (b, (eh, chunk)) in ev
             .hashes
             .iter()
             .zip(ev.tokens.chunks_exact(block_size))
             .enumerate()
         {
+            if let Some(ahead) = ev.hashes.get(b + PREFETCH_AHEAD) {
+                sf.blocks.seqs.prefetch(*ahead);
+            }
             mm_sorted.clear();
             while let Some(&(blk, h)) = mm.first()
                 && blk as usize <= b
@@ -551,7 +565,8 @@ impl WorkerFeed {
     }
 }
 
-/// Free most of a map's memory once it is a quarter full or less.
+/// Free most of a side map's memory once it is a quarter full or less (the
+/// [`BlockTable`] does as much for itself).
 fn shrink_if_sparse<K: Eq + std::hash::Hash, V>(m: &mut HashMap<K, V>) {
     let cap = m.capacity();
     if cap > 4096 && m.len() < cap / 4 {

@@ -50,6 +50,7 @@ fn chained_key(parent: SeqHash, local: BlockHash) -> SeqHash {
 struct Chained(Node);
 
 impl Keyed for Chained {
+    type Key = SeqHash;
     #[inline]
     fn key(&self) -> SeqHash {
         chained_key(self.0.parent, self.0.local)

@@ -1,8 +1,11 @@
 //! The block table of one index shard: entries filed by sequence hash, kept in
-//! segments.
+//! segments. The ingest threads' engine-hash maps are the same table filed by
+//! engine hash ([`TableKey`]).
 //!
 //! An entry says its own key ([`Keyed`]): stored beside the value, or computed
 //! from it, so a table need not spend eight bytes a block on a hash it can derive.
+//! [`BlockTable::prefetch`] loads where a key would be filed, so a caller that
+//! knows its next keys overlaps their cache misses.
 //!
 //! One hash table of millions of entries grows by doubling in one go: the
 //! executor stops for the whole copy (queries wait behind it) and the old and new
@@ -13,9 +16,9 @@
 //! by the next segment's growth instead of faulting in fresh pages. A bounded
 //! shard's tables also keep a use bit per bucket and pick what to evict by CLOCK
 //! ([`BlockTable::evict`]); the table never decides *when* to evict. Owned by one
-//! shard; never shared.
+//! shard or one ingest thread; never shared.
 
-use crate::types::SeqHash;
+use crate::types::{EngineHash, SeqHash};
 use hashbrown::HashTable;
 use std::hash::{BuildHasher, Hasher};
 
@@ -57,26 +60,55 @@ impl BuildHasher for SeqHasherBuilder {
     }
 }
 
-/// An entry of a [`BlockTable`]: the sequence hash it is filed under. The key of an
-/// entry never changes while the entry is in a table (the table files it by it).
+/// What a [`BlockTable`] files entries by: a 64-bit block hash.
+pub trait TableKey: Copy + Eq + std::fmt::Debug {
+    /// The key's bits, spread so that every bit depends on all of them: the table
+    /// picks segments by the top bits and buckets by the low bits of a multiple.
+    fn spread(self) -> u64;
+}
+
+/// XXH3 output already.
+impl TableKey for SeqHash {
+    #[inline]
+    fn spread(self) -> u64 {
+        self.0
+    }
+}
+
+/// Whatever an engine chose (a hash truncated to 64 bits, or an integer counting
+/// up): the high half folded into the low one, multiplied, and the product's high
+/// half folded back, so that the top bits and the low bits both depend on every
+/// bit (a bijection).
+impl TableKey for EngineHash {
+    #[inline]
+    fn spread(self) -> u64 {
+        let k = (self.0 ^ (self.0 >> 32)).wrapping_mul(0xFF51_AFD7_ED55_8CCD);
+        k ^ (k >> 32)
+    }
+}
+
+/// An entry of a [`BlockTable`]: the key it is filed under. The key of an entry
+/// never changes while the entry is in a table (the table files it by it).
 pub trait Keyed {
-    fn key(&self) -> SeqHash;
+    type Key: TableKey;
+    fn key(&self) -> Self::Key;
 }
 
 /// The plain entry: the key stored beside the value.
-impl<V> Keyed for (SeqHash, V) {
+impl<K: TableKey, V> Keyed for (K, V) {
+    type Key = K;
     #[inline]
-    fn key(&self) -> SeqHash {
+    fn key(&self) -> K {
         self.0
     }
 }
 
 type Segment<E> = HashTable<E>;
 
-/// The table hash of `seq`: what [`SeqHasherBuilder`] gives a `SeqHash` key.
+/// The table hash of `key`: for a `SeqHash`, what [`SeqHasherBuilder`] gives it.
 #[inline]
-fn hash(seq: SeqHash) -> u64 {
-    seq.0.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+fn hash(key: impl TableKey) -> u64 {
+    key.spread().wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
 #[inline]
@@ -196,11 +228,12 @@ impl Cursor {
     }
 }
 
-/// The segment of `seq`: its top bits. The partition rule reads the low 32 bits
-/// and hashbrown indexes buckets by the low bits of `seq` times an odd constant.
+/// The segment of `key`: the top bits of its spread. The partition rule reads a
+/// sequence hash's low 32 bits and hashbrown indexes buckets by the low bits of the
+/// spread times an odd constant.
 #[inline]
-fn segment(seq: SeqHash) -> usize {
-    (seq.0 >> (64 - SEG_BITS)) as usize
+fn segment(key: impl TableKey) -> usize {
+    (key.spread() >> (64 - SEG_BITS)) as usize
 }
 
 impl<E: Keyed> BlockTable<E> {
@@ -221,7 +254,7 @@ impl<E: Keyed> BlockTable<E> {
     }
 
     #[inline]
-    pub fn get(&self, seq: &SeqHash) -> Option<&E> {
+    pub fn get(&self, seq: &E::Key) -> Option<&E> {
         let seq = *seq;
         self.segs
             .get(segment(seq))?
@@ -230,7 +263,7 @@ impl<E: Keyed> BlockTable<E> {
 
     /// [`Self::get`] for a query: a match counts as a use.
     #[inline]
-    pub fn get_matched(&mut self, seq: &SeqHash) -> Option<&E> {
+    pub fn get_matched(&mut self, seq: &E::Key) -> Option<&E> {
         let Some(clock) = self.clock.as_deref_mut() else {
             return self.get(seq);
         };
@@ -242,7 +275,7 @@ impl<E: Keyed> BlockTable<E> {
     }
 
     #[inline]
-    pub fn get_mut(&mut self, seq: &SeqHash) -> Option<&mut E> {
+    pub fn get_mut(&mut self, seq: &E::Key) -> Option<&mut E> {
         let seq = *seq;
         self.segs
             .get_mut(segment(seq))?
@@ -252,7 +285,7 @@ impl<E: Keyed> BlockTable<E> {
     /// The entry of `seq`, inserted by `make` if absent; a use either way. `make`
     /// must give an entry whose key is `seq`.
     #[inline]
-    pub fn get_or_insert_with(&mut self, seq: SeqHash, make: impl FnOnce() -> E) -> &mut E {
+    pub fn get_or_insert_with(&mut self, seq: E::Key, make: impl FnOnce() -> E) -> &mut E {
         match self.get_or_try_insert(seq, || Ok::<E, std::convert::Infallible>(make())) {
             Ok(e) => e,
             Err(never) => match never {},
@@ -265,7 +298,7 @@ impl<E: Keyed> BlockTable<E> {
     #[inline]
     pub fn get_or_try_insert<R>(
         &mut self,
-        seq: SeqHash,
+        seq: E::Key,
         make: impl FnOnce() -> Result<E, R>,
     ) -> Result<&mut E, R> {
         if self.segs.is_empty() {
@@ -310,7 +343,7 @@ impl<E: Keyed> BlockTable<E> {
     /// Hint the CPU to load the buckets where `seq` would be, so that a lookup or
     /// insert a few ops later does not wait on memory. Does nothing else.
     #[inline]
-    pub fn prefetch(&self, seq: SeqHash) {
+    pub fn prefetch(&self, seq: E::Key) {
         if let Some((ctrl, entry)) = self.home(seq) {
             prefetch(ctrl);
             prefetch(entry);
@@ -320,7 +353,7 @@ impl<E: Keyed> BlockTable<E> {
     /// Where the probe for `seq` starts, as addresses of its control byte and its
     /// entry, if this segment's layout is known.
     #[inline]
-    fn home(&self, seq: SeqHash) -> Option<(usize, usize)> {
+    fn home(&self, seq: E::Key) -> Option<(usize, usize)> {
         let s = segment(seq);
         let (seg, l) = (self.segs.get(s)?, self.layout.get(s)?);
         let buckets = seg.num_buckets();
@@ -333,7 +366,7 @@ impl<E: Keyed> BlockTable<E> {
     }
 
     /// Remove `seq`; its segment gives memory back if it became sparse.
-    pub fn remove(&mut self, seq: &SeqHash) -> Option<E> {
+    pub fn remove(&mut self, seq: &E::Key) -> Option<E> {
         let seq = *seq;
         let s = segment(seq);
         let seg = self.segs.get_mut(s)?;
@@ -562,6 +595,34 @@ mod tests {
             assert_eq!(t.len(), model.len(), "round {round}");
             for (k, v) in &model {
                 assert_eq!(t.get(k).map(|e| e.1), Some(*v), "round {round}");
+            }
+        }
+    }
+
+    /// Engine hashes that vary only in their high bits, or count up from zero, still
+    /// spread over every segment and are all found.
+    #[test]
+    fn engine_hashes_of_any_shape_spread_over_the_segments() {
+        let shapes: [fn(u64) -> EngineHash; 3] = [
+            |i| EngineHash(i << 40),
+            |i| EngineHash(i),
+            |i| EngineHash(i.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+        ];
+        for (n, shape) in shapes.into_iter().enumerate() {
+            let mut t = BlockTable::<(EngineHash, u64)>::default();
+            for i in 0..40_000 {
+                t.get_or_insert_with(shape(i), || (shape(i), i));
+            }
+            for i in 0..40_000 {
+                assert_eq!(t.get(&shape(i)).map(|e| e.1), Some(i), "shape {n}");
+            }
+            let share = 40_000 / SEGMENTS;
+            for seg in &t.segs {
+                assert!(
+                    seg.len() < 2 * share,
+                    "shape {n}: a segment of {}",
+                    seg.len()
+                );
             }
         }
     }
