@@ -323,6 +323,11 @@ const EVICTION_LOG_EVERY: Duration = Duration::from_secs(10);
 /// How long [`let_requests_in`] pauses a task.
 const SERVE_PAUSE: Duration = Duration::from_micros(10);
 
+/// The longest the drain loop applies ops without letting requests in: a query
+/// waits at most about this long behind an event flood, and the pauses cost the
+/// flood a fraction of a percent.
+const SERVE_EVERY: Duration = Duration::from_millis(2);
+
 /// Pause the calling task so that requests that arrived meanwhile are served before
 /// it goes on with a long job. A yield, conditional or not, does not get them there:
 /// the connections' completions are only reaped when the executor polls its rings,
@@ -339,6 +344,8 @@ async fn drain_loop(core: Rc<Core>) {
     let mut release = crate::heap::Release::new(crate::heap::Heaps::Own);
     // Evictions as of the last warning, and when it was logged.
     let mut warned: (u64, Option<Instant>) = (0, None);
+    // When the loop last let requests in.
+    let mut served = Instant::now();
     loop {
         let (n, dropping, evicted) = {
             let mut shard = core.shard.borrow_mut();
@@ -363,13 +370,17 @@ async fn drain_loop(core: Rc<Core>) {
         if n == 0 && !dropping {
             release.idle();
             glommio::timer::sleep(idle).await;
+            served = Instant::now();
             idle = (idle * 2).min(Duration::from_millis(2));
         } else {
             idle = IDLE_AFTER_WORK;
             release.worked();
-            if dropping {
-                // Queries that arrived during a step of a drop run before the next.
+            // Requests that arrived meanwhile run before the next pass: at once
+            // during a drop (its steps are what they would wait behind), else once
+            // the passes since the last pause have run for SERVE_EVERY.
+            if dropping || served.elapsed() >= SERVE_EVERY {
                 let_requests_in().await;
+                served = Instant::now();
             } else {
                 glommio::yield_if_needed().await;
             }

@@ -108,10 +108,11 @@ const DROP_STEP_BUCKETS: usize = 1 << 14;
 /// Slots of one index being dropped whole (an unregister, a worker's
 /// `AllBlocksCleared`), [`DROP_STEP_BUCKETS`] of the blocks' buckets per
 /// [`Shard::step_drops`] so that the executor serves between steps instead of
-/// stalling for a walk of millions of blocks. Until the walk is done the index answers as if it were: lookups and
-/// dumps leave these slots out, and `tree_sizes` counts them as holding nothing.
-/// An op for one of them finishes the walk first, so a store never lands on a
-/// block the walk has yet to pass; ops for other slots commute with the drop.
+/// stalling for a walk of millions of blocks. Until the walk is done the index
+/// answers as if it were: lookups and dumps leave these slots out, and
+/// `tree_sizes` counts them as holding nothing. An op for one of them finishes the
+/// walk first, so a store never lands on a block the walk has yet to pass; ops for
+/// other slots commute with the drop.
 #[derive(Default)]
 struct Dropping {
     /// Per slot, [`TierSet::ALL`] if the walk under way drops it.
@@ -1001,7 +1002,7 @@ mod tests {
         assert_eq!(s.index(IndexId(0)).unwrap().tree_sizes()[2], 0);
     }
 
-    /// Clears staged across chunks and applied in one walk, and drops walked in parts
+    /// Clears staged across chunks and applied in one walk, and drops walked in steps
     /// between other ops, leave every block, holder and counter as applying each op
     /// in turn does, and answer as it does partway too.
     #[test]
