@@ -10,8 +10,9 @@
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use kvix::hash;
 use kvix::query;
+use kvix::ring::{OpSink, RingSink, Rings};
 use kvix::shard::{SeqHasherBuilder, Shard, ShardOp};
-use kvix::types::{BlockHash, IndexId, SeqHash, Tier, WorkerSlot};
+use kvix::types::{BlockHash, IndexId, SeqHash, ShardId, Tier, WorkerSlot};
 use kvix::wire::{self, Batch};
 use std::hint::black_box;
 
@@ -415,6 +416,28 @@ impl kvix::ring::OpSink for InlineShards {
     }
 }
 
+/// Decode each payload and feed it to `feed`, staging its ops into ring chunks and
+/// emptying the ring in place (no shard work); returns the ops staged.
+fn feed_ring(
+    feed: &mut kvix::ingest::feed::WorkerFeed,
+    sink: &mut RingSink,
+    rings: &Rings,
+    payloads: &[Vec<u8>],
+    registry: &kvix::registry::Registry,
+) -> usize {
+    let mut batch = Batch::default();
+    let mut ops = 0;
+    for p in payloads {
+        wire::decode(p, &mut batch).unwrap();
+        feed.apply(&batch, p, registry, sink);
+        sink.flush();
+        ops += rings.drain(ShardId(0), usize::MAX, |chunk| {
+            black_box(chunk);
+        });
+    }
+    ops
+}
+
 /// The whole event path on one thread: decode → engine-hash map → kvix hashes →
 /// shard apply, for 64 batches of 32 fresh blocks (2048 blocks per iteration).
 fn bench_ingest(c: &mut Criterion) {
@@ -463,26 +486,16 @@ fn bench_ingest(c: &mut Criterion) {
     });
     // The ingest thread's own share: decode, hash, engine map and staging ops into
     // ring chunks; the ring is emptied in place after each frame (no shard work).
+    let fresh = || {
+        let rings = Rings::new(1, 1, 1 << 16);
+        let sink = RingSink::new(rings.clone(), 0);
+        (WorkerFeed::new(index, 1, 0, BS as u32), sink, rings)
+    };
     g.bench_function("decode_feed_ring", |b| {
-        use kvix::ring::{OpSink, RingSink, Rings};
-        use kvix::types::ShardId;
         b.iter_batched(
-            || {
-                let rings = Rings::new(1, 1, 1 << 16);
-                let sink = RingSink::new(rings.clone(), 0);
-                (WorkerFeed::new(index, 1, 0, BS as u32), sink, rings)
-            },
+            fresh,
             |(mut feed, mut sink, rings)| {
-                let mut batch = Batch::default();
-                let mut ops = 0;
-                for p in &payloads {
-                    wire::decode(p, &mut batch).unwrap();
-                    feed.apply(&batch, p, &registry, &mut sink);
-                    sink.flush();
-                    ops += rings.drain(ShardId(0), usize::MAX, |chunk| {
-                        black_box(chunk);
-                    });
-                }
+                let ops = feed_ring(&mut feed, &mut sink, &rings, &payloads, &registry);
                 (feed, black_box(ops))
             },
             BatchSize::LargeInput,
@@ -494,35 +507,14 @@ fn bench_ingest(c: &mut Criterion) {
         .map(|i| stored_payload_seeded(32, false, 1_000_000 + i))
         .collect();
     g.bench_function("decode_feed_ring_256k_map", |b| {
-        use kvix::ring::{OpSink, RingSink, Rings};
-        use kvix::types::ShardId;
         b.iter_batched(
             || {
-                let rings = Rings::new(1, 1, 1 << 16);
-                let mut sink = RingSink::new(rings.clone(), 0);
-                let mut feed = WorkerFeed::new(index, 1, 0, BS as u32);
-                let mut batch = Batch::default();
-                for p in &prefill {
-                    wire::decode(p, &mut batch).unwrap();
-                    feed.apply(&batch, p, &registry, &mut sink);
-                    sink.flush();
-                    rings.drain(ShardId(0), usize::MAX, |chunk| {
-                        black_box(chunk);
-                    });
-                }
+                let (mut feed, mut sink, rings) = fresh();
+                feed_ring(&mut feed, &mut sink, &rings, &prefill, &registry);
                 (feed, sink, rings)
             },
             |(mut feed, mut sink, rings)| {
-                let mut batch = Batch::default();
-                let mut ops = 0;
-                for p in &payloads {
-                    wire::decode(p, &mut batch).unwrap();
-                    feed.apply(&batch, p, &registry, &mut sink);
-                    sink.flush();
-                    ops += rings.drain(ShardId(0), usize::MAX, |chunk| {
-                        black_box(chunk);
-                    });
-                }
+                let ops = feed_ring(&mut feed, &mut sink, &rings, &payloads, &registry);
                 (feed, black_box(ops))
             },
             BatchSize::PerIteration,
@@ -560,8 +552,7 @@ fn bench_ceiling(c: &mut Criterion) {
 /// (staged in chunks, ingest thread → shard), and a query's round trip to another
 /// executor's shard over glommio's channel mesh (the scatter's per-shard cost).
 fn bench_cross_core(c: &mut Criterion) {
-    use kvix::ring::{OpSink, RingSink, Rings};
-    use kvix::types::{ShardId, TierSet};
+    use kvix::types::TierSet;
     let mut g = c.benchmark_group("cross_core");
     const OPS: u64 = 1 << 16;
     g.throughput(Throughput::Elements(OPS));

@@ -149,13 +149,7 @@ fn a_cleared_worker_is_gone_from_every_answer_while_its_blocks_are_dropped() {
         last.len() as u64,
     );
 
-    let mut cleared = Vec::new();
-    rmp::encode::write_array_len(&mut cleared, 2).unwrap();
-    rmp::encode::write_f64(&mut cleared, 2.5).unwrap();
-    rmp::encode::write_array_len(&mut cleared, 1).unwrap();
-    rmp::encode::write_array_len(&mut cleared, 1).unwrap();
-    rmp::encode::write_str(&mut cleared, "AllBlocksCleared").unwrap();
-    one.send(&cleared);
+    one.send(&common::all_cleared());
     let mut seen = std::collections::BTreeSet::new();
     let mut check = |v: &Value, after: u64| {
         let size = v["tree_sizes"]["1"]["0"].as_u64().unwrap_or(0);

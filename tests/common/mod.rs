@@ -428,6 +428,17 @@ pub fn stored(hashes: &[u64], parent: Option<u64>, tokens: &[u32], block_size: u
     b
 }
 
+/// vLLM positional `KVEventBatch` with one `AllBlocksCleared`.
+pub fn all_cleared() -> Vec<u8> {
+    let mut b = Vec::new();
+    rmp::encode::write_array_len(&mut b, 2).unwrap();
+    rmp::encode::write_f64(&mut b, 1.5).unwrap();
+    rmp::encode::write_array_len(&mut b, 1).unwrap();
+    rmp::encode::write_array_len(&mut b, 1).unwrap();
+    rmp::encode::write_str(&mut b, "AllBlocksCleared").unwrap();
+    b
+}
+
 /// vLLM positional `KVEventBatch` with one `BlockRemoved`.
 pub fn removed(hashes: &[u64]) -> Vec<u8> {
     let mut b = Vec::new();
