@@ -1002,6 +1002,40 @@ mod tests {
         assert_eq!(s.index(IndexId(0)).unwrap().tree_sizes()[2], 0);
     }
 
+    /// A dump taken partway through a drop already leaves the slot out, as one taken
+    /// after it does.
+    #[test]
+    fn a_dump_during_a_drop_leaves_the_slot_out() {
+        let mut s = Shard::default();
+        s.set_drop_step_buckets(8);
+        for seq in 0..500 {
+            s.apply(store(seq, 1, Tier::DEVICE));
+            s.apply(store(seq, 2, Tier::HOST));
+        }
+        s.apply(ShardOp::ClearSlot {
+            index: IndexId(0),
+            slot: WorkerSlot(1),
+            tiers: TierSet::ALL,
+        });
+        let dump = |s: &Shard| {
+            let mut out = Vec::new();
+            for part in 0..4 {
+                s.dump(IndexId(0), part, 4, &mut out);
+            }
+            out.sort_unstable_by_key(|b| b.seq.0);
+            out
+        };
+        assert!(
+            s.step_drops(),
+            "500 blocks take more than one step of 8 buckets"
+        );
+        let partway = dump(&s);
+        assert_eq!(partway.len(), 500);
+        assert!(partway.iter().all(|b| b.holder.slot() == WorkerSlot(2)));
+        s.finish();
+        assert_eq!(dump(&s), partway);
+    }
+
     /// Clears staged across chunks and applied in one walk, and drops walked in steps
     /// between other ops, leave every block, holder and counter as applying each op
     /// in turn does, and answer as it does partway too.
