@@ -63,7 +63,7 @@ fn stored_payload_seeded(blocks: usize, sglang: bool, seed: u64) -> Vec<u8> {
     for i in 0..blocks {
         write_sint(
             &mut b,
-            (i as i64 + 1 + seed as i64 * 1000) * -7_919_000_000_123,
+            (i as i64 + 1 + seed as i64 * 1000).wrapping_mul(-7_919_000_000_123),
         )
         .unwrap();
     }
