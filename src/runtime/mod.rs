@@ -311,15 +311,6 @@ const IDLE_AFTER_WORK: Duration = Duration::from_millis(1);
 /// A shard that evicts says so at most this often.
 const EVICTION_LOG_EVERY: Duration = Duration::from_secs(10);
 
-/// Drain this core's rings into its shard forever, napping 1–2 ms when they are empty,
-/// walk one part of a slot drop per pass (queries and control calls run between
-/// parts), and end the predictions that are due (a few wheel buckets per tick, see
-/// [`crate::shard::predict`]).
-/// Every park costs glommio a membarrier IPI to all cores; under event load, 250 µs
-/// naps spent ~20% of samples there, and 1 ms naps applied ~10–15% more blocks/s.
-/// A ring holds 16k ops, 8 ms of one producer at 2M ops/s, so a nap does not make a
-/// producer wait (`kvix_ring_full_stalls_total` counts when it does); events become
-/// visible at most one nap after they arrive.
 /// How long [`let_requests_in`] pauses a task.
 const SERVE_PAUSE: Duration = Duration::from_micros(10);
 
@@ -337,6 +328,14 @@ async fn let_requests_in() {
     glommio::timer::sleep(SERVE_PAUSE).await;
 }
 
+/// Drain this core's rings into its shard forever, napping 1–2 ms when they are empty,
+/// walk one step of a slot drop per pass, and end the predictions that are due (a few
+/// wheel buckets per tick, see [`crate::shard::predict`]). Requests get in between
+/// the steps of a drop and at least every [`SERVE_EVERY`] of applying ops.
+/// Every park costs glommio a membarrier IPI to all cores, so shorter naps cost an
+/// event flood more than they save. A ring holds 16k ops, 8 ms of one producer at
+/// 2M ops/s, so a nap does not make a producer wait (`kvix_ring_full_stalls_total`
+/// counts when it does); events become visible at most one nap after they arrive.
 async fn drain_loop(core: Rc<Core>) {
     let mut idle = IDLE_AFTER_WORK;
     // Gives back what applying ops freed once the shard is quiet (never the C heap:
