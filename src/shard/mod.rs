@@ -873,6 +873,15 @@ mod tests {
         }
     }
 
+    /// A drop of `slot`'s every tier in index 0 (an unregister).
+    fn drop_op(slot: u32) -> ShardOp {
+        ShardOp::ClearSlot {
+            index: IndexId(0),
+            slot: WorkerSlot(slot),
+            tiers: TierSet::ALL,
+        }
+    }
+
     fn holders(s: &mut Shard, seq: u64) -> Vec<u32> {
         let mut out = Vec::new();
         s.lookup(IndexId(0), &[SeqHash(seq)], &mut out);
@@ -959,11 +968,7 @@ mod tests {
             }
         }
         assert!(s.index(IndexId(0)).unwrap().slab.capacity_bytes() >= 4 << 16);
-        s.apply(ShardOp::ClearSlot {
-            index: IndexId(0),
-            slot: WorkerSlot(2),
-            tiers: TierSet::ALL,
-        });
+        s.apply(drop_op(2));
         s.finish();
         assert_eq!(s.index(IndexId(0)).unwrap().slab.capacity_bytes(), 0);
         for seq in 0..n {
@@ -987,11 +992,7 @@ mod tests {
             s.apply(store(seq, 2, Tier::DEVICE));
             s.apply(store(seq, 3, Tier::DEVICE));
         }
-        s.apply(ShardOp::ClearSlot {
-            index: IndexId(0),
-            slot: WorkerSlot(2),
-            tiers: TierSet::ALL,
-        });
+        s.apply(drop_op(2));
         for seq in 0..100 {
             let slots: Vec<u32> = holders(&mut s, seq)
                 .iter()
@@ -1012,11 +1013,7 @@ mod tests {
             s.apply(store(seq, 1, Tier::DEVICE));
             s.apply(store(seq, 2, Tier::HOST));
         }
-        s.apply(ShardOp::ClearSlot {
-            index: IndexId(0),
-            slot: WorkerSlot(1),
-            tiers: TierSet::ALL,
-        });
+        s.apply(drop_op(1));
         let dump = |s: &Shard| {
             let mut out = Vec::new();
             for part in 0..4 {
