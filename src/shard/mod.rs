@@ -137,12 +137,17 @@ impl Dropping {
         } else {
             &mut self.pending
         };
-        let i = slot.0 as usize;
-        if set.len() <= i {
-            set.resize(i + 1, TierSet::NONE);
-        }
-        set[i] = TierSet::ALL;
+        lose(set, slot, TierSet::ALL);
     }
+}
+
+/// Add `tiers` to what `slot` loses in `losing` (per slot, the tiers a clear takes off).
+fn lose(losing: &mut Vec<TierSet>, slot: WorkerSlot, tiers: TierSet) {
+    let i = slot.0 as usize;
+    if losing.len() <= i {
+        losing.resize(i + 1, TierSet::NONE);
+    }
+    losing[i] |= tiers;
 }
 
 /// How an index fed only by predictions (approximate mode) stays bounded: once it
@@ -355,11 +360,7 @@ impl Shard {
         for run in clears.chunk_by(|a, b| a.0 == b.0) {
             losing.clear();
             for &(_, slot, tiers) in run {
-                let i = slot.0 as usize;
-                if losing.len() <= i {
-                    losing.resize(i + 1, TierSet::NONE);
-                }
-                losing[i] |= tiers;
+                lose(&mut losing, slot, tiers);
             }
             self.clear_step(run[0].0, &losing, &mut Walk::default(), usize::MAX);
         }
@@ -573,9 +574,8 @@ impl Shard {
                 self.drop_slot(index, slot)
             }
             ShardOp::ClearSlot { index, slot, tiers } => {
-                let mut losing = vec![TierSet::NONE; slot.0 as usize + 1];
-                losing[slot.0 as usize] = tiers;
-                self.clear_step(index, &losing, &mut Walk::default(), usize::MAX);
+                self.clears.push((index, slot, tiers));
+                self.settle_clears();
             }
         }
     }

@@ -312,7 +312,7 @@ impl<E: Keyed> BlockTable<E> {
         if seg.capacity() == seg.len() {
             // No room left: finding the entry makes room first, by growing or by
             // rehashing in place, either of which moves entries.
-            self.moves[s] = self.moves[s].wrapping_add(1);
+            moved(&mut self.moves[s]);
         }
         let entry = match seg.entry(hash(seq), |e| e.key() == seq, rehash) {
             hashbrown::hash_table::Entry::Occupied(e) => e,
@@ -372,9 +372,7 @@ impl<E: Keyed> BlockTable<E> {
         let seg = self.segs.get_mut(s)?;
         let (e, _) = seg.find_entry(hash(seq), |e| e.key() == seq).ok()?.remove();
         self.len -= 1;
-        if shrink_if_sparse(seg) {
-            self.moves[s] = self.moves[s].wrapping_add(1);
-        }
+        shrink_if_sparse(seg, &mut self.moves[s]);
         Some(e)
     }
 
@@ -410,9 +408,7 @@ impl<E: Keyed> BlockTable<E> {
             };
             let (e, _) = entry.remove();
             self.len -= 1;
-            if shrink_if_sparse(seg) {
-                self.moves[s] = self.moves[s].wrapping_add(1);
-            }
+            shrink_if_sparse(seg, &mut self.moves[s]);
             return Some(e);
         }
         None
@@ -460,9 +456,7 @@ impl<E: Keyed> BlockTable<E> {
             left -= end - at.bucket;
             at.bucket = end;
             if end == seg.num_buckets() {
-                if shrink_if_sparse(seg) {
-                    self.moves[at.seg] = self.moves[at.seg].wrapping_add(1);
-                }
+                shrink_if_sparse(seg, &mut self.moves[at.seg]);
                 at.seg += 1;
                 at.bucket = 0;
             }
@@ -530,15 +524,20 @@ fn prefetch(addr: usize) {
 
 /// Give memory back once a segment is a quarter full or less, keeping room to
 /// double: removals and clears must not pin peak memory.
-/// Give memory back if `seg` is three quarters empty; says whether it did (and so
-/// moved every entry).
-fn shrink_if_sparse<E: Keyed>(seg: &mut Segment<E>) -> bool {
+/// Count a move of a segment's entries (see [`Cursor`]).
+#[inline]
+fn moved(moves: &mut u32) {
+    *moves = moves.wrapping_add(1);
+}
+
+/// Give memory back if `seg` is three quarters empty, counting the move of its
+/// entries in `moves`.
+fn shrink_if_sparse<E: Keyed>(seg: &mut Segment<E>, moves: &mut u32) {
     let cap = seg.capacity();
-    let shrink = cap >= SHRINK_FROM && seg.len() < cap / 4;
-    if shrink {
+    if cap >= SHRINK_FROM && seg.len() < cap / 4 {
         seg.shrink_to(seg.len() * 2, rehash);
+        moved(moves);
     }
-    shrink
 }
 
 #[cfg(test)]
