@@ -9,10 +9,11 @@
 # approximately: the workload leaves ~37 live pairs per generated request over 64
 # workers, so a size of M generates M * 27,000 requests. Each size is one
 # perf/compare.sh run (shared-prefix only, kvix and Dynamo at each of --threads) in
-# DIR/size-<M>M; DIR/scale.md is the table (perf/compare.py scale). kvix-load holds
-# every generated request and its simulation in memory, ~15 KB a request: 50M pairs
-# needs ~20 GB on the client side alone, on top of the server's index, so on a 24 GiB
-# machine sizes stop at ~25M.
+# DIR/size-<M>M; DIR/scale.md is the table (perf/compare.py scale). kvix-load
+# generates the requests again for each pass instead of holding them; it holds the
+# encoded frames and its simulated workers' caches, ~250 MB per million pairs (12.5 GB
+# at 50M, beside the server's index), and simulates for ~10 s per million pairs before
+# each system's run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -10,6 +10,7 @@ mod http;
 mod plot;
 mod query;
 mod report;
+mod requests;
 mod shared_prefix;
 mod sim;
 mod trace;
@@ -18,6 +19,7 @@ use clap::{Args, Parser, Subcommand};
 use http::Target;
 use query::{Endpoint, Phase};
 use report::{EventReport, Report, bar, note};
+use requests::Requests;
 use sim::{Policy, SimConfig};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -276,19 +278,31 @@ fn run(cmd: Cmd) -> Result<bool, String> {
                 quiet,
                 &format!("loading {} requests from {}", common.requests, common.trace),
             );
-            trace::load(&common.trace, common.requests, common.block_size)?
+            Requests::Held(trace::load(
+                &common.trace,
+                common.requests,
+                common.block_size,
+            )?)
         }
         Workload::SharedPrefix => {
             note(
                 quiet,
-                &format!("generating {} shared-prefix requests", common.requests),
+                &format!(
+                    "{} shared-prefix requests, generated again for each pass",
+                    common.requests
+                ),
             );
             let shape = shared_prefix::Shape {
                 system_prompts: common.system_prompts,
                 few_shots: common.few_shots,
                 ..Default::default()
             };
-            shared_prefix::generate(&shape, common.requests, common.block_size, common.seed)
+            Requests::Generated {
+                shape,
+                count: common.requests,
+                block_size: common.block_size,
+                seed: common.seed,
+            }
         }
     };
     if reqs.is_empty() {
@@ -323,8 +337,9 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             shared_engine_hashes: ev.shared_engine_hashes,
             seed: common.seed,
         };
-        let cfg = resolve_capacity(cfg, &reqs, ev);
-        let frames = sim::simulate(&reqs, &cfg, |n| b.set_position(n as u64));
+        let survey = sim::survey(&reqs);
+        let cfg = resolve_capacity(cfg, survey.unique_blocks, ev);
+        let frames = sim::simulate(&reqs, &survey, &cfg, |n| b.set_position(n as u64));
         b.finish_and_clear();
         let sim_stats = frames.stats.clone();
         note(
@@ -512,12 +527,10 @@ fn run(cmd: Cmd) -> Result<bool, String> {
     Ok(ok)
 }
 
-/// Fill in the default capacities, which depend on the trace.
-fn resolve_capacity(mut cfg: SimConfig, reqs: &[trace::Request], ev: &EventArgs) -> SimConfig {
+/// Fill in the default capacities, which depend on the distinct blocks requested.
+fn resolve_capacity(mut cfg: SimConfig, unique_blocks: usize, ev: &EventArgs) -> SimConfig {
     if cfg.capacity == 0 {
-        let unique: hashbrown::HashSet<u64> =
-            reqs.iter().flat_map(|r| r.seqs.iter().copied()).collect();
-        cfg.capacity = (2 * unique.len()).div_ceil(cfg.workers).max(1);
+        cfg.capacity = (2 * unique_blocks).div_ceil(cfg.workers).max(1);
     }
     if ev.offload {
         cfg.cpu_capacity = if ev.cpu_capacity_blocks > 0 {

@@ -6,7 +6,8 @@
 //! the requests it delayed (no coordinated omission).
 
 use crate::http::{Conn, Target};
-use crate::trace::{self, Request};
+use crate::requests::Requests;
+use crate::trace;
 use hdrhistogram::Histogram;
 use kvix::hash;
 use std::io::Write;
@@ -71,7 +72,7 @@ pub struct PhaseResult {
 #[allow(clippy::too_many_arguments)]
 pub fn bodies(
     target: &Target,
-    reqs: &[Request],
+    reqs: &Requests,
     endpoint: Endpoint,
     prompt_tokens: usize,
     block_size: usize,
@@ -81,11 +82,12 @@ pub fn bodies(
 ) -> Vec<Vec<u8>> {
     let pool = pool.clamp(1, reqs.len());
     let seed = hash::block_seed(None, None);
-    (0..pool)
-        .map(|k| {
-            // Spread the pool over the whole trace prefix.
-            let i = k * reqs.len() / pool;
-            let toks = trace::prompt(&reqs[i], i, prompt_tokens);
+    // Spread the pool over the whole list of requests.
+    let at: Vec<usize> = (0..pool).map(|k| k * reqs.len() / pool).collect();
+    let prompts = reqs.map_at(&at, |i, r| trace::prompt(r, i, prompt_tokens));
+    prompts
+        .into_iter()
+        .map(|toks| {
             let mut b = Vec::with_capacity(prompt_tokens * 8 + 64);
             match endpoint {
                 Endpoint::Query => {

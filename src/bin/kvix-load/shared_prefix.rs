@@ -98,47 +98,84 @@ struct Conversation {
     turn: u64,
 }
 
-/// Generate `count` requests of the shared-prefix workload for `block_size`.
-pub fn generate(shape: &Shape, count: usize, block_size: usize, seed: u64) -> Vec<Request> {
-    let mut rng = Rng(splitmix(seed ^ 0x5A4E_D9F1));
-    let systems: Vec<Vec<u32>> = (0..shape.system_prompts as u64)
-        .map(|i| {
-            let mut t = Vec::new();
-            content(
-                id(SYSTEM_NS, seed ^ i),
-                rng.range(shape.system_tokens),
-                &mut t,
-            );
-            t
-        })
-        .collect();
-    // Few-shot prefix j extends system prompt j % system_prompts.
-    let few_shots: Vec<Vec<u32>> = (0..shape.few_shots as u64)
-        .map(|j| {
-            let mut t = Vec::new();
-            content(
-                id(FEW_SHOT_NS, seed ^ !j),
-                rng.range(shape.few_shot_tokens),
-                &mut t,
-            );
-            t
-        })
-        .collect();
-    let mut next_conversation = 0u64;
-    let mut start = |rng: &mut Rng| {
+/// The requests of the shared-prefix workload for `block_size`, one at a time, an
+/// endless stream: a run takes as many as it needs, and may take them again from a
+/// new generator with the same arguments instead of holding them.
+pub struct Generator {
+    shape: Shape,
+    block_size: usize,
+    seed: u64,
+    rng: Rng,
+    systems: Vec<Vec<u32>>,
+    few_shots: Vec<Vec<u32>>,
+    next_conversation: u64,
+    live: Vec<Conversation>,
+    made: u64,
+}
+
+impl Generator {
+    pub fn new(shape: &Shape, block_size: usize, seed: u64) -> Self {
+        let mut rng = Rng(splitmix(seed ^ 0x5A4E_D9F1));
+        let systems: Vec<Vec<u32>> = (0..shape.system_prompts as u64)
+            .map(|i| {
+                let mut t = Vec::new();
+                content(
+                    id(SYSTEM_NS, seed ^ i),
+                    rng.range(shape.system_tokens),
+                    &mut t,
+                );
+                t
+            })
+            .collect();
+        // Few-shot prefix j extends system prompt j % system_prompts.
+        let few_shots: Vec<Vec<u32>> = (0..shape.few_shots as u64)
+            .map(|j| {
+                let mut t = Vec::new();
+                content(
+                    id(FEW_SHOT_NS, seed ^ !j),
+                    rng.range(shape.few_shot_tokens),
+                    &mut t,
+                );
+                t
+            })
+            .collect();
+        let mut g = Generator {
+            shape: shape.clone(),
+            block_size,
+            seed,
+            rng,
+            systems,
+            few_shots,
+            next_conversation: 0,
+            live: Vec::new(),
+            made: 0,
+        };
+        g.live = (0..shape.concurrent.max(1)).map(|_| g.start()).collect();
+        g
+    }
+
+    /// A new conversation: maybe a system prompt and a few-shot prefix, then its
+    /// first user message.
+    fn start(&mut self) -> Conversation {
+        let (shape, rng) = (&self.shape, &mut self.rng);
         let mut tokens = Vec::new();
-        if !systems.is_empty() && rng.per_mille(shape.with_system) {
-            let s = rng.next() as usize % systems.len();
-            tokens.extend_from_slice(&systems[s]);
+        if !self.systems.is_empty() && rng.per_mille(shape.with_system) {
+            let s = rng.next() as usize % self.systems.len();
+            tokens.extend_from_slice(&self.systems[s]);
             // The few-shot prefixes of this system prompt: s, s + systems, ...
-            let mine = (s..few_shots.len()).step_by(systems.len()).count();
+            let mine = (s..self.few_shots.len())
+                .step_by(self.systems.len())
+                .count();
             if mine > 0 && rng.per_mille(shape.with_few_shot) {
-                let f = s + systems.len() * (rng.next() as usize % mine);
-                tokens.extend_from_slice(&few_shots[f]);
+                let f = s + self.systems.len() * (rng.next() as usize % mine);
+                tokens.extend_from_slice(&self.few_shots[f]);
             }
         }
-        let conv = id(CONVERSATION_NS, seed ^ next_conversation.rotate_left(17));
-        next_conversation += 1;
+        let conv = id(
+            CONVERSATION_NS,
+            self.seed ^ self.next_conversation.rotate_left(17),
+        );
+        self.next_conversation += 1;
         content(conv, rng.range(shape.first_user_tokens), &mut tokens);
         tokens.truncate(shape.max_tokens);
         Conversation {
@@ -147,27 +184,24 @@ pub fn generate(shape: &Shape, count: usize, block_size: usize, seed: u64) -> Ve
             id: conv,
             turn: 0,
         }
-    };
-    let mut live: Vec<Conversation> = (0..shape.concurrent.max(1))
-        .map(|_| start(&mut rng))
-        .collect();
-    let mut out = Vec::with_capacity(count);
-    while out.len() < count {
-        let c = rng.next() as usize % live.len();
-        let conv = &mut live[c];
-        let answer = rng.range(shape.turn_tokens);
-        out.push(from_tokens(
-            conv.tokens.clone(),
-            block_size,
-            out.len() as u64 * 10,
-            answer,
-        ));
+    }
+}
+
+impl Iterator for Generator {
+    type Item = Request;
+
+    fn next(&mut self) -> Option<Request> {
+        let c = self.rng.next() as usize % self.live.len();
+        let answer = self.rng.range(self.shape.turn_tokens);
+        let conv = &mut self.live[c];
+        let req = from_tokens(conv.tokens.clone(), self.block_size, self.made * 10, answer);
+        self.made += 1;
         conv.turns_left -= 1;
         conv.turn += 1;
         // The next turn: this prompt, the answer to it and the next user message.
-        let room = shape.max_tokens.saturating_sub(conv.tokens.len());
+        let room = self.shape.max_tokens.saturating_sub(conv.tokens.len());
         if conv.turns_left == 0 || room == 0 {
-            live[c] = start(&mut rng);
+            self.live[c] = self.start();
         } else {
             content(
                 conv.id ^ (conv.turn << 32),
@@ -175,8 +209,16 @@ pub fn generate(shape: &Shape, count: usize, block_size: usize, seed: u64) -> Ve
                 &mut conv.tokens,
             );
         }
+        Some(req)
     }
-    out
+}
+
+/// The first `count` requests of the shared-prefix workload for `block_size`.
+#[cfg(test)]
+pub fn generate(shape: &Shape, count: usize, block_size: usize, seed: u64) -> Vec<Request> {
+    Generator::new(shape, block_size, seed)
+        .take(count)
+        .collect()
 }
 
 #[cfg(test)]

@@ -4,7 +4,8 @@
 //! Owns the event stream the indexer will see. Everything is computed before
 //! the timed phase so publishing is only socket writes.
 
-use crate::trace::{Request, splitmix};
+use crate::requests::Requests;
+use crate::trace::splitmix;
 use std::collections::{HashMap, VecDeque};
 
 /// How requests are assigned to workers.
@@ -63,12 +64,68 @@ pub struct Frames {
     pub stats: SimStats,
 }
 
-/// Where a block's tokens live and who its parent is.
+/// A block's parent and where its tokens are in [`Offload::tokens`].
 #[derive(Clone, Copy)]
 struct BlockInfo {
     parent: Option<u64>,
-    req: u32,
-    idx: u32,
+    at: u32,
+}
+
+/// The tokens and parent of every distinct block, kept only when blocks are
+/// offloaded: a block stored to the CPU tier is one evicted by an earlier request.
+struct Offload {
+    blocks: HashMap<u64, BlockInfo>,
+    tokens: Vec<u32>,
+}
+
+impl Offload {
+    fn new(reqs: &Requests, bs: usize) -> Self {
+        let mut o = Offload {
+            blocks: HashMap::new(),
+            tokens: Vec::new(),
+        };
+        reqs.for_each(|_, req| {
+            for (i, &s) in req.seqs.iter().enumerate() {
+                o.blocks.entry(s).or_insert_with(|| {
+                    let at = (o.tokens.len() / bs) as u32;
+                    o.tokens
+                        .extend_from_slice(&req.tokens[i * bs..(i + 1) * bs]);
+                    BlockInfo {
+                        parent: i.checked_sub(1).map(|p| req.seqs[p]),
+                        at,
+                    }
+                });
+            }
+        });
+        o
+    }
+
+    fn block(&self, s: u64, bs: usize) -> (Option<u64>, &[u32]) {
+        let b = self.blocks[&s];
+        let start = b.at as usize * bs;
+        (b.parent, &self.tokens[start..start + bs])
+    }
+}
+
+/// What a first pass over the requests finds, needed before simulating them.
+pub struct Survey {
+    /// Distinct blocks over all requests.
+    pub unique_blocks: usize,
+    /// Blocks of the longest request.
+    pub max_blocks: usize,
+}
+
+pub fn survey(reqs: &Requests) -> Survey {
+    let mut unique = hashbrown::HashSet::new();
+    let mut max_blocks = 0;
+    reqs.for_each(|_, r| {
+        max_blocks = max_blocks.max(r.seqs.len());
+        unique.extend(r.seqs.iter().copied());
+    });
+    Survey {
+        unique_blocks: unique.len(),
+        max_blocks,
+    }
 }
 
 /// LRU set of sequence hashes with lazy deletion: stamps only grow, so the
@@ -184,28 +241,16 @@ pub fn enc_batch(ts: f64, n_events: u32, events: &[u8], dp_rank: bool) -> Vec<u8
 }
 
 /// Route every request, simulate the caches, and encode all frames.
-pub fn simulate(reqs: &[Request], cfg: &SimConfig, mut progress: impl FnMut(usize)) -> Frames {
+pub fn simulate(
+    reqs: &Requests,
+    survey: &Survey,
+    cfg: &SimConfig,
+    mut progress: impl FnMut(usize),
+) -> Frames {
     let bs = cfg.block_size;
-    // Block table: tokens and parent of every distinct block, from its first occurrence.
-    let mut table: HashMap<u64, BlockInfo> = HashMap::new();
-    let mut max_blocks = 0;
-    for (r, req) in reqs.iter().enumerate() {
-        max_blocks = max_blocks.max(req.seqs.len());
-        for (i, &s) in req.seqs.iter().enumerate() {
-            table.entry(s).or_insert(BlockInfo {
-                parent: i.checked_sub(1).map(|p| req.seqs[p]),
-                req: r as u32,
-                idx: i as u32,
-            });
-        }
-    }
+    let offload = (cfg.cpu_capacity > 0).then(|| Offload::new(reqs, bs));
     // A request must fit in a worker, or the prefix it reuses could be evicted mid-request.
-    let capacity = cfg.capacity.max(max_blocks + 1);
-    let tokens_of = |s: u64| -> &[u32] {
-        let b = table[&s];
-        let start = b.idx as usize * bs;
-        &reqs[b.req as usize].tokens[start..start + bs]
-    };
+    let capacity = cfg.capacity.max(survey.max_blocks + 1);
 
     let base_ts = 1.7e9;
     let mut workers: Vec<Worker> = (0..cfg.workers)
@@ -222,7 +267,7 @@ pub fn simulate(reqs: &[Request], cfg: &SimConfig, mut progress: impl FnMut(usiz
         .collect();
     let mut order = Vec::new();
     let mut st = SimStats {
-        trace_unique_blocks: table.len() as u64,
+        trace_unique_blocks: survey.unique_blocks as u64,
         capacity_blocks: capacity as u64,
         ..Default::default()
     };
@@ -234,7 +279,7 @@ pub fn simulate(reqs: &[Request], cfg: &SimConfig, mut progress: impl FnMut(usiz
     let mut gpu_victims = Vec::new();
     let mut cpu_victims = Vec::new();
     let mut hashes = Vec::new();
-    for (r, req) in reqs.iter().enumerate() {
+    reqs.for_each(|r, req| {
         if r % 64 == 0 {
             progress(r);
         }
@@ -276,7 +321,7 @@ pub fn simulate(reqs: &[Request], cfg: &SimConfig, mut progress: impl FnMut(usiz
         }
         // Offload: victims go to the CPU tier first (their parents are still known),
         // then CPU evictions, then the GPU removal, then the new GPU blocks.
-        if cfg.cpu_capacity > 0 {
+        if let Some(offload) = &offload {
             for &v in &gpu_victims {
                 if wk.cpu.contains(v) {
                     wk.cpu.touch(v);
@@ -289,13 +334,13 @@ pub fn simulate(reqs: &[Request], cfg: &SimConfig, mut progress: impl FnMut(usiz
                     }
                 }
                 wk.cpu.touch(v);
-                let info = table[&v];
+                let (parent, tokens) = offload.block(v, bs);
                 let mut ev = std::mem::take(&mut wk.events);
                 enc_stored(
                     &mut ev,
                     &[wk.eh(v)],
-                    info.parent.map(|p| wk.eh(p)),
-                    tokens_of(v),
+                    parent.map(|p| wk.eh(p)),
+                    tokens,
                     bs,
                     "CPU",
                 );
@@ -336,7 +381,7 @@ pub fn simulate(reqs: &[Request], cfg: &SimConfig, mut progress: impl FnMut(usiz
         if wk.n_events as usize >= cfg.batch_events {
             flush(wk, wi, cfg.batch_dp_rank, &mut order, &mut st);
         }
-    }
+    });
     for (wi, wk) in workers.iter_mut().enumerate() {
         flush(wk, wi, cfg.batch_dp_rank, &mut order, &mut st);
     }
@@ -380,6 +425,38 @@ fn flush(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shared_prefix::{Shape, generate};
+
+    /// Requests generated for each pass simulate to the frames the same requests
+    /// held in memory do, offloaded blocks (read back from the first pass) included.
+    #[test]
+    fn generated_and_held_requests_simulate_alike() {
+        let held = Requests::Held(generate(&Shape::default(), 400, 16, 3));
+        let generated = Requests::Generated {
+            shape: Shape::default(),
+            count: 400,
+            block_size: 16,
+            seed: 3,
+        };
+        let cfg = SimConfig {
+            workers: 4,
+            block_size: 16,
+            policy: Policy::PrefixAffinity,
+            capacity: 300,
+            cpu_capacity: 200,
+            batch_events: 4,
+            batch_dp_rank: true,
+            shared_engine_hashes: false,
+            seed: 1,
+        };
+        let run = |reqs: &Requests| {
+            let f = simulate(reqs, &survey(reqs), &cfg, |_| {});
+            (f.per_worker, f.order, f.stats.cpu_blocks_stored)
+        };
+        let (a, b) = (run(&held), run(&generated));
+        assert!(a.2 > 0, "no block was offloaded");
+        assert_eq!(a, b);
+    }
 
     #[test]
     fn batch_dp_rank_is_a_trailing_nil() {
