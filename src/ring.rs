@@ -8,13 +8,20 @@
 //! state allocates nothing. Producers never drop an op: a full ring is waited
 //! out and counted as a stall. A producer must [`RingSink::flush`] before it
 //! waits for anything, or its staged ops stay invisible.
+//!
+//! A shard that has been idle a while parks on its [`Bell`] instead of polling:
+//! the first producer to hand it a chunk afterwards rings it (one byte on a
+//! socket the shard's executor reads), so an idle executor costs no CPU and an
+//! event after a quiet spell is applied at once.
 
 use crate::partition::shard_of;
 use crate::shard::ShardOp;
 use crate::types::ShardId;
 use crossbeam_queue::ArrayQueue;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering, fence};
+use std::sync::{Arc, Mutex};
 
 /// Ops per chunk: ~6 KiB, big enough to amortize a ring operation, small enough
 /// that a busy producer hands work over every few microseconds.
@@ -30,10 +37,23 @@ struct Ring {
     stalls: AtomicU64,
 }
 
+/// How a parked shard is woken. The shard raises `parked`, then looks at its rings
+/// once more; a producer that has just pushed a chunk lowers it and writes a byte.
+/// Both sides put a full fence between their write and their read, so either the
+/// shard sees the chunk or the producer sees the flag (no lost wake-up).
+struct Bell {
+    parked: AtomicBool,
+    /// Non-blocking: a producer never waits on it (a full socket already wakes).
+    tx: UnixStream,
+    /// The read end, until the shard's executor takes it.
+    rx: Mutex<Option<UnixStream>>,
+}
+
 pub struct Rings {
     producers: usize,
     shards: usize,
     rings: Vec<Ring>,
+    bells: Vec<Bell>,
 }
 
 impl Rings {
@@ -51,6 +71,7 @@ impl Rings {
                     stalls: AtomicU64::new(0),
                 })
                 .collect(),
+            bells: (0..shards).map(|_| Bell::new()).collect(),
         })
     }
 
@@ -97,6 +118,58 @@ impl Rings {
         (0..self.producers)
             .map(|p| self.ring(p, shard).stalls.load(Ordering::Relaxed))
             .sum()
+    }
+
+    /// The read end of `shard`'s bell, for its consumer to wait on: one byte
+    /// arrives (at least) after each [`Self::try_park`] that returned true, once a
+    /// producer hands the shard a chunk. `None` after the first call.
+    pub fn take_bell(&self, shard: ShardId) -> Option<UnixStream> {
+        self.bells[shard.0]
+            .rx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+    }
+
+    /// Ask a producer to ring `shard`'s bell with its next chunk. False (and no
+    /// request stands) if a chunk is already queued: drain it instead of waiting.
+    pub fn try_park(&self, shard: ShardId) -> bool {
+        let bell = &self.bells[shard.0];
+        bell.parked.store(true, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        let queued = (0..self.producers).any(|p| !self.ring(p, shard).full.is_empty());
+        if queued {
+            bell.parked.store(false, Ordering::Relaxed);
+        }
+        !queued
+    }
+
+    /// Withdraw a [`Self::try_park`] request (the consumer woke for another reason).
+    pub fn unpark(&self, shard: ShardId) {
+        self.bells[shard.0].parked.store(false, Ordering::Relaxed);
+    }
+
+    /// After a chunk was pushed for `shard`: wake its consumer if it is parked.
+    fn ring_bell(&self, shard: ShardId) {
+        let bell = &self.bells[shard.0];
+        fence(Ordering::SeqCst);
+        if bell.parked.load(Ordering::Relaxed) && bell.parked.swap(false, Ordering::SeqCst) {
+            // WouldBlock means bytes the consumer has not read yet: it wakes anyway.
+            let _ = (&bell.tx).write(&[1]);
+        }
+    }
+}
+
+impl Bell {
+    fn new() -> Self {
+        let (tx, rx) = UnixStream::pair().expect("a socket pair for a ring's bell");
+        tx.set_nonblocking(true)
+            .expect("a non-blocking socket for a ring's bell");
+        Bell {
+            parked: AtomicBool::new(false),
+            tx,
+            rx: Mutex::new(Some(rx)),
+        }
     }
 }
 
@@ -149,7 +222,7 @@ impl RingSink {
         let mut spins = 0u32;
         loop {
             match r.full.push(chunk) {
-                Ok(()) => return,
+                Ok(()) => return self.rings.ring_bell(shard),
                 Err(back) => {
                     chunk = back;
                     if spins == 0 {
@@ -228,6 +301,98 @@ mod tests {
         assert_eq!(rings.pending(ShardId(0)), 0);
         // The emptied chunks came back for reuse.
         assert_eq!(rings.ring(0, ShardId(0)).empty.len(), 4);
+    }
+
+    /// A parked consumer is rung by the first chunk pushed after it parked, and only
+    /// then; one with a chunk already queued is told not to park.
+    #[test]
+    fn the_bell_rings_once_for_the_first_chunk_after_a_park() {
+        use std::io::Read;
+        let rings = Rings::new(1, 1, 4 * CHUNK);
+        let mut sink = RingSink::new(rings.clone(), 0);
+        let mut rx = rings.take_bell(ShardId(0)).unwrap();
+        assert!(rings.take_bell(ShardId(0)).is_none());
+        rx.set_nonblocking(true).unwrap();
+        let mut byte = [0u8; 8];
+        let rung = |rx: &mut UnixStream, byte: &mut [u8; 8]| rx.read(byte).ok();
+
+        assert!(rings.try_park(ShardId(0)));
+        sink.push(remove(1));
+        assert_eq!(
+            rung(&mut rx, &mut byte),
+            None,
+            "staged ops are not handed over yet"
+        );
+        sink.flush();
+        sink.push(remove(2));
+        sink.flush();
+        assert_eq!(rung(&mut rx, &mut byte), Some(1), "one byte for two chunks");
+
+        // Chunks are queued: parking is refused and nothing rings later.
+        assert!(!rings.try_park(ShardId(0)));
+        sink.push(remove(3));
+        sink.flush();
+        assert_eq!(rung(&mut rx, &mut byte), None);
+
+        // A withdrawn park is not rung either.
+        assert_eq!(rings.drain(ShardId(0), usize::MAX, |_| {}), 3);
+        assert!(rings.try_park(ShardId(0)));
+        rings.unpark(ShardId(0));
+        sink.push(remove(4));
+        sink.flush();
+        assert_eq!(rung(&mut rx, &mut byte), None);
+    }
+
+    /// A consumer that parks whenever its ring looks empty is woken for every
+    /// chunk, each of them the last of its burst (a lost wake-up leaves it queued).
+    #[test]
+    fn a_parked_consumer_never_misses_a_chunk() {
+        use std::io::Read;
+        let chunks = 3_000;
+        let rings = Rings::new(1, 1, 4 * CHUNK);
+        let mut rx = rings.take_bell(ShardId(0)).unwrap();
+        rx.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        let seen = Arc::new(AtomicUsize::new(0));
+        let consumer = {
+            let (rings, seen) = (rings.clone(), seen.clone());
+            std::thread::spawn(move || {
+                let (mut parks, mut byte) = (0, [0u8; 64]);
+                while seen.load(Ordering::Relaxed) < chunks * CHUNK {
+                    let got = rings.drain(ShardId(0), usize::MAX, |_| {});
+                    seen.fetch_add(got, Ordering::Relaxed);
+                    if got == 0 && rings.try_park(ShardId(0)) {
+                        parks += 1;
+                        // A timeout only ends this wait; the producer judges.
+                        let _ = rx.read(&mut byte);
+                        rings.unpark(ShardId(0));
+                    }
+                }
+                parks
+            })
+        };
+        let mut sink = RingSink::new(rings.clone(), 0);
+        let mut rng = crate::testing::Xorshift::new(5);
+        for c in 0..chunks {
+            for i in 0..CHUNK {
+                sink.push(remove((c * CHUNK + i) as u64));
+            }
+            // Wait for this chunk before the next: it is the last the consumer gets
+            // until then, so it must be woken for it.
+            let t0 = std::time::Instant::now();
+            while seen.load(Ordering::Relaxed) < (c + 1) * CHUNK {
+                assert!(
+                    t0.elapsed() < std::time::Duration::from_secs(2),
+                    "chunk {c} waited for a parked consumer"
+                );
+                std::thread::yield_now();
+            }
+            if rng.below(2) == 0 {
+                std::thread::sleep(std::time::Duration::from_micros(rng.below(100)));
+            }
+        }
+        let parks = consumer.join().unwrap();
+        assert!(parks > 100, "the consumer parked only {parks} times");
     }
 
     #[test]

@@ -328,14 +328,49 @@ async fn let_requests_in() {
     glommio::timer::sleep(SERVE_PAUSE).await;
 }
 
-/// Drain this core's rings into its shard forever, napping 1–2 ms when they are empty,
-/// walk one step of a slot drop per pass, and end the predictions that are due (a few
-/// wheel buckets per tick, see [`crate::shard::predict`]). Requests get in between
-/// the steps of a drop and at least every [`SERVE_EVERY`] of applying ops.
-/// Every park costs glommio a membarrier IPI to all cores, so shorter naps cost an
-/// event flood more than they save. A ring holds 16k ops, 8 ms of one producer at
-/// 2M ops/s, so a nap does not make a producer wait (`kvix_ring_full_stalls_total`
-/// counts when it does); events become visible at most one nap after they arrive.
+/// An executor whose rings stayed empty this long (longer than [`crate::heap::QUIET`],
+/// so what the last burst freed is released first) parks on its ring bell.
+const PARK_AFTER: Duration = Duration::from_millis(100);
+
+/// A parked drain loop still wakes this often, to release memory and log.
+const PARKED_TICK: Duration = Duration::from_millis(500);
+
+/// The read end of this core's ring bell as a glommio stream, `None` if taken.
+fn bell(core: &Core) -> Option<glommio::net::UnixStream> {
+    use std::os::fd::{FromRawFd, IntoRawFd};
+    let rx = core.app.rings().take_bell(core.id)?;
+    // SAFETY: `into_raw_fd` gives up the std stream's ownership of the descriptor,
+    // which the glommio stream takes over (and closes) alone.
+    Some(unsafe { glommio::net::UnixStream::from_raw_fd(rx.into_raw_fd()) })
+}
+
+/// Wait on `bell` for a producer's byte, or `PARKED_TICK`. False if the bell broke
+/// (the caller goes back to napping rather than spin on an error).
+async fn wait_for_bell(bell: &mut glommio::net::UnixStream) -> bool {
+    use futures_lite::AsyncReadExt;
+    let rung = async {
+        let mut bytes = [0u8; 64];
+        matches!(bell.read(&mut bytes).await, Ok(n) if n > 0)
+    };
+    let tick = async {
+        glommio::timer::sleep(PARKED_TICK).await;
+        true
+    };
+    futures_lite::future::or(rung, tick).await
+}
+
+/// Drain this core's rings into its shard forever, walk one step of a slot drop per
+/// pass, and end the predictions that are due (a few wheel buckets per tick, see
+/// [`crate::shard::predict`]). Requests get in between the steps of a drop and at
+/// least every [`SERVE_EVERY`] of applying ops.
+///
+/// When the rings are empty it naps 1–2 ms: every park costs glommio a membarrier IPI
+/// to all cores, so shorter naps cost an event flood more than they save. A ring
+/// holds 16k ops, 8 ms of one producer at 2M ops/s, so a nap does not make a
+/// producer wait (`kvix_ring_full_stalls_total` counts when it does); events become
+/// visible at most one nap after they arrive. Empty for [`PARK_AFTER`] (and no
+/// prediction to end), it parks until a producer rings its bell instead, so an idle
+/// indexer spends no CPU polling and the next event is applied as it arrives.
 async fn drain_loop(core: Rc<Core>) {
     let mut idle = IDLE_AFTER_WORK;
     // Gives back what applying ops freed once the shard is quiet (never the C heap:
@@ -343,8 +378,10 @@ async fn drain_loop(core: Rc<Core>) {
     let mut release = crate::heap::Release::new(crate::heap::Heaps::Own);
     // Evictions as of the last warning, and when it was logged.
     let mut warned: (u64, Option<Instant>) = (0, None);
-    // When the loop last let requests in.
+    // When the loop last let requests in, and last applied anything.
     let mut served = Instant::now();
+    let mut worked = Instant::now();
+    let mut bell = bell(&core);
     loop {
         let (n, dropping, evicted) = {
             let mut shard = core.shard.borrow_mut();
@@ -368,10 +405,27 @@ async fn drain_loop(core: Rc<Core>) {
         }
         if n == 0 && !dropping {
             release.idle();
-            glommio::timer::sleep(idle).await;
+            let rings = core.app.rings();
+            match bell.as_mut() {
+                Some(b)
+                    if worked.elapsed() >= PARK_AFTER
+                        && !core.shard.borrow().has_predictions()
+                        && rings.try_park(core.id) =>
+                {
+                    if !wait_for_bell(b).await {
+                        tracing::warn!(shard = core.id.0, "ring bell broken: polling instead");
+                        bell = None;
+                    }
+                    rings.unpark(core.id);
+                }
+                _ => {
+                    glommio::timer::sleep(idle).await;
+                    idle = (idle * 2).min(Duration::from_millis(2));
+                }
+            }
             served = Instant::now();
-            idle = (idle * 2).min(Duration::from_millis(2));
         } else {
+            worked = Instant::now();
             idle = IDLE_AFTER_WORK;
             release.worked();
             // Requests that arrived meanwhile run before the next pass: at once

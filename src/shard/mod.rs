@@ -700,6 +700,11 @@ impl Shard {
         self.predictions.pruned += ended;
     }
 
+    /// Does some prediction wait for [`Self::expire`] to end it?
+    pub fn has_predictions(&self) -> bool {
+        self.indexes.iter().any(|ix| !ix.predictions.is_empty())
+    }
+
     /// End every prediction due at `now`. Visits only the wheel buckets of the ticks
     /// since the last call, in the indexes that hold predictions.
     pub fn expire(&mut self, now: Tick) {
