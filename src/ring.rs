@@ -149,8 +149,9 @@ impl Rings {
         self.bells[shard.0].parked.store(false, Ordering::Relaxed);
     }
 
-    /// After a chunk was pushed for `shard`: wake its consumer if it is parked.
-    fn ring_bell(&self, shard: ShardId) {
+    /// Wake `shard`'s consumer if it is parked: after a chunk was pushed for it, or
+    /// after it was given other work its drain loop must see (predictions to end).
+    pub fn wake(&self, shard: ShardId) {
         let bell = &self.bells[shard.0];
         fence(Ordering::SeqCst);
         if bell.parked.load(Ordering::Relaxed) && bell.parked.swap(false, Ordering::SeqCst) {
@@ -222,7 +223,7 @@ impl RingSink {
         let mut spins = 0u32;
         loop {
             match r.full.push(chunk) {
-                Ok(()) => return self.rings.ring_bell(shard),
+                Ok(()) => return self.rings.wake(shard),
                 Err(back) => {
                     chunk = back;
                     if spins == 0 {

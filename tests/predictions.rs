@@ -104,6 +104,35 @@ fn a_prediction_scores_on_every_route_until_its_ttl_and_never_reaches_the_dump()
     assert_eq!(metric(&s, "kvix_shard_blocks"), 0.0);
 }
 
+/// An idle indexer's executor sleeps until its next event; a prediction made then
+/// still ends on time, not at the sleeping executor's next wake-up (up to half a
+/// second later).
+#[test]
+fn a_prediction_made_while_the_indexer_is_idle_ends_on_time() {
+    let s = Server::start(&["--threads", "1"]);
+    let ctx = zmq::Context::new();
+    let w1 = Publisher::bind(&ctx);
+    register(&s, 1, &w1);
+    for round in 0..3u32 {
+        // Idle long enough for the executor to park.
+        std::thread::sleep(Duration::from_millis(600));
+        let prompt = tokens(100 * round + 1, 100 * round + 8);
+        let t0 = Instant::now();
+        speculate(
+            &s,
+            json!({"model_name": MODEL, "instance_id": 2, "token_ids": prompt, "ttl_ms": 20}),
+        );
+        while scores(&s, MODEL, &prompt) != json!({}) {
+            assert!(
+                t0.elapsed() < Duration::from_millis(400),
+                "round {round}: a 20 ms prediction still scores after {:?}",
+                t0.elapsed()
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
 #[test]
 fn a_confirmed_prediction_stays_and_an_unconfirmed_one_beside_it_expires() {
     let s = Server::start(&["--threads", "2"]);

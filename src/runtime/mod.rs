@@ -129,6 +129,8 @@ impl Core {
                 for op in ops {
                     shard.apply(op);
                 }
+                // The drain loop ends predictions, and does not park while some wait.
+                self.app.rings().wake(self.id);
                 Rep::Predicted
             }
             Req::Export { index, part } => {
