@@ -337,9 +337,6 @@ mod tests {
         }
     }
 
-    /// Windows of compact ids read as id by id does, whatever the id lengths,
-    /// leading zeros, long ids, spaces or other bytes mixed in (which the
-    /// window reader leaves to the id-by-id path, or to a rejection).
     /// Both conversions of the window path read the same ids and stop at the same
     /// place (on a CPU with AVX2 the one-word conversion runs only here).
     #[cfg(target_arch = "x86_64")]
@@ -374,6 +371,9 @@ mod tests {
         assert!(read > 100_000, "the window path read only {read} ids");
     }
 
+    /// Windows of compact ids read as id by id does, whatever the id lengths,
+    /// leading zeros, long ids, spaces or other bytes mixed in (which the
+    /// window reader leaves to the id-by-id path, or to a rejection).
     #[test]
     fn window_reads_equal_id_by_id_reads() {
         let mut rng = crate::testing::Xorshift::new(0x9E37_79B9_7F4A_7C15u64);
