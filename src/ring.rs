@@ -9,10 +9,10 @@
 //! out and counted as a stall. A producer must [`RingSink::flush`] before it
 //! waits for anything, or its staged ops stay invisible.
 //!
-//! A shard that has been idle a while parks on its [`Bell`] instead of polling:
-//! the first producer to hand it a chunk afterwards rings it (one byte on a
-//! socket the shard's executor reads), so an idle executor costs no CPU and an
-//! event after a quiet spell is applied at once.
+//! A shard that has been idle a while parks on its bell ([`Rings::try_park`])
+//! instead of polling: the first producer to hand it a chunk afterwards rings it
+//! (one byte on a socket the shard's executor reads), so an idle executor costs no
+//! CPU and an event after a quiet spell is applied at once.
 
 use crate::partition::shard_of;
 use crate::shard::ShardOp;
