@@ -522,15 +522,14 @@ fn prefetch(addr: usize) {
     let _ = addr;
 }
 
-/// Give memory back once a segment is a quarter full or less, keeping room to
-/// double: removals and clears must not pin peak memory.
 /// Count a move of a segment's entries (see [`Cursor`]).
 #[inline]
 fn moved(moves: &mut u32) {
     *moves = moves.wrapping_add(1);
 }
 
-/// Give memory back if `seg` is three quarters empty, counting the move of its
+/// Give memory back if `seg` is three quarters empty, keeping room to double
+/// (removals and clears must not pin peak memory), counting the move of its
 /// entries in `moves`.
 fn shrink_if_sparse<E: Keyed>(seg: &mut Segment<E>, moves: &mut u32) {
     let cap = seg.capacity();
