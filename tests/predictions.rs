@@ -25,6 +25,14 @@ fn register(s: &Server, instance: u64, p: &Publisher) {
     p.wait_subscriber();
 }
 
+/// A server on `threads` executors with worker 1 registered for `MODEL`.
+fn serve_with_worker(threads: &str) -> (Server, Publisher) {
+    let s = Server::start(&["--threads", threads]);
+    let w1 = Publisher::bind(&zmq::Context::new());
+    register(&s, 1, &w1);
+    (s, w1)
+}
+
 fn scores(s: &Server, model: &str, t: &[u32]) -> Value {
     let (st, v) = s.post_json("/query", &json!({"token_ids": t, "model_name": model}));
     assert_eq!(st, 200, "{v}");
@@ -41,10 +49,7 @@ fn metric(s: &Server, name: &str) -> f64 {
 
 #[test]
 fn a_prediction_scores_on_every_route_until_its_ttl_and_never_reaches_the_dump() {
-    let s = Server::start(&["--threads", "2"]);
-    let ctx = zmq::Context::new();
-    let w1 = Publisher::bind(&ctx);
-    register(&s, 1, &w1);
+    let (s, _w1) = serve_with_worker("2");
     let prompt = tokens(1, 16);
 
     let t0 = Instant::now();
@@ -109,10 +114,7 @@ fn a_prediction_scores_on_every_route_until_its_ttl_and_never_reaches_the_dump()
 /// second later).
 #[test]
 fn a_prediction_made_while_the_indexer_is_idle_ends_on_time() {
-    let s = Server::start(&["--threads", "1"]);
-    let ctx = zmq::Context::new();
-    let w1 = Publisher::bind(&ctx);
-    register(&s, 1, &w1);
+    let (s, _w1) = serve_with_worker("1");
     for round in 0..3u32 {
         // Idle long enough for the executor to park.
         std::thread::sleep(Duration::from_millis(600));
@@ -135,10 +137,7 @@ fn a_prediction_made_while_the_indexer_is_idle_ends_on_time() {
 
 #[test]
 fn a_confirmed_prediction_stays_and_an_unconfirmed_one_beside_it_expires() {
-    let s = Server::start(&["--threads", "2"]);
-    let ctx = zmq::Context::new();
-    let mut w1 = Publisher::bind(&ctx);
-    register(&s, 1, &w1);
+    let (s, mut w1) = serve_with_worker("2");
     let prompt = tokens(1, 16);
     speculate(
         &s,
@@ -235,10 +234,7 @@ fn an_approximate_model_is_fed_by_speculation_alone_and_pruned_to_its_bound() {
 
 #[test]
 fn bad_speculations_get_errors_naming_the_field() {
-    let s = Server::start(&["--threads", "1"]);
-    let ctx = zmq::Context::new();
-    let w1 = Publisher::bind(&ctx);
-    register(&s, 1, &w1);
+    let (s, _w1) = serve_with_worker("1");
     for (body, field) in [
         (
             json!({"model_name": MODEL, "token_ids": [1, 2, 3, 4]}),
