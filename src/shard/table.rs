@@ -9,24 +9,39 @@
 //!
 //! One hash table of millions of entries grows by doubling in one go: the
 //! executor stops for the whole copy (queries wait behind it) and the old and new
-//! tables are resident together. Split into [`SEGMENTS`] tables, chosen by hash
-//! bits that neither the partition rule nor hashbrown's probing uses, each
-//! segment grows and shrinks on its own: a resize moves a sixteenth of the
-//! entries, memory grows in small steps, and a segment's freed table is reused
-//! by the next segment's growth instead of faulting in fresh pages. A bounded
-//! shard's tables also keep a use bit per bucket and pick what to evict by CLOCK
-//! ([`BlockTable::evict`]); the table never decides *when* to evict. Owned by one
-//! shard or one ingest thread; never shared.
+//! tables are resident together. Split into segments, chosen by the top bits of
+//! the key's spread (bits that neither the partition rule nor hashbrown's probing
+//! uses), each segment grows and shrinks on its own: memory grows in small steps,
+//! and a segment's freed table is reused by the next segment's growth instead of
+//! faulting in fresh pages. A table starts with [`SEGMENTS`] segments; a segment
+//! that has [`SPLIT_BUCKETS`] buckets splits in two by the next bit of its keys
+//! instead of doubling (extendible hashing: a directory indexed by the keys' top
+//! bits names each key's segment), so a resize moves at most that many buckets'
+//! entries, however large the table. A bounded shard's tables also keep a use bit
+//! per bucket and pick what to evict by CLOCK ([`BlockTable::evict`]); the table
+//! never decides *when* to evict. Owned by one shard or one ingest thread; never
+//! shared.
 
 use crate::types::{EngineHash, SeqHash};
 use hashbrown::HashTable;
 use std::hash::{BuildHasher, Hasher};
 
-/// Sixteen: more segments would shorten the stall further, but each table is then
-/// small enough that the allocator's rounding of large blocks (64 KiB steps) costs
-/// memory in every index.
+/// Sixteen to start with: more would shorten the stalls of a small table, but each
+/// segment is then small enough that the allocator's rounding of large blocks
+/// (64 KiB steps) costs memory in every index. Also the finest parts an export
+/// walks a table in ([`BlockTable::iter_part`]): a segment never holds keys of two
+/// of them.
 const SEG_BITS: u32 = 4;
 pub const SEGMENTS: usize = 1 << SEG_BITS;
+/// A segment with this many buckets splits instead of growing: a resize then moves
+/// at most seven eighths of this many entries (a few milliseconds), where doubling
+/// a sixteenth of a table of tens of millions moves over a million.
+pub const SPLIT_BUCKETS: usize = 1 << 17;
+/// Segments stop splitting (and double instead) once their keys share this many
+/// top bits: a directory of at most a quarter million entries. Hashes spread
+/// evenly never get near it; keys crafted to share their top bits would otherwise
+/// double the directory with every split.
+const MAX_DEPTH: u32 = 18;
 /// A segment this large or larger gives memory back once three quarters empty.
 const SHRINK_FROM: usize = 256;
 
@@ -116,19 +131,35 @@ fn rehash<E: Keyed>(e: &E) -> u64 {
     hash(e.key())
 }
 
-/// Entries `E` by their sequence hash, in [`SEGMENTS`] independently sized hash
-/// tables.
+/// Entries `E` by their sequence hash, in independently sized hash tables.
 pub struct BlockTable<E> {
     /// Empty until the first insert, so an index a shard never sees costs nothing.
     segs: Vec<Segment<E>>,
+    /// Per segment, the keys it holds.
+    reach: Vec<Reach>,
+    /// The segment of every key whose spread's top `depth` bits are the index;
+    /// empty exactly when `segs` is.
+    dir: Vec<u32>,
+    /// `dir` has `1 << depth` entries; never below [`SEG_BITS`].
+    depth: u32,
     /// Per segment, where its buckets are, for [`Self::prefetch`].
     layout: Vec<Layout>,
-    /// Per segment, how often its entries may have moved (it grew, shrank or
+    /// Per segment, how often its entries may have moved (it grew, shrank, split or
     /// rehashed in place), for walks in steps ([`Self::retain_step`]).
     moves: Vec<u32>,
     len: usize,
     /// Use bits and the eviction hand; only for a bounded table.
     clock: Option<Box<Clock>>,
+    /// A segment with this many buckets splits instead of growing.
+    split_at: usize,
+}
+
+/// The keys one segment holds: those whose spread's top `depth` bits are
+/// `prefix`'s (the rest of `prefix` is zero).
+#[derive(Clone, Copy, Debug)]
+struct Reach {
+    prefix: u64,
+    depth: u32,
 }
 
 /// CLOCK (second chance) over the buckets: a bit per bucket, set when the entry in
@@ -157,15 +188,24 @@ impl Clock {
     /// laid out for another count).
     fn used(&mut self, seg: usize, buckets: usize) -> &mut Used {
         if self.used.len() <= seg {
-            self.used.resize_with(SEGMENTS, Used::default);
+            self.used.resize_with(seg + 1, Used::default);
         }
         let u = &mut self.used[seg];
         if u.buckets != buckets {
+            // Laid out for another count, or forgotten: every entry counts as used.
             u.buckets = buckets;
             u.bits.clear();
             u.bits.resize(buckets.div_ceil(64), u64::MAX);
         }
         u
+    }
+
+    /// Forget `seg`'s bits (its entries moved without its bucket count changing):
+    /// the next [`Self::used`] sets them all.
+    fn forget(&mut self, seg: usize) {
+        if let Some(u) = self.used.get_mut(seg) {
+            u.buckets = 0;
+        }
     }
 
     /// Mark `bucket` of `seg` used without knowing the segment's current bucket
@@ -204,10 +244,14 @@ impl<E> Default for BlockTable<E> {
     fn default() -> Self {
         BlockTable {
             segs: Vec::new(),
+            reach: Vec::new(),
+            dir: Vec::new(),
+            depth: SEG_BITS,
             layout: Vec::new(),
             moves: Vec::new(),
             len: 0,
             clock: None,
+            split_at: SPLIT_BUCKETS,
         }
     }
 }
@@ -216,6 +260,12 @@ impl<E> Default for BlockTable<E> {
 /// starts one.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Cursor {
+    /// The first key (spread) of the segment being walked.
+    from: u64,
+    /// Past the last segment.
+    done: bool,
+    /// The segment last walked at `from`: another one there (a split, or a table
+    /// filed anew) starts its walk over.
     seg: usize,
     bucket: usize,
     /// The segment's move count when the walk got to `bucket`.
@@ -224,16 +274,17 @@ pub struct Cursor {
 
 impl Cursor {
     pub fn is_done(&self) -> bool {
-        self.seg >= SEGMENTS
+        self.done
     }
 }
 
-/// The segment of `key`: the top bits of its spread. The partition rule reads a
+/// The top [`SEG_BITS`] bits of a spread key: which of [`SEGMENTS`] parts of the
+/// key space it is in, whatever segment holds it now. The partition rule reads a
 /// sequence hash's low 32 bits and hashbrown indexes buckets by the low bits of the
 /// spread times an odd constant.
 #[inline]
-fn segment(key: impl TableKey) -> usize {
-    (key.spread() >> (64 - SEG_BITS)) as usize
+fn part_of(spread: u64) -> usize {
+    (spread >> (64 - SEG_BITS)) as usize
 }
 
 impl<E: Keyed> BlockTable<E> {
@@ -245,6 +296,16 @@ impl<E: Keyed> BlockTable<E> {
         self.len == 0
     }
 
+    /// A table whose segments split from `buckets` on, so tests see splits
+    /// without filing a million entries.
+    #[cfg(test)]
+    fn splitting_at(buckets: usize) -> Self {
+        BlockTable {
+            split_at: buckets,
+            ..Self::default()
+        }
+    }
+
     /// From now on, note which entries are stored or matched, so that
     /// [`Self::evict`] can pick one that was not lately.
     pub fn track_use(&mut self) {
@@ -253,21 +314,36 @@ impl<E: Keyed> BlockTable<E> {
         }
     }
 
+    /// The segment that holds `key` if it is filed; `None` while nothing is.
+    #[inline]
+    fn segment(&self, key: E::Key) -> Option<usize> {
+        self.segment_at(key.spread())
+    }
+
+    /// The segment whose keys include the spread `at`; `None` while nothing is filed.
+    #[inline]
+    fn segment_at(&self, at: u64) -> Option<usize> {
+        let i = at >> (64 - self.depth);
+        self.dir.get(i as usize).map(|&s| s as usize)
+    }
+
     #[inline]
     pub fn get(&self, seq: &E::Key) -> Option<&E> {
         let seq = *seq;
         self.segs
-            .get(segment(seq))?
+            .get(self.segment(seq)?)?
             .find(hash(seq), |e| e.key() == seq)
     }
 
     /// [`Self::get`] for a query: a match counts as a use.
     #[inline]
     pub fn get_matched(&mut self, seq: &E::Key) -> Option<&E> {
-        let Some(clock) = self.clock.as_deref_mut() else {
+        if self.clock.is_none() {
             return self.get(seq);
-        };
-        let (s, seq) = (segment(*seq), *seq);
+        }
+        let seq = *seq;
+        let s = self.segment(seq)?;
+        let clock = self.clock.as_deref_mut()?;
         let seg = self.segs.get(s)?;
         let i = seg.find_bucket_index(hash(seq), |e| e.key() == seq)?;
         clock.note(s, i);
@@ -277,8 +353,9 @@ impl<E: Keyed> BlockTable<E> {
     #[inline]
     pub fn get_mut(&mut self, seq: &E::Key) -> Option<&mut E> {
         let seq = *seq;
+        let s = self.segment(seq)?;
         self.segs
-            .get_mut(segment(seq))?
+            .get_mut(s)?
             .find_mut(hash(seq), |e| e.key() == seq)
     }
 
@@ -303,17 +380,39 @@ impl<E: Keyed> BlockTable<E> {
     ) -> Result<&mut E, R> {
         if self.segs.is_empty() {
             self.segs.resize_with(SEGMENTS, Segment::default);
+            self.reach = (0..SEGMENTS as u64)
+                .map(|i| Reach {
+                    prefix: i << (64 - SEG_BITS),
+                    depth: SEG_BITS,
+                })
+                .collect();
+            self.dir = (0..SEGMENTS as u32).collect();
+            self.depth = SEG_BITS;
             self.layout.resize(SEGMENTS, Layout::default());
             self.moves.resize(SEGMENTS, 0);
         }
-        let s = segment(seq);
+        let mut s = self
+            .segment(seq)
+            .expect("a directory once a segment exists");
+        let seg = &self.segs[s];
+        if seg.capacity() == seg.len() {
+            // No room left: finding the entry makes room first, by growing, splitting
+            // or rehashing in place, each of which moves entries. hashbrown grows a
+            // table once it is over seven sixteenths full, else rehashes in place.
+            if seg.num_buckets() >= self.split_at
+                && seg.len() >= seg.num_buckets() / 16 * 7
+                && self.reach[s].depth < MAX_DEPTH
+            {
+                self.split(s);
+                s = self
+                    .segment(seq)
+                    .expect("a directory once a segment exists");
+            } else {
+                moved(&mut self.moves[s]);
+            }
+        }
         let seg = &mut self.segs[s];
         let buckets = seg.num_buckets();
-        if seg.capacity() == seg.len() {
-            // No room left: finding the entry makes room first, by growing or by
-            // rehashing in place, either of which moves entries.
-            moved(&mut self.moves[s]);
-        }
         let entry = match seg.entry(hash(seq), |e| e.key() == seq, rehash) {
             hashbrown::hash_table::Entry::Occupied(e) => e,
             hashbrown::hash_table::Entry::Vacant(e) => {
@@ -340,6 +439,62 @@ impl<E: Keyed> BlockTable<E> {
         Ok(seg.get_bucket_mut(i).expect("the bucket just filed"))
     }
 
+    /// Split segment `s` in two by the next bit of its keys: the keys with that bit
+    /// clear stay at `s`, the others go to a new segment at the end. Each half gets
+    /// as many buckets as `s` had, so the pair is as full as `s` would have been
+    /// doubled, and the copy moves only `s`'s entries (a half that got none gives
+    /// its buckets back; one that got all, from keys sharing their top bits, is
+    /// full and splits again at its next insert, until [`MAX_DEPTH`]).
+    fn split(&mut self, s: usize) {
+        let Reach { prefix, depth } = self.reach[s];
+        if depth == self.depth {
+            self.dir = self.dir.iter().flat_map(|&d| [d, d]).collect();
+            self.depth += 1;
+        }
+        let bit = 1u64 << (63 - depth);
+        let new = self.segs.len();
+        let old = std::mem::take(&mut self.segs[s]);
+        let (mut low, mut high) = (
+            Segment::with_capacity(old.len()),
+            Segment::with_capacity(old.len()),
+        );
+        for e in old {
+            // One key per entry: a chained entry computes its key with a hash.
+            let k = e.key();
+            let half = if k.spread() & bit == 0 {
+                &mut low
+            } else {
+                &mut high
+            };
+            half.insert_unique(hash(k), e, rehash);
+        }
+        for half in [&mut low, &mut high] {
+            if half.is_empty() {
+                *half = Segment::default();
+            }
+        }
+        self.segs[s] = low;
+        self.segs.push(high);
+        self.reach[s].depth = depth + 1;
+        self.reach.push(Reach {
+            prefix: prefix | bit,
+            depth: depth + 1,
+        });
+        let shift = 64 - self.depth;
+        for (i, d) in self.dir.iter_mut().enumerate() {
+            if *d as usize == s && ((i as u64) << shift) & bit != 0 {
+                *d = new as u32;
+            }
+        }
+        self.layout[s] = Layout::default();
+        self.layout.push(Layout::default());
+        moved(&mut self.moves[s]);
+        self.moves.push(0);
+        if let Some(clock) = self.clock.as_deref_mut() {
+            clock.forget(s);
+        }
+    }
+
     /// Hint the CPU to load the buckets where `seq` would be, so that a lookup or
     /// insert a few ops later does not wait on memory. Does nothing else.
     #[inline]
@@ -354,7 +509,7 @@ impl<E: Keyed> BlockTable<E> {
     /// entry, if this segment's layout is known.
     #[inline]
     fn home(&self, seq: E::Key) -> Option<(usize, usize)> {
-        let s = segment(seq);
+        let s = self.segment(seq)?;
         let (seg, l) = (self.segs.get(s)?, self.layout.get(s)?);
         let buckets = seg.num_buckets();
         if l.buckets != buckets || buckets == 0 {
@@ -368,7 +523,7 @@ impl<E: Keyed> BlockTable<E> {
     /// Remove `seq`; its segment gives memory back if it became sparse.
     pub fn remove(&mut self, seq: &E::Key) -> Option<E> {
         let seq = *seq;
-        let s = segment(seq);
+        let s = self.segment(seq)?;
         let seg = self.segs.get_mut(s)?;
         let (e, _) = seg.find_entry(hash(seq), |e| e.key() == seq).ok()?.remove();
         self.len -= 1;
@@ -392,10 +547,14 @@ impl<E: Keyed> BlockTable<E> {
         }
         for _ in 0..steps {
             let s = clock.seg;
-            let seg = &mut self.segs[s];
+            let Some(seg) = self.segs.get_mut(s) else {
+                // The table was emptied and filed anew since the hand was here.
+                (clock.seg, clock.bucket) = (0, 0);
+                continue;
+            };
             let (i, buckets) = (clock.bucket, seg.num_buckets());
             if i >= buckets {
-                clock.seg = (s + 1) % SEGMENTS;
+                clock.seg = (s + 1) % self.segs.len();
                 clock.bucket = 0;
                 continue;
             }
@@ -432,15 +591,18 @@ impl<E: Keyed> BlockTable<E> {
         mut keep: impl FnMut(&mut E) -> bool,
     ) {
         let mut left = budget;
-        while left > 0 && at.seg < SEGMENTS {
-            let Some(seg) = self.segs.get_mut(at.seg) else {
+        while left > 0 && !at.is_done() {
+            // Segments are walked in key order, so a split (which keeps each half's
+            // keys where they were in that order) never puts unwalked keys behind
+            // the walk, and a table growing during the walk cannot outrun it.
+            let Some(s) = self.segment_at(at.from) else {
                 // Nothing is filed: nothing is left to walk.
-                at.seg = SEGMENTS;
+                at.done = true;
                 break;
             };
-            if at.moves != self.moves[at.seg] || at.bucket > seg.num_buckets() {
-                at.moves = self.moves[at.seg];
-                at.bucket = 0;
+            let seg = &mut self.segs[s];
+            if at.seg != s || at.moves != self.moves[s] || at.bucket > seg.num_buckets() {
+                (at.seg, at.moves, at.bucket) = (s, self.moves[s], 0);
             }
             let end = seg.num_buckets().min(at.bucket.saturating_add(left));
             for i in at.bucket..end {
@@ -456,13 +618,19 @@ impl<E: Keyed> BlockTable<E> {
             left -= end - at.bucket;
             at.bucket = end;
             if end == seg.num_buckets() {
-                shrink_if_sparse(seg, &mut self.moves[at.seg]);
-                at.seg += 1;
-                at.bucket = 0;
+                shrink_if_sparse(seg, &mut self.moves[s]);
+                let r = self.reach[s];
+                match r.prefix.checked_add(1 << (64 - r.depth)) {
+                    Some(next) => (at.from, at.bucket) = (next, 0),
+                    None => at.done = true,
+                }
             }
         }
         if self.len == 0 {
             self.segs = Vec::new();
+            self.reach = Vec::new();
+            self.dir = Vec::new();
+            self.depth = SEG_BITS;
             self.layout = Vec::new();
             self.moves = Vec::new();
         }
@@ -472,33 +640,36 @@ impl<E: Keyed> BlockTable<E> {
         self.segs.iter().flat_map(|s| s.iter())
     }
 
-    /// The entries of segments `part * SEGMENTS / parts ..` up to the next part's: an
-    /// export walks the table in `parts` steps and the executor serves between them.
+    /// The entries whose keys are in the `part`th of `parts` (at most [`SEGMENTS`])
+    /// equal ranges of the key space: an export walks the table in `parts` steps and
+    /// the executor serves between them. A segment never straddles two parts, and a
+    /// split keeps each key in its part, so the steps together pass every entry filed
+    /// throughout exactly once.
     pub fn iter_part(&self, part: usize, parts: usize) -> impl Iterator<Item = &E> {
-        let parts = parts.clamp(1, SEGMENTS);
-        let (from, to) = (part * SEGMENTS / parts, (part + 1) * SEGMENTS / parts);
+        let within = part_range(part, parts);
         self.segs
-            .get(from.min(self.segs.len())..to.min(self.segs.len()))
-            .unwrap_or_default()
             .iter()
-            .flat_map(|s| s.iter())
+            .zip(&self.reach)
+            .filter(move |(_, r)| within.contains(&part_of(r.prefix)))
+            .flat_map(|(s, _)| s.iter())
     }
 
-    /// Entries in the segments of [`Self::iter_part`]'s `part`.
+    /// Entries in [`Self::iter_part`]'s `part`.
     pub fn len_part(&self, part: usize, parts: usize) -> usize {
-        let parts = parts.clamp(1, SEGMENTS);
-        let (from, to) = (part * SEGMENTS / parts, (part + 1) * SEGMENTS / parts);
+        let within = part_range(part, parts);
         self.segs
-            .get(from.min(self.segs.len())..to.min(self.segs.len()))
-            .unwrap_or_default()
             .iter()
-            .map(|s| s.len())
+            .zip(&self.reach)
+            .filter(|(_, r)| within.contains(&part_of(r.prefix)))
+            .map(|(s, _)| s.len())
             .sum()
     }
 
     /// Heap bytes of the segments' tables and the use bits.
     pub fn allocation_size(&self) -> usize {
         self.segs.capacity() * std::mem::size_of::<Segment<E>>()
+            + self.reach.capacity() * std::mem::size_of::<Reach>()
+            + self.dir.capacity() * std::mem::size_of::<u32>()
             + self.segs.iter().map(|s| s.allocation_size()).sum::<usize>()
             + self.clock.as_ref().map_or(0, |c| {
                 std::mem::size_of::<Clock>()
@@ -506,6 +677,12 @@ impl<E: Keyed> BlockTable<E> {
                     + c.used.iter().map(|u| u.bits.capacity() * 8).sum::<usize>()
             })
     }
+}
+
+/// The [`part_of`]s in the `part`th of `parts` (clamped to 1..=[`SEGMENTS`]).
+fn part_range(part: usize, parts: usize) -> std::ops::Range<usize> {
+    let parts = parts.clamp(1, SEGMENTS);
+    part * SEGMENTS / parts..(part + 1) * SEGMENTS / parts
 }
 
 /// A prefetch hint for the cache line holding `addr`.
@@ -551,8 +728,12 @@ mod tests {
         let key = |x: u64| SeqHash(x.wrapping_mul(0x2545_F491_4F6C_DD1D));
         // (stores, removals) per step: growth; emptying (shrinks); churn (tombstones,
         // so rehashes in place).
-        for (round, (stores, removals)) in [(60, 0), (0, 30), (30, 30)].into_iter().enumerate() {
-            let mut t = BlockTable::<(SeqHash, u64)>::default();
+        let rounds = [(60, 0), (0, 30), (30, 30)].into_iter();
+        for (round, ((stores, removals), split_at)) in rounds
+            .flat_map(|r| [(r, SPLIT_BUCKETS), (r, 64)])
+            .enumerate()
+        {
+            let mut t = BlockTable::<(SeqHash, u64)>::splitting_at(split_at);
             let mut model = std::collections::HashMap::new();
             let mut live = Vec::new();
             for k in 0..20_000u64 {
@@ -583,7 +764,8 @@ mod tests {
                     model.remove(&k);
                 }
             }
-            if removals == 0 || stores == 0 {
+            // Segments that split early are too small to shrink.
+            if removals == 0 || (stores == 0 && split_at == SPLIT_BUCKETS) {
                 assert!(
                     t.moves.iter().sum::<u32>() > moves_before,
                     "round {round}: no moves"
@@ -627,7 +809,13 @@ mod tests {
 
     #[test]
     fn behaves_as_one_map() {
-        let mut t = BlockTable::<(SeqHash, u64)>::default();
+        for split_at in [SPLIT_BUCKETS, 64] {
+            behaves_as_one_map_splitting_at(split_at);
+        }
+    }
+
+    fn behaves_as_one_map_splitting_at(split_at: usize) {
+        let mut t = BlockTable::<(SeqHash, u64)>::splitting_at(split_at);
         let mut model = std::collections::HashMap::new();
         let mut rng = crate::testing::Xorshift::new(0x2545_F491_4F6C_DD1D);
         for i in 0..50_000u64 {
@@ -717,8 +905,14 @@ mod tests {
 
     #[test]
     fn evicts_what_was_not_used_since_the_hand_passed() {
+        for split_at in [SPLIT_BUCKETS, 64] {
+            evicts_what_was_not_used_splitting_at(split_at);
+        }
+    }
+
+    fn evicts_what_was_not_used_splitting_at(split_at: usize) {
         let key = |i: u64| SeqHash(xxhash_rust::xxh3::xxh3_64(&i.to_le_bytes()));
-        let mut t = BlockTable::<(SeqHash, u64)>::default();
+        let mut t = BlockTable::<(SeqHash, u64)>::splitting_at(split_at);
         for i in 0..4000 {
             t.get_or_insert_with(key(i), || (key(i), i));
         }
@@ -748,6 +942,56 @@ mod tests {
         while t.evict(8).is_none() {
             steps += 8;
             assert!(steps < 1 << 20);
+        }
+    }
+
+    /// Past the split size a segment splits instead of growing; every segment holds
+    /// exactly the keys its directory entries send it, and all are found.
+    #[test]
+    fn segments_split_instead_of_growing_past_the_split_size() {
+        let key = |i: u64| SeqHash(xxhash_rust::xxh3::xxh3_64(&i.to_le_bytes()));
+        let mut t = BlockTable::<(SeqHash, u64)>::splitting_at(64);
+        for i in 0..20_000 {
+            t.get_or_insert_with(key(i), || (key(i), i));
+        }
+        assert!(t.segs.len() > 8 * SEGMENTS, "{} segments", t.segs.len());
+        assert!(t.segs.iter().all(|s| s.num_buckets() <= 64));
+        assert_eq!(t.dir.len(), 1 << t.depth);
+        for (i, &d) in t.dir.iter().enumerate() {
+            let r = t.reach[d as usize];
+            let top = (i as u64) << (64 - t.depth);
+            assert_eq!(top >> (64 - r.depth), r.prefix >> (64 - r.depth));
+        }
+        for (seg, r) in t.segs.iter().zip(&t.reach) {
+            for e in seg.iter() {
+                assert_eq!(e.0.spread() >> (64 - r.depth), r.prefix >> (64 - r.depth));
+            }
+        }
+        for i in 0..20_000 {
+            assert_eq!(t.get(&key(i)).map(|e| e.1), Some(i));
+        }
+        // An emptied table starts again from sixteen segments.
+        t.retain(|_| false);
+        assert_eq!(t.allocation_size(), 0);
+        t.get_or_insert_with(key(1), || (key(1), 1));
+        assert_eq!((t.segs.len(), t.dir.len()), (SEGMENTS, SEGMENTS));
+    }
+
+    /// Keys that share their top bits (crafted ones) still split, up to a bounded
+    /// directory, and then grow as before.
+    #[test]
+    fn keys_sharing_their_top_bits_do_not_blow_up_the_directory() {
+        // Spreads sharing their top 40 bits.
+        let crafted = |i: u64| SeqHash(0x00AB_CDEF_1234 << 24 | i);
+        let mut t = BlockTable::<(SeqHash, u64)>::splitting_at(64);
+        for i in 0..5_000u64 {
+            let k = crafted(i);
+            t.get_or_insert_with(k, || (k, i));
+        }
+        assert!(t.depth <= MAX_DEPTH);
+        assert_eq!(t.len(), 5_000);
+        for i in 0..5_000u64 {
+            assert_eq!(t.get(&crafted(i)).map(|e| e.1), Some(i));
         }
     }
 
