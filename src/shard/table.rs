@@ -995,14 +995,19 @@ mod tests {
         }
     }
 
-    /// The longest single insert while growing to 8M entries, segmented and as
-    /// one table: the stall a query behind a resize waits. A figure, not a check:
+    /// The longest single insert while growing to `KVIX_STALL_ENTRIES` (default 8M)
+    /// entries, as one table, as sixteen segments that only double, and as this
+    /// table (segments that split): the stall a query behind a resize waits. A
+    /// figure, not a check:
     /// `cargo test --release --lib growth_stall -- --ignored --nocapture`.
     #[test]
     #[ignore]
     fn growth_stall() {
         use std::time::{Duration, Instant};
-        let n = 8u64 << 20;
+        let n: u64 = std::env::var("KVIX_STALL_ENTRIES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(8 << 20);
         let key = |i: u64| SeqHash(xxhash_rust::xxh3::xxh3_64(&i.to_le_bytes()));
         let mut worst = Duration::ZERO;
         let mut m: hashbrown::HashMap<SeqHash, [u64; 3], SeqHasherBuilder> = Default::default();
@@ -1012,24 +1017,26 @@ mod tests {
             m.entry(key(i)).or_insert([i; 3]);
             worst = worst.max(s.elapsed());
         }
+        println!("{n} entries");
         println!(
             "one table: total {:?}, worst insert {:?}",
             t0.elapsed(),
             worst
         );
         drop(m);
-        let mut worst = Duration::ZERO;
-        let mut t = BlockTable::<(SeqHash, [u64; 3])>::default();
-        let t0 = Instant::now();
-        for i in 0..n {
-            let s = Instant::now();
-            t.get_or_insert_with(key(i), || (key(i), [i; 3]));
-            worst = worst.max(s.elapsed());
+        for (name, split_at) in [
+            ("doubling segments", usize::MAX),
+            ("splitting segments", SPLIT_BUCKETS),
+        ] {
+            let mut worst = Duration::ZERO;
+            let mut t = BlockTable::<(SeqHash, [u64; 3])>::splitting_at(split_at);
+            let t0 = Instant::now();
+            for i in 0..n {
+                let s = Instant::now();
+                t.get_or_insert_with(key(i), || (key(i), [i; 3]));
+                worst = worst.max(s.elapsed());
+            }
+            println!("{name}: total {:?}, worst insert {:?}", t0.elapsed(), worst);
         }
-        println!(
-            "segmented: total {:?}, worst insert {:?}",
-            t0.elapsed(),
-            worst
-        );
     }
 }
