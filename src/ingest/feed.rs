@@ -53,7 +53,7 @@ impl FeedStats {
 ///
 /// Sized for memory: the common block lives on the device only and costs one
 /// 16-byte entry; the tier set of any other block is kept in a side map. The map
-/// is a segmented [`BlockTable`], like a shard's: it grows a sixteenth at a time,
+/// is a segmented [`BlockTable`], like a shard's: it grows a segment at a time,
 /// into memory the last segment's growth freed instead of fresh pages.
 #[derive(Default)]
 struct EngineMap {

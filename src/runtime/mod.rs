@@ -32,8 +32,8 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// An export reads a shard in this many parts (one segment of its block tables
-/// each), one request each, so the shard's executor serves queries between them
+/// An export reads a shard in this many parts (a sixteenth of the key space each:
+/// the segments of its block tables that hold those keys), one request each, so the shard's executor serves queries between them
 /// instead of walking its whole table at once.
 /// Ops applied between parts are covered by replay from the sequence numbers taken
 /// before the export, as ops applied after it are.
