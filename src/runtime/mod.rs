@@ -32,13 +32,11 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// An export reads a shard in this many parts (a sixteenth of the key space each:
-/// the segments of its block tables that hold those keys), one request each, so the shard's executor serves queries between them
-/// instead of walking its whole table at once.
+/// An export reads a shard in parts, one request each (the shard says how many
+/// with its first answer: [`crate::shard::Shard::export_bits`]), so the shard's
+/// executor serves queries between them instead of walking its whole table at once.
 /// Ops applied between parts are covered by replay from the sequence numbers taken
 /// before the export, as ops applied after it are.
-const EXPORT_PARTS: usize = crate::shard::table::SEGMENTS;
-
 /// A request from one core to another core's shard.
 enum Req {
     Lookup {
@@ -51,9 +49,12 @@ enum Req {
         ops: Vec<ShardOp>,
         prune: Option<PruneBound>,
     },
+    /// Part `part` of `1 << bits`; with no `bits`, the shard picks them (and
+    /// answers part 0).
     Export {
         index: IndexId,
         part: usize,
+        bits: Option<u32>,
     },
     Stats,
 }
@@ -61,7 +62,8 @@ enum Req {
 enum Rep {
     Lookup(ShardReply),
     Predicted,
-    Export(Vec<DumpedBlock>),
+    /// The part's blocks, and the bits the export splits the index by.
+    Export(Vec<DumpedBlock>, u32),
     Stats(Box<ShardStats>),
 }
 
@@ -133,7 +135,7 @@ impl Core {
                 self.app.rings().wake(self.id);
                 Rep::Predicted
             }
-            Req::Export { index, part } => {
+            Req::Export { index, part, bits } => {
                 // Apply everything already on the rings first, so an export taken after
                 // the ingest threads reported their sequence numbers covers them.
                 let mut shard = self.shard.borrow_mut();
@@ -141,9 +143,10 @@ impl Core {
                     .rings()
                     .drain(self.id, usize::MAX, |ops| shard.apply_staged(ops));
                 shard.settle();
+                let bits = bits.unwrap_or_else(|| shard.export_bits(index));
                 let mut out = Vec::new();
-                shard.dump(index, part, EXPORT_PARTS, &mut out);
-                Rep::Export(out)
+                shard.dump(index, part, bits, &mut out);
+                Rep::Export(out, bits)
             }
         }
     }
@@ -243,19 +246,24 @@ impl ShardMesh for Core {
         index: IndexId,
     ) -> Result<Vec<DumpedBlock>, ShardUnavailable> {
         let mut all = Vec::new();
-        for part in 0..EXPORT_PARTS {
+        let (mut part, mut bits) = (0, None);
+        while bits.is_none_or(|b: u32| part < 1usize << b) {
             let mut reqs: Vec<Option<Req>> = (0..self.shards).map(|_| None).collect();
             *reqs.get_mut(shard.0).ok_or(ShardUnavailable(shard))? =
-                Some(Req::Export { index, part });
+                Some(Req::Export { index, part, bits });
             match self
                 .scatter(reqs)
                 .await?
                 .get_mut(shard.0)
                 .and_then(Option::take)
             {
-                Some(Rep::Export(mut v)) => all.append(&mut v),
+                Some(Rep::Export(mut v, b)) => {
+                    all.append(&mut v);
+                    bits = Some(b);
+                }
                 _ => return Err(ShardUnavailable(shard)),
             }
+            part += 1;
             // Our own shard answers in place: let queued queries run between parts.
             let_requests_in().await;
         }
@@ -275,7 +283,7 @@ impl ShardMesh for Core {
             })
             .collect();
         for (i, r) in self.scatter(reqs).await?.into_iter().enumerate() {
-            if matches!(r, Some(Rep::Lookup(_) | Rep::Export(_) | Rep::Stats(_))) {
+            if matches!(r, Some(Rep::Lookup(_) | Rep::Export(..) | Rep::Stats(_))) {
                 return Err(ShardUnavailable(ShardId(i)));
             }
         }

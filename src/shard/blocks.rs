@@ -239,27 +239,40 @@ impl Blocks {
         }
     }
 
-    /// `(seq, parent, node)` of one of `parts` parts that together cover every
-    /// block once (an export walks them one by one, serving between).
+    /// `(seq, parent, node)` of part `part` of `1 << bits` that together cover
+    /// every block once (an export walks them one by one, serving between; see
+    /// [`BlockTable::iter_part`]).
     pub fn iter_part(
         &self,
         part: usize,
-        parts: usize,
+        bits: u32,
     ) -> impl Iterator<Item = (SeqHash, Option<SeqHash>, &Node)> {
-        let chained = self.chained.iter_part(part, parts).map(|c| {
+        let chained = self.chained.iter_part(part, bits).map(|c| {
             let n = &c.0;
             (c.key(), chained_parent(n.parent, n.local), n)
         });
         let keyed = self
             .keyed
-            .iter_part(part, parts)
+            .iter_part(part, bits)
             .map(|(seq, n)| (*seq, (n.parent != *seq).then_some(n.parent), n));
         chained.chain(keyed)
     }
 
     /// Blocks in [`Self::iter_part`]'s `part`.
-    pub fn len_part(&self, part: usize, parts: usize) -> usize {
-        self.chained.len_part(part, parts) + self.keyed.len_part(part, parts)
+    pub fn len_part(&self, part: usize, bits: u32) -> usize {
+        self.chained.len_part(part, bits) + self.keyed.len_part(part, bits)
+    }
+
+    /// The bits an export splits these blocks by: the larger table's
+    /// [`BlockTable::part_bits`] (the other, usually small or empty, is read once
+    /// per part and filtered), at most `max`; `None` when there are none.
+    pub fn part_bits(&self, max: u32) -> Option<u32> {
+        let bits = if self.keyed.len() > self.chained.len() {
+            self.keyed.part_bits()
+        } else {
+            self.chained.part_bits()
+        };
+        bits.map(|b| b.min(max))
     }
 
     pub fn values(&self) -> impl Iterator<Item = &Node> {
@@ -297,7 +310,7 @@ mod tests {
             );
         }
         assert_eq!((b.chained.len(), b.keyed.len()), (1000, 0));
-        let mut seen: Vec<_> = (0..3).flat_map(|p| b.iter_part(p, 3)).collect();
+        let mut seen: Vec<_> = (0..4).flat_map(|p| b.iter_part(p, 2)).collect();
         seen.sort_by_key(|(seq, ..)| *seq);
         let mut want = chain_of(1000);
         want.sort_by_key(|(seq, ..)| *seq);
@@ -322,7 +335,7 @@ mod tests {
         b.get_or_insert(rolled_root, None, BlockHash(0), HolderSet::default());
         assert_eq!((b.chained.len(), b.keyed.len()), (1, 3));
         let mut seen: Vec<_> = b
-            .iter_part(0, 1)
+            .iter_part(0, 0)
             .map(|(s, p, n)| (s, p, n.local()))
             .collect();
         seen.sort_by_key(|(s, ..)| *s);

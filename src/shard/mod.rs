@@ -102,6 +102,10 @@ impl ShardOp {
     }
 }
 
+/// An export splits an index into at most `1 << EXPORT_BITS_MAX` parts, one request
+/// each.
+const EXPORT_BITS_MAX: u32 = 12;
+
 /// Table buckets a drop walks per step by default: a fraction of a millisecond.
 const DROP_STEP_BUCKETS: usize = 1 << 14;
 
@@ -799,14 +803,25 @@ impl Shard {
         }
     }
 
-    /// Every (block, holder) of one part of one index (of `parts` that together
-    /// cover it once), for `/dump` and snapshots.
-    pub fn dump(&self, index: IndexId, part: usize, parts: usize, out: &mut Vec<DumpedBlock>) {
+    /// How many bits an export of `index` splits its key space by (`1 << bits`
+    /// parts, see [`Self::dump`]): enough that a part is one table segment, so no
+    /// part holds the executor longer than a segment's walk, however large the
+    /// index.
+    pub fn export_bits(&self, index: IndexId) -> u32 {
+        self.index(index)
+            .and_then(|ix| ix.blocks.part_bits(EXPORT_BITS_MAX))
+            .unwrap_or(0)
+    }
+
+    /// Every (block, holder) of part `part` of one index (of `1 << bits` that
+    /// together cover it once, even if its tables grow between them), for `/dump`
+    /// and snapshots.
+    pub fn dump(&self, index: IndexId, part: usize, bits: u32, out: &mut Vec<DumpedBlock>) {
         let Some(ix) = self.index(index) else { return };
         // One allocation up front: growing a vector of millions of pairs by doubling
         // would copy it repeatedly on the executor. Blocks bound pairs from below.
-        out.reserve(ix.blocks.len_part(part, parts));
-        for (seq, parent, node) in ix.blocks.iter_part(part, parts) {
+        out.reserve(ix.blocks.len_part(part, bits));
+        for (seq, parent, node) in ix.blocks.iter_part(part, bits) {
             for &h in node.holders.as_slice(&ix.slab) {
                 if ix.drops(Holder(h).slot()) {
                     continue;
@@ -875,6 +890,39 @@ mod tests {
             local: BlockHash(seq),
             slot: WorkerSlot(slot),
             tier,
+        }
+    }
+
+    /// The longest part of an export of a large index (`KVIX_STALL_ENTRIES` blocks,
+    /// default 4M), in sixteen parts and in as many as the shard picks
+    /// ([`Shard::export_bits`]): what a query waits behind one part. A figure, not a
+    /// check: `cargo test --release --lib export_part_stall -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn export_part_stall() {
+        use std::time::{Duration, Instant};
+        let n: u64 = std::env::var("KVIX_STALL_ENTRIES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(4 << 20);
+        let mut s = Shard::default();
+        for i in 0..n {
+            let seq = xxhash_rust::xxh3::xxh3_64(&i.to_le_bytes());
+            s.apply(store(seq, 1, Tier::DEVICE));
+        }
+        for bits in [4, s.export_bits(IndexId(0))] {
+            let (mut worst, mut pairs) = (Duration::ZERO, 0);
+            for part in 0..1 << bits {
+                let t = Instant::now();
+                let mut out = Vec::new();
+                s.dump(IndexId(0), part, bits, &mut out);
+                worst = worst.max(t.elapsed());
+                pairs += out.len();
+            }
+            println!(
+                "{n} blocks, {} parts: worst part {worst:?}, {pairs} pairs",
+                1 << bits
+            );
         }
     }
 
@@ -1022,7 +1070,7 @@ mod tests {
         let dump = |s: &Shard| {
             let mut out = Vec::new();
             for part in 0..4 {
-                s.dump(IndexId(0), part, 4, &mut out);
+                s.dump(IndexId(0), part, 2, &mut out);
             }
             out.sort_unstable_by_key(|b| b.seq.0);
             out
@@ -1177,7 +1225,7 @@ mod tests {
         let dev = |slot| Holder::new(WorkerSlot(slot), Tier::DEVICE.bit()).0;
         assert_eq!(holders(&mut s, 1), vec![dev(3)]);
         let mut out = Vec::new();
-        s.dump(IndexId(0), 0, 1, &mut out);
+        s.dump(IndexId(0), 0, 0, &mut out);
         assert_eq!(out.len(), 1, "only the stored block: {out:?}");
         // Slot 3 stores block 2 on the host: confirmed, held on the host only.
         s.apply(store(2, 3, Tier::HOST));

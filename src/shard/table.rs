@@ -13,7 +13,7 @@
 //! the key's spread (bits that neither the partition rule nor hashbrown's probing
 //! uses), each segment grows and shrinks on its own: memory grows in small steps,
 //! and a segment's freed table is reused by the next segment's growth instead of
-//! faulting in fresh pages. A table starts with [`SEGMENTS`] segments; a segment
+//! faulting in fresh pages. A table starts with sixteen segments; a segment
 //! that has [`SPLIT_BUCKETS`] buckets splits in two by the next bit of its keys
 //! instead of doubling (extendible hashing: a directory indexed by the keys' top
 //! bits names each key's segment), so a resize moves at most that many buckets'
@@ -28,11 +28,9 @@ use std::hash::{BuildHasher, Hasher};
 
 /// Sixteen to start with: more would shorten the stalls of a small table, but each
 /// segment is then small enough that the allocator's rounding of large blocks
-/// (64 KiB steps) costs memory in every index. Also the finest parts an export
-/// walks a table in ([`BlockTable::iter_part`]): a segment never holds keys of two
-/// of them.
+/// (64 KiB steps) costs memory in every index.
 const SEG_BITS: u32 = 4;
-pub const SEGMENTS: usize = 1 << SEG_BITS;
+const SEGMENTS: usize = 1 << SEG_BITS;
 /// A segment with this many buckets splits instead of growing: a resize then moves
 /// at most seven eighths of this many entries (a few milliseconds), where doubling
 /// a sixteenth of a table of tens of millions moves over a million.
@@ -276,15 +274,6 @@ impl Cursor {
     pub fn is_done(&self) -> bool {
         self.done
     }
-}
-
-/// The top [`SEG_BITS`] bits of a spread key: which of [`SEGMENTS`] parts of the
-/// key space it is in, whatever segment holds it now. The partition rule reads a
-/// sequence hash's low 32 bits and hashbrown indexes buckets by the low bits of the
-/// spread times an odd constant.
-#[inline]
-fn part_of(spread: u64) -> usize {
-    (spread >> (64 - SEG_BITS)) as usize
 }
 
 impl<E: Keyed> BlockTable<E> {
@@ -640,29 +629,46 @@ impl<E: Keyed> BlockTable<E> {
         self.segs.iter().flat_map(|s| s.iter())
     }
 
-    /// The entries whose keys are in the `part`th of `parts` (at most [`SEGMENTS`])
-    /// equal ranges of the key space: an export walks the table in `parts` steps and
-    /// the executor serves between them. A segment never straddles two parts, and a
-    /// split keeps each key in its part, so the steps together pass every entry filed
-    /// throughout exactly once.
-    pub fn iter_part(&self, part: usize, parts: usize) -> impl Iterator<Item = &E> {
-        let within = part_range(part, parts);
+    /// The entries whose keys are in part `part` of `1 << bits` (the keys whose
+    /// spread's top `bits` bits are `part`): an export walks the table part by part
+    /// and the executor serves between them. Each key is in one part whatever the
+    /// segments do between the steps, so together they pass every entry filed
+    /// throughout exactly once. A segment holding keys of several parts (shallower
+    /// than `bits`, see [`Self::part_bits`]) is read once per part, its entries'
+    /// keys checked.
+    pub fn iter_part(&self, part: usize, bits: u32) -> impl Iterator<Item = &E> {
         self.segs
             .iter()
             .zip(&self.reach)
-            .filter(move |(_, r)| within.contains(&part_of(r.prefix)))
-            .flat_map(|(s, _)| s.iter())
+            .filter(move |(_, r)| overlaps(r, part, bits))
+            .flat_map(move |(seg, r)| {
+                let straddles = r.depth < bits;
+                seg.iter()
+                    .filter(move |e| !straddles || top(e.key().spread(), bits) == part as u64)
+            })
     }
 
     /// Entries in [`Self::iter_part`]'s `part`.
-    pub fn len_part(&self, part: usize, parts: usize) -> usize {
-        let within = part_range(part, parts);
+    pub fn len_part(&self, part: usize, bits: u32) -> usize {
         self.segs
             .iter()
             .zip(&self.reach)
-            .filter(|(_, r)| within.contains(&part_of(r.prefix)))
-            .map(|(s, _)| s.len())
+            .filter(|(_, r)| overlaps(r, part, bits))
+            .map(|(seg, r)| match r.depth < bits {
+                false => seg.len(),
+                true => seg
+                    .iter()
+                    .filter(|e| top(e.key().spread(), bits) == part as u64)
+                    .count(),
+            })
             .sum()
+    }
+
+    /// The most bits [`Self::iter_part`] can split this table by with no segment
+    /// holding keys of two parts (its shallowest segment's depth); `None` while
+    /// nothing is filed. Grows with the table once its segments split.
+    pub fn part_bits(&self) -> Option<u32> {
+        self.reach.iter().map(|r| r.depth).min()
     }
 
     /// Heap bytes of the segments' tables and the use bits.
@@ -679,10 +685,16 @@ impl<E: Keyed> BlockTable<E> {
     }
 }
 
-/// The [`part_of`]s in the `part`th of `parts` (clamped to 1..=[`SEGMENTS`]).
-fn part_range(part: usize, parts: usize) -> std::ops::Range<usize> {
-    let parts = parts.clamp(1, SEGMENTS);
-    part * SEGMENTS / parts..(part + 1) * SEGMENTS / parts
+/// The top `bits` bits of `spread` (none: 0).
+#[inline]
+fn top(spread: u64, bits: u32) -> u64 {
+    spread.checked_shr(64 - bits).unwrap_or(0)
+}
+
+/// Whether the segment reaching `r` holds keys of part `part` of `1 << bits`.
+fn overlaps(r: &Reach, part: usize, bits: u32) -> bool {
+    let common = r.depth.min(bits);
+    top(r.prefix, common) == (part as u64).checked_shr(bits - common).unwrap_or(0)
 }
 
 /// A prefetch hint for the cache line holding `addr`.
@@ -833,11 +845,12 @@ mod tests {
             assert_eq!(t.get(k).map(|e| &e.1), Some(v));
         }
         assert_eq!(t.iter().count(), model.len());
-        for parts in [1, 3, 8, 64, 100] {
-            let mut seen: Vec<_> = (0..parts).flat_map(|p| t.iter_part(p, parts)).collect();
-            assert_eq!(seen.len(), model.len(), "parts={parts}");
+        for bits in [0, 1, 3, 4, 6, 9] {
+            let parts = 1 << bits;
+            let mut seen: Vec<_> = (0..parts).flat_map(|p| t.iter_part(p, bits)).collect();
+            assert_eq!(seen.len(), model.len(), "bits={bits}");
             assert_eq!(
-                (0..parts).map(|p| t.len_part(p, parts)).sum::<usize>(),
+                (0..parts).map(|p| t.len_part(p, bits)).sum::<usize>(),
                 model.len()
             );
             seen.sort_by_key(|e| e.0);
@@ -975,6 +988,41 @@ mod tests {
         assert_eq!(t.allocation_size(), 0);
         t.get_or_insert_with(key(1), || (key(1), 1));
         assert_eq!((t.segs.len(), t.dir.len()), (SEGMENTS, SEGMENTS));
+    }
+
+    /// An export's parts, read one by one while stores split segments between them,
+    /// pass every entry filed throughout exactly once, also at more bits than the
+    /// table's shallowest segment.
+    #[test]
+    fn parts_read_between_splits_pass_every_entry_once() {
+        let key = |i: u64| SeqHash(xxhash_rust::xxh3::xxh3_64(&i.to_le_bytes()));
+        for extra in [0, 2] {
+            let mut t = BlockTable::<(SeqHash, u64)>::splitting_at(64);
+            for i in 0..5_000 {
+                t.get_or_insert_with(key(i), || (key(i), i));
+            }
+            let bits = t.part_bits().expect("filed") + extra;
+            let mut seen = Vec::new();
+            let mut next = 5_000;
+            for part in 0..1 << bits {
+                seen.extend(t.iter_part(part, bits).map(|e| e.1));
+                for _ in 0..40 {
+                    t.get_or_insert_with(key(next), || (key(next), next));
+                    next += 1;
+                }
+            }
+            assert!(
+                t.part_bits().unwrap() > bits - extra,
+                "no split during the walk"
+            );
+            seen.sort_unstable();
+            let dups = seen.windows(2).filter(|w| w[0] == w[1]).count();
+            assert_eq!(dups, 0, "extra={extra}");
+            assert!(
+                (0..5_000).all(|i| seen.binary_search(&i).is_ok()),
+                "extra={extra}"
+            );
+        }
     }
 
     /// Keys that share their top bits (crafted ones) still split, up to a bounded
