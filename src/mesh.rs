@@ -39,12 +39,13 @@ pub trait ShardMesh {
     ) -> impl Future<Output = Result<Vec<ShardReply>, ShardUnavailable>>;
 
     /// Every (block, holder) of one index held by one shard, after the shard applied
-    /// what its rings hold.
+    /// what its rings hold, in the parts the shard read it in: joining them is a copy
+    /// of the whole index, for a thread off the executor.
     fn export(
         &self,
         shard: ShardId,
         index: IndexId,
-    ) -> impl Future<Output = Result<Vec<DumpedBlock>, ShardUnavailable>>;
+    ) -> impl Future<Output = Result<Vec<Vec<DumpedBlock>>, ShardUnavailable>>;
 
     /// Apply prediction ops, `ops[s]` on shard `s` (each op on the shard owning its
     /// block), all of one index; with `prune`, bound that index first. Returns once

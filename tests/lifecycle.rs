@@ -418,24 +418,32 @@ fn event_data_cannot_grow_the_registry_past_its_caps() {
 /// Figures for the README: what a million-block `/dump` costs concurrent queries and
 /// memory. Run against a release build:
 /// `cargo build --release && KVIX_TEST_BIN=target/release/kvix cargo test --test lifecycle -- --ignored --nocapture`
+/// (`KVIX_DUMP_CHAINS` of 100 blocks, default 10,000; `KVIX_DUMP_THREADS`, default 2).
 #[test]
 #[ignore]
 fn million_block_dump_under_queries() {
+    let env = |name: &str, default: u64| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
     let ctx = zmq::Context::new();
     let mut p = Publisher::bind(&ctx);
-    let s = Server::start(&["--threads", "2"]);
+    let threads = env("KVIX_DUMP_THREADS", 2).to_string();
+    let s = Server::start(&["--threads", &threads]);
     register(&s, 1, &p);
-    const CHAINS: u64 = 10_000;
+    let chains = env("KVIX_DUMP_CHAINS", 10_000);
     const LEN: usize = 100;
     let mut prompt = Vec::new();
-    for c in 0..CHAINS {
+    for c in 0..chains {
         let (batch, tokens) = chain_batch((c as u32) << 12, c << 20, LEN);
         p.send(&batch);
         if c == 0 {
             prompt = tokens;
         }
     }
-    let want = (CHAINS as usize * LEN) as f64;
+    let want = (chains as usize * LEN) as f64;
     s.eventually("a million blocks applied", || {
         let n = s.metric("kvix_shard_blocks", &[]);
         (n >= want).then_some(()).ok_or(n.to_string())

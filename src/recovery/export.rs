@@ -56,14 +56,19 @@ pub async fn export<M: ShardMesh>(mesh: &M) -> Result<Export, ShardUnavailable> 
     for ix in snap.live_indexes() {
         let (ingest, id) = (mesh.app().ingest().clone(), ix.id);
         let engine = mesh.offload(move || ingest.engine_hashes(id)).await;
-        let mut blocks = Vec::new();
+        let mut parts = Vec::new();
         for s in 0..mesh.shards() {
-            blocks.append(&mut mesh.export(ShardId(s), ix.id).await?);
+            parts.append(&mut mesh.export(ShardId(s), ix.id).await?);
         }
         let info = ix.clone();
+        // Joined off the executor: a copy of every pair at once would hold queries.
         indexes.push(
-            mesh.offload(move || IndexExport::new(info, blocks, engine))
-                .await,
+            mesh.offload(move || {
+                let blocks = parts.concat();
+                drop(parts);
+                IndexExport::new(info, blocks, engine)
+            })
+            .await,
         );
     }
     Ok(Export {

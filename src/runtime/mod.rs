@@ -244,8 +244,8 @@ impl ShardMesh for Core {
         &self,
         shard: ShardId,
         index: IndexId,
-    ) -> Result<Vec<DumpedBlock>, ShardUnavailable> {
-        let mut all = Vec::new();
+    ) -> Result<Vec<Vec<DumpedBlock>>, ShardUnavailable> {
+        let mut parts = Vec::new();
         let (mut part, mut bits) = (0, None);
         while bits.is_none_or(|b: u32| part < 1usize << b) {
             let mut reqs: Vec<Option<Req>> = (0..self.shards).map(|_| None).collect();
@@ -257,8 +257,8 @@ impl ShardMesh for Core {
                 .get_mut(shard.0)
                 .and_then(Option::take)
             {
-                Some(Rep::Export(mut v, b)) => {
-                    all.append(&mut v);
+                Some(Rep::Export(v, b)) => {
+                    parts.push(v);
                     bits = Some(b);
                 }
                 _ => return Err(ShardUnavailable(shard)),
@@ -267,7 +267,7 @@ impl ShardMesh for Core {
             // Our own shard answers in place: let queued queries run between parts.
             let_requests_in().await;
         }
-        Ok(all)
+        Ok(parts)
     }
 
     async fn predict(
