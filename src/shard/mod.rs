@@ -901,10 +901,7 @@ mod tests {
     #[ignore]
     fn export_part_stall() {
         use std::time::{Duration, Instant};
-        let n: u64 = std::env::var("KVIX_STALL_ENTRIES")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(4 << 20);
+        let n = crate::testing::env_u64("KVIX_STALL_ENTRIES", 4 << 20);
         let mut s = Shard::default();
         for i in 0..n {
             let seq = xxhash_rust::xxh3::xxh3_64(&i.to_le_bytes());

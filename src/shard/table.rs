@@ -1052,10 +1052,7 @@ mod tests {
     #[ignore]
     fn growth_stall() {
         use std::time::{Duration, Instant};
-        let n: u64 = std::env::var("KVIX_STALL_ENTRIES")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(8 << 20);
+        let n = crate::testing::env_u64("KVIX_STALL_ENTRIES", 8 << 20);
         let key = |i: u64| SeqHash(xxhash_rust::xxh3::xxh3_64(&i.to_le_bytes()));
         let mut worst = Duration::ZERO;
         let mut m: hashbrown::HashMap<SeqHash, [u64; 3], SeqHasherBuilder> = Default::default();
