@@ -13,6 +13,7 @@ use crate::shard::{DumpedBlock, PruneBound, ShardOp};
 use crate::types::{IndexId, SeqHash, ShardId};
 use std::cell::RefCell;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
@@ -72,4 +73,9 @@ pub trait ShardMesh {
 
     /// A timer on this executor.
     fn sleep(&self, d: Duration) -> impl Future<Output = ()>;
+
+    /// Pauses that let requests that arrived meanwhile be served before a long job
+    /// goes on (a yield does not: connections are only heard from when the executor
+    /// waits). Outlives the mesh borrow, so a response body can pause between chunks.
+    fn pauser(&self) -> impl Fn() -> Pin<Box<dyn Future<Output = ()>>> + 'static;
 }

@@ -835,23 +835,26 @@ pub async fn query_by_hash<M: ShardMesh>(
 /// stream of about 256 KiB per chunk, yielding between chunks, so a large dump
 /// neither holds its JSON in memory nor keeps the executor from queries.
 pub async fn dump<M: ShardMesh>(mesh: &M) -> Result<Reply, ApiError> {
-    use http_body_util::BodyExt;
     const CHUNK: usize = 256 * 1024;
     let export = crate::recovery::export::export(mesh).await?;
+    let pauser = mesh.pauser();
     let stream = futures_lite::stream::unfold(
         (export, json::DumpCursor::default()),
-        |(export, mut cur)| async move {
-            let mut out = Vec::with_capacity(CHUNK + 1024);
-            if !json::dump_chunk(&mut out, &export, &mut cur, CHUNK) {
-                return None;
+        move |(export, mut cur)| {
+            let pause = pauser();
+            async move {
+                let mut out = Vec::with_capacity(CHUNK + 1024);
+                if !json::dump_chunk(&mut out, &export, &mut cur, CHUNK) {
+                    return None;
+                }
+                // Queries that arrived meanwhile run between chunks.
+                pause.await;
+                let frame = hyper::body::Frame::data(bytes::Bytes::from(out));
+                Some((Ok::<_, std::convert::Infallible>(frame), (export, cur)))
             }
-            // Let the executor's other tasks (queries) run between chunks.
-            futures_lite::future::yield_now().await;
-            let frame = hyper::body::Frame::data(bytes::Bytes::from(out));
-            Some((Ok::<_, std::convert::Infallible>(frame), (export, cur)))
         },
     );
-    let body = http_body_util::StreamBody::new(stream).boxed_unsync();
+    let body: super::Streamed = Box::pin(http_body_util::StreamBody::new(stream));
     let mut r = hyper::Response::new(http_body_util::Either::Right(body));
     r.headers_mut().insert(
         hyper::header::CONTENT_TYPE,

@@ -17,7 +17,6 @@ use crate::access::Access;
 use crate::mesh::ShardMesh;
 use bytes::Bytes;
 use error::ApiError;
-use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Either, Full, Limited};
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
@@ -28,8 +27,11 @@ use std::time::Duration;
 /// Largest request body accepted (Dynamo allows 8 MiB on the query routes).
 pub const MAX_BODY: usize = 8 * 1024 * 1024;
 
-/// A response body: whole (every route but one), or streamed (`/dump`).
-pub type Body = Either<Full<Bytes>, UnsyncBoxBody<Bytes, Infallible>>;
+/// A response body: whole (every route but one), or streamed (`/dump`). A streamed
+/// body is polled only by its connection's task on the executor that made it, so it
+/// need not be `Send` (it may wait on that executor's timers).
+pub type Body = Either<Full<Bytes>, Streamed>;
+pub type Streamed = std::pin::Pin<Box<dyn hyper::body::Body<Data = Bytes, Error = Infallible>>>;
 pub type Reply = Response<Body>;
 
 /// Per-request limits and access rules, the same on every core.

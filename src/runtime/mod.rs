@@ -28,6 +28,7 @@ use glommio::{LocalExecutorPoolBuilder, PoolPlacement};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -312,6 +313,10 @@ impl ShardMesh for Core {
 
     async fn sleep(&self, d: Duration) {
         glommio::timer::sleep(d).await
+    }
+
+    fn pauser(&self) -> impl Fn() -> Pin<Box<dyn Future<Output = ()>>> + 'static {
+        || Box::pin(let_requests_in())
     }
 }
 
