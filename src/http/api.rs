@@ -832,8 +832,9 @@ pub async fn query_by_hash<M: ShardMesh>(
 }
 
 /// `GET /dump`: the one export ([`crate::recovery::export`]) rendered as a chunked
-/// stream of about 256 KiB per chunk, yielding between chunks, so a large dump
-/// neither holds its JSON in memory nor keeps the executor from queries.
+/// stream of about 256 KiB per chunk, pausing between chunks
+/// ([`ShardMesh::pauser`]), so a large dump neither holds its JSON in memory nor
+/// keeps the executor from queries.
 pub async fn dump<M: ShardMesh>(mesh: &M) -> Result<Reply, ApiError> {
     const CHUNK: usize = 256 * 1024;
     let export = crate::recovery::export::export(mesh).await?;
