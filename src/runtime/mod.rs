@@ -33,11 +33,6 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// An export reads a shard in parts, one request each (the shard says how many
-/// with its first answer: [`crate::shard::Shard::export_bits`]), so the shard's
-/// executor serves queries between them instead of walking its whole table at once.
-/// Ops applied between parts are covered by replay from the sequence numbers taken
-/// before the export, as ops applied after it are.
 /// A request from one core to another core's shard.
 enum Req {
     Lookup {
@@ -51,7 +46,11 @@ enum Req {
         prune: Option<PruneBound>,
     },
     /// Part `part` of `1 << bits`; with no `bits`, the shard picks them (and
-    /// answers part 0).
+    /// answers part 0: [`crate::shard::Shard::export_bits`]). An export reads a shard
+    /// in parts, one request each, so the shard's executor serves queries between
+    /// them instead of walking its whole table at once. Ops applied between parts
+    /// are covered by replay from the sequence numbers taken before the export, as
+    /// ops applied after it are.
     Export {
         index: IndexId,
         part: usize,
