@@ -422,18 +422,12 @@ fn event_data_cannot_grow_the_registry_past_its_caps() {
 #[test]
 #[ignore]
 fn million_block_dump_under_queries() {
-    let env = |name: &str, default: u64| {
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    };
     let ctx = zmq::Context::new();
     let mut p = Publisher::bind(&ctx);
-    let threads = env("KVIX_DUMP_THREADS", 2).to_string();
+    let threads = common::env_u64("KVIX_DUMP_THREADS", 2).to_string();
     let s = Server::start(&["--threads", &threads]);
     register(&s, 1, &p);
-    let chains = env("KVIX_DUMP_CHAINS", 10_000);
+    let chains = common::env_u64("KVIX_DUMP_CHAINS", 10_000);
     const LEN: usize = 100;
     let mut prompt = Vec::new();
     for c in 0..chains {

@@ -18,10 +18,7 @@ use std::time::{Duration, Instant};
 
 #[test]
 fn overload_is_bounded_counted_and_replayed() {
-    let secs: u64 = std::env::var("KVIX_SOAK_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(2);
+    let secs = common::env_u64("KVIX_SOAK_SECS", 2);
     let long = std::env::var("KVIX_SOAK_SECS").is_ok();
     let ctx = zmq::Context::new();
     let s = Server::start(&[

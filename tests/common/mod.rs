@@ -12,6 +12,15 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// The number in environment variable `name`, or `default` if it is unset or not a
+/// number (long forms and figure runs take their sizes this way).
+pub fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 /// A free TCP port on loopback (bound, then released for the child to take).
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
