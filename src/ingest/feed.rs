@@ -73,13 +73,19 @@ impl EngineMap {
         self.seqs.get(eh).map(|e| e.1)
     }
 
+    // The side map is usually empty: its guards skip hashing the key per block.
     fn tiers_of(&self, eh: &EngineHash) -> TierSet {
+        if self.tiers.is_empty() {
+            return DEVICE_ONLY;
+        }
         self.tiers.get(eh).copied().unwrap_or(DEVICE_ONLY)
     }
 
     fn set_tiers(&mut self, eh: EngineHash, bits: TierSet) {
         if bits == DEVICE_ONLY {
-            self.tiers.remove(&eh);
+            if !self.tiers.is_empty() {
+                self.tiers.remove(&eh);
+            }
         } else {
             self.tiers.insert(eh, bits);
         }
@@ -118,8 +124,10 @@ impl EngineMap {
         let left = self.tiers_of(eh).without(bits);
         if left.is_empty() {
             self.seqs.remove(eh);
-            self.tiers.remove(eh);
-            shrink_if_sparse(&mut self.tiers);
+            if !self.tiers.is_empty() {
+                self.tiers.remove(eh);
+                shrink_if_sparse(&mut self.tiers);
+            }
         } else {
             self.set_tiers(*eh, left);
         }
