@@ -49,6 +49,29 @@ impl Int {
     }
 }
 
+/// The token id opening `w` (the frame's next eight bytes, little-endian) and its
+/// length in bytes, if it is a positive fixint or a `uint 8/16/32` (all msgspec
+/// writes for one); `None` for anything [`Cursor::token`] must read.
+#[inline(always)]
+fn word_id(w: u64) -> Option<(u32, u32)> {
+    let marker = w as u8;
+    let fixint = marker < 0x80;
+    if !(fixint || (0xcc..=0xce).contains(&marker)) {
+        return None;
+    }
+    // u8, u16, u32 (markers 0xcc..=0xce) take 1, 2, 4 bytes after the marker; read
+    // first byte highest, a uN's big-endian value sits in the top N bits. A fixint is
+    // its marker.
+    let bytes = 1u32 << (marker.wrapping_sub(0xcc) & 3);
+    let be = (w >> 8).swap_bytes();
+    let wide = be.wrapping_shr(64 - 8 * bytes) as u32;
+    Some(if fixint {
+        (marker as u32, 1)
+    } else {
+        (wide, 1 + bytes)
+    })
+}
+
 impl<'a> Cursor<'a> {
     pub fn new(buf: &'a [u8]) -> Self {
         Cursor { buf, pos: 0 }
@@ -153,11 +176,11 @@ impl<'a> Cursor<'a> {
     }
 
     /// `n` flat token ids appended to `out`, as [`Self::token`] reads each. Token
-    /// ids of a real vocabulary come in mixed widths (fixint, u8, u16, u32), in no
+    /// ids of a real vocabulary come as u16 and u32 (and a few u8 and fixints) in no
     /// pattern a branch predictor can learn; while eight bytes are left to read, an
-    /// id is decoded from one word, its width computed from its marker, without a
-    /// branch on the width. Anything else (another marker, the frame's last
-    /// bytes) goes through [`Self::token`].
+    /// id is decoded from one word, its width computed from its marker without a
+    /// branch between the `uint` widths. Anything else (another marker, the frame's
+    /// last bytes) goes through [`Self::token`].
     pub fn tokens_into(
         &mut self,
         n: usize,
@@ -187,25 +210,36 @@ impl<'a> Cursor<'a> {
         let room = n.min(self.remaining());
         out.reserve(room);
         let (buf, mut pos) = (self.buf, self.pos);
+        let spare = &mut out.spare_capacity_mut()[..room];
         let mut done = 0;
-        for slot in &mut out.spare_capacity_mut()[..room] {
+        // While sixteen bytes are left from the position, the next id's eight bytes
+        // are the current word shifted, topped up from a load whose address is known
+        // before this id's width: the chain from one id to the next is a width and a
+        // shift, not a load and a width.
+        if let Some(first) = buf.get(pos..).and_then(|r| r.first_chunk::<8>()) {
+            let mut w = u64::from_le_bytes(*first);
+            while done < room {
+                let Some(next) = buf.get(pos + 8..).and_then(|r| r.first_chunk::<8>()) else {
+                    break;
+                };
+                let Some((id, len)) = word_id(w) else { break };
+                spare[done].write(id);
+                // 1 <= len <= 5: both shifts stay below 64.
+                w = (w >> (8 * len)) | (u64::from_le_bytes(*next) << (64 - 8 * len));
+                pos += len as usize;
+                done += 1;
+            }
+        }
+        // The frame's last bytes, a word each.
+        for slot in &mut spare[done..] {
             let Some(word) = buf.get(pos..).and_then(|r| r.first_chunk::<8>()) else {
                 break;
             };
-            let w = u64::from_le_bytes(*word);
-            let marker = w as u8;
-            let fixint = marker < 0x80;
-            if !(fixint || (0xcc..=0xce).contains(&marker)) {
+            let Some((id, len)) = word_id(u64::from_le_bytes(*word)) else {
                 break;
-            }
-            // u8, u16, u32 (markers 0xcc..=0xce) take 1, 2, 4 bytes after the marker;
-            // read first byte highest, a uN's big-endian value sits in the top N bits.
-            // A fixint is its marker.
-            let bytes = 1u32 << (marker.wrapping_sub(0xcc) & 3);
-            let be = (w >> 8).swap_bytes();
-            let wide = be.wrapping_shr(64 - 8 * bytes) as u32;
-            slot.write(if fixint { marker as u32 } else { wide });
-            pos += if fixint { 1 } else { 1 + bytes as usize };
+            };
+            slot.write(id);
+            pos += len as usize;
             done += 1;
         }
         // SAFETY: the loop wrote the first `done` slots of the spare capacity, in order.
