@@ -289,7 +289,10 @@ pub(super) fn hashes(
     let n = c.array(field)?;
     let start = out.hashes.len();
     for _ in 0..n {
-        let h = hash(c, field)?;
+        let h = match c.word64() {
+            Some(bits) => EngineHash(bits),
+            None => hash(c, field)?,
+        };
         out.hashes.push(h);
     }
     Ok(start..out.hashes.len())

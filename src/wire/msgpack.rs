@@ -148,6 +148,20 @@ impl<'a> Cursor<'a> {
         })
     }
 
+    /// A `uint 64` or `int 64` (an engine's block hash, as Python's msgpack writes
+    /// one) read straight from the frame as its two's-complement bits; `None`, with
+    /// nothing consumed, for any other value.
+    #[inline]
+    pub fn word64(&mut self) -> Option<u64> {
+        match self.buf.get(self.pos..)?.first_chunk::<9>()? {
+            [0xcf | 0xd3, bits @ ..] => {
+                self.pos += 9;
+                Some(u64::from_be_bytes(*bits))
+            }
+            _ => None,
+        }
+    }
+
     /// `u32` fast path for token ids: positive fixints and `uint 8/16/32`
     /// (all msgspec writes for them) are read straight from the buffer; anything
     /// else goes through [`Cursor::u32`].
@@ -532,6 +546,32 @@ mod tests {
         let slow: Vec<u32> = (0..22).map(|_| c.token("token_ids").unwrap()).collect();
         assert_eq!(fast, slow);
         assert_eq!(&fast[8..14], &[70_000, 5, 100_000, 7, 65_536, 1]);
+    }
+
+    /// A 64-bit hash read whole gives the bits `int` gives; any other value (or too
+    /// few bytes) is left for `int`.
+    #[test]
+    fn word64_reads_64_bit_ints_as_int_does_and_leaves_the_rest() {
+        for v in [i64::MIN, -7_919_000_000_123, -1, 0, i64::MAX] {
+            let mut buf = Vec::new();
+            rmp::encode::write_i64(&mut buf, v).unwrap();
+            rmp::encode::write_u64(&mut buf, v as u64).unwrap();
+            let mut c = Cursor::new(&buf);
+            let slow = Cursor::new(&buf).int("h").unwrap().bits();
+            assert_eq!(c.word64(), Some(slow));
+            assert_eq!(c.word64(), Some(v as u64));
+            assert_eq!(c.pos(), buf.len());
+            assert_eq!(c.word64(), None);
+        }
+        for short in [
+            encode(&[5]),
+            encode(&[u32::MAX as u64]),
+            vec![0xcf, 1, 2, 3],
+        ] {
+            let mut c = Cursor::new(&short);
+            assert_eq!(c.word64(), None);
+            assert_eq!(c.pos(), 0);
+        }
     }
 
     /// What is not a u32 fails with the error `token` gives at that id.
