@@ -13,15 +13,18 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . perf/lib.sh
 pick_trace
-BIN=target/release
+# The load tool always comes from this tree's release build; --bin DIR takes the
+# server from DIR instead (a copy of another build's target/release/kvix).
+build_release >/dev/null
+SERVER_BIN=$BIN
 if [ "${1:-}" = --bin ]; then
-    BIN=$2
+    SERVER_BIN=$2
     shift 2
 fi
 WORKLOAD=${1:-trace}
 shift || true
 PORT=$(free_port)
-"$BIN/kvix" --host 127.0.0.1 --port "$PORT" "$@" 2>/dev/null &
+"$SERVER_BIN/kvix" --host 127.0.0.1 --port "$PORT" "$@" 2>/dev/null &
 PID=$!
 trap 'kill $PID 2>/dev/null; wait 2>/dev/null || true' EXIT
 wait_health "$PORT"
@@ -30,7 +33,7 @@ read -r -a ev <<<"$(worker_args "$WORKLOAD")"
 OUT=$(mktemp -d)
 snap() { for t in /proc/$PID/task/*; do echo "$(basename "$t") $(awk '{print $14 + $15}' "$t/stat") $(cat "$t/comm")"; done; }
 snap >"$OUT/before"
-target/release/kvix-load events --url "http://127.0.0.1:$PORT" --quiet --json "${wl[@]}" "${ev[@]}" \
+"$BIN/kvix-load" events --url "http://127.0.0.1:$PORT" --quiet --json "${wl[@]}" "${ev[@]}" \
     --pid "$PID" --keep >"$OUT/events.json"
 snap >"$OUT/after"
 python3 - "$OUT" <<'PY'
