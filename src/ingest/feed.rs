@@ -120,6 +120,11 @@ impl EngineMap {
 
     /// Drop `bits` from `eh`; forgets it once no tier is left. Returns its block if known.
     fn remove(&mut self, eh: &EngineHash, bits: TierSet) -> Option<SeqHash> {
+        // Every block on the device only, and the device among the tiers dropped: the
+        // entry goes whole, found once.
+        if self.tiers.is_empty() && DEVICE_ONLY.without(bits).is_empty() {
+            return self.seqs.remove(eh).map(|(_, seq)| seq);
+        }
         let seq = self.get(eh)?;
         let left = self.tiers_of(eh).without(bits);
         if left.is_empty() {
