@@ -120,21 +120,19 @@ impl EngineMap {
 
     /// Drop `bits` from `eh`; forgets it once no tier is left. Returns its block if known.
     fn remove(&mut self, eh: &EngineHash, bits: TierSet) -> Option<SeqHash> {
-        // Every block on the device only, and the device among the tiers dropped: the
-        // entry goes whole, found once.
-        if self.tiers.is_empty() && DEVICE_ONLY.without(bits).is_empty() {
-            return self.seqs.remove(eh).map(|(_, seq)| seq);
-        }
-        let seq = self.get(eh)?;
+        // A side-map entry exists only for a filed block, so the tiers left can be
+        // known before the block is looked up; a block that goes whole is then
+        // found once, by its removal.
         let left = self.tiers_of(eh).without(bits);
-        if left.is_empty() {
-            self.seqs.remove(eh);
-            if !self.tiers.is_empty() {
-                self.tiers.remove(eh);
-                shrink_if_sparse(&mut self.tiers);
-            }
-        } else {
+        if !left.is_empty() {
+            let seq = self.get(eh)?;
             self.set_tiers(*eh, left);
+            return Some(seq);
+        }
+        let (_, seq) = self.seqs.remove(eh)?;
+        if !self.tiers.is_empty() {
+            self.tiers.remove(eh);
+            shrink_if_sparse(&mut self.tiers);
         }
         Some(seq)
     }
