@@ -616,12 +616,12 @@ impl<E: Keyed> BlockTable<E> {
             }
         }
         if self.len == 0 {
-            self.segs = Vec::new();
-            self.reach = Vec::new();
-            self.dir = Vec::new();
-            self.depth = SEG_BITS;
-            self.layout = Vec::new();
-            self.moves = Vec::new();
+            // Empty: segments and directory go, as in a new table; use tracking stays.
+            *self = BlockTable {
+                clock: self.clock.take(),
+                split_at: self.split_at,
+                ..Self::default()
+            };
         }
     }
 
