@@ -6,6 +6,8 @@
                           its best thread count per metric, ratios as median (min-max) over runs
   compare.py scale OUT    markdown over OUT/size-*/run-*/results.json (perf/scale.sh): one row
                           per index size, kvix and Dynamo at their best thread count, ratios
+  compare.py scale-series OUT
+                          the same figures as JSON, one point per size (`kvix-load plot --scale`)
 """
 import glob
 import json
@@ -247,7 +249,8 @@ def table(out):
     print("\n".join(lines))
 
 
-def scale(out):
+def scale_runs(out):
+    """[(size folder name, [results.json of each run])] of a perf/scale.sh folder."""
     sizes = []
     for d in glob.glob(os.path.join(out, "size-*")):
         runs = [load(f) for f in sorted(glob.glob(os.path.join(d, "run-*", "results.json")))]
@@ -256,6 +259,30 @@ def scale(out):
             sizes.append((os.path.basename(d), runs))
     if not sizes:
         sys.exit(f"no size-*/run-*/results.json under {out}")
+    return sizes
+
+
+def scale_series(out):
+    """Per size: live pairs, and per system the median over runs of its best thread
+    count's figure for each metric (the table's cells, unrounded)."""
+    points = []
+    for _, runs in scale_runs(out):
+        configs = [r["workloads"].get("shared-prefix", {}) for r in runs]
+        lp = [c.get("live_pairs") for r in configs for c in r.values() if c.get("live_pairs")]
+        point = {"live_pairs": max(lp) if lp else 0}
+        for system in ("kvix", "dynamo"):
+            figures = {}
+            for key, _, higher, _ in METRICS:
+                vals = [b[0] for b in (best(c, system, key, higher) for c in configs) if b]
+                figures[key] = statistics.median(vals) if vals else None
+            point[system] = figures
+        points.append(point)
+    points.sort(key=lambda p: p["live_pairs"])
+    return {"workload": "shared-prefix", "points": points}
+
+
+def scale(out):
+    sizes = scale_runs(out)
     machine = read_machine(out)
     lines = [
         "# How cost grows with the index: kvix vs Dynamo 1.6.1 (perf/scale.sh)",
@@ -296,10 +323,12 @@ def scale(out):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[1] not in ("run", "table", "scale"):
+    if len(sys.argv) != 3 or sys.argv[1] not in ("run", "table", "scale", "scale-series"):
         sys.exit(__doc__)
     if sys.argv[1] == "run":
         print(json.dumps(run(sys.argv[2]), indent=1))
+    elif sys.argv[1] == "scale-series":
+        print(json.dumps(scale_series(sys.argv[2]), indent=1))
     elif sys.argv[1] == "scale":
         scale(sys.argv[2])
     else:

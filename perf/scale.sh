@@ -9,7 +9,8 @@
 # approximately: the workload leaves ~37 live pairs per generated request over 64
 # workers, so a size of M generates M * 27,000 requests. Each size is one
 # perf/compare.sh run (shared-prefix only, kvix and Dynamo at each of --threads) in
-# DIR/size-<M>M; DIR/scale.md is the table (perf/compare.py scale). kvix-load
+# DIR/size-<M>M; DIR/scale.md is the table (perf/compare.py scale), DIR/scale.svg the
+# same figures plotted against the index size (kvix-load plot --scale). kvix-load
 # generates the requests again for each pass instead of holding them; it holds the
 # encoded frames and its simulated workers' caches, ~250 MB per million pairs (12.5 GB
 # at 50M, beside the server's index), and simulates for ~10 s per million pairs before
@@ -44,4 +45,6 @@ for m in $SIZES; do
     cp "$OUT/size-${m}M/machine.txt" "$OUT/machine.txt"
 done
 python3 perf/compare.py scale "$OUT" >"$OUT/scale.md"
+python3 perf/compare.py scale-series "$OUT" >"$OUT/scale.json"
+target/release/kvix-load plot --scale "$OUT/scale.json" --out "$OUT" >/dev/null
 cat "$OUT/scale.md"

@@ -79,7 +79,8 @@ enum Cmd {
         #[command(flatten)]
         q: QueryArgs,
     },
-    /// SVG plots from `--json` reports (latency vs offered load, applied blocks/s)
+    /// SVG plots from `--json` reports (latency vs offered load, applied blocks/s,
+    /// figures against the index size)
     Plot {
         /// Reports with open-loop query phases, as `label=path` (one series each)
         #[arg(long, value_delimiter = ',')]
@@ -87,13 +88,17 @@ enum Cmd {
         /// Event reports, as `label=path` (one bar each, e.g. `1 shard=ev1.json`)
         #[arg(long, value_delimiter = ',')]
         events: Vec<String>,
+        /// A `perf/compare.py scale-series` file: scale.svg, each figure against the
+        /// index size
+        #[arg(long)]
+        scale: Option<String>,
         /// Endpoint of the latency plot
         #[arg(long, default_value = "query")]
         endpoint: String,
         /// Prompt length of the latency plot
         #[arg(long, default_value_t = 1024)]
         prompt_tokens: u64,
-        /// Folder for latency.svg and events.svg
+        /// Folder for latency.svg, events.svg and scale.svg
         #[arg(long, default_value = ".")]
         out: std::path::PathBuf,
     },
@@ -243,6 +248,7 @@ fn run(cmd: Cmd) -> Result<bool, String> {
     if let Cmd::Plot {
         latency,
         events,
+        scale,
         endpoint,
         prompt_tokens,
         out,
@@ -257,6 +263,11 @@ fn run(cmd: Cmd) -> Result<bool, String> {
         if !events.is_empty() {
             let path = out.join("events.svg");
             plot::events_svg(&plot::labelled(events), &path)?;
+            println!("{}", path.display());
+        }
+        if let Some(series) = scale {
+            let path = out.join("scale.svg");
+            plot::scale_svg(series, &path)?;
             println!("{}", path.display());
         }
         return Ok(true);

@@ -1,5 +1,6 @@
-//! Plots from `--json` reports: query latency percentiles vs offered load, and
-//! applied blocks/s vs shard count. Reads reports, writes SVG; measures nothing.
+//! Plots from `--json` reports: query latency percentiles vs offered load,
+//! applied blocks/s vs shard count, and how each figure grows with the index
+//! (`perf/compare.py scale-series`). Reads reports, writes SVG; measures nothing.
 
 use plotters::prelude::*;
 use serde_json::Value;
@@ -152,6 +153,142 @@ pub fn events_svg(inputs: &[(String, String)], out: &Path) -> Result<(), String>
     root.present().map_err(|e| e.to_string())
 }
 
+/// The systems of a scale series, as `perf/compare.py` names them, with their labels.
+const SCALE_SYSTEMS: [(&str, &str); 2] = [("kvix", "kvix"), ("dynamo", "Dynamo 1.6.1")];
+
+/// One panel of the scale plot: a metric of `perf/compare.py`, what it is, a unit
+/// divisor and whether its axis is logarithmic.
+struct Panel {
+    title: &'static str,
+    y_desc: &'static str,
+    /// (metric key, series suffix) drawn in this panel.
+    metrics: &'static [(&'static str, &'static str)],
+    scale: f64,
+    log: bool,
+}
+
+const SCALE_PANELS: [Panel; 4] = [
+    Panel {
+        title: "events: blocks applied per second",
+        y_desc: "million blocks / s",
+        metrics: &[("applied", "")],
+        scale: 1e6,
+        log: false,
+    },
+    Panel {
+        title: "/query, 1k-token prompts, 16 connections",
+        y_desc: "thousand requests / s",
+        metrics: &[("q16_rps", "")],
+        scale: 1e3,
+        log: false,
+    },
+    Panel {
+        title: "/query latency: p50 at 1 connection, p99 at 16",
+        y_desc: "µs (log scale)",
+        metrics: &[("q1_p50", " p50 1c"), ("q16_p99", " p99 16c")],
+        scale: 1.0,
+        log: true,
+    },
+    Panel {
+        title: "settled RSS per live (block, worker) pair",
+        y_desc: "bytes",
+        metrics: &[("bpp", "")],
+        scale: 1.0,
+        log: false,
+    },
+];
+
+/// The figures of `perf/compare.py scale-series` against the index size, kvix and
+/// Dynamo in each of four panels (events/s, 16-connection req/s, latency, bytes
+/// per pair); x is live (block, worker) pairs in millions, on a log scale.
+pub fn scale_svg(path: &str, out: &Path) -> Result<(), String> {
+    let r = read(path)?;
+    let points = r["points"].as_array().cloned().unwrap_or_default();
+    let sizes: Vec<f64> = points.iter().map(|p| f(&p["live_pairs"]) / 1e6).collect();
+    if sizes.is_empty() || sizes.iter().any(|&x| x <= 0.0) {
+        return Err(format!("{path}: no points with live pairs"));
+    }
+    let (xmin, xmax) = sizes
+        .iter()
+        .fold((f64::MAX, 0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+    let root = SVGBackend::new(out, (1200, 840)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let root = root
+        .titled(
+            &format!(
+                "How cost grows with the index ({} workload)",
+                r["workload"].as_str().unwrap_or("?")
+            ),
+            ("sans-serif", 24),
+        )
+        .map_err(|e| e.to_string())?;
+    for (panel, area) in SCALE_PANELS.iter().zip(root.split_evenly((2, 2))) {
+        // Per (system, metric): the points that have the figure.
+        let mut series = Vec::new();
+        for (si, (key, label)) in SCALE_SYSTEMS.iter().enumerate() {
+            for (mi, (metric, suffix)) in panel.metrics.iter().enumerate() {
+                let line: Vec<(f64, f64)> = points
+                    .iter()
+                    .zip(&sizes)
+                    .filter_map(|(p, &x)| p[*key][*metric].as_f64().map(|y| (x, y / panel.scale)))
+                    .collect();
+                series.push((format!("{label}{suffix}"), si * 2 + mi, line));
+            }
+        }
+        let ymax = series
+            .iter()
+            .flat_map(|s| s.2.iter().map(|p| p.1))
+            .fold(1.0, f64::max);
+        let ymin = series
+            .iter()
+            .flat_map(|s| s.2.iter().map(|p| p.1))
+            .fold(ymax, f64::min);
+        let mut chart = ChartBuilder::on(&area);
+        chart
+            .caption(panel.title, ("sans-serif", 18))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(64);
+        let x = (xmin / 1.5..xmax * 1.5).log_scale();
+        macro_rules! draw {
+            ($chart:expr) => {{
+                let mut chart = $chart.map_err(|e| e.to_string())?;
+                chart
+                    .configure_mesh()
+                    .x_desc("live (block, worker) pairs, millions (log scale)")
+                    .y_desc(panel.y_desc)
+                    .draw()
+                    .map_err(|e| e.to_string())?;
+                for (label, color, line) in &series {
+                    let color = Palette99::pick(*color).to_rgba();
+                    chart
+                        .draw_series(LineSeries::new(line.clone(), color.stroke_width(2)))
+                        .map_err(|e| e.to_string())?
+                        .label(label.clone())
+                        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
+                    chart
+                        .draw_series(line.iter().map(|&p| Circle::new(p, 3, color.filled())))
+                        .map_err(|e| e.to_string())?;
+                }
+                chart
+                    .configure_series_labels()
+                    .background_style(WHITE.mix(0.8))
+                    .border_style(BLACK)
+                    .position(SeriesLabelPosition::UpperRight)
+                    .draw()
+                    .map_err(|e| e.to_string())?;
+            }};
+        }
+        if panel.log {
+            // Headroom above the lines for the legend.
+            draw!(chart.build_cartesian_2d(x, (ymin / 2.0..ymax * 6.0).log_scale()));
+        } else {
+            draw!(chart.build_cartesian_2d(x, 0f64..ymax * 1.25));
+        }
+    }
+    root.present().map_err(|e| e.to_string())
+}
+
 /// `label=path` pairs (a bare path is its own label).
 pub fn labelled(args: &[String]) -> Vec<(String, String)> {
     args.iter()
@@ -160,4 +297,48 @@ pub fn labelled(args: &[String]) -> Vec<(String, String)> {
             None => (a.clone(), a.clone()),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn series(points: &str) -> (tempfile::TempDir, String) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("scale.json");
+        std::fs::write(
+            &path,
+            format!(r#"{{"workload": "shared-prefix", "points": [{points}]}}"#),
+        )
+        .unwrap();
+        let path = path.to_string_lossy().into_owned();
+        (dir, path)
+    }
+
+    const POINT: &str = r#"{"live_pairs": 1000000,
+        "kvix": {"applied": 7e6, "q16_rps": 55000, "q16_p99": 448, "q1_p50": 39, "bpp": 69},
+        "dynamo": {"applied": 3e6, "q16_rps": 17000, "q16_p99": 1799, "q1_p50": 132, "bpp": null}}"#;
+
+    #[test]
+    fn scale_plot_draws_every_panel_and_system() {
+        let big = POINT.replace("1000000", "50000000");
+        let (dir, path) = series(&format!("{POINT}, {big}"));
+        let out = dir.path().join("scale.svg");
+        scale_svg(&path, &out).unwrap();
+        let svg = std::fs::read_to_string(&out).unwrap();
+        for panel in &SCALE_PANELS {
+            assert!(svg.contains(panel.title), "{}", panel.title);
+        }
+        for label in ["kvix p50 1c", "Dynamo 1.6.1 p99 16c", "Dynamo 1.6.1"] {
+            assert!(svg.contains(label), "{label}");
+        }
+    }
+
+    #[test]
+    fn scale_plot_refuses_a_series_without_sizes() {
+        let (dir, path) = series("");
+        assert!(scale_svg(&path, &dir.path().join("scale.svg")).is_err());
+        let (dir, path) = series(&POINT.replace("1000000", "0"));
+        assert!(scale_svg(&path, &dir.path().join("scale.svg")).is_err());
+    }
 }
