@@ -45,8 +45,8 @@ pub struct Args {
     /// executor thread
     #[arg(long, env = "KVIX_INGEST_THREADS", default_value_t = 0)]
     pub ingest_threads: usize,
-    /// Microseconds an idle executor spins before parking (lower = less CPU when idle,
-    /// higher = faster cross-core scatter/gather)
+    /// Microseconds an executor keeps polling after a query or a peer's request
+    /// before it may park (0 = park whenever idle: less CPU, slower queries)
     #[arg(long, env = "KVIX_SPIN_US", default_value_t = 200)]
     pub spin_us: u64,
     /// Capacity of each ingest→shard ring, in ops. ZMQ's queues absorb bursts

@@ -151,6 +151,7 @@ pub(super) async fn accept_loop(core: Rc<Core>, opts: &ServeOptions) -> std::io:
         glommio::spawn_local(async move {
             let _permit = permit;
             let service = hyper::service::service_fn(move |req| {
+                core.awake.note();
                 let (core, http_opts) = (core.clone(), http_opts.clone());
                 async move {
                     Ok::<_, std::convert::Infallible>(http::handle(&*core, &http_opts, req).await)

@@ -9,6 +9,7 @@
 //! message. No executor ever waits on a thread: blocking work goes through
 //! [`ShardMesh::offload`].
 
+mod awake;
 pub mod io;
 mod listen;
 
@@ -77,7 +78,8 @@ enum Msg {
 pub struct ServeOptions {
     /// The resolved address every core listens on.
     pub addr: SocketAddr,
-    /// How long an idle executor spins before parking.
+    /// How long an executor keeps polling after a query or a peer's request before
+    /// it may park; zero: it parks whenever it is idle.
     pub spin: Duration,
     /// Open connections per core; beyond it new ones wait in the kernel's backlog.
     pub max_connections: usize,
@@ -99,6 +101,8 @@ pub struct Core {
     next_qid: Cell<u64>,
     /// This core's HTTP counters; core-local (no atomics), gathered on scrape.
     http_stats: RefCell<HttpStats>,
+    /// Keeps this executor polling while queries come.
+    awake: Rc<awake::KeepAwake>,
 }
 
 impl Core {
@@ -154,6 +158,7 @@ impl Core {
     fn on_msg(self: &Rc<Self>, peer: usize, msg: Msg) {
         match msg {
             Msg::Req(qid, req) => {
+                self.awake.note();
                 let rep = Msg::Rep(qid, self.answer(req));
                 // Never block the receive loop (that could deadlock two cores sending to each
                 // other): if the channel is full, finish the send in a task of its own.
@@ -571,16 +576,16 @@ async fn heartbeat_loop(core: Rc<Core>) {
 }
 
 /// Start one executor per shard and serve HTTP on `opts.addr` from all of them.
-/// Blocks. An idle executor spins for `opts.spin` before parking: a parked core needs
-/// a kernel wake-up (tens of µs, milliseconds under load) when a peer scatters a
-/// query to it.
+/// Blocks. An executor keeps polling for `opts.spin` after each query or peer's
+/// request ([`awake`]): a parked core needs a kernel wake-up (tens of µs,
+/// milliseconds under load) before it sees the next one.
 pub fn serve(app: Arc<App>, opts: ServeOptions) -> std::io::Result<()> {
     let shards = app.rings().shards();
     let mesh = MeshBuilder::<Msg, _>::full(shards, 1024);
-    let spin = opts.spin;
+    let window = opts.spin;
     let handles = LocalExecutorPoolBuilder::new(PoolPlacement::MaxSpread(shards, None))
         .name("kvix-core")
-        .spin_before_park(spin)
+        .spin_before_park(awake::idle_spin(window))
         .on_all_shards(move || {
             let (app, mesh, opts) = (app.clone(), mesh.clone(), opts.clone());
             async move {
@@ -597,7 +602,9 @@ pub fn serve(app: Arc<App>, opts: ServeOptions) -> std::io::Result<()> {
                     pending: RefCell::default(),
                     next_qid: Cell::new(0),
                     http_stats: RefCell::default(),
+                    awake: awake::KeepAwake::new(window),
                 });
+                glommio::spawn_local(core.awake.clone().run()).detach();
                 for (peer, stream) in receivers.streams() {
                     let core = core.clone();
                     glommio::spawn_local(async move {
