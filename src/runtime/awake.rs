@@ -43,10 +43,13 @@ impl KeepAwake {
     /// Poll for `window` after each [`Self::note`] (the executor's spin before
     /// park must be [`idle_spin`] of the same window).
     pub(super) fn new(window: Duration) -> Rc<Self> {
+        let now = Instant::now();
         Rc::new(KeepAwake {
             window,
-            tick: TICK,
-            last: Cell::new(Instant::now() - window),
+            tick: TICK.min(idle_spin(window) / 2),
+            // Quiet from the start (or busy for one window, so early after boot
+            // that the clock cannot go back that far: harmless).
+            last: Cell::new(now.checked_sub(window).unwrap_or(now)),
             dormant: RefCell::new(None),
         })
     }
@@ -87,5 +90,45 @@ impl KeepAwake {
                 glommio::timer::sleep(self.tick).await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_keeper_wakes_on_a_note_and_goes_dormant_a_window_later() {
+        let window = Duration::from_millis(200);
+        glommio::LocalExecutorBuilder::default()
+            .spin_before_park(idle_spin(window))
+            .spawn(move || async move {
+                let k = KeepAwake::new(window);
+                glommio::spawn_local(k.clone().run()).detach();
+                glommio::timer::sleep(Duration::from_millis(5)).await;
+                assert!(k.dormant.borrow().is_some(), "dormant before any query");
+                k.note();
+                assert!(k.dormant.borrow().is_none(), "woken by the note");
+                glommio::timer::sleep(Duration::from_millis(20)).await;
+                assert!(k.dormant.borrow().is_none(), "polling within the window");
+                glommio::timer::sleep(window * 2).await;
+                assert!(
+                    k.dormant.borrow().is_some(),
+                    "dormant once the window passed"
+                );
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+    }
+
+    #[test]
+    fn its_timer_always_falls_due_within_the_spin() {
+        for us in [1, 5, 10, 20, 200, 1_000_000] {
+            let window = Duration::from_micros(us);
+            let k = KeepAwake::new(window);
+            assert!(!k.tick.is_zero() && k.tick < idle_spin(window), "{us} µs");
+        }
+        assert!(idle_spin(Duration::ZERO).is_zero());
     }
 }

@@ -4,7 +4,8 @@
 //! (a) the drain loop that applies ring ops to its shard, (b) the mesh endpoints
 //! that answer other cores' requests, (c) the accept loop on the shared port
 //! (`SO_REUSEPORT`) handing each connection to hyper with [`crate::http::handle`] as
-//! the service, and on core 0 (d) the lifecycle task (snapshots, signals, watchdog).
+//! the service, (d) the keeper that keeps it polling while queries come
+//! (`awake`), and on core 0 (e) the lifecycle task (snapshots, signals, watchdog).
 //! Shard state is only ever touched by its own executor; other cores reach it by
 //! message. No executor ever waits on a thread: blocking work goes through
 //! [`ShardMesh::offload`].
@@ -577,7 +578,7 @@ async fn heartbeat_loop(core: Rc<Core>) {
 
 /// Start one executor per shard and serve HTTP on `opts.addr` from all of them.
 /// Blocks. An executor keeps polling for `opts.spin` after each query or peer's
-/// request ([`awake`]): a parked core needs a kernel wake-up (tens of µs,
+/// request (`awake`): a parked core needs a kernel wake-up (tens of µs,
 /// milliseconds under load) before it sees the next one.
 pub fn serve(app: Arc<App>, opts: ServeOptions) -> std::io::Result<()> {
     let shards = app.rings().shards();
