@@ -2,6 +2,7 @@
 //! applied blocks/s vs shard count, and how each figure grows with the index
 //! (`perf/compare.py scale-series`). Reads reports, writes SVG; measures nothing.
 
+use plotters::coord::ranged1d::ValueFormatter;
 use plotters::prelude::*;
 use serde_json::Value;
 use std::path::Path;
@@ -74,38 +75,69 @@ pub fn latency_svg(
         .y_label_area_size(72)
         .build_cartesian_2d(0f64..xmax * 1.05, (10f64..ymax * 1.5).log_scale())
         .map_err(|e| e.to_string())?;
-    chart
-        .configure_mesh()
-        .x_desc("offered load (requests/s)")
-        .y_desc("latency (µs, log scale)")
-        .draw()
-        .map_err(|e| e.to_string())?;
     let styles = [("p50", 0usize), ("p99", 1), ("p99.9", 2)];
+    let mut lines = Vec::new();
     for (si, (label, pts)) in series.iter().enumerate() {
         for (name, k) in styles {
-            let color = Palette99::pick(si * 3 + k).to_rgba();
-            let line: Vec<(f64, f64)> = pts
-                .iter()
-                .map(|p| (p.0, [p.1, p.2, p.3][k].max(10.0)))
-                .collect();
-            chart
-                .draw_series(LineSeries::new(line.clone(), color.stroke_width(2)))
-                .map_err(|e| e.to_string())?
-                .label(format!("{label} {name}"))
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
-            chart
-                .draw_series(line.into_iter().map(|p| Circle::new(p, 3, color.filled())))
-                .map_err(|e| e.to_string())?;
+            lines.push(Series {
+                label: format!("{label} {name}"),
+                color: si * 3 + k,
+                points: pts
+                    .iter()
+                    .map(|p| (p.0, [p.1, p.2, p.3][k].max(10.0)))
+                    .collect(),
+            });
         }
+    }
+    let axes = ("offered load (requests/s)", "latency (µs, log scale)");
+    draw_lines(&mut chart, axes, &lines, SeriesLabelPosition::UpperLeft)?;
+    root.present().map_err(|e| e.to_string())
+}
+
+/// One line of a chart: its legend label, its palette colour and its points.
+struct Series {
+    label: String,
+    color: usize,
+    points: Vec<(f64, f64)>,
+}
+
+/// Axes described as `(x, y)`, then each series as a line with a dot on each
+/// point, then the legend at `legend`.
+fn draw_lines<'a, DB, X, Y>(
+    chart: &mut ChartContext<'a, DB, Cartesian2d<X, Y>>,
+    (x_desc, y_desc): (&str, &str),
+    series: &[Series],
+    legend: SeriesLabelPosition,
+) -> Result<(), String>
+where
+    DB: DrawingBackend + 'a,
+    X: Ranged<ValueType = f64> + ValueFormatter<f64>,
+    Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
+{
+    chart
+        .configure_mesh()
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .draw()
+        .map_err(|e| e.to_string())?;
+    for s in series {
+        let color = Palette99::pick(s.color).to_rgba();
+        chart
+            .draw_series(LineSeries::new(s.points.clone(), color.stroke_width(2)))
+            .map_err(|e| e.to_string())?
+            .label(s.label.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
+        chart
+            .draw_series(s.points.iter().map(|&p| Circle::new(p, 3, color.filled())))
+            .map_err(|e| e.to_string())?;
     }
     chart
         .configure_series_labels()
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperLeft)
+        .position(legend)
         .draw()
-        .map_err(|e| e.to_string())?;
-    root.present().map_err(|e| e.to_string())
+        .map_err(|e| e.to_string())
 }
 
 /// Applied blocks/s per report, one bar per (shards, report) given as `shards=path`.
@@ -232,16 +264,20 @@ pub fn scale_svg(path: &str, out: &Path) -> Result<(), String> {
                     .zip(&sizes)
                     .filter_map(|(p, &x)| p[*key][*metric].as_f64().map(|y| (x, y / panel.scale)))
                     .collect();
-                series.push((format!("{label}{suffix}"), si * 2 + mi, line));
+                series.push(Series {
+                    label: format!("{label}{suffix}"),
+                    color: si * 2 + mi,
+                    points: line,
+                });
             }
         }
         let ymax = series
             .iter()
-            .flat_map(|s| s.2.iter().map(|p| p.1))
+            .flat_map(|s| s.points.iter().map(|p| p.1))
             .fold(1.0, f64::max);
         let ymin = series
             .iter()
-            .flat_map(|s| s.2.iter().map(|p| p.1))
+            .flat_map(|s| s.points.iter().map(|p| p.1))
             .fold(ymax, f64::min);
         let mut chart = ChartBuilder::on(&area);
         chart
@@ -250,40 +286,20 @@ pub fn scale_svg(path: &str, out: &Path) -> Result<(), String> {
             .x_label_area_size(40)
             .y_label_area_size(64);
         let x = (xmin / 1.5..xmax * 1.5).log_scale();
-        macro_rules! draw {
-            ($chart:expr) => {{
-                let mut chart = $chart.map_err(|e| e.to_string())?;
-                chart
-                    .configure_mesh()
-                    .x_desc("live (block, worker) pairs, millions (log scale)")
-                    .y_desc(panel.y_desc)
-                    .draw()
-                    .map_err(|e| e.to_string())?;
-                for (label, color, line) in &series {
-                    let color = Palette99::pick(*color).to_rgba();
-                    chart
-                        .draw_series(LineSeries::new(line.clone(), color.stroke_width(2)))
-                        .map_err(|e| e.to_string())?
-                        .label(label.clone())
-                        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
-                    chart
-                        .draw_series(line.iter().map(|&p| Circle::new(p, 3, color.filled())))
-                        .map_err(|e| e.to_string())?;
-                }
-                chart
-                    .configure_series_labels()
-                    .background_style(WHITE.mix(0.8))
-                    .border_style(BLACK)
-                    .position(SeriesLabelPosition::UpperRight)
-                    .draw()
-                    .map_err(|e| e.to_string())?;
-            }};
-        }
+        let axes = (
+            "live (block, worker) pairs, millions (log scale)",
+            panel.y_desc,
+        );
+        let legend = SeriesLabelPosition::UpperRight;
         if panel.log {
             // Headroom above the lines for the legend.
-            draw!(chart.build_cartesian_2d(x, (ymin / 2.0..ymax * 6.0).log_scale()));
+            let y = (ymin / 2.0..ymax * 6.0).log_scale();
+            let mut chart = chart.build_cartesian_2d(x, y).map_err(|e| e.to_string())?;
+            draw_lines(&mut chart, axes, &series, legend)?;
         } else {
-            draw!(chart.build_cartesian_2d(x, 0f64..ymax * 1.25));
+            let y = 0f64..ymax * 1.25;
+            let mut chart = chart.build_cartesian_2d(x, y).map_err(|e| e.to_string())?;
+            draw_lines(&mut chart, axes, &series, legend)?;
         }
     }
     root.present().map_err(|e| e.to_string())
