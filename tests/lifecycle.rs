@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{Publisher, Server, fixture, stored};
+use common::{Publisher, Server, cleared_on, fixture, stored, stored_on};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -183,6 +183,79 @@ fn a_cleared_worker_is_gone_from_every_answer_while_its_blocks_are_dropped() {
     let (_, v) = s.post_json("/query", &q);
     check(&v, 4);
     eprintln!("worker 1 tree sizes seen: {seen:?}");
+}
+
+/// A worker's `AllBlocksCleared` of its host tier over a large index: while the
+/// executor walks its blocks in steps, every answer already has the worker's host
+/// tier empty and its device tier whole (never a partly cleared tier), the other
+/// worker keeps both, and the worker's host stores right after the clear count.
+#[test]
+fn a_tier_clear_is_answered_as_done_while_its_blocks_are_walked() {
+    let s = Server::start(&["--threads", "1"]);
+    let ctx = zmq::Context::new();
+    let (mut one, mut two) = (Publisher::bind(&ctx), Publisher::bind(&ctx));
+    register(&s, 1, &one);
+    register(&s, 2, &two);
+    let (batches, per_batch) = (300usize, 128usize);
+    let mut last = Vec::new();
+    for i in 0..batches {
+        let tokens: Vec<u32> = (0..per_batch as u32 * 4)
+            .map(|t| 1_000_000 + i as u32 * 4096 + t)
+            .collect();
+        let hashes: Vec<u64> = (0..per_batch as u64)
+            .map(|b| ((i as u64) << 20) + b)
+            .collect();
+        for p in [&mut one, &mut two] {
+            p.send(&stored_on(&hashes, None, &tokens, 4, None));
+            p.send(&stored_on(&hashes, None, &tokens, 4, Some("CPU")));
+        }
+        last = tokens;
+    }
+    let n = last.len() as u64;
+    let q = json!({"token_ids": last, "model": MODEL, "block_size": 4});
+    let tiers = |v: &Value, inst: &str| {
+        let o = &v["default"][inst];
+        (
+            o["GPU"].as_u64().unwrap_or(0),
+            o["CPU"].as_u64().unwrap_or(0),
+        )
+    };
+    s.eventually("both workers hold the last chain on both tiers", || {
+        let (_, v) = s.post_json("/conductor/query", &q);
+        (tiers(&v, "1") == (n, n) && tiers(&v, "2") == (n, n))
+            .then_some(())
+            .ok_or(v.to_string())
+    });
+
+    one.send(&cleared_on("CPU"));
+    let mut seen = std::collections::BTreeSet::new();
+    s.eventually("worker 1's host tier is empty", || {
+        let (_, v) = s.post_json("/conductor/query", &q);
+        let (gpu, cpu) = tiers(&v, "1");
+        seen.insert(cpu);
+        assert!(
+            [n, 0].contains(&cpu),
+            "worker 1's host tier partly cleared: {v}"
+        );
+        assert_eq!(gpu, n, "worker 1's device tier changed: {v}");
+        assert_eq!(tiers(&v, "2"), (n, n), "{v}");
+        (cpu == 0).then_some(()).ok_or(v.to_string())
+    });
+    let tokens: Vec<u32> = (0..16).map(|t| 7 + t).collect();
+    one.send(&stored_on(&[1 << 40], None, &tokens[..4], 4, Some("CPU")));
+    let qa = json!({"token_ids": tokens[..4], "model": MODEL, "block_size": 4});
+    s.eventually(
+        "worker 1 holds on its host what it stored after the clear",
+        || {
+            let (_, v) = s.post_json("/conductor/query", &qa);
+            (tiers(&v, "1") == (0, 4))
+                .then_some(())
+                .ok_or(v.to_string())
+        },
+    );
+    let (_, v) = s.post_json("/conductor/query", &q);
+    assert_eq!((tiers(&v, "1"), tiers(&v, "2")), ((n, 0), (n, n)), "{v}");
+    eprintln!("worker 1 host tokens seen: {seen:?}");
 }
 
 /// A loaded peer A, and B started against it: B answers data routes only once

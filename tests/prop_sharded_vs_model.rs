@@ -174,7 +174,7 @@ impl Sharded {
                     let mut s = Shard::default();
                     // Drops walk a few buckets per drain, so queries and later ops
                     // meet them partway.
-                    s.set_drop_step_buckets(3);
+                    s.set_clear_step_buckets(3);
                     s
                 })
                 .collect(),
@@ -188,9 +188,8 @@ impl Sharded {
         for (i, shard) in self.shards.iter_mut().enumerate() {
             self.rings
                 .drain(ShardId(i), usize::MAX, |ops| shard.apply_staged(ops));
-            shard.settle();
-            // As the drain loop does: one step of a slot drop per pass.
-            shard.step_drops();
+            // As the drain loop does: one step of a slot's clear per pass.
+            shard.step_clears();
         }
     }
 
@@ -225,7 +224,13 @@ impl Sharded {
         self.drain();
     }
 
+    /// Answers as the model does once every op has applied: ops that wait for a
+    /// clear still walking apply first (the walks themselves stay partway, and
+    /// their slots are answered as if cleared).
     fn query(&mut self, tokens: &[u32]) -> (Overlap, HashMap<WorkerSlot, (u64, u32)>) {
+        for s in &mut self.shards {
+            s.finish_deferred();
+        }
         let mut seqs = Vec::new();
         hash::seq_hashes_for_tokens(tokens, BS, hash::block_seed(None, None), &mut seqs);
         let replies: Vec<_> = query::split(&seqs, self.shards.len())

@@ -147,7 +147,7 @@ impl Core {
                 self.app
                     .rings()
                     .drain(self.id, usize::MAX, |ops| shard.apply_staged(ops));
-                shard.settle();
+                shard.finish_deferred();
                 let bits = bits.unwrap_or_else(|| shard.export_bits(index));
                 let mut out = Vec::new();
                 shard.dump(index, part, bits, &mut out);
@@ -379,9 +379,9 @@ async fn wait_for_bell(bell: &mut glommio::net::UnixStream) -> bool {
     futures_lite::future::or(rung, tick).await
 }
 
-/// Drain this core's rings into its shard forever, walk one step of a slot drop per
+/// Drain this core's rings into its shard forever, walk one step of a slot's clear per
 /// pass, and end the predictions that are due (a few wheel buckets per tick, see
-/// [`crate::shard::predict`]). Requests get in between the steps of a drop and at
+/// [`crate::shard::predict`]). Requests get in between the steps of a clear and at
 /// least every [`SERVE_EVERY`] of applying ops.
 ///
 /// When the rings are empty it naps 1–2 ms: every park costs glommio a membarrier IPI
@@ -403,16 +403,15 @@ async fn drain_loop(core: Rc<Core>) {
     let mut worked = Instant::now();
     let mut bell = bell(&core);
     loop {
-        let (n, dropping, evicted) = {
+        let (n, clearing, evicted) = {
             let mut shard = core.shard.borrow_mut();
             let n = core
                 .app
                 .rings()
                 .drain(core.id, 8192, |ops| shard.apply_staged(ops));
-            shard.settle();
-            let dropping = shard.step_drops();
+            let clearing = shard.step_clears();
             shard.expire(crate::shard::predict::now_tick());
-            (n, dropping, shard.evicted)
+            (n, clearing, shard.evicted)
         };
         if evicted > warned.0 && warned.1.is_none_or(|t| t.elapsed() >= EVICTION_LOG_EVERY) {
             tracing::warn!(
@@ -423,7 +422,7 @@ async fn drain_loop(core: Rc<Core>) {
             );
             warned = (evicted, Some(Instant::now()));
         }
-        if n == 0 && !dropping {
+        if n == 0 && !clearing {
             release.idle();
             let rings = core.app.rings();
             match bell.as_mut() {
@@ -449,9 +448,9 @@ async fn drain_loop(core: Rc<Core>) {
             idle = IDLE_AFTER_WORK;
             release.worked();
             // Requests that arrived meanwhile run before the next pass: at once
-            // during a drop (its steps are what they would wait behind), else once
+            // during a clear (its steps are what they would wait behind), else once
             // the passes since the last pause have run for SERVE_EVERY.
-            if dropping || served.elapsed() >= SERVE_EVERY {
+            if clearing || served.elapsed() >= SERVE_EVERY {
                 let_requests_in().await;
                 served = Instant::now();
             } else {

@@ -411,6 +411,17 @@ pub fn metric_in(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
 
 /// vLLM positional `KVEventBatch` with one `BlockStored` (device tier).
 pub fn stored(hashes: &[u64], parent: Option<u64>, tokens: &[u32], block_size: u32) -> Vec<u8> {
+    stored_on(hashes, parent, tokens, block_size, None)
+}
+
+/// [`stored`] on `medium` (`None`: the device).
+pub fn stored_on(
+    hashes: &[u64],
+    parent: Option<u64>,
+    tokens: &[u32],
+    block_size: u32,
+    medium: Option<&str>,
+) -> Vec<u8> {
     let mut b = Vec::new();
     rmp::encode::write_array_len(&mut b, 2).unwrap();
     rmp::encode::write_f64(&mut b, 1.5).unwrap();
@@ -433,7 +444,10 @@ pub fn stored(hashes: &[u64], parent: Option<u64>, tokens: &[u32], block_size: u
     }
     rmp::encode::write_uint(&mut b, block_size as u64).unwrap();
     rmp::encode::write_nil(&mut b).unwrap();
-    rmp::encode::write_nil(&mut b).unwrap();
+    match medium {
+        Some(m) => rmp::encode::write_str(&mut b, m).unwrap(),
+        None => rmp::encode::write_nil(&mut b).unwrap(),
+    }
     b
 }
 
@@ -445,6 +459,21 @@ pub fn all_cleared() -> Vec<u8> {
     rmp::encode::write_array_len(&mut b, 1).unwrap();
     rmp::encode::write_array_len(&mut b, 1).unwrap();
     rmp::encode::write_str(&mut b, "AllBlocksCleared").unwrap();
+    b
+}
+
+/// A `KVEventBatch` with one `AllBlocksCleared` of `medium` only, as current vLLM
+/// encodes events (a tagged map).
+pub fn cleared_on(medium: &str) -> Vec<u8> {
+    let mut b = Vec::new();
+    rmp::encode::write_array_len(&mut b, 2).unwrap();
+    rmp::encode::write_f64(&mut b, 1.5).unwrap();
+    rmp::encode::write_array_len(&mut b, 1).unwrap();
+    rmp::encode::write_map_len(&mut b, 2).unwrap();
+    rmp::encode::write_str(&mut b, "type").unwrap();
+    rmp::encode::write_str(&mut b, "AllBlocksCleared").unwrap();
+    rmp::encode::write_str(&mut b, "medium").unwrap();
+    rmp::encode::write_str(&mut b, medium).unwrap();
     b
 }
 
