@@ -7,9 +7,9 @@
 //! (live events, replay, dump and bootstrap alike; predictions from `/speculate`),
 //! and predictions end through [`Shard::expire`]. A clear of a worker's slot (all
 //! its tiers or some) is walked in steps between which the executor serves
-//! ([`Shard::step_clears`]), answering as if the clear were done. With a block budget (`--max-blocks`) a store past it
-//! evicts the block least recently stored or matched. A shard never touches another
-//! shard's memory and never blocks.
+//! ([`Shard::step_clears`]), answering as if the clear were done. With a block
+//! budget (`--max-blocks`) a store past it evicts the block least recently stored
+//! or matched. A shard never touches another shard's memory and never blocks.
 
 pub mod blocks;
 pub mod holders;
