@@ -113,17 +113,24 @@ fn control_calls_stay_fast_during_an_event_flood_with_tiny_rings() {
     eprintln!("{rounds} rounds of control calls, slowest {worst:?}, {stalls} ring-full stalls");
 }
 
+/// A server with one executor and workers 1 and 2 registered, each publishing on its
+/// own socket.
+fn two_workers(ctx: &zmq::Context) -> (Server, Publisher, Publisher) {
+    let s = Server::start(&["--threads", "1"]);
+    let (one, two) = (Publisher::bind(ctx), Publisher::bind(ctx));
+    register(&s, 1, &one);
+    register(&s, 2, &two);
+    (s, one, two)
+}
+
 /// A worker's `AllBlocksCleared` over a large index: while the executor drops its
 /// blocks in steps, every answer is already the one after the clear (never a
 /// partly cleared worker), the other worker keeps its blocks, and the worker's
 /// stores right after the clear count again.
 #[test]
 fn a_cleared_worker_is_gone_from_every_answer_while_its_blocks_are_dropped() {
-    let s = Server::start(&["--threads", "1"]);
     let ctx = zmq::Context::new();
-    let (mut one, mut two) = (Publisher::bind(&ctx), Publisher::bind(&ctx));
-    register(&s, 1, &one);
-    register(&s, 2, &two);
+    let (s, mut one, mut two) = two_workers(&ctx);
     let (batches, per_batch) = (300usize, 128usize);
     let mut last = Vec::new();
     for i in 0..batches {
@@ -192,11 +199,8 @@ fn a_cleared_worker_is_gone_from_every_answer_while_its_blocks_are_dropped() {
 /// for the walk) counts once the walk is done.
 #[test]
 fn a_tier_clear_is_answered_as_done_while_its_blocks_are_walked() {
-    let s = Server::start(&["--threads", "1"]);
     let ctx = zmq::Context::new();
-    let (mut one, mut two) = (Publisher::bind(&ctx), Publisher::bind(&ctx));
-    register(&s, 1, &one);
-    register(&s, 2, &two);
+    let (s, mut one, mut two) = two_workers(&ctx);
     let (batches, per_batch) = (300usize, 128usize);
     let mut last = Vec::new();
     for i in 0..batches {

@@ -1176,16 +1176,24 @@ mod tests {
         assert_eq!(s.index(IndexId(0)).unwrap().tree_sizes()[2], 0);
     }
 
+    /// A shard that walks clears 8 buckets a step, holding blocks 0..500 by each of
+    /// `holders` (slot, tier), so that a clear takes many steps.
+    fn stepping(holders: &[(u32, Tier)]) -> Shard {
+        let mut s = Shard::default();
+        s.set_clear_step_buckets(8);
+        for seq in 0..500 {
+            for &(slot, tier) in holders {
+                s.apply(store(seq, slot, tier));
+            }
+        }
+        s
+    }
+
     /// A dump taken partway through a drop already leaves the slot out, as one taken
     /// after it does.
     #[test]
     fn a_dump_during_a_drop_leaves_the_slot_out() {
-        let mut s = Shard::default();
-        s.set_clear_step_buckets(8);
-        for seq in 0..500 {
-            s.apply(store(seq, 1, Tier::DEVICE));
-            s.apply(store(seq, 2, Tier::HOST));
-        }
+        let mut s = stepping(&[(1, Tier::DEVICE), (2, Tier::HOST)]);
         s.apply(drop_op(1));
         let dump = |s: &Shard| {
             let mut out = Vec::new();
@@ -1211,13 +1219,7 @@ mod tests {
     /// its slot, while other slots' ops and the slot's other tiers go on.
     #[test]
     fn a_partial_clear_is_walked_in_steps_and_a_store_to_its_tier_waits() {
-        let mut s = Shard::default();
-        s.set_clear_step_buckets(8);
-        for seq in 0..500 {
-            s.apply(store(seq, 1, Tier::DEVICE));
-            s.apply(store(seq, 1, Tier::HOST));
-            s.apply(store(seq, 2, Tier::HOST));
-        }
+        let mut s = stepping(&[(1, Tier::DEVICE), (1, Tier::HOST), (2, Tier::HOST)]);
         let h = |slot: u32, tiers: TierSet| Holder::new(WorkerSlot(slot), tiers).0;
         let both = Tier::DEVICE.bit() | Tier::HOST.bit();
         s.apply(ShardOp::ClearSlot {
