@@ -128,6 +128,8 @@ pub struct ShardStats {
     pub applied: u64,
     /// Ops waiting on this shard's rings.
     pub pending: u64,
+    /// Ops applied from the rings but held until a clear of their slot is walked.
+    pub waiting: u64,
     /// Times a producer found one of this shard's rings full.
     pub stalls: u64,
     pub blocks: u64,
@@ -472,6 +474,17 @@ pub fn render(app: &App, shards: &[ShardStats]) -> String {
         f.with(
             &[("shard", s.shard.to_string())],
             Value::Gauge(s.pending as i64),
+        );
+    }
+    let f = g.add(
+        "kvix_ops_waiting_for_clear",
+        "Ops held until the clear of their worker's tier is walked (they apply, in order, once it is)",
+        MetricType::Gauge,
+    );
+    for s in shards {
+        f.with(
+            &[("shard", s.shard.to_string())],
+            Value::Gauge(s.waiting as i64),
         );
     }
     let f = g.add(

@@ -116,6 +116,7 @@ impl Core {
                     shard: self.id.0,
                     applied: shard.applied,
                     pending: self.app.rings().pending(self.id) as u64,
+                    waiting: shard.waiting_ops() as u64,
                     stalls: self.app.rings().stalls(self.id),
                     blocks,
                     tier_blocks,

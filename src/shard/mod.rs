@@ -412,6 +412,15 @@ impl Shard {
         }
     }
 
+    /// Ops held until a clear of their slot is walked (see [`Clearing`]).
+    pub fn waiting_ops(&self) -> usize {
+        self.clearing
+            .iter()
+            .filter_map(|i| self.indexes[i.0 as usize].clearing.as_ref())
+            .map(|d| d.deferred.len())
+            .sum()
+    }
+
     /// How many table buckets a clear walks per [`Self::step_clears`] (tests walk in
     /// tiny steps, to meet clears partway).
     pub fn set_clear_step_buckets(&mut self, buckets: usize) {
@@ -1257,6 +1266,7 @@ mod tests {
         s.apply(store(1, 2, Tier::DISK));
         assert!(s.waits(IndexId(0), WorkerSlot(1)));
         assert!(!s.waits(IndexId(0), WorkerSlot(2)));
+        assert_eq!(s.waiting_ops(), 2);
         assert!(holders(&mut s, 7).contains(&h(1, Tier::DEVICE.bit() | Tier::DISK.bit())));
         assert!(holders(&mut s, 0).contains(&h(1, Tier::DEVICE.bit())));
         assert!(holders(&mut s, 1).contains(&h(1, Tier::DEVICE.bit())));
@@ -1265,6 +1275,7 @@ mod tests {
         let applied = s.applied;
         while s.step_clears() {}
         assert_eq!(s.applied, applied + 2, "the two ops that waited apply");
+        assert_eq!(s.waiting_ops(), 0);
         assert!(!s.waits(IndexId(0), WorkerSlot(1)));
         assert!(holders(&mut s, 0).contains(&h(1, both)));
         assert!(
