@@ -412,7 +412,8 @@ impl Shard {
         }
     }
 
-    /// Ops held until a clear of their slot is walked (see [`Clearing`]).
+    /// Ops held until a clear of their slot is walked: stores and predictions on a
+    /// tier being cleared, and every later op of their slot.
     pub fn waiting_ops(&self) -> usize {
         self.clearing
             .iter()
