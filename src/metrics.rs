@@ -183,6 +183,13 @@ impl Gathered {
 }
 
 impl Family {
+    /// One sample per shard, labelled with the shard's number.
+    fn per_shard(&mut self, shards: &[ShardStats], value: impl Fn(&ShardStats) -> Value) {
+        for s in shards {
+            self.with(&[("shard", s.shard.to_string())], value(s));
+        }
+    }
+
     fn with(&mut self, labels: &[(&str, String)], v: Value) -> &mut Self {
         self.samples.push((
             labels
@@ -457,55 +464,36 @@ pub fn render(app: &App, shards: &[ShardStats]) -> String {
     }
 
     // Per shard.
-    let f = g.add(
+    g.add(
         "kvix_shard_ops_applied",
         "Ring ops applied by each shard",
         MetricType::Counter,
-    );
-    for s in shards {
-        f.with(&[("shard", s.shard.to_string())], Value::Counter(s.applied));
-    }
-    let f = g.add(
+    )
+    .per_shard(shards, |s| Value::Counter(s.applied));
+    g.add(
         "kvix_ring_pending",
         "Ops waiting on each shard's rings",
         MetricType::Gauge,
-    );
-    for s in shards {
-        f.with(
-            &[("shard", s.shard.to_string())],
-            Value::Gauge(s.pending as i64),
-        );
-    }
-    let f = g.add(
+    )
+    .per_shard(shards, |s| Value::Gauge(s.pending as i64));
+    g.add(
         "kvix_ops_waiting_for_clear",
         "Ops held until the clear of their worker's tier is walked (they apply, in order, once it is)",
         MetricType::Gauge,
-    );
-    for s in shards {
-        f.with(
-            &[("shard", s.shard.to_string())],
-            Value::Gauge(s.waiting as i64),
-        );
-    }
-    let f = g.add(
+    )
+        .per_shard(shards, |s| Value::Gauge(s.waiting as i64));
+    g.add(
         "kvix_ring_full_stalls",
         "Times an ingest thread found a shard's ring full and waited",
         MetricType::Counter,
-    );
-    for s in shards {
-        f.with(&[("shard", s.shard.to_string())], Value::Counter(s.stalls));
-    }
-    let f = g.add(
+    )
+    .per_shard(shards, |s| Value::Counter(s.stalls));
+    g.add(
         "kvix_shard_blocks",
         "Blocks held by each shard",
         MetricType::Gauge,
-    );
-    for s in shards {
-        f.with(
-            &[("shard", s.shard.to_string())],
-            Value::Gauge(s.blocks as i64),
-        );
-    }
+    )
+    .per_shard(shards, |s| Value::Gauge(s.blocks as i64));
     let f = g.add(
         "kvix_shard_tier_blocks",
         "(block, worker) pairs per shard and storage tier",
@@ -521,17 +509,12 @@ pub fn render(app: &App, shards: &[ShardStats]) -> String {
             }
         }
     }
-    let f = g.add(
+    g.add(
         "kvix_predicted_blocks",
         "Live predicted (block, worker) pairs per shard (from /speculate, not yet confirmed or expired)",
         MetricType::Gauge,
-    );
-    for s in shards {
-        f.with(
-            &[("shard", s.shard.to_string())],
-            Value::Gauge(s.tier_blocks[Tier::PREDICTED.0 as usize] as i64),
-        );
-    }
+    )
+        .per_shard(shards, |s| Value::Gauge(s.tier_blocks[Tier::PREDICTED.0 as usize] as i64));
     type Count = fn(&crate::shard::PredictionCounts) -> u64;
     let counts: [(&'static str, &'static str, Count); 5] = [
         (
@@ -561,22 +544,15 @@ pub fn render(app: &App, shards: &[ShardStats]) -> String {
         ),
     ];
     for (name, help, get) in counts {
-        let f = g.add(name, help, MetricType::Counter);
-        for s in shards {
-            f.with(
-                &[("shard", s.shard.to_string())],
-                Value::Counter(get(&s.predictions)),
-            );
-        }
+        g.add(name, help, MetricType::Counter)
+            .per_shard(shards, |s| Value::Counter(get(&s.predictions)));
     }
-    let f = g.add(
+    g.add(
         "kvix_evicted_blocks",
         "Blocks evicted (least recently stored or matched first) to keep the index within --max-blocks",
         MetricType::Counter,
-    );
-    for s in shards {
-        f.with(&[("shard", s.shard.to_string())], Value::Counter(s.evicted));
-    }
+    )
+        .per_shard(shards, |s| Value::Counter(s.evicted));
     g.add(
         "kvix_engine_map_heap_bytes",
         "Heap bytes of the ingest threads' engine-hash maps (one entry per live block and worker)",
@@ -586,17 +562,12 @@ pub fn render(app: &App, shards: &[ShardStats]) -> String {
         &[],
         Value::Gauge(sum(|s| s.engine_map_bytes.load(Ordering::Relaxed)) as i64),
     );
-    let f = g.add(
+    g.add(
         "kvix_shard_heap_bytes",
         "Approximate heap bytes of each shard's index",
         MetricType::Gauge,
-    );
-    for s in shards {
-        f.with(
-            &[("shard", s.shard.to_string())],
-            Value::Gauge(s.heap_bytes as i64),
-        );
-    }
+    )
+    .per_shard(shards, |s| Value::Gauge(s.heap_bytes as i64));
     let f = g.add(
         "kvix_query_duration_seconds",
         "Latency of /query and /query_by_hash, parse to response",
