@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{Publisher, Server, cleared_on, fixture, stored, stored_on};
+use common::{Publisher, Server, cleared_on, fixture, stored_on};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,9 +22,19 @@ fn register(s: &Server, instance: u64, p: &Publisher) {
 
 /// A fresh chain of `n` blocks (block size 4) starting at token `base`.
 fn chain_batch(base: u32, first_hash: u64, n: usize) -> (Vec<u8>, Vec<u32>) {
+    chain_batch_on(base, first_hash, n, None)
+}
+
+/// [`chain_batch`] stored on `medium` (`None`: the device).
+fn chain_batch_on(
+    base: u32,
+    first_hash: u64,
+    n: usize,
+    medium: Option<&str>,
+) -> (Vec<u8>, Vec<u32>) {
     let tokens: Vec<u32> = (0..n as u32 * 4).map(|i| base + i).collect();
     let hashes: Vec<u64> = (0..n as u64).map(|i| first_hash + i).collect();
-    (stored(&hashes, None, &tokens, 4), tokens)
+    (stored_on(&hashes, None, &tokens, 4, medium), tokens)
 }
 
 /// Wait until `/query` with `q` scores `tokens` for `instance` (dp rank 0).
@@ -204,15 +214,12 @@ fn a_tier_clear_is_answered_as_done_while_its_blocks_are_walked() {
     let (batches, per_batch) = (300usize, 128usize);
     let mut last = Vec::new();
     for i in 0..batches {
-        let tokens: Vec<u32> = (0..per_batch as u32 * 4)
-            .map(|t| 1_000_000 + i as u32 * 4096 + t)
-            .collect();
-        let hashes: Vec<u64> = (0..per_batch as u64)
-            .map(|b| ((i as u64) << 20) + b)
-            .collect();
+        let (base, first) = (1_000_000 + i as u32 * 4096, (i as u64) << 20);
+        let (device, tokens) = chain_batch(base, first, per_batch);
+        let (host, _) = chain_batch_on(base, first, per_batch, Some("CPU"));
         for p in [&mut one, &mut two] {
-            p.send(&stored_on(&hashes, None, &tokens, 4, None));
-            p.send(&stored_on(&hashes, None, &tokens, 4, Some("CPU")));
+            p.send(&device);
+            p.send(&host);
         }
         last = tokens;
     }

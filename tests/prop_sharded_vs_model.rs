@@ -172,7 +172,7 @@ impl Sharded {
             shards: (0..n)
                 .map(|_| {
                     let mut s = Shard::default();
-                    // Drops walk a few buckets per drain, so queries and later ops
+                    // Clears walk a few buckets per drain, so queries and later ops
                     // meet them partway.
                     s.set_clear_step_buckets(3);
                     s

@@ -148,11 +148,17 @@ impl Clearing {
         of(&self.walking) | of(&self.pending)
     }
 
+    /// Whether ops of `slot` are waiting.
+    #[inline]
+    fn waits(&self, slot: WorkerSlot) -> bool {
+        self.waiting.get(slot.0 as usize).is_some_and(|&n| n > 0)
+    }
+
     /// Whether `op` must wait for the clears (see [`Clearing`]).
     #[inline]
     fn must_wait(&self, op: &ShardOp) -> bool {
         let slot = op.slot();
-        if self.waiting.get(slot.0 as usize).is_some_and(|&n| n > 0) {
+        if self.waits(slot) {
             return true;
         }
         let clears = self.clears(slot);
@@ -1054,7 +1060,7 @@ mod tests {
         fn waits(&self, index: IndexId, slot: WorkerSlot) -> bool {
             self.index(index)
                 .and_then(|ix| ix.clearing.as_deref())
-                .is_some_and(|d| d.waiting.get(slot.0 as usize).is_some_and(|&n| n > 0))
+                .is_some_and(|d| d.waits(slot))
         }
 
         /// Whether `slot` of `index` is being cleared of some tiers, not all.
