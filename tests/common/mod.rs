@@ -409,6 +409,16 @@ pub fn metric_in(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
         .sum()
 }
 
+/// The start of a vLLM positional `KVEventBatch` (timestamp, then an array of one
+/// event): the event's encoding goes next.
+fn batch_of_one() -> Vec<u8> {
+    let mut b = Vec::new();
+    rmp::encode::write_array_len(&mut b, 2).unwrap();
+    rmp::encode::write_f64(&mut b, 1.5).unwrap();
+    rmp::encode::write_array_len(&mut b, 1).unwrap();
+    b
+}
+
 /// vLLM positional `KVEventBatch` with one `BlockStored` (device tier).
 pub fn stored(hashes: &[u64], parent: Option<u64>, tokens: &[u32], block_size: u32) -> Vec<u8> {
     stored_on(hashes, parent, tokens, block_size, None)
@@ -422,10 +432,7 @@ pub fn stored_on(
     block_size: u32,
     medium: Option<&str>,
 ) -> Vec<u8> {
-    let mut b = Vec::new();
-    rmp::encode::write_array_len(&mut b, 2).unwrap();
-    rmp::encode::write_f64(&mut b, 1.5).unwrap();
-    rmp::encode::write_array_len(&mut b, 1).unwrap();
+    let mut b = batch_of_one();
     rmp::encode::write_array_len(&mut b, 7).unwrap();
     rmp::encode::write_str(&mut b, "BlockStored").unwrap();
     rmp::encode::write_array_len(&mut b, hashes.len() as u32).unwrap();
@@ -453,10 +460,7 @@ pub fn stored_on(
 
 /// vLLM positional `KVEventBatch` with one `AllBlocksCleared`.
 pub fn all_cleared() -> Vec<u8> {
-    let mut b = Vec::new();
-    rmp::encode::write_array_len(&mut b, 2).unwrap();
-    rmp::encode::write_f64(&mut b, 1.5).unwrap();
-    rmp::encode::write_array_len(&mut b, 1).unwrap();
+    let mut b = batch_of_one();
     rmp::encode::write_array_len(&mut b, 1).unwrap();
     rmp::encode::write_str(&mut b, "AllBlocksCleared").unwrap();
     b
@@ -465,10 +469,7 @@ pub fn all_cleared() -> Vec<u8> {
 /// A `KVEventBatch` with one `AllBlocksCleared` of `medium` only, as current vLLM
 /// encodes events (a tagged map).
 pub fn cleared_on(medium: &str) -> Vec<u8> {
-    let mut b = Vec::new();
-    rmp::encode::write_array_len(&mut b, 2).unwrap();
-    rmp::encode::write_f64(&mut b, 1.5).unwrap();
-    rmp::encode::write_array_len(&mut b, 1).unwrap();
+    let mut b = batch_of_one();
     rmp::encode::write_map_len(&mut b, 2).unwrap();
     rmp::encode::write_str(&mut b, "type").unwrap();
     rmp::encode::write_str(&mut b, "AllBlocksCleared").unwrap();
@@ -479,10 +480,7 @@ pub fn cleared_on(medium: &str) -> Vec<u8> {
 
 /// vLLM positional `KVEventBatch` with one `BlockRemoved`.
 pub fn removed(hashes: &[u64]) -> Vec<u8> {
-    let mut b = Vec::new();
-    rmp::encode::write_array_len(&mut b, 2).unwrap();
-    rmp::encode::write_f64(&mut b, 1.5).unwrap();
-    rmp::encode::write_array_len(&mut b, 1).unwrap();
+    let mut b = batch_of_one();
     rmp::encode::write_array_len(&mut b, 3).unwrap();
     rmp::encode::write_str(&mut b, "BlockRemoved").unwrap();
     rmp::encode::write_array_len(&mut b, hashes.len() as u32).unwrap();
