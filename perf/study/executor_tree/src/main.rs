@@ -9,7 +9,7 @@ use kvix::registry::{Endpoint, Registration, Registry};
 use kvix::ring::OpSink;
 use kvix::shard::table::{BlockTable, Keyed};
 use kvix::shard::{Shard, ShardOp};
-use kvix::types::{DpRank, EngineHash, InstanceId};
+use kvix::types::{DpRank, EngineHash, InstanceId, SeqHash};
 use kvix::wire::{self, Batch};
 use std::time::Instant;
 
@@ -20,6 +20,8 @@ const BS: usize = 16;
 const WORKERS: usize = 16;
 const CONVERSATIONS: usize = 60_000;
 const STEPS: usize = 150_000;
+/// Prompts looked up after the load.
+const QUERIES: usize = 20_000;
 /// Events per frame, as an engine batches them.
 const EVENTS_PER_FRAME: usize = 16;
 
@@ -41,6 +43,8 @@ struct Conversation {
 struct Workload {
     /// (worker, vLLM KVEventBatch frame)
     frames: Vec<(usize, Vec<u8>)>,
+    /// Prompts to look up: the first 64 blocks (1k tokens) of some conversations.
+    prompts: Vec<Vec<u64>>,
     blocks: usize,
     pairs: usize,
 }
@@ -86,8 +90,15 @@ fn generate() -> Workload {
             frames.push((w, frame(evs)));
         }
     }
+    let prompts = (0..QUERIES)
+        .map(|_| {
+            let c = &convs[(next() % CONVERSATIONS as u64) as usize];
+            c.blocks.iter().take(64).copied().collect()
+        })
+        .collect();
     Workload {
         frames,
+        prompts,
         blocks: convs.iter().map(|c| c.blocks.len()).sum(),
         pairs,
     }
@@ -96,6 +107,15 @@ fn generate() -> Workload {
 /// Each worker names a block by its own engine hash (as vLLM processes do).
 fn engine_hash(w: usize, content: u64, pos: usize) -> i64 {
     splitmix(content ^ (w as u64).wrapping_mul(0x1234_5678_9abc) ^ pos as u64) as i64
+}
+
+/// A block's token ids, from its content seed.
+fn tokens(content: u64) -> [u32; BS] {
+    let mut x = content;
+    std::array::from_fn(|_| {
+        x = splitmix(x);
+        (x % 128_000) as u32
+    })
 }
 
 /// A vLLM `BlockStored` of `blocks[from..to]`, parent `blocks[from - 1]`.
@@ -114,10 +134,8 @@ fn encode_stored(b: &mut Vec<u8>, w: usize, blocks: &[u64], from: usize, to: usi
     }
     write_array_len(b, ((to - from) * BS) as u32).unwrap();
     for s in &blocks[from..to] {
-        let mut x = *s;
-        for _ in 0..BS {
-            x = splitmix(x);
-            write_uint(b, x % 128_000).unwrap();
+        for t in tokens(*s) {
+            write_uint(b, t as u64).unwrap();
         }
     }
     write_uint(b, BS as u64).unwrap();
@@ -138,7 +156,12 @@ fn frame(events: &[Vec<u8>]) -> Vec<u8> {
     b
 }
 
+/// Resident bytes once freed memory is given back, as the server's idle release
+/// does (`kvix::heap`).
 fn rss() -> usize {
+    // SAFETY: releases free pages of this thread's heap and the arenas; reads no
+    // caller memory.
+    unsafe { libmimalloc_sys::mi_collect(true) };
     let s = std::fs::read_to_string("/proc/self/statm").unwrap();
     s.split_whitespace()
         .nth(1)
@@ -162,9 +185,11 @@ impl OpSink for VecSink {
 
 /// Today: `WorkerFeed` per worker (decode, hash, engine map), then one shard.
 /// Returns seconds and RSS growth.
-fn today(frames: &[(usize, Vec<u8>)]) -> (f64, usize) {
+fn today(work: &Workload) -> (f64, usize) {
+    let frames = &work.frames;
     let registry = Registry::default();
     let mut feeds = Vec::new();
+    let mut index = None;
     for w in 0..WORKERS {
         let r = registry
             .register(&Registration {
@@ -181,8 +206,10 @@ fn today(frames: &[(usize, Vec<u8>)]) -> (f64, usize) {
                 opts: Default::default(),
             })
             .unwrap();
+        index = Some(r.index);
         feeds.push(WorkerFeed::new(r.index, w as InstanceId, 0, BS as u32));
     }
+    let index = index.unwrap();
     let mut shard = Shard::default();
     let mut sink = VecSink(Vec::with_capacity(1 << 16));
     let mut batch = Batch::default();
@@ -197,8 +224,31 @@ fn today(frames: &[(usize, Vec<u8>)]) -> (f64, usize) {
         sink.0.clear();
     }
     let secs = t.elapsed().as_secs_f64();
-    std::hint::black_box(&shard);
-    (secs, rss() - before)
+    let bytes = rss() - before;
+    let seed = hash::block_seed(None, None);
+    let prompts: Vec<Vec<SeqHash>> = work
+        .prompts
+        .iter()
+        .map(|p| {
+            let mut parent = None;
+            p.iter()
+                .map(|c| {
+                    let seq = hash::chain(parent, hash::local_hash(&tokens(*c), seed));
+                    parent = Some(seq);
+                    seq
+                })
+                .collect()
+        })
+        .collect();
+    let mut holders = Vec::new();
+    let t = Instant::now();
+    for p in &prompts {
+        holders.clear();
+        shard.lookup(index, p, &mut holders);
+        std::hint::black_box(&holders);
+    }
+    report_queries(t.elapsed().as_secs_f64(), &work.prompts, holders.len());
+    (secs, bytes)
 }
 
 const NONE: u32 = u32::MAX;
@@ -221,14 +271,15 @@ impl EngineEntry {
     }
 }
 
-/// One block: 20 bytes.
+/// One block: 24 bytes. Two holders inline (worker + 1, 0 for none), as the
+/// shard's `HolderSet` keeps them; a third and later go to a side list.
 #[derive(Clone, Copy)]
 #[repr(C, packed(4))]
 struct Node {
     local: u64,
     first_child: u32,
     next_sibling: u32,
-    holder: u32,
+    holders: [u32; 2],
 }
 
 #[derive(Default)]
@@ -236,8 +287,10 @@ struct Tree {
     nodes: Vec<Node>,
     /// First blocks, by local hash.
     roots: HashTable<u32>,
-    /// (node, worker) of every holder after a node's first.
+    /// (node, worker) of every holder after a node's second.
     more_holders: Vec<(u32, u32)>,
+    /// Holders filed after a node's first (inline or not).
+    added_holders: usize,
     engine: Vec<BlockTable<EngineEntry>>,
 }
 
@@ -276,8 +329,17 @@ impl Tree {
         for &(eh, local) in blocks {
             let id = match self.child(p, local) {
                 Some(id) => {
-                    if { self.nodes[id as usize].holder } != w as u32 {
-                        self.more_holders.push((id, w as u32));
+                    let h = w as u32 + 1;
+                    let n = &mut self.nodes[id as usize];
+                    let mut hs = n.holders;
+                    if hs[0] != h && hs[1] != h {
+                        self.added_holders += 1;
+                        if hs[1] == 0 {
+                            hs[1] = h;
+                            n.holders = hs;
+                        } else {
+                            self.more_holders.push((id, h));
+                        }
                     }
                     id
                 }
@@ -292,7 +354,7 @@ impl Tree {
                         local,
                         first_child: NONE,
                         next_sibling: sibling,
-                        holder: w as u32,
+                        holders: [w as u32 + 1, 0],
                     });
                     if p == NONE {
                         let nodes = &self.nodes;
@@ -332,18 +394,72 @@ fn proposed(frames: &[(usize, Vec<u8>)], work: &Workload) -> (f64, usize) {
     }
     let secs = t.elapsed().as_secs_f64();
     assert_eq!(tree.nodes.len(), work.blocks, "a block filed twice or lost");
-    assert_eq!(tree.more_holders.len(), work.pairs - work.blocks);
-    (secs, rss() - before)
+    assert_eq!(tree.added_holders, work.pairs - work.blocks);
+    let bytes = rss() - before;
+    // Queries: local hashes computed beforehand (both sides hash the same way).
+    let prompts: Vec<Vec<u64>> = work
+        .prompts
+        .iter()
+        .map(|p| {
+            p.iter()
+                .map(|c| hash::local_hash(&tokens(*c), seed).0)
+                .collect()
+        })
+        .collect();
+    let mut holders = Vec::new();
+    let t = Instant::now();
+    for p in &prompts {
+        tree.lookup(p, &mut holders);
+        std::hint::black_box(&holders);
+    }
+    report_queries(t.elapsed().as_secs_f64(), &work.prompts, holders.len());
+    (secs, bytes)
+}
+
+impl Tree {
+    /// Holders of the prompt's blocks in prefix order, up to the first block
+    /// nobody holds: `[n, holder..]` per block.
+    fn lookup(&self, locals: &[u64], out: &mut Vec<u32>) {
+        out.clear();
+        let mut p = NONE;
+        for &local in locals {
+            let Some(id) = self.child(p, local) else {
+                out.push(0);
+                return;
+            };
+            let hs = self.nodes[id as usize].holders;
+            let n = 1 + (hs[1] != 0) as u32;
+            out.push(n);
+            out.extend_from_slice(&hs[..n as usize]);
+            p = id;
+        }
+    }
+}
+
+fn report_queries(secs: f64, prompts: &[Vec<u64>], last_len: usize) {
+    let blocks: usize = prompts.iter().map(|p| p.len()).sum();
+    eprintln!(
+        "  {} lookups of {:.1} blocks on average: {:.0} ns a lookup (last answer {} words)",
+        prompts.len(),
+        blocks as f64 / prompts.len() as f64,
+        secs * 1e9 / prompts.len() as f64,
+        last_len
+    );
 }
 
 fn main() {
-    // As the server runs: small pages only (see its main.rs).
-    // SAFETY: sets a flag on this process's memory map; reads no pointers.
-    unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+    // As the server runs: small pages only, freed memory purged after 10 ms
+    // (see its main.rs; option 15 is mimalloc's purge delay).
+    // SAFETY: sets a flag on this process's memory map and an integer option of
+    // the allocator; reads no pointers.
+    unsafe {
+        libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
+        libmimalloc_sys::mi_option_set(15, 10);
+    }
     let which = std::env::args().nth(1).unwrap_or_default();
     let work = generate();
     let (secs, bytes) = match which.as_str() {
-        "a" => today(&work.frames),
+        "a" => today(&work),
         "b" => proposed(&work.frames, &work),
         _ => {
             eprintln!("usage: executor-tree-study a|b");
