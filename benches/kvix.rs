@@ -4,7 +4,9 @@
 //! shard apply per block. Queries: a 512-block prompt against 1M indexed
 //! blocks (lookup + gather, and with hashing), scatter/gather cost vs shard
 //! count. Cross-core: an op through an SPSC ring, a round trip over the executor
-//! mesh. Ceiling: raw hashbrown lookups on a 1M-entry table.
+//! mesh. Ceiling: raw hashbrown lookups on a 1M-entry table. Index structures:
+//! today's engine-hash map plus block table against the radix tree, per stored
+//! (block, worker) pair and per prompt looked up.
 //! Run: `cargo bench --bench kvix` (add `-- <filter>` for one group).
 
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
@@ -12,7 +14,7 @@ use kvix::hash;
 use kvix::query;
 use kvix::ring::{OpSink, RingSink, Rings};
 use kvix::shard::{SeqHasherBuilder, Shard, ShardOp};
-use kvix::types::{BlockHash, IndexId, SeqHash, ShardId, Tier, WorkerSlot};
+use kvix::types::{BlockHash, EngineHash, IndexId, SeqHash, ShardId, Tier, WorkerSlot};
 use kvix::wire::{self, Batch};
 use std::hint::black_box;
 
@@ -672,8 +674,130 @@ fn mesh_round_trips(iters: u64, spin_us: u64) -> std::time::Duration {
         .unwrap()
 }
 
+/// One stored event: the slot's parent engine hash, its blocks (engine hash, local
+/// hash) and the same blocks as the shard files them.
+struct Run {
+    parent: Option<EngineHash>,
+    blocks: Vec<(EngineHash, BlockHash)>,
+    shard: Vec<Block>,
+}
+
+/// `convs` conversations of `len` blocks on one worker, stored in events of 16
+/// blocks taken round-robin across conversations (so a chain's blocks are not
+/// filed side by side, as in service).
+fn conversations(convs: usize, len: usize) -> Vec<Run> {
+    let chains: Vec<Vec<Block>> = (0..convs).map(|c| chain(len, 1_000 + c as u64)).collect();
+    let eh = |c: usize, i: usize| {
+        EngineHash(xxhash_rust::xxh3::xxh3_64(
+            &((c << 20 | i) as u64).to_le_bytes(),
+        ))
+    };
+    let mut runs = Vec::new();
+    for from in (0..len).step_by(16) {
+        for (c, blocks) in chains.iter().enumerate() {
+            let to = (from + 16).min(len);
+            runs.push(Run {
+                parent: (from > 0).then(|| eh(c, from - 1)),
+                blocks: (from..to).map(|i| (eh(c, i), blocks[i].local)).collect(),
+                shard: blocks[from..to].to_vec(),
+            });
+        }
+    }
+    runs
+}
+
+/// Today's structure (the ingest's engine-hash map, engine hash → sequence hash,
+/// then a shard's block table fed in ring chunks) against the radix tree (engine
+/// hash → node, nodes found from their parent), both on one thread, for 2M
+/// stored pairs; then 64-block prompts looked up in each.
+fn bench_index(c: &mut Criterion) {
+    use kvix::shard::table::BlockTable;
+    use kvix::shard::tree::Tree;
+    let (convs, len) = (32_768, 64);
+    let runs = conversations(convs, len);
+    let pairs = (convs * len) as u64;
+    let today = |runs: &[Run]| {
+        let mut map: BlockTable<(EngineHash, SeqHash)> = BlockTable::default();
+        let mut shard = Shard::default();
+        let mut ops = Vec::with_capacity(kvix::ring::CHUNK);
+        for r in runs {
+            if let Some(p) = r.parent {
+                black_box(map.get(&p));
+            }
+            for (&(eh, _), b) in r.blocks.iter().zip(&r.shard) {
+                map.get_or_insert_with(eh, || (eh, b.seq));
+                ops.push(store(b, 0));
+                if ops.len() == kvix::ring::CHUNK {
+                    shard.apply_all(&ops);
+                    ops.clear();
+                }
+            }
+        }
+        shard.apply_all(&ops);
+        (map, shard)
+    };
+    let tree = |runs: &[Run]| {
+        let mut t = Tree::default();
+        for r in runs {
+            t.store(WorkerSlot(0), Tier::DEVICE, r.parent, &r.blocks);
+        }
+        t
+    };
+    let mut g = c.benchmark_group("index_2m_pairs");
+    g.sample_size(10);
+    g.throughput(Throughput::Elements(pairs));
+    g.bench_function("engine_map_then_block_table", |b| {
+        b.iter_batched(|| (), |_| today(&runs), BatchSize::PerIteration)
+    });
+    g.bench_function("radix_tree", |b| {
+        b.iter_batched(|| (), |_| tree(&runs), BatchSize::PerIteration)
+    });
+    g.finish();
+
+    let (map, mut shard) = today(&runs);
+    let t = tree(&runs);
+    let per_pair = |bytes: usize| bytes as f64 / pairs as f64;
+    eprintln!(
+        "index_2m_pairs heap bytes per pair: engine map + block table {:.1}, radix tree {:.1}",
+        per_pair(map.allocation_size() + shard.heap_bytes()),
+        per_pair(t.heap_bytes())
+    );
+    let prompts: Vec<(Vec<SeqHash>, Vec<BlockHash>)> = (0..1024)
+        .map(|i| {
+            let blocks = chain(len, 1_000 + (i * 31 % convs) as u64);
+            (
+                blocks.iter().map(|b| b.seq).collect(),
+                blocks.iter().map(|b| b.local).collect(),
+            )
+        })
+        .collect();
+    let mut g = c.benchmark_group("index_2m_pairs_lookup_64_blocks");
+    g.throughput(Throughput::Elements(prompts.len() as u64));
+    let mut out = Vec::new();
+    g.bench_function("block_table_by_seq", |b| {
+        b.iter(|| {
+            for (seqs, _) in &prompts {
+                out.clear();
+                shard.lookup(IndexId(0), seqs, &mut out);
+            }
+            black_box(out.len())
+        })
+    });
+    g.bench_function("radix_tree_by_local", |b| {
+        b.iter(|| {
+            for (_, locals) in &prompts {
+                out.clear();
+                t.lookup(locals, &mut out);
+            }
+            black_box(out.len())
+        })
+    });
+    g.finish();
+}
+
 criterion_group!(
     benches,
+    bench_index,
     bench_predict,
     bench_evict,
     bench_cross_core,

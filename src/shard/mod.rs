@@ -15,6 +15,7 @@ pub mod blocks;
 pub mod holders;
 pub mod predict;
 pub mod table;
+pub mod tree;
 
 use crate::types::{BlockHash, IndexId, SeqHash, Tier, TierSet, WorkerSlot};
 use blocks::{Blocks, EVICT_TURNS, Hand, Walk};

@@ -1,0 +1,978 @@
+//! A radix index of cached blocks: a prefix tree in an arena, and per worker slot
+//! the map from the engine's block hashes to the tree's nodes.
+//!
+//! A node is one block: its local hash, its parent, its children and its holders
+//! (28 bytes). A child is found from its parent by local hash (a sibling list, or a
+//! child table once a parent has more than [`LIST_MAX`] children), so a chain of
+//! blocks is filed by appends to the arena and walks from nodes that are already in
+//! cache, and a sequence hash is never stored: it is computed on the way down
+//! ([`Tree::dump`], [`Tree::lookup_seqs`]). A store resolves its parent and a removal
+//! its block through the slot's engine map (engine hash → node, 12 bytes), so the
+//! ingest side needs no map of its own.
+//!
+//! Invariants: every engine-map entry of a slot names a live node that slot holds;
+//! a node lives while it has holders or children (a node without holders but with
+//! children stays as a path to them, and answers as not held). Owned by one shard;
+//! never shared, never blocks, never allocates per block outside the arena's and
+//! tables' growth.
+
+use super::DumpedBlock;
+use super::holders::{Holder, HolderSet, HolderSlab};
+use super::table::{BlockTable, Keyed};
+use crate::hash;
+use crate::types::{BlockHash, EngineHash, SeqHash, Tier, TierSet, WorkerSlot};
+use hashbrown::{HashMap, HashTable};
+
+/// No node: a root's parent, the end of a sibling list.
+const NIL: u32 = u32::MAX;
+/// In `first_child`: the children are in the parent's child table.
+const WIDE: u32 = u32::MAX - 1;
+/// In `parent`: the node is on the free list.
+const FREE: u32 = u32::MAX - 1;
+/// A parent keeps up to this many children in a sibling list (one walk of a few
+/// nodes, usually the one just filed); the next moves them into a child table.
+pub const LIST_MAX: usize = 8;
+/// Nodes per arena chunk: the arena grows a chunk at a time, never copying.
+const CHUNK_BITS: u32 = 14;
+const CHUNK: usize = 1 << CHUNK_BITS;
+
+/// One block. The local hash is two halves so that a node is 4-byte aligned and
+/// 28 bytes, not padded to 32.
+#[derive(Clone, Copy, Debug)]
+struct Node {
+    local: [u32; 2],
+    parent: u32,
+    /// NIL, the first of a sibling list, or WIDE.
+    first_child: u32,
+    /// The next sibling in the parent's list (NIL: last, or the parent is wide); on
+    /// the free list, the next free node.
+    next_sibling: u32,
+    holders: HolderSet,
+}
+
+impl Node {
+    #[inline]
+    fn local(&self) -> BlockHash {
+        BlockHash(self.local[0] as u64 | (self.local[1] as u64) << 32)
+    }
+}
+
+/// An engine hash and the node it names: 12 bytes (three halves, 4-byte aligned).
+#[derive(Clone, Copy)]
+struct EngineEntry([u32; 3]);
+
+impl EngineEntry {
+    fn new(eh: EngineHash, node: u32) -> Self {
+        EngineEntry([eh.0 as u32, (eh.0 >> 32) as u32, node])
+    }
+    fn node(&self) -> u32 {
+        self.0[2]
+    }
+}
+
+impl Keyed for EngineEntry {
+    type Key = EngineHash;
+    #[inline]
+    fn key(&self) -> EngineHash {
+        EngineHash(self.0[0] as u64 | (self.0[1] as u64) << 32)
+    }
+}
+
+/// The table hash of a child by its local hash: XXH3 output already, so one
+/// multiply spreads it over hashbrown's control bits.
+#[inline]
+fn child_hash(local: BlockHash) -> u64 {
+    local.0.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+/// What a store did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stored {
+    /// The blocks are filed; `new_holders` of them were not held by the slot before.
+    Filed { new_holders: usize },
+    /// The parent's engine hash names no block of the slot: nothing was filed.
+    UnknownParent,
+}
+
+/// The radix index of one (model, tenant) index's blocks in one shard.
+#[derive(Default)]
+pub struct Tree {
+    chunks: Vec<Vec<Node>>,
+    /// Head of the free list through `next_sibling`.
+    free: Option<u32>,
+    live: usize,
+    /// First blocks, by local hash.
+    roots: HashTable<u32>,
+    /// Child tables of parents with more than [`LIST_MAX`] children.
+    wide: HashMap<u32, HashTable<u32>>,
+    slab: HolderSlab,
+    /// Per slot, engine hash → node.
+    engine: Vec<BlockTable<EngineEntry>>,
+    /// (slot, node) pairs that a second engine hash of the slot names (an engine that
+    /// files the same content under two hashes): every engine hash of such a pair is
+    /// listed, so that all go when the slot stops holding the node. Usually empty.
+    aliases: HashMap<(u32, u32), Vec<EngineHash>>,
+    /// Blocks held per slot (any tier).
+    per_slot: Vec<u32>,
+}
+
+impl Tree {
+    /// Live nodes (blocks held, and paths to them).
+    pub fn len(&self) -> usize {
+        self.live
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.live == 0
+    }
+
+    /// Blocks held per slot (any tier), indexed by slot.
+    pub fn per_slot(&self) -> &[u32] {
+        &self.per_slot
+    }
+
+    #[inline]
+    fn node(&self, id: u32) -> &Node {
+        at(&self.chunks, id)
+    }
+
+    #[inline]
+    fn node_mut(&mut self, id: u32) -> &mut Node {
+        at_mut(&mut self.chunks, id)
+    }
+
+    fn alloc(&mut self, node: Node) -> u32 {
+        self.live += 1;
+        if let Some(id) = self.free {
+            let next = self.node(id).next_sibling;
+            self.free = (next != NIL).then_some(next);
+            *self.node_mut(id) = node;
+            return id;
+        }
+        if self.chunks.last().is_none_or(|c| c.len() == CHUNK) {
+            self.chunks.push(Vec::with_capacity(CHUNK));
+        }
+        let id = ((self.chunks.len() - 1) << CHUNK_BITS | self.chunks.last().unwrap().len()) as u32;
+        self.chunks.last_mut().unwrap().push(node);
+        id
+    }
+
+    fn count(&mut self, slot: WorkerSlot, delta: i32) {
+        let i = slot.0 as usize;
+        if self.per_slot.len() <= i {
+            self.per_slot.resize(i + 1, 0);
+        }
+        self.per_slot[i] = self.per_slot[i].wrapping_add_signed(delta);
+    }
+
+    /// The child of `parent` (NIL: a first block) with local hash `local`.
+    #[inline]
+    fn child(&self, parent: u32, local: BlockHash) -> Option<u32> {
+        if parent == NIL {
+            return self
+                .roots
+                .find(child_hash(local), |&c| self.node(c).local() == local)
+                .copied();
+        }
+        let mut c = self.node(parent).first_child;
+        if c == WIDE {
+            return self.wide[&parent]
+                .find(child_hash(local), |&c| self.node(c).local() == local)
+                .copied();
+        }
+        while c != NIL {
+            let n = self.node(c);
+            if n.local() == local {
+                return Some(c);
+            }
+            c = n.next_sibling;
+        }
+        None
+    }
+
+    /// The child of `parent` with local hash `local`, filed if new.
+    fn child_or_insert(&mut self, parent: u32, local: BlockHash) -> u32 {
+        let mut listed = 0;
+        if parent == NIL {
+            if let Some(&c) = self
+                .roots
+                .find(child_hash(local), |&c| self.node(c).local() == local)
+            {
+                return c;
+            }
+        } else {
+            let mut c = self.node(parent).first_child;
+            if c == WIDE {
+                if let Some(&c) =
+                    self.wide[&parent].find(child_hash(local), |&c| self.node(c).local() == local)
+                {
+                    return c;
+                }
+            } else {
+                while c != NIL {
+                    let n = self.node(c);
+                    if n.local() == local {
+                        return c;
+                    }
+                    listed += 1;
+                    c = n.next_sibling;
+                }
+            }
+        }
+        let first = if parent == NIL {
+            NIL
+        } else {
+            self.node(parent).first_child
+        };
+        let listing = parent != NIL && first != WIDE && listed < LIST_MAX;
+        let id = self.alloc(Node {
+            local: [local.0 as u32, (local.0 >> 32) as u32],
+            parent,
+            first_child: NIL,
+            next_sibling: if listing { first } else { NIL },
+            holders: HolderSet::default(),
+        });
+        if listing {
+            self.node_mut(parent).first_child = id;
+        } else if parent == NIL {
+            let Tree { roots, chunks, .. } = self;
+            roots.insert_unique(child_hash(local), id, |&c| {
+                child_hash(at(chunks, c).local())
+            });
+        } else {
+            if first != WIDE {
+                self.widen(parent);
+            }
+            let Tree { wide, chunks, .. } = self;
+            let table = wide
+                .get_mut(&parent)
+                .expect("a wide parent has a child table");
+            table.insert_unique(child_hash(local), id, |&c| {
+                child_hash(at(chunks, c).local())
+            });
+        }
+        id
+    }
+
+    /// Moves `parent`'s sibling list into a child table.
+    fn widen(&mut self, parent: u32) {
+        let mut table = HashTable::with_capacity(2 * LIST_MAX);
+        let mut c = self.node(parent).first_child;
+        while c != NIL {
+            let next = self.node(c).next_sibling;
+            self.node_mut(c).next_sibling = NIL;
+            let chunks = &self.chunks;
+            table.insert_unique(child_hash(at(chunks, c).local()), c, |&x| {
+                child_hash(at(chunks, x).local())
+            });
+            c = next;
+        }
+        self.node_mut(parent).first_child = WIDE;
+        self.wide.insert(parent, table);
+    }
+
+    /// Takes `id` out of its parent's children and frees it; then its parent too if
+    /// that held nothing and has no children left.
+    fn release(&mut self, mut id: u32) {
+        loop {
+            let n = *self.node(id);
+            debug_assert!(n.holders.is_empty() && n.first_child == NIL);
+            let parent = n.parent;
+            let h = child_hash(n.local());
+            if parent == NIL {
+                let found = self.roots.find_entry(h, |&c| c == id);
+                found.expect("a root is in the root table").remove();
+            } else {
+                let first = self.node(parent).first_child;
+                if first == WIDE {
+                    let table = self
+                        .wide
+                        .get_mut(&parent)
+                        .expect("a wide parent has a child table");
+                    table
+                        .find_entry(h, |&c| c == id)
+                        .expect("a child is in its table")
+                        .remove();
+                    if table.is_empty() {
+                        self.wide.remove(&parent);
+                        self.node_mut(parent).first_child = NIL;
+                    }
+                } else if first == id {
+                    self.node_mut(parent).first_child = n.next_sibling;
+                } else {
+                    let mut c = first;
+                    while self.node(c).next_sibling != id {
+                        c = self.node(c).next_sibling;
+                    }
+                    self.node_mut(c).next_sibling = n.next_sibling;
+                }
+            }
+            let free = self.free.unwrap_or(NIL);
+            let node = self.node_mut(id);
+            node.parent = FREE;
+            node.first_child = NIL;
+            node.next_sibling = free;
+            self.free = Some(id);
+            self.live -= 1;
+            if parent == NIL {
+                return;
+            }
+            let p = self.node(parent);
+            if !p.holders.is_empty() || p.first_child != NIL {
+                return;
+            }
+            id = parent;
+        }
+    }
+
+    fn engine_map(&mut self, slot: WorkerSlot) -> &mut BlockTable<EngineEntry> {
+        let i = slot.0 as usize;
+        if self.engine.len() <= i {
+            self.engine.resize_with(i + 1, BlockTable::default);
+        }
+        &mut self.engine[i]
+    }
+
+    /// `slot` stores `blocks` (engine hash, local hash) on `tier`, in chain order,
+    /// the first a child of the block the slot's `parent` names (`None`: a first
+    /// block).
+    pub fn store(
+        &mut self,
+        slot: WorkerSlot,
+        tier: Tier,
+        parent: Option<EngineHash>,
+        blocks: &[(EngineHash, BlockHash)],
+    ) -> Stored {
+        let mut p = match parent {
+            None => NIL,
+            Some(eh) => match self.engine.get(slot.0 as usize).and_then(|m| m.get(&eh)) {
+                Some(e) => e.node(),
+                None => return Stored::UnknownParent,
+            },
+        };
+        let mut new_holders = 0;
+        for &(eh, local) in blocks {
+            let id = self.child_or_insert(p, local);
+            let before = {
+                let Tree { chunks, slab, .. } = self;
+                at_mut(chunks, id).holders.add(slot, tier, slab)
+            };
+            if before.is_empty() {
+                new_holders += 1;
+                self.count(slot, 1);
+            }
+            let mut new = false;
+            let e = self.engine_map(slot).get_or_insert_with(eh, || {
+                new = true;
+                EngineEntry::new(eh, id)
+            });
+            let old = e.node();
+            if new {
+                if !before.is_empty() {
+                    // The slot already held this block under another engine hash.
+                    self.alias(slot, id, eh);
+                }
+            } else if old != id {
+                // The engine reused the hash for other content: the slot's hold on
+                // the old block ends with it.
+                *e = EngineEntry::new(eh, id);
+                self.unhold(slot, old, TierSet::ALL, Some(eh));
+            }
+            p = id;
+        }
+        Stored::Filed { new_holders }
+    }
+
+    /// Records a second engine hash of `slot` for `node`.
+    fn alias(&mut self, slot: WorkerSlot, node: u32, eh: EngineHash) {
+        let engine = &self.engine[slot.0 as usize];
+        let names = self.aliases.entry((slot.0, node)).or_default();
+        if names.is_empty() {
+            // The first engine hash: the one entry that names the node besides `eh`.
+            names.extend(
+                engine
+                    .iter()
+                    .filter(|e| e.node() == node && e.key() != eh)
+                    .map(Keyed::key),
+            );
+        }
+        names.push(eh);
+    }
+
+    /// Takes `tiers` off `slot`'s holder of `node`; if the slot holds it no more, its
+    /// engine hashes for it go (but `keep`, already re-pointed by the caller), and
+    /// the node goes if nothing else holds it or hangs from it.
+    fn unhold(&mut self, slot: WorkerSlot, node: u32, tiers: TierSet, keep: Option<EngineHash>) {
+        let (_, gone) = {
+            let Tree { chunks, slab, .. } = self;
+            at_mut(chunks, node).holders.remove(slot, tiers, slab)
+        };
+        if !gone {
+            return;
+        }
+        self.count(slot, -1);
+        if let Some(names) = self.aliases.remove(&(slot.0, node)) {
+            let map = &mut self.engine[slot.0 as usize];
+            for eh in names.into_iter().filter(|&eh| Some(eh) != keep) {
+                if map.get(&eh).is_some_and(|e| e.node() == node) {
+                    map.remove(&eh);
+                }
+            }
+        }
+        let n = self.node(node);
+        if n.holders.is_empty() && n.first_child == NIL {
+            self.release(node);
+        }
+    }
+
+    /// `slot` no longer holds the block `eh` names on `tiers`. Returns whether the
+    /// engine hash named a block.
+    pub fn remove(&mut self, slot: WorkerSlot, eh: EngineHash, tiers: TierSet) -> bool {
+        let Some(map) = self.engine.get_mut(slot.0 as usize) else {
+            return false;
+        };
+        let Some(e) = map.get(&eh) else { return false };
+        let node = e.node();
+        let left = self
+            .node(node)
+            .holders
+            .tiers_of(slot, &self.slab)
+            .without(tiers);
+        if left.is_empty() {
+            self.engine[slot.0 as usize].remove(&eh);
+        }
+        self.unhold(slot, node, tiers, Some(eh));
+        true
+    }
+
+    /// `slot` holds nothing any more on `tiers`.
+    pub fn clear_slot(&mut self, slot: WorkerSlot, tiers: TierSet) {
+        let Some(map) = self.engine.get_mut(slot.0 as usize) else {
+            return;
+        };
+        let entries: Vec<EngineEntry> = map.iter().copied().collect();
+        for e in entries {
+            let node = e.node();
+            if self.engine[slot.0 as usize].get(&e.key()).is_none() {
+                // An alias that went with its block.
+                continue;
+            }
+            let left = self
+                .node(node)
+                .holders
+                .tiers_of(slot, &self.slab)
+                .without(tiers);
+            if left.is_empty() {
+                self.engine[slot.0 as usize].remove(&e.key());
+            }
+            self.unhold(slot, node, tiers, Some(e.key()));
+        }
+        if tiers == TierSet::ALL {
+            self.engine[slot.0 as usize] = BlockTable::default();
+        }
+    }
+
+    /// Holders of the prompt's blocks (`locals`, in prefix order) as `[n, holder..]`
+    /// per block, up to and including the first block nobody holds (as
+    /// [`super::Shard::lookup`] answers, without its shorthand for repeated sets).
+    pub fn lookup(&self, locals: &[BlockHash], out: &mut Vec<u32>) {
+        let mut p = NIL;
+        for &local in locals {
+            let Some(id) = self.child(p, local) else {
+                out.push(0);
+                return;
+            };
+            if !self.push_holders(id, out) {
+                return;
+            }
+            p = id;
+        }
+    }
+
+    /// As [`Self::lookup`], for blocks named by their sequence hashes.
+    pub fn lookup_seqs(&self, seqs: &[SeqHash], out: &mut Vec<u32>) {
+        let mut p = NIL;
+        let mut parent = None;
+        for &seq in seqs {
+            let Some(id) = self.child_by_seq(p, parent, seq) else {
+                out.push(0);
+                return;
+            };
+            if !self.push_holders(id, out) {
+                return;
+            }
+            p = id;
+            parent = Some(seq);
+        }
+    }
+
+    /// The child of `p` (whose sequence hash is `parent`) with sequence hash `seq`:
+    /// every candidate's chain link is computed, since a node keeps only its local
+    /// hash.
+    fn child_by_seq(&self, p: u32, parent: Option<SeqHash>, seq: SeqHash) -> Option<u32> {
+        if p == NIL {
+            // A first block's sequence hash is its local hash.
+            return self.child(NIL, BlockHash(seq.0));
+        }
+        let is = |c: &u32| hash::chain(parent, self.node(*c).local()) == seq;
+        let first = self.node(p).first_child;
+        if first == WIDE {
+            return self.wide[&p].iter().find(|c| is(c)).copied();
+        }
+        let mut c = first;
+        while c != NIL {
+            if is(&c) {
+                return Some(c);
+            }
+            c = self.node(c).next_sibling;
+        }
+        None
+    }
+
+    /// Writes `[n, holder..]` for `id`; false (after writing 0) if nobody holds it.
+    #[inline]
+    fn push_holders(&self, id: u32, out: &mut Vec<u32>) -> bool {
+        let hs = self.node(id).holders.as_slice(&self.slab);
+        out.push(hs.len() as u32);
+        out.extend_from_slice(hs);
+        !hs.is_empty()
+    }
+
+    /// Every (block, holder) with the block's sequence and parent hashes, computed
+    /// from the roots down.
+    pub fn dump(&self, out: &mut Vec<DumpedBlock>) {
+        let mut stack: Vec<(u32, Option<SeqHash>)> =
+            self.roots.iter().map(|&r| (r, None)).collect();
+        let mut kids = Vec::new();
+        while let Some((id, parent)) = stack.pop() {
+            let n = self.node(id);
+            let local = n.local();
+            let seq = hash::chain(parent, local);
+            for &h in n.holders.as_slice(&self.slab) {
+                let h = Holder(h);
+                let tiers = h.tiers() & TierSet::MEDIA;
+                if !tiers.is_empty() {
+                    out.push(DumpedBlock {
+                        seq,
+                        parent,
+                        local,
+                        holder: Holder::new(h.slot(), tiers),
+                    });
+                }
+            }
+            kids.clear();
+            self.children(id, &mut kids);
+            stack.extend(kids.iter().map(|&c| (c, Some(seq))));
+        }
+    }
+
+    fn children(&self, id: u32, out: &mut Vec<u32>) {
+        let first = self.node(id).first_child;
+        if first == WIDE {
+            out.extend(self.wide[&id].iter().copied());
+            return;
+        }
+        let mut c = first;
+        while c != NIL {
+            out.push(c);
+            c = self.node(c).next_sibling;
+        }
+    }
+
+    /// Heap bytes owned by the tree, for memory accounting.
+    pub fn heap_bytes(&self) -> usize {
+        let node = std::mem::size_of::<Node>();
+        self.chunks
+            .iter()
+            .map(|c| c.capacity() * node)
+            .sum::<usize>()
+            + self.roots.allocation_size()
+            + self.wide.allocation_size()
+            + self
+                .wide
+                .values()
+                .map(HashTable::allocation_size)
+                .sum::<usize>()
+            + self.slab.capacity_bytes()
+            + self
+                .engine
+                .iter()
+                .map(BlockTable::allocation_size)
+                .sum::<usize>()
+            + self.per_slot.capacity() * 4
+    }
+}
+
+#[inline]
+fn at(chunks: &[Vec<Node>], id: u32) -> &Node {
+    &chunks[(id >> CHUNK_BITS) as usize][id as usize & (CHUNK - 1)]
+}
+
+#[inline]
+fn at_mut(chunks: &mut [Vec<Node>], id: u32) -> &mut Node {
+    &mut chunks[(id >> CHUNK_BITS) as usize][id as usize & (CHUNK - 1)]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::{BTreeMap, BTreeSet, HashMap as StdMap};
+
+    const DEV: Tier = Tier::DEVICE;
+
+    fn eh(x: u64) -> EngineHash {
+        EngineHash(x)
+    }
+
+    fn chain(slot: u32, from: u64, locals: &[u64]) -> Vec<(EngineHash, BlockHash)> {
+        locals
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (eh(slot as u64 * 1000 + from + i as u64), BlockHash(l)))
+            .collect()
+    }
+
+    fn lookup(t: &Tree, locals: &[u64]) -> Vec<u32> {
+        let mut out = Vec::new();
+        let locals: Vec<BlockHash> = locals.iter().map(|&l| BlockHash(l)).collect();
+        t.lookup(&locals, &mut out);
+        out
+    }
+
+    fn held(slot: u32, tier: Tier) -> u32 {
+        Holder::new(WorkerSlot(slot), tier.bit()).0
+    }
+
+    #[test]
+    fn a_chain_is_filed_once_and_shared_by_its_holders() {
+        let mut t = Tree::default();
+        let s = |x| WorkerSlot(x);
+        assert_eq!(
+            t.store(s(1), DEV, None, &chain(1, 0, &[10, 11, 12])),
+            Stored::Filed { new_holders: 3 }
+        );
+        assert_eq!(
+            t.store(s(2), DEV, None, &chain(2, 0, &[10, 11])),
+            Stored::Filed { new_holders: 2 }
+        );
+        assert_eq!(t.len(), 3);
+        let (a, b) = (held(1, DEV), held(2, DEV));
+        assert_eq!(lookup(&t, &[10, 11, 12, 13]), [2, a, b, 2, a, b, 1, a, 0]);
+        // A continuation names its parent by the slot's own engine hash.
+        assert_eq!(
+            t.store(s(2), Tier::HOST, Some(eh(2001)), &chain(2, 2, &[12])),
+            Stored::Filed { new_holders: 1 }
+        );
+        let b_host = Holder::new(WorkerSlot(2), Tier::HOST.bit()).0;
+        assert_eq!(lookup(&t, &[10, 11, 12]), [2, a, b, 2, a, b, 2, a, b_host]);
+        assert_eq!(
+            t.store(s(3), DEV, Some(eh(7)), &chain(3, 0, &[10])),
+            Stored::UnknownParent
+        );
+        assert_eq!(t.per_slot(), [0, 3, 3]);
+    }
+
+    #[test]
+    fn a_removed_leaf_goes_and_a_held_path_stays() {
+        let mut t = Tree::default();
+        let s1 = WorkerSlot(1);
+        t.store(s1, DEV, None, &chain(1, 0, &[10, 11, 12]));
+        // The middle block goes: its node stays as the path to the last.
+        assert!(t.remove(s1, eh(1001), TierSet::ALL));
+        assert_eq!(t.len(), 3);
+        assert_eq!(lookup(&t, &[10, 11, 12]), [1, held(1, DEV), 0]);
+        // The last goes: it and the path above it that nobody holds are freed.
+        assert!(t.remove(s1, eh(1002), TierSet::ALL));
+        assert_eq!(t.len(), 1);
+        assert!(!t.remove(s1, eh(1002), TierSet::ALL));
+        // Freed nodes are reused.
+        t.store(s1, DEV, Some(eh(1000)), &chain(1, 1, &[21, 22]));
+        assert_eq!(t.len(), 3);
+        assert_eq!(t.chunks[0].len(), 3);
+        t.clear_slot(s1, TierSet::ALL);
+        assert!(t.is_empty());
+        assert_eq!(lookup(&t, &[10]), [0]);
+    }
+
+    #[test]
+    fn a_wide_parent_keeps_its_children_in_a_table() {
+        let mut t = Tree::default();
+        let s = WorkerSlot(1);
+        t.store(s, DEV, None, &[(eh(1), BlockHash(1))]);
+        let n = 3 * LIST_MAX as u64;
+        for i in 0..n {
+            t.store(
+                s,
+                DEV,
+                Some(eh(1)),
+                &[
+                    (eh(100 + i), BlockHash(100 + i)),
+                    (eh(500 + i), BlockHash(7)),
+                ],
+            );
+        }
+        assert_eq!(t.wide.len(), 1);
+        for i in 0..n {
+            assert_eq!(lookup(&t, &[1, 100 + i, 7]).len(), 6);
+            let seqs = [
+                hash::chain(None, BlockHash(1)),
+                hash::chain(Some(hash::chain(None, BlockHash(1))), BlockHash(100 + i)),
+            ];
+            let mut out = Vec::new();
+            t.lookup_seqs(&seqs, &mut out);
+            assert_eq!(out.len(), 4);
+        }
+        for i in 0..n {
+            assert!(t.remove(s, eh(500 + i), TierSet::ALL));
+            assert!(t.remove(s, eh(100 + i), TierSet::ALL));
+        }
+        assert!(t.wide.is_empty());
+        assert_eq!(t.len(), 1);
+        assert_eq!(
+            t.node(t.roots.iter().copied().next().unwrap()).first_child,
+            NIL
+        );
+    }
+
+    #[test]
+    fn a_second_engine_hash_for_a_block_goes_with_the_first() {
+        let mut t = Tree::default();
+        let s = WorkerSlot(1);
+        t.store(s, DEV, None, &[(eh(1), BlockHash(10))]);
+        t.store(s, DEV, None, &[(eh(2), BlockHash(10))]);
+        assert_eq!(t.per_slot(), [0, 1]);
+        assert!(t.remove(s, eh(2), TierSet::ALL));
+        assert!(t.is_empty());
+        // Neither name is left to remove a block filed in the freed node.
+        t.store(s, DEV, None, &[(eh(3), BlockHash(20))]);
+        assert!(!t.remove(s, eh(1), TierSet::ALL));
+        assert_eq!(lookup(&t, &[20]), [1, held(1, DEV)]);
+    }
+
+    /// The tree's rules written plainly: blocks are paths of local hashes.
+    #[derive(Default)]
+    struct Model {
+        names: StdMap<(u32, u64), Vec<u64>>,
+        holders: BTreeMap<Vec<u64>, BTreeMap<u32, u8>>,
+    }
+
+    impl Model {
+        fn unhold(&mut self, slot: u32, path: &[u64], tiers: u8) {
+            let hs = self.holders.get_mut(path).unwrap();
+            let left = hs[&slot] & !tiers;
+            if left != 0 {
+                hs.insert(slot, left);
+                return;
+            }
+            hs.remove(&slot);
+            if hs.is_empty() {
+                self.holders.remove(path);
+            }
+            self.names.retain(|(s, _), p| !(*s == slot && p == path));
+        }
+
+        fn store(&mut self, slot: u32, tier: Tier, parent: Option<u64>, blocks: &[(u64, u64)]) {
+            let mut path = match parent {
+                None => Vec::new(),
+                Some(p) => match self.names.get(&(slot, p)) {
+                    Some(path) => path.clone(),
+                    None => return,
+                },
+            };
+            for &(e, l) in blocks {
+                path.push(l);
+                *self
+                    .holders
+                    .entry(path.clone())
+                    .or_default()
+                    .entry(slot)
+                    .or_default() |= tier.bit().0;
+                match self.names.insert((slot, e), path.clone()) {
+                    Some(old) if old != path => {
+                        self.unhold(slot, &old, 0xff);
+                        self.names.insert((slot, e), path.clone());
+                    }
+                    _ => {}
+                }
+            }
+        }
+
+        fn remove(&mut self, slot: u32, e: u64, tiers: u8) {
+            if let Some(path) = self.names.get(&(slot, e)).cloned() {
+                self.unhold(slot, &path, tiers);
+            }
+        }
+
+        fn clear(&mut self, slot: u32, tiers: u8) {
+            let held: Vec<Vec<u64>> = self
+                .holders
+                .iter()
+                .filter(|(_, hs)| hs.contains_key(&slot))
+                .map(|(p, _)| p.clone())
+                .collect();
+            for p in held {
+                self.unhold(slot, &p, tiers);
+            }
+        }
+
+        fn lookup(&self, locals: &[u64]) -> Vec<Vec<u32>> {
+            let mut out = Vec::new();
+            for i in 0..locals.len() {
+                let hs: Vec<u32> = self.holders.get(&locals[..=i]).map_or(Vec::new(), |hs| {
+                    hs.iter()
+                        .map(|(&s, &t)| Holder::new(WorkerSlot(s), TierSet(t)).0)
+                        .collect()
+                });
+                let stop = hs.is_empty();
+                out.push(hs);
+                if stop {
+                    break;
+                }
+            }
+            out
+        }
+
+        fn nodes(&self) -> usize {
+            let paths: BTreeSet<&[u64]> = self
+                .holders
+                .keys()
+                .flat_map(|p| (1..=p.len()).map(move |i| &p[..i]))
+                .collect();
+            paths.len()
+        }
+    }
+
+    /// `[n, holder..]` per block, each block's holders sorted.
+    fn blocks_of(out: &[u32]) -> Vec<Vec<u32>> {
+        let mut blocks = Vec::new();
+        let mut i = 0;
+        while i < out.len() {
+            let n = out[i] as usize;
+            let mut hs = out[i + 1..i + 1 + n].to_vec();
+            hs.sort();
+            blocks.push(hs);
+            i += 1 + n;
+        }
+        blocks
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Store {
+            slot: u32,
+            tier: u8,
+            from: Vec<u64>,
+            locals: Vec<u64>,
+            alias: bool,
+        },
+        Remove {
+            slot: u32,
+            path: Vec<u64>,
+            alias: bool,
+            tiers: u8,
+        },
+        Clear {
+            slot: u32,
+            tiers: u8,
+        },
+    }
+
+    /// A slot's engine hash for a path: one per (slot, path), or a second name.
+    fn name(slot: u32, path: &[u64], alias: bool) -> u64 {
+        let mut x = slot as u64 * 31 + alias as u64 * 7;
+        for &l in path {
+            x = x.wrapping_mul(1_000_003).wrapping_add(l);
+        }
+        x
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let locals = || proptest::collection::vec(1u64..3, 0..3);
+        let tiers = prop_oneof![Just(0xffu8), 1u8..8];
+        prop_oneof![
+            6 => (0u32..3, 0u8..3, locals(), proptest::collection::vec(1u64..4, 1..4), proptest::bool::weighted(0.2))
+                .prop_map(|(slot, tier, from, locals, alias)| Op::Store { slot, tier, from, locals, alias }),
+            3 => (0u32..3, proptest::collection::vec(1u64..4, 1..3), proptest::bool::weighted(0.3), tiers.clone())
+                .prop_map(|(slot, path, alias, tiers)| Op::Remove { slot, path, alias, tiers }),
+            1 => (0u32..3, tiers).prop_map(|(slot, tiers)| Op::Clear { slot, tiers }),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2048))]
+        #[test]
+        fn prop_tree_vs_model(ops in proptest::collection::vec(op(), 1..60)) {
+            let mut t = Tree::default();
+            let mut m = Model::default();
+            for op in &ops {
+                match op {
+                    Op::Store { slot, tier, from, locals, alias } => {
+                        let parent = (!from.is_empty()).then(|| name(*slot, from, false));
+                        let mut path = from.clone();
+                        let blocks: Vec<(u64, u64)> = locals.iter().map(|&l| {
+                            path.push(l);
+                            (name(*slot, &path, *alias), l)
+                        }).collect();
+                        let tier = Tier(*tier);
+                        m.store(*slot, tier, parent, &blocks);
+                        let blocks: Vec<_> = blocks.iter().map(|&(e, l)| (eh(e), BlockHash(l))).collect();
+                        t.store(WorkerSlot(*slot), tier, parent.map(eh), &blocks);
+                    }
+                    Op::Remove { slot, path, alias, tiers } => {
+                        let e = name(*slot, path, *alias);
+                        m.remove(*slot, e, *tiers);
+                        t.remove(WorkerSlot(*slot), eh(e), TierSet(*tiers));
+                    }
+                    Op::Clear { slot, tiers } => {
+                        m.clear(*slot, *tiers);
+                        t.clear_slot(WorkerSlot(*slot), TierSet(*tiers));
+                    }
+                }
+                prop_assert_eq!(t.len(), m.nodes());
+            }
+            let mut paths: Vec<Vec<u64>> = m.holders.keys().cloned().collect();
+            paths.push(vec![1, 2, 3, 1]);
+            for p in &paths {
+                let locals: Vec<BlockHash> = p.iter().map(|&l| BlockHash(l)).collect();
+                let mut out = Vec::new();
+                t.lookup(&locals, &mut out);
+                prop_assert_eq!(blocks_of(&out), m.lookup(p));
+                let mut seqs = Vec::new();
+                hash::seq_hashes_for_locals(&locals, &mut seqs);
+                out.clear();
+                t.lookup_seqs(&seqs, &mut out);
+                prop_assert_eq!(blocks_of(&out), m.lookup(p));
+            }
+            let mut dumped = Vec::new();
+            t.dump(&mut dumped);
+            let mut got: Vec<(u64, Option<u64>, u64, u32)> =
+                dumped.iter().map(|d| (d.seq.0, d.parent.map(|p| p.0), d.local.0, d.holder.0)).collect();
+            got.sort();
+            let mut want = Vec::new();
+            for (path, hs) in &m.holders {
+                let locals: Vec<BlockHash> = path.iter().map(|&l| BlockHash(l)).collect();
+                let mut seqs = Vec::new();
+                hash::seq_hashes_for_locals(&locals, &mut seqs);
+                let parent = (seqs.len() > 1).then(|| seqs[seqs.len() - 2].0);
+                for (&s, &tiers) in hs {
+                    let tiers = tiers & TierSet::MEDIA.0;
+                    if tiers != 0 {
+                        want.push((seqs.last().unwrap().0, parent, *path.last().unwrap(), Holder::new(WorkerSlot(s), TierSet(tiers)).0));
+                    }
+                }
+            }
+            want.sort();
+            prop_assert_eq!(got, want);
+            let mut per_slot = vec![0u32; 3];
+            for hs in m.holders.values() {
+                for &s in hs.keys() {
+                    per_slot[s as usize] += 1;
+                }
+            }
+            let mut have = t.per_slot().to_vec();
+            have.resize(3, 0);
+            prop_assert_eq!(have, per_slot);
+        }
+    }
+}
