@@ -18,7 +18,7 @@
 
 use super::DumpedBlock;
 use super::holders::{Holder, HolderSet, HolderSlab};
-use super::table::{BlockTable, Keyed};
+use super::table::{BlockTable, Cursor, Keyed};
 use crate::hash;
 use crate::types::{BlockHash, EngineHash, SeqHash, Tier, TierSet, WorkerSlot};
 use hashbrown::{HashMap, HashTable};
@@ -32,6 +32,9 @@ const FREE: u32 = u32::MAX - 1;
 /// A parent keeps up to this many children in a sibling list (one walk of a few
 /// nodes, usually the one just filed); the next moves them into a child table.
 pub const LIST_MAX: usize = 8;
+/// How many blocks of a run ahead a store loads the engine map's buckets: the
+/// tree work of a few blocks covers one miss.
+const PREFETCH_AHEAD: usize = 4;
 /// Nodes per arena chunk: the arena grows a chunk at a time, never copying.
 const CHUNK_BITS: u32 = 14;
 const CHUNK: usize = 1 << CHUNK_BITS;
@@ -114,6 +117,8 @@ pub struct Tree {
     aliases: HashMap<(u32, u32), Vec<EngineHash>>,
     /// Blocks held per slot (any tier).
     per_slot: Vec<u32>,
+    /// Nodes whose hold a clear step ended (scratch, empty between calls).
+    ended: Vec<u32>,
 }
 
 impl Tree {
@@ -351,7 +356,14 @@ impl Tree {
             },
         };
         let mut new_holders = 0;
-        for &(eh, local) in blocks {
+        let map = self.engine_map(slot);
+        for &(eh, _) in blocks.iter().take(PREFETCH_AHEAD) {
+            map.prefetch(eh);
+        }
+        for (i, &(eh, local)) in blocks.iter().enumerate() {
+            if let Some(&(ahead, _)) = blocks.get(i + PREFETCH_AHEAD) {
+                self.engine[slot.0 as usize].prefetch(ahead);
+            }
             let id = self.child_or_insert(p, local);
             let before = {
                 let Tree { chunks, slab, .. } = self;
@@ -445,31 +457,62 @@ impl Tree {
         true
     }
 
-    /// `slot` holds nothing any more on `tiers`.
+    /// `slot` holds nothing any more on `tiers`, in one go.
     pub fn clear_slot(&mut self, slot: WorkerSlot, tiers: TierSet) {
+        self.clear_step(slot, tiers, &mut Cursor::default(), usize::MAX);
+    }
+
+    /// A step of clearing `tiers` of `slot`: a walk of at most `budget` buckets of
+    /// the slot's engine map from `at` (the whole index is never walked, only the
+    /// slot's own blocks). Other changes may come between steps; a store of the
+    /// cleared tiers before the walk is done may or may not be cleared with them.
+    /// Returns whether the walk is done.
+    pub fn clear_step(
+        &mut self,
+        slot: WorkerSlot,
+        tiers: TierSet,
+        at: &mut Cursor,
+        budget: usize,
+    ) -> bool {
         let Some(map) = self.engine.get_mut(slot.0 as usize) else {
-            return;
+            return true;
         };
-        let entries: Vec<EngineEntry> = map.iter().copied().collect();
-        for e in entries {
-            let node = e.node();
-            if self.engine[slot.0 as usize].get(&e.key()).is_none() {
-                // An alias that went with its block.
-                continue;
-            }
-            let left = self
-                .node(node)
-                .holders
-                .tiers_of(slot, &self.slab)
-                .without(tiers);
-            if left.is_empty() {
-                self.engine[slot.0 as usize].remove(&e.key());
-            }
-            self.unhold(slot, node, tiers, Some(e.key()));
+        let mut map = std::mem::take(map);
+        let mut ended = std::mem::take(&mut self.ended);
+        {
+            let Tree { chunks, slab, .. } = self;
+            map.retain_step(at, budget, |e| {
+                let holders = &mut at_mut(chunks, e.node()).holders;
+                if holders.tiers_of(slot, slab).is_empty() {
+                    // An alias of a block whose hold ended earlier in the walk.
+                    return false;
+                }
+                let (_, gone) = holders.remove(slot, tiers, slab);
+                if gone {
+                    ended.push(e.node());
+                }
+                !gone
+            });
         }
-        if tiers == TierSet::ALL {
-            self.engine[slot.0 as usize] = BlockTable::default();
+        for &node in &ended {
+            self.count(slot, -1);
+            if let Some(names) = self.aliases.remove(&(slot.0, node)) {
+                for eh in names {
+                    if map.get(&eh).is_some_and(|e| e.node() == node) {
+                        map.remove(&eh);
+                    }
+                }
+            }
+            // A node whose child went before it may have gone with that child.
+            let n = self.node(node);
+            if n.parent != FREE && n.holders.is_empty() && n.first_child == NIL {
+                self.release(node);
+            }
         }
+        ended.clear();
+        self.ended = ended;
+        self.engine[slot.0 as usize] = map;
+        at.is_done()
     }
 
     /// Holders of the prompt's blocks (`locals`, in prefix order) as `[n, holder..]`
@@ -750,6 +793,33 @@ mod tests {
         assert_eq!(lookup(&t, &[20]), [1, held(1, DEV)]);
     }
 
+    #[test]
+    fn a_clear_walks_only_its_slot_in_steps() {
+        let mut t = Tree::default();
+        let locals: Vec<u64> = (1..=20_000).collect();
+        t.store(WorkerSlot(1), DEV, None, &chain(1, 0, &locals));
+        t.store(WorkerSlot(2), DEV, None, &chain(2, 0, &locals[..10]));
+        let mut at = Cursor::default();
+        let mut steps = 1;
+        while !t.clear_step(WorkerSlot(1), TierSet::ALL, &mut at, 1024) {
+            steps += 1;
+            // Between steps the tree answers and the other slot is untouched.
+            let answer = lookup(&t, &locals[..10]);
+            assert_eq!(answer.iter().filter(|&&h| h == held(2, DEV)).count(), 10);
+        }
+        assert!(steps > 10, "{steps} steps");
+        assert_eq!(t.len(), 10);
+        assert_eq!(t.per_slot(), [0, 0, 10]);
+        assert_eq!(
+            lookup(&t, &locals[..11]),
+            [1, held(2, DEV)]
+                .repeat(10)
+                .into_iter()
+                .chain([0])
+                .collect::<Vec<_>>()
+        );
+    }
+
     /// The tree's rules written plainly: blocks are paths of local hashes.
     #[derive(Default)]
     struct Model {
@@ -872,9 +942,11 @@ mod tests {
             alias: bool,
             tiers: u8,
         },
+        /// A clear walked in steps of `step` buckets (all at once if none).
         Clear {
             slot: u32,
             tiers: u8,
+            step: Option<usize>,
         },
     }
 
@@ -895,7 +967,8 @@ mod tests {
                 .prop_map(|(slot, tier, from, locals, alias)| Op::Store { slot, tier, from, locals, alias }),
             3 => (0u32..3, proptest::collection::vec(1u64..4, 1..3), proptest::bool::weighted(0.3), tiers.clone())
                 .prop_map(|(slot, path, alias, tiers)| Op::Remove { slot, path, alias, tiers }),
-            1 => (0u32..3, tiers).prop_map(|(slot, tiers)| Op::Clear { slot, tiers }),
+            1 => (0u32..3, tiers, proptest::option::of(1usize..4))
+                .prop_map(|(slot, tiers, step)| Op::Clear { slot, tiers, step }),
         ]
     }
 
@@ -924,9 +997,16 @@ mod tests {
                         m.remove(*slot, e, *tiers);
                         t.remove(WorkerSlot(*slot), eh(e), TierSet(*tiers));
                     }
-                    Op::Clear { slot, tiers } => {
+                    Op::Clear { slot, tiers, step } => {
                         m.clear(*slot, *tiers);
-                        t.clear_slot(WorkerSlot(*slot), TierSet(*tiers));
+                        let (slot, tiers) = (WorkerSlot(*slot), TierSet(*tiers));
+                        match step {
+                            None => t.clear_slot(slot, tiers),
+                            Some(b) => {
+                                let mut at = Cursor::default();
+                                while !t.clear_step(slot, tiers, &mut at, *b) {}
+                            }
+                        }
                     }
                 }
                 prop_assert_eq!(t.len(), m.nodes());

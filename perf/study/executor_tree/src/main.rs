@@ -1,15 +1,13 @@
-//! Today's event path against an executor-owned engine map over an arena tree,
-//! on one thread and the same frames (see README.md). A measurement, not the
-//! product: the tree here stores blocks and holders and nothing else.
+//! Today's event path against the radix index (`kvix::shard::tree`), on one
+//! thread and the same frames (see README.md). A measurement, not the product.
 
-use hashbrown::HashTable;
 use kvix::hash;
 use kvix::ingest::feed::WorkerFeed;
 use kvix::registry::{Endpoint, Registration, Registry};
 use kvix::ring::OpSink;
-use kvix::shard::table::{BlockTable, Keyed};
+use kvix::shard::tree::{Stored, Tree};
 use kvix::shard::{Shard, ShardOp};
-use kvix::types::{DpRank, EngineHash, InstanceId, SeqHash};
+use kvix::types::{BlockHash, DpRank, InstanceId, SeqHash, Tier, WorkerSlot};
 use kvix::wire::{self, Batch};
 use std::time::Instant;
 
@@ -251,132 +249,10 @@ fn today(work: &Workload) -> (f64, usize) {
     (secs, bytes)
 }
 
-const NONE: u32 = u32::MAX;
-
-/// An engine hash (two halves) and the node it names: 12 bytes.
-#[derive(Clone, Copy)]
-struct EngineEntry([u32; 3]);
-
-impl Keyed for EngineEntry {
-    type Key = EngineHash;
-    #[inline]
-    fn key(&self) -> EngineHash {
-        EngineHash(self.0[0] as u64 | (self.0[1] as u64) << 32)
-    }
-}
-
-impl EngineEntry {
-    fn new(eh: EngineHash, node: u32) -> Self {
-        EngineEntry([eh.0 as u32, (eh.0 >> 32) as u32, node])
-    }
-}
-
-/// One block: 24 bytes. Two holders inline (worker + 1, 0 for none), as the
-/// shard's `HolderSet` keeps them; a third and later go to a side list.
-#[derive(Clone, Copy)]
-#[repr(C, packed(4))]
-struct Node {
-    local: u64,
-    first_child: u32,
-    next_sibling: u32,
-    holders: [u32; 2],
-}
-
-#[derive(Default)]
-struct Tree {
-    nodes: Vec<Node>,
-    /// First blocks, by local hash.
-    roots: HashTable<u32>,
-    /// (node, worker) of every holder after a node's second.
-    more_holders: Vec<(u32, u32)>,
-    /// Holders filed after a node's first (inline or not).
-    added_holders: usize,
-    engine: Vec<BlockTable<EngineEntry>>,
-}
-
-fn spread(local: u64) -> u64 {
-    local.wrapping_mul(0x9E37_79B9_7F4A_7C15)
-}
-
-impl Tree {
-    fn child(&self, parent: u32, local: u64) -> Option<u32> {
-        let nodes = &self.nodes;
-        if parent == NONE {
-            return self
-                .roots
-                .find(spread(local), |&id| { nodes[id as usize].local } == local)
-                .copied();
-        }
-        let mut c = nodes[parent as usize].first_child;
-        while c != NONE {
-            let n = nodes[c as usize];
-            if { n.local } == local {
-                return Some(c);
-            }
-            c = n.next_sibling;
-        }
-        None
-    }
-
-    fn store(&mut self, w: usize, parent: Option<EngineHash>, blocks: &[(EngineHash, u64)]) {
-        let mut p = match parent {
-            None => NONE,
-            Some(eh) => match self.engine[w].get(&eh) {
-                Some(e) => e.0[2],
-                None => return,
-            },
-        };
-        for &(eh, local) in blocks {
-            let id = match self.child(p, local) {
-                Some(id) => {
-                    let h = w as u32 + 1;
-                    let n = &mut self.nodes[id as usize];
-                    let mut hs = n.holders;
-                    if hs[0] != h && hs[1] != h {
-                        self.added_holders += 1;
-                        if hs[1] == 0 {
-                            hs[1] = h;
-                            n.holders = hs;
-                        } else {
-                            self.more_holders.push((id, h));
-                        }
-                    }
-                    id
-                }
-                None => {
-                    let id = self.nodes.len() as u32;
-                    let sibling = if p == NONE {
-                        NONE
-                    } else {
-                        self.nodes[p as usize].first_child
-                    };
-                    self.nodes.push(Node {
-                        local,
-                        first_child: NONE,
-                        next_sibling: sibling,
-                        holders: [w as u32 + 1, 0],
-                    });
-                    if p == NONE {
-                        let nodes = &self.nodes;
-                        self.roots
-                            .insert_unique(spread(local), id, |&x| spread(nodes[x as usize].local));
-                    } else {
-                        self.nodes[p as usize].first_child = id;
-                    }
-                    id
-                }
-            };
-            *self.engine[w].get_or_insert_with(eh, || EngineEntry::new(eh, id)) =
-                EngineEntry::new(eh, id);
-            p = id;
-        }
-    }
-}
-
 /// Proposed: decode and hash as the feed does, then the tree.
 fn proposed(frames: &[(usize, Vec<u8>)], work: &Workload) -> (f64, usize) {
     let mut tree = Tree::default();
-    tree.engine.resize_with(WORKERS, BlockTable::default);
+    let mut added = 0;
     let mut batch = Batch::default();
     let seed = hash::block_seed(None, None);
     let mut blocks = Vec::new();
@@ -387,53 +263,38 @@ fn proposed(frames: &[(usize, Vec<u8>)], work: &Workload) -> (f64, usize) {
         for ev in batch.events(p) {
             blocks.clear();
             for (eh, chunk) in ev.hashes.iter().zip(ev.tokens.chunks_exact(BS)) {
-                blocks.push((*eh, hash::local_hash(chunk, seed).0));
+                blocks.push((*eh, hash::local_hash(chunk, seed)));
             }
-            tree.store(*w, ev.parent, &blocks);
+            if let Stored::Filed { new_holders } =
+                tree.store(WorkerSlot(*w as u32), Tier::DEVICE, ev.parent, &blocks)
+            {
+                added += new_holders;
+            }
         }
     }
     let secs = t.elapsed().as_secs_f64();
-    assert_eq!(tree.nodes.len(), work.blocks, "a block filed twice or lost");
-    assert_eq!(tree.added_holders, work.pairs - work.blocks);
+    assert_eq!(tree.len(), work.blocks, "a block filed twice or lost");
+    assert_eq!(added, work.pairs);
     let bytes = rss() - before;
     // Queries: local hashes computed beforehand (both sides hash the same way).
-    let prompts: Vec<Vec<u64>> = work
+    let prompts: Vec<Vec<BlockHash>> = work
         .prompts
         .iter()
         .map(|p| {
             p.iter()
-                .map(|c| hash::local_hash(&tokens(*c), seed).0)
+                .map(|c| hash::local_hash(&tokens(*c), seed))
                 .collect()
         })
         .collect();
     let mut holders = Vec::new();
     let t = Instant::now();
     for p in &prompts {
+        holders.clear();
         tree.lookup(p, &mut holders);
         std::hint::black_box(&holders);
     }
     report_queries(t.elapsed().as_secs_f64(), &work.prompts, holders.len());
     (secs, bytes)
-}
-
-impl Tree {
-    /// Holders of the prompt's blocks in prefix order, up to the first block
-    /// nobody holds: `[n, holder..]` per block.
-    fn lookup(&self, locals: &[u64], out: &mut Vec<u32>) {
-        out.clear();
-        let mut p = NONE;
-        for &local in locals {
-            let Some(id) = self.child(p, local) else {
-                out.push(0);
-                return;
-            };
-            let hs = self.nodes[id as usize].holders;
-            let n = 1 + (hs[1] != 0) as u32;
-            out.push(n);
-            out.extend_from_slice(&hs[..n as usize]);
-            p = id;
-        }
-    }
 }
 
 fn report_queries(secs: f64, prompts: &[Vec<u64>], last_len: usize) {
