@@ -97,6 +97,23 @@ pub enum Stored {
     UnknownParent,
 }
 
+/// Where a dump in steps ([`Tree::dump_step`]) has got to; the default starts one.
+#[derive(Clone, Debug, Default)]
+pub struct DumpWalk {
+    /// Per level of the depth-first walk (children in local-hash order), the last
+    /// block passed, if any: local hashes stay valid while nodes come and go.
+    at: Vec<Option<BlockHash>>,
+    done: bool,
+}
+
+/// One level of a dump's walk: the children of a block (sorted by local hash), the
+/// next to visit, and their parent's sequence hash.
+struct Frame {
+    seq: Option<SeqHash>,
+    kids: Vec<u32>,
+    next: usize,
+}
+
 /// The radix index of one (model, tenant) index's blocks in one shard.
 #[derive(Default)]
 pub struct Tree {
@@ -581,16 +598,43 @@ impl Tree {
         !hs.is_empty()
     }
 
-    /// Every (block, holder) with the block's sequence and parent hashes, computed
-    /// from the roots down.
+    /// Every (block, holder) with the block's sequence and parent hashes, in one go.
     pub fn dump(&self, out: &mut Vec<DumpedBlock>) {
-        let mut stack: Vec<(u32, Option<SeqHash>)> =
-            self.roots.iter().map(|&r| (r, None)).collect();
-        let mut kids = Vec::new();
-        while let Some((id, parent)) = stack.pop() {
+        let mut walk = DumpWalk::default();
+        while !self.dump_step(&mut walk, usize::MAX, out) {}
+    }
+
+    /// A step of a dump: at most `budget` blocks from where `walk` got to, each
+    /// block's holders (device, host and disk; predictions are not the engines'
+    /// state) with its sequence and parent hashes, computed from the roots down.
+    /// Blocks come parents first, so a tree can be filed from the output in order.
+    /// Other changes may come between steps: every block held from the walk's start
+    /// to its end is dumped, once; one filed or dropped meanwhile may or may not be.
+    /// Returns whether the walk is done.
+    pub fn dump_step(
+        &self,
+        walk: &mut DumpWalk,
+        budget: usize,
+        out: &mut Vec<DumpedBlock>,
+    ) -> bool {
+        if walk.done {
+            return true;
+        }
+        let mut stack = self.resume(walk);
+        let mut left = budget;
+        while let Some(top) = stack.last_mut() {
+            let Some(&id) = top.kids.get(top.next) else {
+                stack.pop();
+                continue;
+            };
+            if left == 0 {
+                break;
+            }
+            left -= 1;
+            top.next += 1;
+            let parent = top.seq;
             let n = self.node(id);
-            let local = n.local();
-            let seq = hash::chain(parent, local);
+            let (local, seq) = (n.local(), hash::chain(parent, n.local()));
             for &h in n.holders.as_slice(&self.slab) {
                 let h = Holder(h);
                 let tiers = h.tiers() & TierSet::MEDIA;
@@ -603,10 +647,66 @@ impl Tree {
                     });
                 }
             }
-            kids.clear();
-            self.children(id, &mut kids);
-            stack.extend(kids.iter().map(|&c| (c, Some(seq))));
+            let kids = self.sorted_children(id);
+            stack.push(Frame {
+                seq: Some(seq),
+                kids,
+                next: 0,
+            });
         }
+        // Where each level got to: the last block it passed (its subtree is where a
+        // deeper level is).
+        walk.at.clear();
+        walk.at.extend(
+            stack
+                .iter()
+                .map(|f| f.next.checked_sub(1).map(|i| self.node(f.kids[i]).local())),
+        );
+        walk.done = stack.is_empty();
+        walk.done
+    }
+
+    /// The walk's frames rebuilt from the local hashes it saved: at each level, the
+    /// children after the last one passed; below it, that child's, if it is still
+    /// there (a node goes only with its subtree).
+    fn resume(&self, walk: &DumpWalk) -> Vec<Frame> {
+        let mut stack = Vec::with_capacity(walk.at.len().max(1));
+        let (mut parent, mut seq) = (NIL, None);
+        let levels = walk.at.len().max(1);
+        for level in 0..levels {
+            let kids = match parent {
+                NIL => self.sorted_roots(),
+                p => self.sorted_children(p),
+            };
+            let last = walk.at.get(level).copied().flatten();
+            let next = last.map_or(0, |l| {
+                kids.partition_point(|&k| self.node(k).local().0 <= l.0)
+            });
+            let below = last.filter(|l| next > 0 && self.node(kids[next - 1]).local() == *l);
+            let into = below.map(|_| kids[next - 1]);
+            stack.push(Frame { seq, kids, next });
+            match (into, level + 1 < levels) {
+                (Some(c), true) => {
+                    seq = Some(hash::chain(seq, self.node(c).local()));
+                    parent = c;
+                }
+                _ => break,
+            }
+        }
+        stack
+    }
+
+    fn sorted_roots(&self) -> Vec<u32> {
+        let mut kids: Vec<u32> = self.roots.iter().copied().collect();
+        kids.sort_unstable_by_key(|&k| self.node(k).local().0);
+        kids
+    }
+
+    fn sorted_children(&self, id: u32) -> Vec<u32> {
+        let mut kids = Vec::new();
+        self.children(id, &mut kids);
+        kids.sort_unstable_by_key(|&k| self.node(k).local().0);
+        kids
     }
 
     fn children(&self, id: u32, out: &mut Vec<u32>) {
@@ -913,6 +1013,78 @@ mod tests {
         }
     }
 
+    fn sorted(d: &[DumpedBlock]) -> Vec<(u64, u32)> {
+        let mut v: Vec<(u64, u32)> = d.iter().map(|d| (d.seq.0, d.holder.0)).collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn a_dump_in_steps_passes_every_block_held_throughout_once() {
+        let mut t = Tree::default();
+        let s1 = WorkerSlot(1);
+        // Conversations sharing a first block, branching below it.
+        for c in 0..50u64 {
+            let locals: Vec<u64> = std::iter::once(1)
+                .chain((0..20).map(|i| 1000 * c + 10 + i))
+                .collect();
+            let parent = (c > 0).then(|| eh(1000 * 1000));
+            let from = if c == 0 { 0 } else { 1 };
+            let blocks: Vec<_> = locals[from..]
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| {
+                    (
+                        eh(if from + i == 0 {
+                            1000 * 1000
+                        } else {
+                            1000 * 1000 + 100 * c + i as u64 + 1
+                        }),
+                        BlockHash(l),
+                    )
+                })
+                .collect();
+            assert!(matches!(
+                t.store(s1, DEV, parent, &blocks),
+                Stored::Filed { .. }
+            ));
+        }
+        let mut whole = Vec::new();
+        t.dump(&mut whole);
+        assert_eq!(whole.len(), 1 + 50 * 20);
+        // Between steps, odd conversations lose their tails and new ones come.
+        let mut out = Vec::new();
+        let mut walk = DumpWalk::default();
+        let mut step = 0u64;
+        while !t.dump_step(&mut walk, 37, &mut out) {
+            step += 1;
+            let c = 2 * step + 1;
+            if c < 50 {
+                assert!(t.remove(s1, eh(1000 * 1000 + 100 * c + 20), TierSet::ALL));
+            }
+            t.store(
+                s1,
+                DEV,
+                None,
+                &[(eh(5_000_000 + step), BlockHash(7_000_000 + step))],
+            );
+        }
+        let seqs: Vec<u64> = out.iter().map(|d| d.seq.0).collect();
+        let unique: BTreeSet<u64> = seqs.iter().copied().collect();
+        assert_eq!(unique.len(), seqs.len(), "a block dumped twice");
+        // A block of the first dump still held at the end was held throughout.
+        let mut after = Vec::new();
+        t.dump(&mut after);
+        assert_eq!(after.len(), whole.len() - 24 + step as usize);
+        let first: BTreeSet<u64> = whole.iter().map(|d| d.seq.0).collect();
+        for d in after.iter().filter(|d| first.contains(&d.seq.0)) {
+            assert!(
+                unique.contains(&d.seq.0),
+                "a block held throughout was missed"
+            );
+        }
+    }
+
     /// `[n, holder..]` per block, each block's holders sorted.
     fn blocks_of(out: &[u32]) -> Vec<Vec<u32>> {
         let mut blocks = Vec::new();
@@ -975,7 +1147,7 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(2048))]
         #[test]
-        fn prop_tree_vs_model(ops in proptest::collection::vec(op(), 1..60)) {
+        fn prop_tree_vs_model(ops in proptest::collection::vec(op(), 1..60), dump_step in 1usize..4) {
             let mut t = Tree::default();
             let mut m = Model::default();
             for op in &ops {
@@ -1026,6 +1198,20 @@ mod tests {
             }
             let mut dumped = Vec::new();
             t.dump(&mut dumped);
+            // In steps, with nothing changing between them: the same blocks, parents
+            // first.
+            let mut stepped = Vec::new();
+            let mut walk = DumpWalk::default();
+            while !t.dump_step(&mut walk, dump_step, &mut stepped) {}
+            let mut seen = BTreeSet::new();
+            for d in &stepped {
+                if let Some(p) = d.parent {
+                    prop_assert!(seen.contains(&p) || !stepped.iter().any(|x| x.seq == p));
+                }
+                seen.insert(d.seq);
+            }
+            prop_assert_eq!(stepped.len(), dumped.len());
+            prop_assert_eq!(sorted(&stepped), sorted(&dumped));
             let mut got: Vec<(u64, Option<u64>, u64, u32)> =
                 dumped.iter().map(|d| (d.seq.0, d.parent.map(|p| p.0), d.local.0, d.holder.0)).collect();
             got.sort();
