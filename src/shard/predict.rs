@@ -10,6 +10,7 @@
 
 use crate::types::{SeqHash, WorkerSlot};
 use hashbrown::HashMap;
+use std::marker::PhantomData;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -45,6 +46,21 @@ fn since_epoch() -> Duration {
     EPOCH.get_or_init(Instant::now).elapsed()
 }
 
+/// How a store names the blocks it predicts: 64 bits that name one block.
+pub trait PredictedBlock: Copy {
+    fn to_bits(self) -> u64;
+    fn from_bits(bits: u64) -> Self;
+}
+
+impl PredictedBlock for SeqHash {
+    fn to_bits(self) -> u64 {
+        self.0
+    }
+    fn from_bits(bits: u64) -> Self {
+        SeqHash(bits)
+    }
+}
+
 /// A predicted (block, worker) pair, packed into 4-byte words: 12 bytes where
 /// `(SeqHash, WorkerSlot)` takes 16, and 16 with its deadline where that takes 24.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -53,18 +69,19 @@ struct Pair([u32; 3]);
 impl std::hash::Hash for Pair {
     /// Two integer writes, as the unpacked tuple would hash (not a byte slice).
     fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
-        h.write_u64(self.seq().0);
+        h.write_u64(self.block());
         h.write_u32(self.0[2]);
     }
 }
 
 impl Pair {
-    fn new(seq: SeqHash, slot: WorkerSlot) -> Pair {
-        Pair([seq.0 as u32, (seq.0 >> 32) as u32, slot.0])
+    fn new(block: impl PredictedBlock, slot: WorkerSlot) -> Pair {
+        let b = block.to_bits();
+        Pair([b as u32, (b >> 32) as u32, slot.0])
     }
 
-    fn seq(self) -> SeqHash {
-        SeqHash(self.0[0] as u64 | (self.0[1] as u64) << 32)
+    fn block(self) -> u64 {
+        self.0[0] as u64 | (self.0[1] as u64) << 32
     }
 
     fn slot(self) -> WorkerSlot {
@@ -81,9 +98,8 @@ pub enum Predicted {
     Refreshed,
 }
 
-/// The live predictions of one index shard and their deadlines.
-#[derive(Default)]
-pub struct Predictions {
+/// The live predictions of one index shard and their deadlines, blocks named by `B`.
+pub struct Predictions<B = SeqHash> {
     /// Deadline of every live predicted pair. An entry outlives its holder bit only
     /// when the pair was cleared or evicted; its next wheel visit drops it.
     deadline: HashMap<Pair, Tick>,
@@ -92,9 +108,21 @@ pub struct Predictions {
     wheel: Vec<Vec<Pair>>,
     /// Every tick up to this one has been expired.
     done: Tick,
+    named: PhantomData<B>,
 }
 
-impl Predictions {
+impl<B> Default for Predictions<B> {
+    fn default() -> Self {
+        Predictions {
+            deadline: HashMap::default(),
+            wheel: Vec::new(),
+            done: 0,
+            named: PhantomData,
+        }
+    }
+}
+
+impl<B: PredictedBlock> Predictions<B> {
     /// Pairs with a deadline (live, or cleared and not yet visited).
     pub fn len(&self) -> usize {
         self.deadline.len()
@@ -106,7 +134,7 @@ impl Predictions {
 
     /// Record that `(seq, slot)` is predicted until `deadline`; a prediction that
     /// already runs longer keeps its deadline.
-    pub fn predict(&mut self, seq: SeqHash, slot: WorkerSlot, deadline: Tick) -> Predicted {
+    pub fn predict(&mut self, seq: B, slot: WorkerSlot, deadline: Tick) -> Predicted {
         let deadline = deadline.max(self.done + 1);
         match self.deadline.entry(Pair::new(seq, slot)) {
             hashbrown::hash_map::Entry::Occupied(mut e) => {
@@ -125,7 +153,7 @@ impl Predictions {
         }
     }
 
-    fn file(&mut self, seq: SeqHash, slot: WorkerSlot, deadline: Tick) {
+    fn file(&mut self, seq: B, slot: WorkerSlot, deadline: Tick) {
         if self.wheel.is_empty() {
             self.wheel.resize_with(WHEEL, Vec::new);
         }
@@ -133,13 +161,26 @@ impl Predictions {
     }
 
     /// The pair became an ordinary holder (or went away): forget its deadline.
-    pub fn forget(&mut self, seq: SeqHash, slot: WorkerSlot) {
+    pub fn forget(&mut self, seq: B, slot: WorkerSlot) {
         self.deadline.remove(&Pair::new(seq, slot));
+    }
+
+    /// Hand every pair of `slot` to `end`, whatever its deadline (its slot was
+    /// cleared): a walk of the live predictions, not of the index.
+    pub fn end_slot(&mut self, slot: WorkerSlot, mut end: impl FnMut(B, WorkerSlot)) {
+        self.deadline.retain(|pair, _| {
+            if pair.slot() == slot {
+                end(B::from_bits(pair.block()), slot);
+                false
+            } else {
+                true
+            }
+        });
     }
 
     /// Hand every pair whose deadline is at or before `now` to `end`, visiting only
     /// the buckets of the ticks since the last call (at most one lap).
-    pub fn expire(&mut self, now: Tick, mut end: impl FnMut(SeqHash, WorkerSlot)) {
+    pub fn expire(&mut self, now: Tick, mut end: impl FnMut(B, WorkerSlot)) {
         if now <= self.done {
             return;
         }
@@ -158,7 +199,7 @@ impl Predictions {
                     Some(&d) if d > now => self.wheel[d as usize % WHEEL].push(pair),
                     Some(_) => {
                         self.deadline.remove(&pair);
-                        end(pair.seq(), pair.slot());
+                        end(B::from_bits(pair.block()), pair.slot());
                     }
                 }
             }
@@ -181,7 +222,7 @@ impl Predictions {
     /// to `end`; among pairs due in the same tick, the first predicted go first. A
     /// histogram of deadlines finds the cutoff bin: every pair due before it ends,
     /// then the bin's ticks are walked in their wheel buckets' filing order.
-    pub fn prune(&mut self, n: usize, mut end: impl FnMut(SeqHash, WorkerSlot)) {
+    pub fn prune(&mut self, n: usize, mut end: impl FnMut(B, WorkerSlot)) {
         if n == 0 || self.deadline.is_empty() {
             return;
         }
@@ -205,7 +246,7 @@ impl Predictions {
         let bin = lo as u64 + cut as u64 * width as u64;
         self.deadline.retain(|pair, d| {
             if (*d as u64) < bin {
-                end(pair.seq(), pair.slot());
+                end(B::from_bits(pair.block()), pair.slot());
                 false
             } else {
                 true
@@ -222,7 +263,7 @@ impl Predictions {
             for pair in &self.wheel[t as usize % WHEEL] {
                 if left > 0 && self.deadline.get(pair) == Some(&t) {
                     self.deadline.remove(pair);
-                    end(pair.seq(), pair.slot());
+                    end(B::from_bits(pair.block()), pair.slot());
                     left -= 1;
                 }
             }
@@ -231,7 +272,7 @@ impl Predictions {
         let end_bin = bin + width as u64;
         self.deadline.retain(|pair, d| {
             if left > 0 && (*d as u64) < end_bin {
-                end(pair.seq(), pair.slot());
+                end(B::from_bits(pair.block()), pair.slot());
                 left -= 1;
                 false
             } else {

@@ -274,6 +274,14 @@ impl Cursor {
     pub fn is_done(&self) -> bool {
         self.done
     }
+
+    /// A walk with nothing left to walk.
+    pub fn done() -> Self {
+        Cursor {
+            done: true,
+            ..Cursor::default()
+        }
+    }
 }
 
 impl<E: Keyed> BlockTable<E> {

@@ -18,6 +18,7 @@
 
 use super::DumpedBlock;
 use super::holders::{Holder, HolderSet, HolderSlab};
+use super::predict::{Predicted, PredictedBlock, Predictions, Tick};
 use super::table::{BlockTable, Cursor, Keyed};
 use crate::hash;
 use crate::types::{BlockHash, EngineHash, SeqHash, Tier, TierSet, WorkerSlot};
@@ -88,11 +89,42 @@ fn child_hash(local: BlockHash) -> u64 {
     local.0.wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
+/// A block as a prediction names it: its node, and the low half of its local hash
+/// so that a prediction left behind by a clear never ends another block's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodeKey {
+    id: u32,
+    check: u32,
+}
+
+impl PredictedBlock for NodeKey {
+    fn to_bits(self) -> u64 {
+        self.id as u64 | (self.check as u64) << 32
+    }
+    fn from_bits(bits: u64) -> Self {
+        NodeKey {
+            id: bits as u32,
+            check: (bits >> 32) as u32,
+        }
+    }
+}
+
+/// What a prediction did, for the shard's counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PredictCounts {
+    pub created: usize,
+    pub refreshed: usize,
+}
+
 /// What a store did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stored {
-    /// The blocks are filed; `new_holders` of them were not held by the slot before.
-    Filed { new_holders: usize },
+    /// The blocks are filed; `new_holders` of them were not held by the slot before,
+    /// `confirmed` of them were predicted (now ordinary holders).
+    Filed {
+        new_holders: usize,
+        confirmed: usize,
+    },
     /// The parent's engine hash names no block of the slot: nothing was filed.
     UnknownParent,
 }
@@ -136,6 +168,10 @@ pub struct Tree {
     per_slot: Vec<u32>,
     /// Nodes whose hold a clear step ended (scratch, empty between calls).
     ended: Vec<u32>,
+    /// Deadlines of the predicted holders (empty unless a router predicted).
+    predictions: Predictions<NodeKey>,
+    /// (block, holder) pairs per tier bit.
+    pairs: [u64; Tier::COUNT],
 }
 
 impl Tree {
@@ -151,6 +187,24 @@ impl Tree {
     /// Blocks held per slot (any tier), indexed by slot.
     pub fn per_slot(&self) -> &[u32] {
         &self.per_slot
+    }
+
+    /// (block, holder) pairs per tier; [`Tier::PREDICTED`]'s are the live predictions.
+    pub fn tier_pairs(&self) -> &[u64; Tier::COUNT] {
+        &self.pairs
+    }
+
+    fn uncount(&mut self, removed: TierSet) {
+        for t in removed.iter() {
+            self.pairs[t.0 as usize] -= 1;
+        }
+    }
+
+    fn key(&self, id: u32) -> NodeKey {
+        NodeKey {
+            id,
+            check: self.node(id).local[0],
+        }
     }
 
     #[inline]
@@ -372,7 +426,7 @@ impl Tree {
                 None => return Stored::UnknownParent,
             },
         };
-        let mut new_holders = 0;
+        let (mut new_holders, mut confirmed) = (0, 0);
         let map = self.engine_map(slot);
         for &(eh, _) in blocks.iter().take(PREFETCH_AHEAD) {
             map.prefetch(eh);
@@ -389,6 +443,20 @@ impl Tree {
             if before.is_empty() {
                 new_holders += 1;
                 self.count(slot, 1);
+            }
+            if !before.contains(tier) {
+                self.pairs[tier.0 as usize] += 1;
+            }
+            if before.contains(Tier::PREDICTED) {
+                // The worker stored what it was predicted to: an ordinary holder now.
+                let Tree { chunks, slab, .. } = self;
+                at_mut(chunks, id)
+                    .holders
+                    .remove(slot, Tier::PREDICTED.bit(), slab);
+                let key = self.key(id);
+                self.predictions.forget(key, slot);
+                self.pairs[Tier::PREDICTED.0 as usize] -= 1;
+                confirmed += 1;
             }
             let mut new = false;
             let e = self.engine_map(slot).get_or_insert_with(eh, || {
@@ -409,7 +477,10 @@ impl Tree {
             }
             p = id;
         }
-        Stored::Filed { new_holders }
+        Stored::Filed {
+            new_holders,
+            confirmed,
+        }
     }
 
     /// Records a second engine hash of `slot` for `node`.
@@ -432,10 +503,11 @@ impl Tree {
     /// engine hashes for it go (but `keep`, already re-pointed by the caller), and
     /// the node goes if nothing else holds it or hangs from it.
     fn unhold(&mut self, slot: WorkerSlot, node: u32, tiers: TierSet, keep: Option<EngineHash>) {
-        let (_, gone) = {
+        let (removed, gone) = {
             let Tree { chunks, slab, .. } = self;
             at_mut(chunks, node).holders.remove(slot, tiers, slab)
         };
+        self.uncount(removed);
         if !gone {
             return;
         }
@@ -455,8 +527,10 @@ impl Tree {
     }
 
     /// `slot` no longer holds the block `eh` names on `tiers`. Returns whether the
-    /// engine hash named a block.
+    /// engine hash named a block. An engine's removal names media; a prediction ends
+    /// only by its deadline or a confirming store.
     pub fn remove(&mut self, slot: WorkerSlot, eh: EngineHash, tiers: TierSet) -> bool {
+        let tiers = tiers & TierSet::MEDIA;
         let Some(map) = self.engine.get_mut(slot.0 as usize) else {
             return false;
         };
@@ -491,11 +565,13 @@ impl Tree {
         at: &mut Cursor,
         budget: usize,
     ) -> bool {
-        let Some(map) = self.engine.get_mut(slot.0 as usize) else {
-            return true;
-        };
-        let mut map = std::mem::take(map);
+        if slot.0 as usize >= self.engine.len() {
+            // Nothing stored: what the slot holds, if anything, is predicted.
+            *at = Cursor::done();
+        }
+        let mut map = std::mem::take(self.engine_map(slot));
         let mut ended = std::mem::take(&mut self.ended);
+        let mut removed = [0u64; Tier::COUNT];
         {
             let Tree { chunks, slab, .. } = self;
             map.retain_step(at, budget, |e| {
@@ -504,12 +580,18 @@ impl Tree {
                     // An alias of a block whose hold ended earlier in the walk.
                     return false;
                 }
-                let (_, gone) = holders.remove(slot, tiers, slab);
+                let (gone_tiers, gone) = holders.remove(slot, tiers, slab);
+                for t in gone_tiers.iter() {
+                    removed[t.0 as usize] += 1;
+                }
                 if gone {
                     ended.push(e.node());
                 }
                 !gone
             });
+        }
+        for (pairs, removed) in self.pairs.iter_mut().zip(removed) {
+            *pairs -= removed;
         }
         for &node in &ended {
             self.count(slot, -1);
@@ -529,7 +611,96 @@ impl Tree {
         ended.clear();
         self.ended = ended;
         self.engine[slot.0 as usize] = map;
+        if at.is_done() && tiers.contains(Tier::PREDICTED) {
+            // Predicted holders have no engine hash: the slot's predictions end here.
+            let mut predictions = std::mem::take(&mut self.predictions);
+            predictions.end_slot(slot, |key, slot| {
+                self.unpredict(key, slot);
+            });
+            self.predictions = predictions;
+        }
         at.is_done()
+    }
+
+    /// `slot` is expected to hold the prompt's blocks `locals` (from its first) on
+    /// the device until `deadline`: they count as held there until then, or until a
+    /// store of the block by the slot confirms it. Blocks the slot holds already
+    /// stay as they are.
+    pub fn predict(
+        &mut self,
+        slot: WorkerSlot,
+        locals: &[BlockHash],
+        deadline: Tick,
+    ) -> PredictCounts {
+        let mut counts = PredictCounts::default();
+        let mut p = NIL;
+        for &local in locals {
+            let id = self.child_or_insert(p, local);
+            p = id;
+            let tiers = self.node(id).holders.tiers_of(slot, &self.slab);
+            if !(tiers & TierSet::MEDIA).is_empty() {
+                continue;
+            }
+            if tiers.is_empty() {
+                let Tree { chunks, slab, .. } = self;
+                at_mut(chunks, id).holders.add(slot, Tier::PREDICTED, slab);
+                self.count(slot, 1);
+                self.pairs[Tier::PREDICTED.0 as usize] += 1;
+            }
+            let key = self.key(id);
+            match self.predictions.predict(key, slot, deadline) {
+                Predicted::Created => counts.created += 1,
+                Predicted::Refreshed => counts.refreshed += 1,
+            }
+        }
+        counts
+    }
+
+    /// Ends the predictions due at or before `now`; returns how many ended.
+    pub fn expire(&mut self, now: Tick) -> usize {
+        let mut predictions = std::mem::take(&mut self.predictions);
+        let mut ended = 0;
+        predictions.expire(now, |key, slot| ended += self.unpredict(key, slot) as usize);
+        self.predictions = predictions;
+        ended
+    }
+
+    /// Ends `n` predictions early, those due soonest first (approximate mode's
+    /// pruning); returns how many ended.
+    pub fn prune(&mut self, n: usize) -> usize {
+        let mut predictions = std::mem::take(&mut self.predictions);
+        let mut ended = 0;
+        predictions.prune(n, |key, slot| ended += self.unpredict(key, slot) as usize);
+        self.predictions = predictions;
+        ended
+    }
+
+    pub fn has_predictions(&self) -> bool {
+        !self.predictions.is_empty()
+    }
+
+    /// Takes the predicted bit off `slot`'s holder of the block `key` names, if it
+    /// is still that block and still predicted; the node goes once nothing holds it
+    /// or hangs from it. Returns whether the bit was there.
+    fn unpredict(&mut self, key: NodeKey, slot: WorkerSlot) -> bool {
+        let Some(n) = self
+            .chunks
+            .get((key.id >> CHUNK_BITS) as usize)
+            .and_then(|c| c.get(key.id as usize & (CHUNK - 1)))
+        else {
+            return false;
+        };
+        if n.parent == FREE
+            || n.local[0] != key.check
+            || !n
+                .holders
+                .tiers_of(slot, &self.slab)
+                .contains(Tier::PREDICTED)
+        {
+            return false;
+        }
+        self.unhold(slot, key.id, Tier::PREDICTED.bit(), None);
+        true
     }
 
     /// Holders of the prompt's blocks (`locals`, in prefix order) as `[n, holder..]`
@@ -594,7 +765,12 @@ impl Tree {
     fn push_holders(&self, id: u32, out: &mut Vec<u32>) -> bool {
         let hs = self.node(id).holders.as_slice(&self.slab);
         out.push(hs.len() as u32);
-        out.extend_from_slice(hs);
+        if self.predictions.is_empty() {
+            out.extend_from_slice(hs);
+        } else {
+            // Scorers see a prediction as the device tier it stands for.
+            out.extend(hs.iter().map(|&h| Holder(h).as_scored().0));
+        }
         !hs.is_empty()
     }
 
@@ -737,6 +913,7 @@ impl Tree {
                 .map(HashTable::allocation_size)
                 .sum::<usize>()
             + self.slab.capacity_bytes()
+            + self.predictions.heap_bytes()
             + self
                 .engine
                 .iter()
@@ -793,11 +970,17 @@ mod tests {
         let s = |x| WorkerSlot(x);
         assert_eq!(
             t.store(s(1), DEV, None, &chain(1, 0, &[10, 11, 12])),
-            Stored::Filed { new_holders: 3 }
+            Stored::Filed {
+                new_holders: 3,
+                confirmed: 0
+            }
         );
         assert_eq!(
             t.store(s(2), DEV, None, &chain(2, 0, &[10, 11])),
-            Stored::Filed { new_holders: 2 }
+            Stored::Filed {
+                new_holders: 2,
+                confirmed: 0
+            }
         );
         assert_eq!(t.len(), 3);
         let (a, b) = (held(1, DEV), held(2, DEV));
@@ -805,7 +988,10 @@ mod tests {
         // A continuation names its parent by the slot's own engine hash.
         assert_eq!(
             t.store(s(2), Tier::HOST, Some(eh(2001)), &chain(2, 2, &[12])),
-            Stored::Filed { new_holders: 1 }
+            Stored::Filed {
+                new_holders: 1,
+                confirmed: 0
+            }
         );
         let b_host = Holder::new(WorkerSlot(2), Tier::HOST.bit()).0;
         assert_eq!(lookup(&t, &[10, 11, 12]), [2, a, b, 2, a, b, 2, a, b_host]);
@@ -925,7 +1111,12 @@ mod tests {
     struct Model {
         names: StdMap<(u32, u64), Vec<u64>>,
         holders: BTreeMap<Vec<u64>, BTreeMap<u32, u8>>,
+        /// Deadlines of predicted (block, slot) pairs.
+        predicted: BTreeMap<(Vec<u64>, u32), Tick>,
+        now: Tick,
     }
+
+    const PREDICTED: u8 = Tier::PREDICTED.bit().0;
 
     impl Model {
         fn unhold(&mut self, slot: u32, path: &[u64], tiers: u8) {
@@ -952,12 +1143,17 @@ mod tests {
             };
             for &(e, l) in blocks {
                 path.push(l);
-                *self
+                let held = self
                     .holders
                     .entry(path.clone())
                     .or_default()
                     .entry(slot)
-                    .or_default() |= tier.bit().0;
+                    .or_default();
+                *held |= tier.bit().0;
+                if *held & PREDICTED != 0 {
+                    *held &= !PREDICTED;
+                    self.predicted.remove(&(path.clone(), slot));
+                }
                 match self.names.insert((slot, e), path.clone()) {
                     Some(old) if old != path => {
                         self.unhold(slot, &old, 0xff);
@@ -970,7 +1166,39 @@ mod tests {
 
         fn remove(&mut self, slot: u32, e: u64, tiers: u8) {
             if let Some(path) = self.names.get(&(slot, e)).cloned() {
-                self.unhold(slot, &path, tiers);
+                self.unhold(slot, &path, tiers & !PREDICTED);
+            }
+        }
+
+        fn predict(&mut self, slot: u32, path: &[u64], deadline: Tick) {
+            for i in 1..=path.len() {
+                let p = path[..i].to_vec();
+                let held = self
+                    .holders
+                    .entry(p.clone())
+                    .or_default()
+                    .entry(slot)
+                    .or_default();
+                if *held & !PREDICTED != 0 {
+                    continue;
+                }
+                *held |= PREDICTED;
+                let d = self.predicted.entry((p, slot)).or_default();
+                *d = (*d).max(deadline);
+            }
+        }
+
+        fn expire(&mut self, now: Tick) {
+            self.now = now;
+            let due: Vec<(Vec<u64>, u32)> = self
+                .predicted
+                .iter()
+                .filter(|(_, d)| **d <= now)
+                .map(|(k, _)| k.clone())
+                .collect();
+            for (p, slot) in due {
+                self.predicted.remove(&(p.clone(), slot));
+                self.unhold(slot, &p, PREDICTED);
             }
         }
 
@@ -984,6 +1212,9 @@ mod tests {
             for p in held {
                 self.unhold(slot, &p, tiers);
             }
+            if tiers & PREDICTED != 0 {
+                self.predicted.retain(|(_, s), _| *s != slot);
+            }
         }
 
         fn lookup(&self, locals: &[u64]) -> Vec<Vec<u32>> {
@@ -991,7 +1222,7 @@ mod tests {
             for i in 0..locals.len() {
                 let hs: Vec<u32> = self.holders.get(&locals[..=i]).map_or(Vec::new(), |hs| {
                     hs.iter()
-                        .map(|(&s, &t)| Holder::new(WorkerSlot(s), TierSet(t)).0)
+                        .map(|(&s, &t)| Holder::new(WorkerSlot(s), TierSet(t)).as_scored().0)
                         .collect()
                 });
                 let stop = hs.is_empty();
@@ -1114,6 +1345,14 @@ mod tests {
             alias: bool,
             tiers: u8,
         },
+        Predict {
+            slot: u32,
+            path: Vec<u64>,
+            ttl: Tick,
+        },
+        Expire {
+            advance: Tick,
+        },
         /// A clear walked in steps of `step` buckets (all at once if none).
         Clear {
             slot: u32,
@@ -1141,6 +1380,9 @@ mod tests {
                 .prop_map(|(slot, path, alias, tiers)| Op::Remove { slot, path, alias, tiers }),
             1 => (0u32..3, tiers, proptest::option::of(1usize..4))
                 .prop_map(|(slot, tiers, step)| Op::Clear { slot, tiers, step }),
+            2 => (0u32..3, proptest::collection::vec(1u64..4, 1..4), 1 as Tick..6)
+                .prop_map(|(slot, path, ttl)| Op::Predict { slot, path, ttl }),
+            1 => (1 as Tick..4).prop_map(|advance| Op::Expire { advance }),
         ]
     }
 
@@ -1168,6 +1410,17 @@ mod tests {
                         let e = name(*slot, path, *alias);
                         m.remove(*slot, e, *tiers);
                         t.remove(WorkerSlot(*slot), eh(e), TierSet(*tiers));
+                    }
+                    Op::Predict { slot, path, ttl } => {
+                        let deadline = m.now + ttl;
+                        m.predict(*slot, path, deadline);
+                        let locals: Vec<BlockHash> = path.iter().map(|&l| BlockHash(l)).collect();
+                        t.predict(WorkerSlot(*slot), &locals, deadline);
+                    }
+                    Op::Expire { advance } => {
+                        let now = m.now + advance;
+                        m.expire(now);
+                        t.expire(now);
                     }
                     Op::Clear { slot, tiers, step } => {
                         m.clear(*slot, *tiers);
@@ -1239,6 +1492,15 @@ mod tests {
             let mut have = t.per_slot().to_vec();
             have.resize(3, 0);
             prop_assert_eq!(have, per_slot);
+            let mut pairs = [0u64; Tier::COUNT];
+            for hs in m.holders.values() {
+                for &tiers in hs.values() {
+                    for tier in TierSet(tiers).iter() {
+                        pairs[tier.0 as usize] += 1;
+                    }
+                }
+            }
+            prop_assert_eq!(t.tier_pairs(), &pairs);
         }
     }
 }

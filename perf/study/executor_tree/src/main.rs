@@ -265,7 +265,7 @@ fn proposed(frames: &[(usize, Vec<u8>)], work: &Workload) -> (f64, usize) {
             for (eh, chunk) in ev.hashes.iter().zip(ev.tokens.chunks_exact(BS)) {
                 blocks.push((*eh, hash::local_hash(chunk, seed)));
             }
-            if let Stored::Filed { new_holders } =
+            if let Stored::Filed { new_holders, .. } =
                 tree.store(WorkerSlot(*w as u32), Tier::DEVICE, ev.parent, &blocks)
             {
                 added += new_holders;
