@@ -755,7 +755,7 @@ fn bench_index(c: &mut Criterion) {
     g.finish();
 
     let (map, mut shard) = today(&runs);
-    let t = tree(&runs);
+    let mut t = tree(&runs);
     let per_pair = |bytes: usize| bytes as f64 / pairs as f64;
     eprintln!(
         "index_2m_pairs heap bytes per pair: engine map + block table {:.1}, radix tree {:.1}",

@@ -28,8 +28,16 @@ use hashbrown::{HashMap, HashTable};
 const NIL: u32 = u32::MAX;
 /// In `first_child`: the children are in the parent's child table.
 const WIDE: u32 = u32::MAX - 1;
-/// In `parent`: the node is on the free list.
+/// A parent, for a node on the free list.
 const FREE: u32 = u32::MAX - 1;
+/// Node ids fit in 28 bits (268M nodes an index shard); the top 4 bits of a
+/// reference to a node, and of the node's `up` word, are its generation, which
+/// changes each time the node stops holding anything: a reference taken before
+/// names nothing once it does.
+const ID_BITS: u32 = 28;
+const ID_MASK: u32 = (1 << ID_BITS) - 1;
+const NIL_UP: u32 = ID_MASK;
+const FREE_UP: u32 = ID_MASK - 1;
 /// A parent keeps up to this many children in a sibling list (one walk of a few
 /// nodes, usually the one just filed); the next moves them into a child table.
 pub const LIST_MAX: usize = 8;
@@ -45,7 +53,9 @@ const CHUNK: usize = 1 << CHUNK_BITS;
 #[derive(Clone, Copy, Debug)]
 struct Node {
     local: [u32; 2],
-    parent: u32,
+    /// Generation (top 4 bits) and parent (NIL_UP: a root, FREE_UP: on the free
+    /// list).
+    up: u32,
     /// NIL, the first of a sibling list, or WIDE.
     first_child: u32,
     /// The next sibling in the parent's list (NIL: last, or the parent is wide); on
@@ -59,6 +69,35 @@ impl Node {
     fn local(&self) -> BlockHash {
         BlockHash(self.local[0] as u64 | (self.local[1] as u64) << 32)
     }
+
+    /// The parent's id: NIL for a root, FREE for a node on the free list.
+    #[inline]
+    fn parent(&self) -> u32 {
+        match self.up & ID_MASK {
+            NIL_UP => NIL,
+            FREE_UP => FREE,
+            p => p,
+        }
+    }
+
+    fn set_parent(&mut self, parent: u32) {
+        let p = match parent {
+            NIL => NIL_UP,
+            FREE => FREE_UP,
+            p => p,
+        };
+        self.up = (self.up & !ID_MASK) | p;
+    }
+
+    /// References taken so far name nothing any more.
+    fn next_generation(&mut self) {
+        self.up = self.up.wrapping_add(1 << ID_BITS);
+    }
+
+    /// A reference to this node, which is `id`, as it is now.
+    fn reference(&self, id: u32) -> u32 {
+        (self.up & !ID_MASK) | id
+    }
 }
 
 /// An engine hash and the node it names: 12 bytes (three halves, 4-byte aligned).
@@ -69,6 +108,7 @@ impl EngineEntry {
     fn new(eh: EngineHash, node: u32) -> Self {
         EngineEntry([eh.0 as u32, (eh.0 >> 32) as u32, node])
     }
+    /// A reference to the node (generation and id).
     fn node(&self) -> u32 {
         self.0[2]
     }
@@ -172,6 +212,12 @@ pub struct Tree {
     predictions: Predictions<NodeKey>,
     /// (block, holder) pairs per tier bit.
     pairs: [u64; Tier::COUNT],
+    /// A bounded index's use bit per node id (set by stores, predictions and
+    /// matches; cleared as the eviction hand passes): empty unless tracking.
+    used: Vec<u64>,
+    tracking: bool,
+    /// Where the eviction hand is, as a node id.
+    hand: u32,
 }
 
 impl Tree {
@@ -217,10 +263,13 @@ impl Tree {
         at_mut(&mut self.chunks, id)
     }
 
-    fn alloc(&mut self, node: Node) -> u32 {
+    /// Files `node` (whose generation is ignored) and returns its id.
+    fn alloc(&mut self, mut node: Node) -> u32 {
         self.live += 1;
         if let Some(id) = self.free {
-            let next = self.node(id).next_sibling;
+            let old = self.node(id);
+            let next = old.next_sibling;
+            node.up = (old.up & !ID_MASK) | (node.up & ID_MASK);
             self.free = (next != NIL).then_some(next);
             *self.node_mut(id) = node;
             return id;
@@ -229,6 +278,8 @@ impl Tree {
             self.chunks.push(Vec::with_capacity(CHUNK));
         }
         let id = ((self.chunks.len() - 1) << CHUNK_BITS | self.chunks.last().unwrap().len()) as u32;
+        assert!(id < FREE_UP, "an index shard holds at most 2^28 - 2 nodes");
+        node.up &= ID_MASK;
         self.chunks.last_mut().unwrap().push(node);
         id
     }
@@ -301,13 +352,15 @@ impl Tree {
             self.node(parent).first_child
         };
         let listing = parent != NIL && first != WIDE && listed < LIST_MAX;
-        let id = self.alloc(Node {
+        let mut node = Node {
             local: [local.0 as u32, (local.0 >> 32) as u32],
-            parent,
+            up: 0,
             first_child: NIL,
             next_sibling: if listing { first } else { NIL },
             holders: HolderSet::default(),
-        });
+        };
+        node.set_parent(parent);
+        let id = self.alloc(node);
         if listing {
             self.node_mut(parent).first_child = id;
         } else if parent == NIL {
@@ -353,7 +406,7 @@ impl Tree {
         loop {
             let n = *self.node(id);
             debug_assert!(n.holders.is_empty() && n.first_child == NIL);
-            let parent = n.parent;
+            let parent = n.parent();
             let h = child_hash(n.local());
             if parent == NIL {
                 let found = self.roots.find_entry(h, |&c| c == id);
@@ -385,7 +438,8 @@ impl Tree {
             }
             let free = self.free.unwrap_or(NIL);
             let node = self.node_mut(id);
-            node.parent = FREE;
+            node.set_parent(FREE);
+            node.next_generation();
             node.first_child = NIL;
             node.next_sibling = free;
             self.free = Some(id);
@@ -421,8 +475,8 @@ impl Tree {
     ) -> Stored {
         let mut p = match parent {
             None => NIL,
-            Some(eh) => match self.engine.get(slot.0 as usize).and_then(|m| m.get(&eh)) {
-                Some(e) => e.node(),
+            Some(eh) => match self.named(slot, eh) {
+                Some(id) => id,
                 None => return Stored::UnknownParent,
             },
         };
@@ -436,6 +490,7 @@ impl Tree {
                 self.engine[slot.0 as usize].prefetch(ahead);
             }
             let id = self.child_or_insert(p, local);
+            self.mark(id);
             let before = {
                 let Tree { chunks, slab, .. } = self;
                 at_mut(chunks, id).holders.add(slot, tier, slab)
@@ -458,22 +513,30 @@ impl Tree {
                 self.pairs[Tier::PREDICTED.0 as usize] -= 1;
                 confirmed += 1;
             }
-            let mut new = false;
-            let e = self.engine_map(slot).get_or_insert_with(eh, || {
-                new = true;
-                EngineEntry::new(eh, id)
-            });
-            let old = e.node();
-            if new {
-                if !before.is_empty() {
-                    // The slot already held this block under another engine hash.
-                    self.alias(slot, id, eh);
+            // Once the slot holds it, its engine hash names it as it is now.
+            let entry = EngineEntry::new(eh, self.node(id).reference(id));
+            let old = self.engine[slot.0 as usize]
+                .get(&eh)
+                .map(|e| self.resolve(slot, e.node()));
+            match old {
+                Some(Some(old)) if old == id => {}
+                Some(Some(old)) => {
+                    // The engine reused the hash for other content: the slot's hold
+                    // on the old block ends with it.
+                    *self.engine[slot.0 as usize]
+                        .get_mut(&eh)
+                        .expect("found above") = entry;
+                    self.unhold(slot, old, TierSet::ALL, Some(eh));
                 }
-            } else if old != id {
-                // The engine reused the hash for other content: the slot's hold on
-                // the old block ends with it.
-                *e = EngineEntry::new(eh, id);
-                self.unhold(slot, old, TierSet::ALL, Some(eh));
+                // New, or naming a block that is no more.
+                None | Some(None) => {
+                    let map = &mut self.engine[slot.0 as usize];
+                    *map.get_or_insert_with(eh, || entry) = entry;
+                    if !before.is_empty() {
+                        // The slot already held this block under another engine hash.
+                        self.alias(slot, id, eh);
+                    }
+                }
             }
             p = id;
         }
@@ -483,20 +546,118 @@ impl Tree {
         }
     }
 
+    /// The node `slot`'s engine hash `eh` names, if it names one the slot holds.
+    fn named(&self, slot: WorkerSlot, eh: EngineHash) -> Option<u32> {
+        let e = self.engine.get(slot.0 as usize)?.get(&eh)?;
+        self.resolve(slot, e.node())
+    }
+
+    /// The node a reference names, if it is still that node (same generation) and
+    /// `slot` holds it.
+    fn resolve(&self, slot: WorkerSlot, reference: u32) -> Option<u32> {
+        let id = reference & ID_MASK;
+        let n = self.node(id);
+        (n.reference(id) == reference
+            && n.parent() != FREE
+            && !n.holders.tiers_of(slot, &self.slab).is_empty())
+        .then_some(id)
+    }
+
     /// Records a second engine hash of `slot` for `node`.
     fn alias(&mut self, slot: WorkerSlot, node: u32, eh: EngineHash) {
-        let engine = &self.engine[slot.0 as usize];
-        let names = self.aliases.entry((slot.0, node)).or_default();
-        if names.is_empty() {
-            // The first engine hash: the one entry that names the node besides `eh`.
-            names.extend(
-                engine
-                    .iter()
-                    .filter(|e| e.node() == node && e.key() != eh)
-                    .map(Keyed::key),
-            );
+        if !self.aliases.contains_key(&(slot.0, node)) {
+            // The first engine hash: the entry that names the node besides `eh`
+            // (a walk of the slot's map; engines name a block once, so this is rare).
+            let first: Vec<EngineHash> = self.engine[slot.0 as usize]
+                .iter()
+                .filter(|e| e.key() != eh && self.resolve(slot, e.node()) == Some(node))
+                .map(Keyed::key)
+                .collect();
+            self.aliases.insert((slot.0, node), first);
         }
-        names.push(eh);
+        self.aliases.entry((slot.0, node)).or_default().push(eh);
+    }
+
+    /// From now on, note which blocks are stored, predicted or matched, so that
+    /// [`Self::evict`] can pick one that was not lately.
+    pub fn track_use(&mut self) {
+        self.tracking = true;
+    }
+
+    #[inline]
+    fn mark(&mut self, id: u32) {
+        if self.tracking {
+            let (w, b) = (id as usize / 64, id % 64);
+            if self.used.len() <= w {
+                self.used.resize(w + 1, 0);
+            }
+            self.used[w] |= 1 << b;
+        }
+    }
+
+    /// Evicts one block nobody stored, predicted or matched since the hand last
+    /// passed it (CLOCK over the arena), with every holder: only blocks nothing
+    /// hangs from, so the memory is freed (a parent becomes one once its children
+    /// go). Its engine hashes are left to name nothing (their references are of an
+    /// older generation). Returns the (block, holder) pairs evicted, or `None` if
+    /// nothing can be.
+    pub fn evict(&mut self) -> Option<usize> {
+        let id = self.next_victim()?;
+        Some(self.evict_node(id))
+    }
+
+    /// The block the hand stops at: a leaf whose use bit is clear, the bits of the
+    /// blocks it passes cleared (a parent whose children go is then as old as its
+    /// last use). Two laps at most.
+    fn next_victim(&mut self) -> Option<u32> {
+        let end = self.chunks.iter().map(Vec::len).sum::<usize>() as u32;
+        if end == 0 {
+            return None;
+        }
+        for _ in 0..2 * end {
+            let id = self.hand;
+            self.hand = if id + 1 >= end { 0 } else { id + 1 };
+            let n = self.node(id);
+            if n.parent() == FREE {
+                continue;
+            }
+            let leaf = n.first_child == NIL;
+            let (w, b) = (id as usize / 64, id % 64);
+            match self.used.get_mut(w) {
+                Some(bits) if *bits & (1 << b) != 0 => *bits &= !(1 << b),
+                _ if leaf => return Some(id),
+                _ => {}
+            }
+        }
+        None
+    }
+
+    fn evict_node(&mut self, id: u32) -> usize {
+        let holders: Vec<u32> = self.node(id).holders.as_slice(&self.slab).to_vec();
+        for &h in &holders {
+            let h = Holder(h);
+            self.count(h.slot(), -1);
+            self.uncount(h.tiers());
+            if h.has(Tier::PREDICTED) {
+                let key = self.key(id);
+                self.predictions.forget(key, h.slot());
+            }
+            self.aliases.remove(&(h.slot().0, id));
+        }
+        let Tree { chunks, slab, .. } = self;
+        at_mut(chunks, id).holders.free(slab);
+        self.emptied(id);
+        holders.len()
+    }
+
+    /// `id` holds nothing any more: references taken to it end, and it goes if
+    /// nothing hangs from it.
+    fn emptied(&mut self, id: u32) {
+        if self.node(id).first_child == NIL {
+            self.release(id);
+        } else {
+            self.node_mut(id).next_generation();
+        }
     }
 
     /// Takes `tiers` off `slot`'s holder of `node`; if the slot holds it no more, its
@@ -515,14 +676,13 @@ impl Tree {
         if let Some(names) = self.aliases.remove(&(slot.0, node)) {
             let map = &mut self.engine[slot.0 as usize];
             for eh in names.into_iter().filter(|&eh| Some(eh) != keep) {
-                if map.get(&eh).is_some_and(|e| e.node() == node) {
+                if map.get(&eh).is_some_and(|e| e.node() & ID_MASK == node) {
                     map.remove(&eh);
                 }
             }
         }
-        let n = self.node(node);
-        if n.holders.is_empty() && n.first_child == NIL {
-            self.release(node);
+        if self.node(node).holders.is_empty() {
+            self.emptied(node);
         }
     }
 
@@ -531,11 +691,14 @@ impl Tree {
     /// only by its deadline or a confirming store.
     pub fn remove(&mut self, slot: WorkerSlot, eh: EngineHash, tiers: TierSet) -> bool {
         let tiers = tiers & TierSet::MEDIA;
-        let Some(map) = self.engine.get_mut(slot.0 as usize) else {
+        let Some(e) = self.engine.get(slot.0 as usize).and_then(|m| m.get(&eh)) else {
             return false;
         };
-        let Some(e) = map.get(&eh) else { return false };
-        let node = e.node();
+        let Some(node) = self.resolve(slot, e.node()) else {
+            // It named a block evicted since.
+            self.engine[slot.0 as usize].remove(&eh);
+            return false;
+        };
         let left = self
             .node(node)
             .holders
@@ -575,17 +738,23 @@ impl Tree {
         {
             let Tree { chunks, slab, .. } = self;
             map.retain_step(at, budget, |e| {
-                let holders = &mut at_mut(chunks, e.node()).holders;
-                if holders.tiers_of(slot, slab).is_empty() {
-                    // An alias of a block whose hold ended earlier in the walk.
+                let id = e.node() & ID_MASK;
+                let n = at_mut(chunks, id);
+                if n.reference(id) != e.node()
+                    || n.parent() == FREE
+                    || n.holders.tiers_of(slot, slab).is_empty()
+                {
+                    // It names a block evicted since, or an alias of one whose hold
+                    // ended earlier in the walk.
                     return false;
                 }
+                let holders = &mut n.holders;
                 let (gone_tiers, gone) = holders.remove(slot, tiers, slab);
                 for t in gone_tiers.iter() {
                     removed[t.0 as usize] += 1;
                 }
                 if gone {
-                    ended.push(e.node());
+                    ended.push(id);
                 }
                 !gone
             });
@@ -597,15 +766,15 @@ impl Tree {
             self.count(slot, -1);
             if let Some(names) = self.aliases.remove(&(slot.0, node)) {
                 for eh in names {
-                    if map.get(&eh).is_some_and(|e| e.node() == node) {
+                    if map.get(&eh).is_some_and(|e| e.node() & ID_MASK == node) {
                         map.remove(&eh);
                     }
                 }
             }
             // A node whose child went before it may have gone with that child.
             let n = self.node(node);
-            if n.parent != FREE && n.holders.is_empty() && n.first_child == NIL {
-                self.release(node);
+            if n.parent() != FREE && n.holders.is_empty() {
+                self.emptied(node);
             }
         }
         ended.clear();
@@ -636,6 +805,7 @@ impl Tree {
         let mut p = NIL;
         for &local in locals {
             let id = self.child_or_insert(p, local);
+            self.mark(id);
             p = id;
             let tiers = self.node(id).holders.tiers_of(slot, &self.slab);
             if !(tiers & TierSet::MEDIA).is_empty() {
@@ -690,7 +860,7 @@ impl Tree {
         else {
             return false;
         };
-        if n.parent == FREE
+        if n.parent() == FREE
             || n.local[0] != key.check
             || !n
                 .holders
@@ -706,13 +876,15 @@ impl Tree {
     /// Holders of the prompt's blocks (`locals`, in prefix order) as `[n, holder..]`
     /// per block, up to and including the first block nobody holds (as
     /// [`super::Shard::lookup`] answers, without its shorthand for repeated sets).
-    pub fn lookup(&self, locals: &[BlockHash], out: &mut Vec<u32>) {
+    /// A match counts as a use of the block for a bounded index's eviction.
+    pub fn lookup(&mut self, locals: &[BlockHash], out: &mut Vec<u32>) {
         let mut p = NIL;
         for &local in locals {
             let Some(id) = self.child(p, local) else {
                 out.push(0);
                 return;
             };
+            self.mark(id);
             if !self.push_holders(id, out) {
                 return;
             }
@@ -721,7 +893,7 @@ impl Tree {
     }
 
     /// As [`Self::lookup`], for blocks named by their sequence hashes.
-    pub fn lookup_seqs(&self, seqs: &[SeqHash], out: &mut Vec<u32>) {
+    pub fn lookup_seqs(&mut self, seqs: &[SeqHash], out: &mut Vec<u32>) {
         let mut p = NIL;
         let mut parent = None;
         for &seq in seqs {
@@ -729,6 +901,7 @@ impl Tree {
                 out.push(0);
                 return;
             };
+            self.mark(id);
             if !self.push_holders(id, out) {
                 return;
             }
@@ -920,6 +1093,7 @@ impl Tree {
                 .map(BlockTable::allocation_size)
                 .sum::<usize>()
             + self.per_slot.capacity() * 4
+            + self.used.capacity() * 8
     }
 }
 
@@ -953,7 +1127,7 @@ mod tests {
             .collect()
     }
 
-    fn lookup(t: &Tree, locals: &[u64]) -> Vec<u32> {
+    fn lookup(t: &mut Tree, locals: &[u64]) -> Vec<u32> {
         let mut out = Vec::new();
         let locals: Vec<BlockHash> = locals.iter().map(|&l| BlockHash(l)).collect();
         t.lookup(&locals, &mut out);
@@ -984,7 +1158,10 @@ mod tests {
         );
         assert_eq!(t.len(), 3);
         let (a, b) = (held(1, DEV), held(2, DEV));
-        assert_eq!(lookup(&t, &[10, 11, 12, 13]), [2, a, b, 2, a, b, 1, a, 0]);
+        assert_eq!(
+            lookup(&mut t, &[10, 11, 12, 13]),
+            [2, a, b, 2, a, b, 1, a, 0]
+        );
         // A continuation names its parent by the slot's own engine hash.
         assert_eq!(
             t.store(s(2), Tier::HOST, Some(eh(2001)), &chain(2, 2, &[12])),
@@ -994,7 +1171,10 @@ mod tests {
             }
         );
         let b_host = Holder::new(WorkerSlot(2), Tier::HOST.bit()).0;
-        assert_eq!(lookup(&t, &[10, 11, 12]), [2, a, b, 2, a, b, 2, a, b_host]);
+        assert_eq!(
+            lookup(&mut t, &[10, 11, 12]),
+            [2, a, b, 2, a, b, 2, a, b_host]
+        );
         assert_eq!(
             t.store(s(3), DEV, Some(eh(7)), &chain(3, 0, &[10])),
             Stored::UnknownParent
@@ -1010,7 +1190,7 @@ mod tests {
         // The middle block goes: its node stays as the path to the last.
         assert!(t.remove(s1, eh(1001), TierSet::ALL));
         assert_eq!(t.len(), 3);
-        assert_eq!(lookup(&t, &[10, 11, 12]), [1, held(1, DEV), 0]);
+        assert_eq!(lookup(&mut t, &[10, 11, 12]), [1, held(1, DEV), 0]);
         // The last goes: it and the path above it that nobody holds are freed.
         assert!(t.remove(s1, eh(1002), TierSet::ALL));
         assert_eq!(t.len(), 1);
@@ -1021,7 +1201,7 @@ mod tests {
         assert_eq!(t.chunks[0].len(), 3);
         t.clear_slot(s1, TierSet::ALL);
         assert!(t.is_empty());
-        assert_eq!(lookup(&t, &[10]), [0]);
+        assert_eq!(lookup(&mut t, &[10]), [0]);
     }
 
     #[test]
@@ -1043,7 +1223,7 @@ mod tests {
         }
         assert_eq!(t.wide.len(), 1);
         for i in 0..n {
-            assert_eq!(lookup(&t, &[1, 100 + i, 7]).len(), 6);
+            assert_eq!(lookup(&mut t, &[1, 100 + i, 7]).len(), 6);
             let seqs = [
                 hash::chain(None, BlockHash(1)),
                 hash::chain(Some(hash::chain(None, BlockHash(1))), BlockHash(100 + i)),
@@ -1076,7 +1256,7 @@ mod tests {
         // Neither name is left to remove a block filed in the freed node.
         t.store(s, DEV, None, &[(eh(3), BlockHash(20))]);
         assert!(!t.remove(s, eh(1), TierSet::ALL));
-        assert_eq!(lookup(&t, &[20]), [1, held(1, DEV)]);
+        assert_eq!(lookup(&mut t, &[20]), [1, held(1, DEV)]);
     }
 
     #[test]
@@ -1090,20 +1270,67 @@ mod tests {
         while !t.clear_step(WorkerSlot(1), TierSet::ALL, &mut at, 1024) {
             steps += 1;
             // Between steps the tree answers and the other slot is untouched.
-            let answer = lookup(&t, &locals[..10]);
+            let answer = lookup(&mut t, &locals[..10]);
             assert_eq!(answer.iter().filter(|&&h| h == held(2, DEV)).count(), 10);
         }
         assert!(steps > 10, "{steps} steps");
         assert_eq!(t.len(), 10);
         assert_eq!(t.per_slot(), [0, 0, 10]);
         assert_eq!(
-            lookup(&t, &locals[..11]),
+            lookup(&mut t, &locals[..11]),
             [1, held(2, DEV)]
                 .repeat(10)
                 .into_iter()
                 .chain([0])
                 .collect::<Vec<_>>()
         );
+    }
+
+    impl Tree {
+        /// The local hashes from the root down to `id`.
+        fn path(&self, mut id: u32) -> Vec<u64> {
+            let mut path = vec![self.node(id).local().0];
+            while self.node(id).parent() != NIL {
+                id = self.node(id).parent();
+                path.push(self.node(id).local().0);
+            }
+            path.reverse();
+            path
+        }
+    }
+
+    #[test]
+    fn eviction_takes_leaves_not_used_since_the_hand_passed() {
+        let mut t = Tree::default();
+        t.track_use();
+        let s1 = WorkerSlot(1);
+        t.store(s1, DEV, None, &chain(1, 0, &[10, 11, 12]));
+        t.store(s1, DEV, None, &chain(1, 10, &[20, 21]));
+        // Every block was used by its store: the first lap clears the bits, the
+        // second takes the first leaf.
+        let v = t.next_victim().unwrap();
+        assert_eq!(t.path(v), [10, 11, 12]);
+        assert_eq!(t.evict_node(v), 1);
+        // A match keeps a block: 20 and 21 are matched, so the hand takes 11, a leaf
+        // now.
+        assert_eq!(lookup(&mut t, &[20, 21]).len(), 4);
+        let v = t.next_victim().unwrap();
+        assert_eq!(t.path(v), [10, 11]);
+        t.evict_node(v);
+        assert_eq!(t.len(), 3);
+        assert_eq!(lookup(&mut t, &[10, 11]), [1, held(1, DEV), 0]);
+        // The evicted block's engine hash names nothing, even once its node is
+        // filed again with another block.
+        assert!(!t.remove(s1, eh(1001), TierSet::ALL));
+        t.store(s1, DEV, Some(eh(1000)), &chain(1, 20, &[30]));
+        assert_eq!(
+            t.store(s1, DEV, Some(eh(1002)), &chain(1, 30, &[31])),
+            Stored::UnknownParent
+        );
+        assert_eq!(t.per_slot(), [0, 4]);
+        assert_eq!(t.tier_pairs()[0], 4);
+        // An empty tree has nothing to evict.
+        assert_eq!(Tree::default().evict(), None);
     }
 
     /// The tree's rules written plainly: blocks are paths of local hashes.
@@ -1185,6 +1412,14 @@ mod tests {
                 *held |= PREDICTED;
                 let d = self.predicted.entry((p, slot)).or_default();
                 *d = (*d).max(deadline);
+            }
+        }
+
+        fn evict(&mut self, path: &[u64]) {
+            let slots: Vec<u32> = self.holders[path].keys().copied().collect();
+            for slot in slots {
+                self.unhold(slot, path, 0xff);
+                self.predicted.remove(&(path.to_vec(), slot));
             }
         }
 
@@ -1353,6 +1588,7 @@ mod tests {
         Expire {
             advance: Tick,
         },
+        Evict,
         /// A clear walked in steps of `step` buckets (all at once if none).
         Clear {
             slot: u32,
@@ -1383,14 +1619,18 @@ mod tests {
             2 => (0u32..3, proptest::collection::vec(1u64..4, 1..4), 1 as Tick..6)
                 .prop_map(|(slot, path, ttl)| Op::Predict { slot, path, ttl }),
             1 => (1 as Tick..4).prop_map(|advance| Op::Expire { advance }),
+            1 => Just(Op::Evict),
         ]
     }
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(2048))]
         #[test]
-        fn prop_tree_vs_model(ops in proptest::collection::vec(op(), 1..60), dump_step in 1usize..4) {
+        fn prop_tree_vs_model(ops in proptest::collection::vec(op(), 1..60), dump_step in 1usize..4, track: bool) {
             let mut t = Tree::default();
+            if track {
+                t.track_use();
+            }
             let mut m = Model::default();
             for op in &ops {
                 match op {
@@ -1416,6 +1656,12 @@ mod tests {
                         m.predict(*slot, path, deadline);
                         let locals: Vec<BlockHash> = path.iter().map(|&l| BlockHash(l)).collect();
                         t.predict(WorkerSlot(*slot), &locals, deadline);
+                    }
+                    Op::Evict => {
+                        if let Some(id) = t.next_victim() {
+                            m.evict(&t.path(id));
+                            t.evict_node(id);
+                        }
                     }
                     Op::Expire { advance } => {
                         let now = m.now + advance;
