@@ -473,13 +473,24 @@ impl Tree {
         parent: Option<EngineHash>,
         blocks: &[(EngineHash, BlockHash)],
     ) -> Stored {
-        let mut p = match parent {
+        let p = match parent {
             None => NIL,
             Some(eh) => match self.named(slot, eh) {
                 Some(id) => id,
                 None => return Stored::UnknownParent,
             },
         };
+        self.file_run(slot, tier, p, blocks)
+    }
+
+    /// Files `blocks` as a store does, the first a child of node `p` (NIL: a root).
+    fn file_run(
+        &mut self,
+        slot: WorkerSlot,
+        tier: Tier,
+        mut p: u32,
+        blocks: &[(EngineHash, BlockHash)],
+    ) -> Stored {
         let (mut new_holders, mut confirmed) = (0, 0);
         let map = self.engine_map(slot);
         for &(eh, _) in blocks.iter().take(PREFETCH_AHEAD) {
@@ -1058,6 +1069,79 @@ impl Tree {
         kids
     }
 
+    /// The sequence hash of `id`: its local hashes from the root down, chained.
+    fn seq_of(&self, id: u32, path: &mut Vec<BlockHash>) -> SeqHash {
+        path.clear();
+        let mut n = id;
+        loop {
+            path.push(self.node(n).local());
+            match self.node(n).parent() {
+                NIL => break,
+                p => n = p,
+            }
+        }
+        path.iter()
+            .rev()
+            .fold(None, |parent, &l| Some(hash::chain(parent, l)))
+            .expect("a path has a block")
+    }
+
+    /// Every (slot, sequence hash, engine hash) the engine maps hold for blocks
+    /// their slots still hold, for a peer's export: with the dump, what a replica
+    /// needs to resolve the engines' later events. A walk of the engine maps, each
+    /// block's sequence hash computed from the root down.
+    pub fn engine_hashes(&self, out: &mut Vec<(WorkerSlot, SeqHash, EngineHash)>) {
+        let mut path = Vec::new();
+        for (i, map) in self.engine.iter().enumerate() {
+            let slot = WorkerSlot(i as u32);
+            for e in map.iter() {
+                if let Some(id) = self.resolve(slot, e.node()) {
+                    out.push((slot, self.seq_of(id, &mut path), e.key()));
+                }
+            }
+        }
+    }
+
+    /// Files a block of a peer's dump (or a snapshot), parents first, as a store
+    /// would: `slot` holds it on `tier` and names it `eh`. Its parent is the block
+    /// the slot's `parent_engine` names, or else the block with sequence hash
+    /// `parent_seq` among those this import filed (`filed`: the import's own map,
+    /// dropped when it is done). Returns false, filing nothing, if neither names a
+    /// block.
+    pub fn seed(
+        &mut self,
+        slot: WorkerSlot,
+        tier: Tier,
+        eh: EngineHash,
+        local: BlockHash,
+        parent_engine: Option<EngineHash>,
+        parent_seq: Option<SeqHash>,
+        filed: &mut HashMap<SeqHash, u32>,
+    ) -> bool {
+        let by_engine = parent_engine.and_then(|p| self.named(slot, p));
+        let parent = match (by_engine, parent_seq) {
+            (Some(id), _) => id,
+            (None, None) if parent_engine.is_none() => NIL,
+            (None, Some(seq)) => match filed.get(&seq) {
+                Some(&id) if self.node(id).parent() != FREE => id,
+                _ => return false,
+            },
+            (None, None) => return false,
+        };
+        self.file_run(slot, tier, parent, &[(eh, local)]);
+        let Some(id) = self.named(slot, eh) else {
+            // A predicted tier, which a dump never carries: nothing is held.
+            return false;
+        };
+        let seq = match (parent, parent_seq) {
+            (NIL, _) => hash::chain(None, local),
+            (_, Some(p)) => hash::chain(Some(p), local),
+            _ => self.seq_of(id, &mut Vec::new()),
+        };
+        filed.insert(seq, id);
+        true
+    }
+
     fn children(&self, id: u32, out: &mut Vec<u32>) {
         let first = self.node(id).first_child;
         if first == WIDE {
@@ -1331,6 +1415,103 @@ mod tests {
         assert_eq!(t.tier_pairs()[0], 4);
         // An empty tree has nothing to evict.
         assert_eq!(Tree::default().evict(), None);
+    }
+
+    /// A replica filed from a tree's dump and engine hashes: `seed` in dump order,
+    /// every (block, holder) once per tier and once per engine hash naming it (a
+    /// block whose parent nobody names is skipped).
+    fn replica(t: &Tree) -> Tree {
+        let mut dumped = Vec::new();
+        t.dump(&mut dumped);
+        let mut names: BTreeMap<(u32, u64), Vec<EngineHash>> = BTreeMap::new();
+        let mut ehs = Vec::new();
+        t.engine_hashes(&mut ehs);
+        for (slot, seq, eh) in ehs {
+            names.entry((slot.0, seq.0)).or_default().push(eh);
+        }
+        let mut r = Tree::default();
+        let mut filed = HashMap::new();
+        for d in &dumped {
+            let slot = d.holder.slot();
+            let parent_engine = d
+                .parent
+                .and_then(|p| names.get(&(slot.0, p.0)))
+                .map(|n| n[0]);
+            for tier in d.holder.tiers().iter() {
+                for &eh in &names[&(slot.0, d.seq.0)] {
+                    r.seed(slot, tier, eh, d.local, parent_engine, d.parent, &mut filed);
+                }
+            }
+        }
+        r
+    }
+
+    #[test]
+    fn a_replica_filed_from_a_dump_answers_as_the_tree_does() {
+        let mut t = Tree::default();
+        for c in 0..40u64 {
+            let slot = WorkerSlot((c % 3) as u32);
+            let tier = Tier((c % 2) as u8);
+            // Conversations share their first two blocks, some extend another's.
+            let locals: Vec<u64> = [1, 2]
+                .into_iter()
+                .chain((0..(c % 7 + 1)).map(|i| 100 * c + i))
+                .collect();
+            t.store(slot, tier, None, &chain(slot.0, 10_000 * c, &locals));
+            if c % 5 == 0 {
+                // A second name for the same blocks.
+                t.store(
+                    slot,
+                    tier,
+                    None,
+                    &chain(slot.0, 10_000 * c + 5_000, &locals),
+                );
+            }
+        }
+        let mut r = replica(&t);
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        t.dump(&mut a);
+        r.dump(&mut b);
+        assert_eq!(sorted(&a), sorted(&b));
+        let (mut ea, mut eb) = (Vec::new(), Vec::new());
+        t.engine_hashes(&mut ea);
+        r.engine_hashes(&mut eb);
+        ea.sort_by_key(|&(s, q, e)| (s.0, q.0, e.0));
+        eb.sort_by_key(|&(s, q, e)| (s.0, q.0, e.0));
+        assert_eq!(ea, eb);
+        assert_eq!(t.per_slot(), r.per_slot());
+        assert_eq!(t.tier_pairs(), r.tier_pairs());
+        // The engines' later events resolve on the replica as on the tree.
+        for c in [3u64, 10] {
+            let slot = WorkerSlot((c % 3) as u32);
+            let last = eh(slot.0 as u64 * 1000 + 10_000 * c + 2 + c % 7);
+            assert!(t.remove(slot, last, TierSet::ALL));
+            assert!(r.remove(slot, last, TierSet::ALL));
+        }
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        t.dump(&mut a);
+        r.dump(&mut b);
+        assert_eq!(sorted(&a), sorted(&b));
+        // Seeding a block whose parent nobody names files nothing.
+        let mut filed = HashMap::new();
+        assert!(!r.seed(
+            WorkerSlot(1),
+            DEV,
+            eh(9),
+            BlockHash(9),
+            Some(eh(77)),
+            None,
+            &mut filed
+        ));
+        assert!(!r.seed(
+            WorkerSlot(1),
+            DEV,
+            eh(9),
+            BlockHash(9),
+            None,
+            Some(SeqHash(77)),
+            &mut filed
+        ));
     }
 
     /// The tree's rules written plainly: blocks are paths of local hashes.
@@ -1711,6 +1892,20 @@ mod tests {
             }
             prop_assert_eq!(stepped.len(), dumped.len());
             prop_assert_eq!(sorted(&stepped), sorted(&dumped));
+            // A replica carries every block but those below a block nobody holds
+            // (nothing names the path to them), and no prediction.
+            let mut copied = Vec::new();
+            replica(&t).dump(&mut copied);
+            let (copied, dumped_set) = (sorted(&copied), sorted(&dumped));
+            prop_assert!(copied.iter().all(|c| dumped_set.contains(c)));
+            let media_held = m
+                .holders
+                .values()
+                .filter(|hs| hs.values().any(|&t| t & TierSet::MEDIA.0 != 0))
+                .count();
+            if media_held == m.nodes() {
+                prop_assert_eq!(copied, dumped_set);
+            }
             let mut got: Vec<(u64, Option<u64>, u64, u32)> =
                 dumped.iter().map(|d| (d.seq.0, d.parent.map(|p| p.0), d.local.0, d.holder.0)).collect();
             got.sort();
