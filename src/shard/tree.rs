@@ -156,6 +156,20 @@ pub struct PredictCounts {
     pub refreshed: usize,
 }
 
+/// A block of a peer's dump as one slot holds it (see [`Tree::seed`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Seed {
+    pub slot: WorkerSlot,
+    pub tier: Tier,
+    /// The slot's engine hash for the block.
+    pub engine: EngineHash,
+    pub local: BlockHash,
+    /// The slot's engine hash for the parent, if the dump names one.
+    pub parent_engine: Option<EngineHash>,
+    /// The parent's sequence hash; `None` for a first block.
+    pub parent_seq: Option<SeqHash>,
+}
+
 /// What a store did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stored {
@@ -1103,21 +1117,19 @@ impl Tree {
     }
 
     /// Files a block of a peer's dump (or a snapshot), parents first, as a store
-    /// would: `slot` holds it on `tier` and names it `eh`. Its parent is the block
-    /// the slot's `parent_engine` names, or else the block with sequence hash
-    /// `parent_seq` among those this import filed (`filed`: the import's own map,
-    /// dropped when it is done). Returns false, filing nothing, if neither names a
-    /// block.
-    pub fn seed(
-        &mut self,
-        slot: WorkerSlot,
-        tier: Tier,
-        eh: EngineHash,
-        local: BlockHash,
-        parent_engine: Option<EngineHash>,
-        parent_seq: Option<SeqHash>,
-        filed: &mut HashMap<SeqHash, u32>,
-    ) -> bool {
+    /// would. Its parent is the block the slot's `parent_engine` names, or else the
+    /// block with sequence hash `parent_seq` among those this import filed (`filed`:
+    /// the import's own map, dropped when it is done). Returns false, filing
+    /// nothing, if neither names a block.
+    pub fn seed(&mut self, b: &Seed, filed: &mut HashMap<SeqHash, u32>) -> bool {
+        let Seed {
+            slot,
+            tier,
+            engine: eh,
+            local,
+            parent_engine,
+            parent_seq,
+        } = *b;
         let by_engine = parent_engine.and_then(|p| self.named(slot, p));
         let parent = match (by_engine, parent_seq) {
             (Some(id), _) => id,
@@ -1439,7 +1451,15 @@ mod tests {
                 .map(|n| n[0]);
             for tier in d.holder.tiers().iter() {
                 for &eh in &names[&(slot.0, d.seq.0)] {
-                    r.seed(slot, tier, eh, d.local, parent_engine, d.parent, &mut filed);
+                    let seed = Seed {
+                        slot,
+                        tier,
+                        engine: eh,
+                        local: d.local,
+                        parent_engine,
+                        parent_seq: d.parent,
+                    };
+                    r.seed(&seed, &mut filed);
                 }
             }
         }
@@ -1494,24 +1514,21 @@ mod tests {
         assert_eq!(sorted(&a), sorted(&b));
         // Seeding a block whose parent nobody names files nothing.
         let mut filed = HashMap::new();
-        assert!(!r.seed(
-            WorkerSlot(1),
-            DEV,
-            eh(9),
-            BlockHash(9),
-            Some(eh(77)),
-            None,
-            &mut filed
-        ));
-        assert!(!r.seed(
-            WorkerSlot(1),
-            DEV,
-            eh(9),
-            BlockHash(9),
-            None,
-            Some(SeqHash(77)),
-            &mut filed
-        ));
+        let orphan = Seed {
+            slot: WorkerSlot(1),
+            tier: DEV,
+            engine: eh(9),
+            local: BlockHash(9),
+            parent_engine: Some(eh(77)),
+            parent_seq: None,
+        };
+        assert!(!r.seed(&orphan, &mut filed));
+        let orphan = Seed {
+            parent_engine: None,
+            parent_seq: Some(SeqHash(77)),
+            ..orphan
+        };
+        assert!(!r.seed(&orphan, &mut filed));
     }
 
     /// The tree's rules written plainly: blocks are paths of local hashes.
