@@ -538,25 +538,28 @@ impl Tree {
                 self.pairs[Tier::PREDICTED.0 as usize] -= 1;
                 confirmed += 1;
             }
-            // Once the slot holds it, its engine hash names it as it is now.
+            // Once the slot holds it, its engine hash names it as it is now: one
+            // probe files the entry and says what it named before.
             let entry = EngineEntry::new(eh, self.node(id).reference(id));
-            let old = self.engine[slot.0 as usize]
-                .get(&eh)
-                .map(|e| self.resolve(slot, e.node()));
-            match old {
-                Some(Some(old)) if old == id => {}
-                Some(Some(old)) => {
-                    // The engine reused the hash for other content: the slot's hold
-                    // on the old block ends with it.
-                    *self.engine[slot.0 as usize]
-                        .get_mut(&eh)
-                        .expect("found above") = entry;
-                    self.unhold(slot, old, TierSet::ALL, Some(eh));
+            let mut new = false;
+            let e = self.engine[slot.0 as usize].get_or_insert_with(eh, || {
+                new = true;
+                entry
+            });
+            let old = match new {
+                true => None,
+                false => {
+                    let before_ref = std::mem::replace(e, entry).node();
+                    self.resolve(slot, before_ref)
                 }
+            };
+            match old {
+                Some(old) if old == id => {}
+                // The engine reused the hash for other content: the slot's hold on
+                // the old block ends with it.
+                Some(old) => self.unhold(slot, old, TierSet::ALL, Some(eh)),
                 // New, or naming a block that is no more.
-                None | Some(None) => {
-                    let map = &mut self.engine[slot.0 as usize];
-                    *map.get_or_insert_with(eh, || entry) = entry;
+                None => {
                     if !before.is_empty() {
                         // The slot already held this block under another engine hash.
                         self.alias(slot, id, eh);
