@@ -810,11 +810,7 @@ impl Tree {
         self.engine[slot.0 as usize] = map;
         if at.is_done() && tiers.contains(Tier::PREDICTED) {
             // Predicted holders have no engine hash: the slot's predictions end here.
-            let mut predictions = std::mem::take(&mut self.predictions);
-            predictions.end_slot(slot, |key, slot| {
-                self.unpredict(key, slot);
-            });
-            self.predictions = predictions;
+            self.end_predictions(|p, end| p.end_slot(slot, end));
         }
         at.is_done()
     }
@@ -856,19 +852,26 @@ impl Tree {
 
     /// Ends the predictions due at or before `now`; returns how many ended.
     pub fn expire(&mut self, now: Tick) -> usize {
-        let mut predictions = std::mem::take(&mut self.predictions);
-        let mut ended = 0;
-        predictions.expire(now, |key, slot| ended += self.unpredict(key, slot) as usize);
-        self.predictions = predictions;
-        ended
+        self.end_predictions(|p, end| p.expire(now, end))
     }
 
     /// Ends `n` predictions early, those due soonest first (approximate mode's
     /// pruning); returns how many ended.
     pub fn prune(&mut self, n: usize) -> usize {
+        self.end_predictions(|p, end| p.prune(n, end))
+    }
+
+    /// Ends the predictions `pick` hands to the function it is given; returns how
+    /// many ended (a pair whose block went meanwhile has nothing to end).
+    fn end_predictions(
+        &mut self,
+        pick: impl FnOnce(&mut Predictions<NodeKey>, &mut dyn FnMut(NodeKey, WorkerSlot)),
+    ) -> usize {
         let mut predictions = std::mem::take(&mut self.predictions);
         let mut ended = 0;
-        predictions.prune(n, |key, slot| ended += self.unpredict(key, slot) as usize);
+        pick(&mut predictions, &mut |key, slot| {
+            ended += self.unpredict(key, slot) as usize
+        });
         self.predictions = predictions;
         ended
     }
@@ -906,26 +909,28 @@ impl Tree {
     /// [`super::Shard::lookup`] answers, without its shorthand for repeated sets).
     /// A match counts as a use of the block for a bounded index's eviction.
     pub fn lookup(&mut self, locals: &[BlockHash], out: &mut Vec<u32>) {
-        let mut p = NIL;
-        for &local in locals {
-            let Some(id) = self.child(p, local) else {
-                out.push(0);
-                return;
-            };
-            self.mark(id);
-            if !self.push_holders(id, out) {
-                return;
-            }
-            p = id;
-        }
+        self.walk(locals.len(), |t, p, i| t.child(p, locals[i]), out);
     }
 
     /// As [`Self::lookup`], for blocks named by their sequence hashes.
     pub fn lookup_seqs(&mut self, seqs: &[SeqHash], out: &mut Vec<u32>) {
+        self.walk(
+            seqs.len(),
+            |t, p, i| t.child_by_seq(p, i.checked_sub(1).map(|j| seqs[j]), seqs[i]),
+            out,
+        );
+    }
+
+    /// The lookups' walk down `n` blocks: `find(tree, parent, i)` is the `i`th.
+    fn walk(
+        &mut self,
+        n: usize,
+        find: impl Fn(&Self, u32, usize) -> Option<u32>,
+        out: &mut Vec<u32>,
+    ) {
         let mut p = NIL;
-        let mut parent = None;
-        for &seq in seqs {
-            let Some(id) = self.child_by_seq(p, parent, seq) else {
+        for i in 0..n {
+            let Some(id) = find(self, p, i) else {
                 out.push(0);
                 return;
             };
@@ -934,7 +939,6 @@ impl Tree {
                 return;
             }
             p = id;
-            parent = Some(seq);
         }
     }
 
