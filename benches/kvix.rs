@@ -713,7 +713,10 @@ fn conversations(convs: usize, len: usize) -> Vec<Run> {
 fn bench_index(c: &mut Criterion) {
     use kvix::shard::table::BlockTable;
     use kvix::shard::tree::Tree;
-    let (convs, len) = (32_768, 64);
+    // `cargo test` runs each bench once as a smoke test (no `--bench`): a small
+    // index keeps that quick in a debug build.
+    let measured = std::env::args().any(|a| a == "--bench");
+    let (convs, len) = if measured { (32_768, 64) } else { (256, 64) };
     let runs = conversations(convs, len);
     let pairs = (convs * len) as u64;
     let today = |runs: &[Run]| {
@@ -758,7 +761,7 @@ fn bench_index(c: &mut Criterion) {
     let mut t = tree(&runs);
     let per_pair = |bytes: usize| bytes as f64 / pairs as f64;
     eprintln!(
-        "index_2m_pairs heap bytes per pair: engine map + block table {:.1}, radix tree {:.1}",
+        "index_2m_pairs heap bytes per pair ({pairs} pairs): engine map + block table {:.1}, radix tree {:.1}",
         per_pair(map.allocation_size() + shard.heap_bytes()),
         per_pair(t.heap_bytes())
     );

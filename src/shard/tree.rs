@@ -7,14 +7,17 @@
 //! blocks is filed by appends to the arena and walks from nodes that are already in
 //! cache, and a sequence hash is never stored: it is computed on the way down
 //! ([`Tree::dump`], [`Tree::lookup_seqs`]). A store resolves its parent and a removal
-//! its block through the slot's engine map (engine hash → node, 12 bytes), so the
-//! ingest side needs no map of its own.
+//! its block through the slot's engine map (engine hash → a reference to a node,
+//! 12 bytes), so the ingest side needs no map of its own.
 //!
-//! Invariants: every engine-map entry of a slot names a live node that slot holds;
-//! a node lives while it has holders or children (a node without holders but with
-//! children stays as a path to them, and answers as not held). Owned by one shard;
-//! never shared, never blocks, never allocates per block outside the arena's and
-//! tables' growth.
+//! Invariants: a node lives while it has holders or children (one without holders
+//! but with children stays as the path to them, and answers as not held), and its
+//! generation changes whenever it stops holding anything. An engine-map entry names
+//! its block while the generation it took is the node's and its slot holds the node:
+//! removals and clears take a slot's entries with its holds, eviction leaves them to
+//! name nothing. A prediction names its node and a check of its local hash. Owned by
+//! one shard; never shared, never blocks; a store, removal or lookup allocates only
+//! as the arena and tables grow.
 
 use super::DumpedBlock;
 use super::holders::{Holder, HolderSet, HolderSlab};
@@ -222,6 +225,8 @@ pub struct Tree {
     per_slot: Vec<u32>,
     /// Nodes whose hold a clear step ended (scratch, empty between calls).
     ended: Vec<u32>,
+    /// An evicted block's holders (scratch).
+    scratch: Vec<u32>,
     /// Deadlines of the predicted holders (empty unless a router predicted).
     predictions: Predictions<NodeKey>,
     /// (block, holder) pairs per tier bit.
@@ -661,7 +666,9 @@ impl Tree {
     }
 
     fn evict_node(&mut self, id: u32) -> usize {
-        let holders: Vec<u32> = self.node(id).holders.as_slice(&self.slab).to_vec();
+        let mut holders = std::mem::take(&mut self.scratch);
+        holders.clear();
+        holders.extend_from_slice(self.node(id).holders.as_slice(&self.slab));
         for &h in &holders {
             let h = Holder(h);
             self.count(h.slot(), -1);
@@ -675,7 +682,9 @@ impl Tree {
         let Tree { chunks, slab, .. } = self;
         at_mut(chunks, id).holders.free(slab);
         self.emptied(id);
-        holders.len()
+        let n = holders.len();
+        self.scratch = holders;
+        n
     }
 
     /// `id` holds nothing any more: references taken to it end, and it goes if
