@@ -796,6 +796,32 @@ fn bench_index(c: &mut Criterion) {
         })
     });
     g.finish();
+
+    // What one step of the walks that run between queries costs on this index:
+    // the longest the executor is away from its queries for them.
+    let mut g = c.benchmark_group("index_2m_pairs_steps");
+    g.sample_size(10);
+    let mut dumped = Vec::new();
+    g.bench_function("dump_step_16k_blocks", |b| {
+        b.iter(|| {
+            dumped.clear();
+            let mut walk = kvix::shard::tree::DumpWalk::default();
+            t.dump_step(&mut walk, 16 * 1024, &mut dumped);
+            black_box(dumped.len())
+        })
+    });
+    g.bench_function("clear_step_16k_buckets", |b| {
+        b.iter_batched(
+            || tree(&runs),
+            |mut t| {
+                let mut at = kvix::shard::table::Cursor::default();
+                t.clear_step(WorkerSlot(0), kvix::types::TierSet::ALL, &mut at, 16 * 1024);
+                t
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    g.finish();
 }
 
 criterion_group!(
