@@ -195,12 +195,47 @@ pub struct DumpWalk {
     done: bool,
 }
 
-/// One level of a dump's walk: the children of a block (sorted by local hash), the
-/// next to visit, and their parent's sequence hash.
+/// One level of a dump's walk: the children of a block (sorted by local hash, in
+/// `Walking::kids[start..end]`), the next to visit, and their parent's sequence
+/// hash.
 struct Frame {
     seq: Option<SeqHash>,
-    kids: Vec<u32>,
+    start: usize,
+    end: usize,
     next: usize,
+}
+
+/// A dump step's depth-first stack: the levels' children in one buffer, each
+/// level's above the next's (a level ends by truncating the buffer to its start).
+#[derive(Default)]
+struct Walking {
+    frames: Vec<Frame>,
+    kids: Vec<u32>,
+}
+
+impl Walking {
+    /// Pushes a level: `id`'s children (NIL: the roots), sorted by local hash.
+    fn push(&mut self, tree: &Tree, id: u32, seq: Option<SeqHash>) {
+        let start = self.kids.len();
+        match id {
+            NIL => self.kids.extend(tree.roots.iter().copied()),
+            id => tree.children(id, &mut self.kids),
+        }
+        self.kids[start..].sort_unstable_by_key(|&k| tree.node(k).local().0);
+        let end = self.kids.len();
+        self.frames.push(Frame {
+            seq,
+            start,
+            end,
+            next: start,
+        });
+    }
+
+    fn pop(&mut self) {
+        if let Some(f) = self.frames.pop() {
+            self.kids.truncate(f.start);
+        }
+    }
 }
 
 /// The radix index of one (model, tenant) index's blocks in one shard.
@@ -1012,15 +1047,16 @@ impl Tree {
         }
         let mut stack = self.resume(walk);
         let mut left = budget;
-        while let Some(top) = stack.last_mut() {
-            let Some(&id) = top.kids.get(top.next) else {
+        while let Some(top) = stack.frames.last_mut() {
+            if top.next == top.end {
                 stack.pop();
                 continue;
-            };
+            }
             if left == 0 {
                 break;
             }
             left -= 1;
+            let id = stack.kids[top.next];
             top.next += 1;
             let parent = top.seq;
             let n = self.node(id);
@@ -1037,44 +1073,40 @@ impl Tree {
                     });
                 }
             }
-            let kids = self.sorted_children(id);
-            stack.push(Frame {
-                seq: Some(seq),
-                kids,
-                next: 0,
-            });
+            stack.push(self, id, Some(seq));
         }
         // Where each level got to: the last block it passed (its subtree is where a
         // deeper level is).
         walk.at.clear();
         walk.at.extend(
             stack
+                .frames
                 .iter()
-                .map(|f| f.next.checked_sub(1).map(|i| self.node(f.kids[i]).local())),
+                .map(|f| (f.next > f.start).then(|| self.node(stack.kids[f.next - 1]).local())),
         );
-        walk.done = stack.is_empty();
+        walk.done = stack.frames.is_empty();
         walk.done
     }
 
     /// The walk's frames rebuilt from the local hashes it saved: at each level, the
     /// children after the last one passed; below it, that child's, if it is still
     /// there (a node goes only with its subtree).
-    fn resume(&self, walk: &DumpWalk) -> Vec<Frame> {
-        let mut stack = Vec::with_capacity(walk.at.len().max(1));
+    fn resume(&self, walk: &DumpWalk) -> Walking {
+        let mut stack = Walking::default();
         let (mut parent, mut seq) = (NIL, None);
         let levels = walk.at.len().max(1);
         for level in 0..levels {
-            let kids = match parent {
-                NIL => self.sorted_roots(),
-                p => self.sorted_children(p),
-            };
+            stack.push(self, parent, seq);
+            let f = stack.frames.last_mut().expect("just pushed");
+            let kids = &stack.kids[f.start..f.end];
             let last = walk.at.get(level).copied().flatten();
             let next = last.map_or(0, |l| {
                 kids.partition_point(|&k| self.node(k).local().0 <= l.0)
             });
-            let below = last.filter(|l| next > 0 && self.node(kids[next - 1]).local() == *l);
-            let into = below.map(|_| kids[next - 1]);
-            stack.push(Frame { seq, kids, next });
+            f.next = f.start + next;
+            let into = last
+                .filter(|l| next > 0 && self.node(kids[next - 1]).local() == *l)
+                .map(|_| kids[next - 1]);
             match (into, level + 1 < levels) {
                 (Some(c), true) => {
                     seq = Some(hash::chain(seq, self.node(c).local()));
@@ -1084,19 +1116,6 @@ impl Tree {
             }
         }
         stack
-    }
-
-    fn sorted_roots(&self) -> Vec<u32> {
-        let mut kids: Vec<u32> = self.roots.iter().copied().collect();
-        kids.sort_unstable_by_key(|&k| self.node(k).local().0);
-        kids
-    }
-
-    fn sorted_children(&self, id: u32) -> Vec<u32> {
-        let mut kids = Vec::new();
-        self.children(id, &mut kids);
-        kids.sort_unstable_by_key(|&k| self.node(k).local().0);
-        kids
     }
 
     /// The sequence hash of `id`: its local hashes from the root down, chained.
