@@ -177,10 +177,12 @@ pub struct Seed {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stored {
     /// The blocks are filed; `new_holders` of them were not held by the slot before,
-    /// `confirmed` of them were predicted (now ordinary holders).
+    /// `confirmed` of them were predicted (now ordinary holders). The last
+    /// `unfiled` were not filed: the arena holds as many nodes as ids can name.
     Filed {
         new_holders: usize,
         confirmed: usize,
+        unfiled: usize,
     },
     /// The parent's engine hash names no block of the slot: nothing was filed.
     UnknownParent,
@@ -272,6 +274,8 @@ pub struct Tree {
     tracking: bool,
     /// Where the eviction hand is, as a node id.
     hand: u32,
+    /// At most this many nodes (`None`: as many as ids can name); tests set less.
+    node_limit: Option<u32>,
 }
 
 impl Tree {
@@ -317,25 +321,34 @@ impl Tree {
         at_mut(&mut self.chunks, id)
     }
 
-    /// Files `node` (whose generation is ignored) and returns its id.
-    fn alloc(&mut self, mut node: Node) -> u32 {
-        self.live += 1;
+    /// Files `node` (whose generation is ignored) and returns its id; `None` once
+    /// the arena holds as many nodes as ids can name.
+    fn alloc(&mut self, mut node: Node) -> Option<u32> {
         if let Some(id) = self.free {
+            self.live += 1;
             let old = self.node(id);
             let next = old.next_sibling;
             node.up = (old.up & !ID_MASK) | (node.up & ID_MASK);
             self.free = (next != NIL).then_some(next);
             *self.node_mut(id) = node;
-            return id;
+            return Some(id);
+        }
+        // Every chunk but the last is full.
+        let filed = self
+            .chunks
+            .last()
+            .map_or(0, |c| ((self.chunks.len() - 1) << CHUNK_BITS) + c.len());
+        if filed >= self.node_limit.unwrap_or(FREE_UP) as usize {
+            return None;
         }
         if self.chunks.last().is_none_or(|c| c.len() == CHUNK) {
             self.chunks.push(Vec::with_capacity(CHUNK));
         }
-        let id = ((self.chunks.len() - 1) << CHUNK_BITS | self.chunks.last().unwrap().len()) as u32;
-        assert!(id < FREE_UP, "an index shard holds at most 2^28 - 2 nodes");
+        let id = filed as u32;
         node.up &= ID_MASK;
-        self.chunks.last_mut().unwrap().push(node);
-        id
+        self.chunks.last_mut()?.push(node);
+        self.live += 1;
+        Some(id)
     }
 
     fn count(&mut self, slot: WorkerSlot, delta: i32) {
@@ -371,15 +384,16 @@ impl Tree {
         None
     }
 
-    /// The child of `parent` with local hash `local`, filed if new.
-    fn child_or_insert(&mut self, parent: u32, local: BlockHash) -> u32 {
+    /// The child of `parent` with local hash `local`, filed if new (`None`: new, and
+    /// the arena is full).
+    fn child_or_insert(&mut self, parent: u32, local: BlockHash) -> Option<u32> {
         let mut listed = 0;
         if parent == NIL {
             if let Some(&c) = self
                 .roots
                 .find(child_hash(local), |&c| self.node(c).local() == local)
             {
-                return c;
+                return Some(c);
             }
         } else {
             let mut c = self.node(parent).first_child;
@@ -387,13 +401,13 @@ impl Tree {
                 if let Some(&c) =
                     self.wide[&parent].find(child_hash(local), |&c| self.node(c).local() == local)
                 {
-                    return c;
+                    return Some(c);
                 }
             } else {
                 while c != NIL {
                     let n = self.node(c);
                     if n.local() == local {
-                        return c;
+                        return Some(c);
                     }
                     listed += 1;
                     c = n.next_sibling;
@@ -414,7 +428,7 @@ impl Tree {
             holders: HolderSet::default(),
         };
         node.set_parent(parent);
-        let id = self.alloc(node);
+        let id = self.alloc(node)?;
         if listing {
             self.node_mut(parent).first_child = id;
         } else if parent == NIL {
@@ -434,7 +448,7 @@ impl Tree {
                 child_hash(at(chunks, c).local())
             });
         }
-        id
+        Some(id)
     }
 
     /// Moves `parent`'s sibling list into a child table.
@@ -545,7 +559,7 @@ impl Tree {
         mut p: u32,
         blocks: &[(EngineHash, BlockHash)],
     ) -> Stored {
-        let (mut new_holders, mut confirmed) = (0, 0);
+        let (mut new_holders, mut confirmed, mut unfiled) = (0, 0, 0);
         let map = self.engine_map(slot);
         for &(eh, _) in blocks.iter().take(PREFETCH_AHEAD) {
             map.prefetch(eh);
@@ -554,7 +568,10 @@ impl Tree {
             if let Some(&(ahead, _)) = blocks.get(i + PREFETCH_AHEAD) {
                 self.engine[slot.0 as usize].prefetch(ahead);
             }
-            let id = self.child_or_insert(p, local);
+            let Some(id) = self.child_or_insert(p, local) else {
+                unfiled = blocks.len() - i;
+                break;
+            };
             self.mark(id);
             let before = {
                 let Tree { chunks, slab, .. } = self;
@@ -611,6 +628,7 @@ impl Tree {
         Stored::Filed {
             new_holders,
             confirmed,
+            unfiled,
         }
     }
 
@@ -872,7 +890,9 @@ impl Tree {
         let mut counts = PredictCounts::default();
         let mut p = NIL;
         for &local in locals {
-            let id = self.child_or_insert(p, local);
+            let Some(id) = self.child_or_insert(p, local) else {
+                break;
+            };
             self.mark(id);
             p = id;
             let tiers = self.node(id).holders.tiers_of(slot, &self.slab);
@@ -1277,14 +1297,16 @@ mod tests {
             t.store(s(1), DEV, None, &chain(1, 0, &[10, 11, 12])),
             Stored::Filed {
                 new_holders: 3,
-                confirmed: 0
+                confirmed: 0,
+                unfiled: 0
             }
         );
         assert_eq!(
             t.store(s(2), DEV, None, &chain(2, 0, &[10, 11])),
             Stored::Filed {
                 new_holders: 2,
-                confirmed: 0
+                confirmed: 0,
+                unfiled: 0
             }
         );
         assert_eq!(t.len(), 3);
@@ -1298,7 +1320,8 @@ mod tests {
             t.store(s(2), Tier::HOST, Some(eh(2001)), &chain(2, 2, &[12])),
             Stored::Filed {
                 new_holders: 1,
-                confirmed: 0
+                confirmed: 0,
+                unfiled: 0
             }
         );
         let b_host = Holder::new(WorkerSlot(2), Tier::HOST.bit()).0;
@@ -1311,6 +1334,29 @@ mod tests {
             Stored::UnknownParent
         );
         assert_eq!(t.per_slot(), [0, 3, 3]);
+    }
+
+    #[test]
+    fn a_full_arena_files_what_fits_and_says_what_it_did_not() {
+        let mut t = Tree {
+            node_limit: Some(4),
+            ..Tree::default()
+        };
+        let s1 = WorkerSlot(1);
+        assert_eq!(
+            t.store(s1, DEV, None, &chain(1, 0, &[10, 11, 12, 13, 14, 15])),
+            Stored::Filed {
+                new_holders: 4,
+                confirmed: 0,
+                unfiled: 2
+            }
+        );
+        assert_eq!(lookup(&mut t, &[10, 11, 12, 13, 14]).len(), 9);
+        // Space freed is used again.
+        assert!(t.remove(s1, eh(1003), TierSet::ALL));
+        t.predict(WorkerSlot(2), &[BlockHash(20), BlockHash(21)], 5);
+        assert_eq!(t.len(), 4);
+        assert_eq!(t.tier_pairs()[Tier::PREDICTED.0 as usize], 1);
     }
 
     #[test]
