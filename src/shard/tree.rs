@@ -194,6 +194,12 @@ pub struct DumpWalk {
     /// Per level of the depth-first walk (children in local-hash order), the last
     /// block passed, if any: local hashes stay valid while nodes come and go.
     at: Vec<Option<BlockHash>>,
+    /// The roots as the walk found them, sorted by local hash once (a tree may have
+    /// a root per conversation): each is checked to be that root still when its
+    /// turn comes, and a root filed since is not seen.
+    roots: Vec<u32>,
+    root_locals: Vec<BlockHash>,
+    started: bool,
     done: bool,
 }
 
@@ -216,13 +222,10 @@ struct Walking {
 }
 
 impl Walking {
-    /// Pushes a level: `id`'s children (NIL: the roots), sorted by local hash.
+    /// Pushes a level below the roots: `id`'s children, sorted by local hash.
     fn push(&mut self, tree: &Tree, id: u32, seq: Option<SeqHash>) {
         let start = self.kids.len();
-        match id {
-            NIL => self.kids.extend(tree.roots.iter().copied()),
-            id => tree.children(id, &mut self.kids),
-        }
+        tree.children(id, &mut self.kids);
         self.kids[start..].sort_unstable_by_key(|&k| tree.node(k).local().0);
         let end = self.kids.len();
         self.frames.push(Frame {
@@ -1065,6 +1068,16 @@ impl Tree {
         if walk.done {
             return true;
         }
+        if !walk.started {
+            let mut roots: Vec<(BlockHash, u32)> = self
+                .roots
+                .iter()
+                .map(|&r| (self.node(r).local(), r))
+                .collect();
+            roots.sort_unstable_by_key(|&(l, _)| l.0);
+            (walk.root_locals, walk.roots) = roots.into_iter().unzip();
+            walk.started = true;
+        }
         let mut stack = self.resume(walk);
         let mut left = budget;
         while let Some(top) = stack.frames.last_mut() {
@@ -1075,10 +1088,18 @@ impl Tree {
             if left == 0 {
                 break;
             }
-            left -= 1;
             let id = stack.kids[top.next];
             top.next += 1;
-            let parent = top.seq;
+            if stack.frames.len() == 1 {
+                let i = stack.frames[0].next - 1;
+                let n = self.node(id);
+                if n.parent() != NIL || n.local() != walk.root_locals[i] {
+                    // A root that went since the walk began.
+                    continue;
+                }
+            }
+            left -= 1;
+            let parent = stack.frames.last().expect("a level is being walked").seq;
             let n = self.node(id);
             let (local, seq) = (n.local(), hash::chain(parent, n.local()));
             for &h in n.holders.as_slice(&self.slab) {
@@ -1098,35 +1119,68 @@ impl Tree {
         // Where each level got to: the last block it passed (its subtree is where a
         // deeper level is).
         walk.at.clear();
-        walk.at.extend(
-            stack
-                .frames
-                .iter()
-                .map(|f| (f.next > f.start).then(|| self.node(stack.kids[f.next - 1]).local())),
-        );
+        walk.at
+            .extend(stack.frames.iter().enumerate().map(|(level, f)| {
+                (f.next > f.start).then(|| match level {
+                    0 => walk.root_locals[f.next - 1],
+                    _ => self.node(stack.kids[f.next - 1]).local(),
+                })
+            }));
         walk.done = stack.frames.is_empty();
+        // The roots are the bottom of the buffer: they go back to the walk.
+        walk.roots = stack.kids;
+        walk.roots.truncate(walk.root_locals.len());
+        if walk.done {
+            *walk = DumpWalk {
+                done: true,
+                ..DumpWalk::default()
+            };
+        }
         walk.done
     }
 
     /// The walk's frames rebuilt from the local hashes it saved: at each level, the
     /// children after the last one passed; below it, that child's, if it is still
     /// there (a node goes only with its subtree).
-    fn resume(&self, walk: &DumpWalk) -> Walking {
+    fn resume(&self, walk: &mut DumpWalk) -> Walking {
         let mut stack = Walking::default();
         let (mut parent, mut seq) = (NIL, None);
         let levels = walk.at.len().max(1);
         for level in 0..levels {
-            stack.push(self, parent, seq);
-            let f = stack.frames.last_mut().expect("just pushed");
-            let kids = &stack.kids[f.start..f.end];
             let last = walk.at.get(level).copied().flatten();
-            let next = last.map_or(0, |l| {
-                kids.partition_point(|&k| self.node(k).local().0 <= l.0)
-            });
+            let (next, into) = if level == 0 {
+                // The roots the walk sorted when it began.
+                stack.kids = std::mem::take(&mut walk.roots);
+                let end = stack.kids.len();
+                stack.frames.push(Frame {
+                    seq: None,
+                    start: 0,
+                    end,
+                    next: 0,
+                });
+                let locals = &walk.root_locals;
+                let next = last.map_or(0, |l| locals.partition_point(|k| k.0 <= l.0));
+                let into = last
+                    .filter(|l| next > 0 && locals[next - 1] == *l)
+                    .map(|_| stack.kids[next - 1])
+                    .filter(|&r| {
+                        self.node(r).parent() == NIL && Some(self.node(r).local()) == last
+                    });
+                (next, into)
+            } else {
+                stack.push(self, parent, seq);
+                let f = stack.frames.last().expect("just pushed");
+                let kids = &stack.kids[f.start..f.end];
+                let next = last.map_or(0, |l| {
+                    kids.partition_point(|&k| self.node(k).local().0 <= l.0)
+                });
+                let into = last
+                    .filter(|l| next > 0 && self.node(kids[next - 1]).local() == *l)
+                    .map(|_| kids[next - 1]);
+                (next, into)
+            };
+            let f = stack.frames.last_mut().expect("just pushed");
             f.next = f.start + next;
-            let into = last
-                .filter(|l| next > 0 && self.node(kids[next - 1]).local() == *l)
-                .map(|_| kids[next - 1]);
             match (into, level + 1 < levels) {
                 (Some(c), true) => {
                     seq = Some(hash::chain(seq, self.node(c).local()));
@@ -1334,6 +1388,41 @@ mod tests {
             Stored::UnknownParent
         );
         assert_eq!(t.per_slot(), [0, 3, 3]);
+    }
+
+    #[test]
+    fn a_dump_in_steps_skips_a_root_that_went_and_whose_node_was_reused() {
+        let mut t = Tree::default();
+        let s1 = WorkerSlot(1);
+        for r in 0..100u64 {
+            t.store(s1, DEV, None, &[(eh(r), BlockHash(1000 + r))]);
+        }
+        let mut out = Vec::new();
+        let mut walk = DumpWalk::default();
+        let mut gone = BTreeSet::new();
+        let mut step = 0;
+        while !t.dump_step(&mut walk, 10, &mut out) {
+            // A root the walk has not reached goes, and its node is filed again as
+            // a new root (the free list hands the freed node out first).
+            let r = 99 - step;
+            assert!(t.remove(s1, eh(r), TierSet::ALL));
+            gone.insert(1000 + r);
+            t.store(s1, DEV, None, &[(eh(500 + r), BlockHash(5000 + r))]);
+            step += 1;
+        }
+        let dumped: Vec<u64> = out.iter().map(|d| d.local.0).collect();
+        let unique: BTreeSet<u64> = dumped.iter().copied().collect();
+        assert_eq!(unique.len(), dumped.len(), "a block dumped twice");
+        // Every root held throughout is dumped; one that went may have been dumped
+        // before it went.
+        for l in (1000..1100).filter(|l| !gone.contains(l)) {
+            assert!(unique.contains(&l), "{l}");
+        }
+        assert!(gone.iter().any(|l| !unique.contains(l)));
+        assert!(
+            unique.iter().all(|&l| l < 5000),
+            "a root filed during the walk"
+        );
     }
 
     #[test]
