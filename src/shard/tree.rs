@@ -101,6 +101,14 @@ impl Node {
     fn reference(&self, id: u32) -> u32 {
         (self.up & !ID_MASK) | id
     }
+
+    /// Whether `reference` (taken by `slot`) still names this node: the same
+    /// generation, not freed, and the slot holds it.
+    fn named_by(&self, reference: u32, slot: WorkerSlot, slab: &HolderSlab) -> bool {
+        self.reference(reference & ID_MASK) == reference
+            && self.parent() != FREE
+            && !self.holders.tiers_of(slot, slab).is_empty()
+    }
 }
 
 /// An engine hash and the node it names: 12 bytes (three halves, 4-byte aligned).
@@ -336,11 +344,7 @@ impl Tree {
             *self.node_mut(id) = node;
             return Some(id);
         }
-        // Every chunk but the last is full.
-        let filed = self
-            .chunks
-            .last()
-            .map_or(0, |c| ((self.chunks.len() - 1) << CHUNK_BITS) + c.len());
+        let filed = self.filed();
         if filed >= self.node_limit.unwrap_or(FREE_UP) as usize {
             return None;
         }
@@ -352,6 +356,14 @@ impl Tree {
         self.chunks.last_mut()?.push(node);
         self.live += 1;
         Some(id)
+    }
+
+    /// Nodes the arena has handed out (free or not): every chunk but the last is
+    /// full.
+    fn filed(&self) -> usize {
+        self.chunks
+            .last()
+            .map_or(0, |c| ((self.chunks.len() - 1) << CHUNK_BITS) + c.len())
     }
 
     fn count(&mut self, slot: WorkerSlot, delta: i32) {
@@ -390,39 +402,15 @@ impl Tree {
     /// The child of `parent` with local hash `local`, filed if new (`None`: new, and
     /// the arena is full).
     fn child_or_insert(&mut self, parent: u32, local: BlockHash) -> Option<u32> {
-        let mut listed = 0;
-        if parent == NIL {
-            if let Some(&c) = self
-                .roots
-                .find(child_hash(local), |&c| self.node(c).local() == local)
-            {
-                return Some(c);
-            }
-        } else {
-            let mut c = self.node(parent).first_child;
-            if c == WIDE {
-                if let Some(&c) =
-                    self.wide[&parent].find(child_hash(local), |&c| self.node(c).local() == local)
-                {
-                    return Some(c);
-                }
-            } else {
-                while c != NIL {
-                    let n = self.node(c);
-                    if n.local() == local {
-                        return Some(c);
-                    }
-                    listed += 1;
-                    c = n.next_sibling;
-                }
-            }
+        if let Some(c) = self.child(parent, local) {
+            return Some(c);
         }
         let first = if parent == NIL {
             NIL
         } else {
             self.node(parent).first_child
         };
-        let listing = parent != NIL && first != WIDE && listed < LIST_MAX;
+        let listing = parent != NIL && first != WIDE && self.listed(first) < LIST_MAX;
         let mut node = Node {
             local: [local.0 as u32, (local.0 >> 32) as u32],
             up: 0,
@@ -452,6 +440,16 @@ impl Tree {
             });
         }
         Some(id)
+    }
+
+    /// How many nodes the sibling list from `first` holds.
+    fn listed(&self, first: u32) -> usize {
+        let (mut c, mut n) = (first, 0);
+        while c != NIL {
+            n += 1;
+            c = self.node(c).next_sibling;
+        }
+        n
     }
 
     /// Moves `parent`'s sibling list into a child table.
@@ -645,11 +643,9 @@ impl Tree {
     /// `slot` holds it.
     fn resolve(&self, slot: WorkerSlot, reference: u32) -> Option<u32> {
         let id = reference & ID_MASK;
-        let n = self.node(id);
-        (n.reference(id) == reference
-            && n.parent() != FREE
-            && !n.holders.tiers_of(slot, &self.slab).is_empty())
-        .then_some(id)
+        self.node(id)
+            .named_by(reference, slot, &self.slab)
+            .then_some(id)
     }
 
     /// Records a second engine hash of `slot` for `node`.
@@ -699,7 +695,7 @@ impl Tree {
     /// blocks it passes cleared (a parent whose children go is then as old as its
     /// last use). Two laps at most.
     fn next_victim(&mut self) -> Option<u32> {
-        let end = self.chunks.iter().map(Vec::len).sum::<usize>() as u32;
+        let end = self.filed() as u32;
         if end == 0 {
             return None;
         }
@@ -767,12 +763,7 @@ impl Tree {
         }
         self.count(slot, -1);
         if let Some(names) = self.aliases.remove(&(slot.0, node)) {
-            let map = &mut self.engine[slot.0 as usize];
-            for eh in names.into_iter().filter(|&eh| Some(eh) != keep) {
-                if map.get(&eh).is_some_and(|e| e.node() & ID_MASK == node) {
-                    map.remove(&eh);
-                }
-            }
+            forget_names(&mut self.engine[slot.0 as usize], names, node, keep);
         }
         if self.node(node).holders.is_empty() {
             self.emptied(node);
@@ -833,10 +824,7 @@ impl Tree {
             map.retain_step(at, budget, |e| {
                 let id = e.node() & ID_MASK;
                 let n = at_mut(chunks, id);
-                if n.reference(id) != e.node()
-                    || n.parent() == FREE
-                    || n.holders.tiers_of(slot, slab).is_empty()
-                {
+                if !n.named_by(e.node(), slot, slab) {
                     // It names a block evicted since, or an alias of one whose hold
                     // ended earlier in the walk.
                     return false;
@@ -858,11 +846,7 @@ impl Tree {
         for &node in &ended {
             self.count(slot, -1);
             if let Some(names) = self.aliases.remove(&(slot.0, node)) {
-                for eh in names {
-                    if map.get(&eh).is_some_and(|e| e.node() & ID_MASK == node) {
-                        map.remove(&eh);
-                    }
-                }
+                forget_names(&mut map, names, node, None);
             }
             // A node whose child went before it may have gone with that child.
             let n = self.node(node);
@@ -1299,6 +1283,20 @@ impl Tree {
                 .sum::<usize>()
             + self.per_slot.capacity() * 4
             + self.used.capacity() * 8
+    }
+}
+
+/// Takes out of a slot's engine map the `names` that still name `node`, but `keep`.
+fn forget_names(
+    map: &mut BlockTable<EngineEntry>,
+    names: Vec<EngineHash>,
+    node: u32,
+    keep: Option<EngineHash>,
+) {
+    for eh in names.into_iter().filter(|&eh| Some(eh) != keep) {
+        if map.get(&eh).is_some_and(|e| e.node() & ID_MASK == node) {
+            map.remove(&eh);
+        }
     }
 }
 
