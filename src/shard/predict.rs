@@ -69,7 +69,7 @@ struct Pair([u32; 3]);
 impl std::hash::Hash for Pair {
     /// Two integer writes, as the unpacked tuple would hash (not a byte slice).
     fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
-        h.write_u64(self.block());
+        h.write_u64(self.bits());
         h.write_u32(self.0[2]);
     }
 }
@@ -80,8 +80,12 @@ impl Pair {
         Pair([b as u32, (b >> 32) as u32, slot.0])
     }
 
-    fn block(self) -> u64 {
+    fn bits(self) -> u64 {
         self.0[0] as u64 | (self.0[1] as u64) << 32
+    }
+
+    fn block<B: PredictedBlock>(self) -> B {
+        B::from_bits(self.bits())
     }
 
     fn slot(self) -> WorkerSlot {
@@ -170,7 +174,7 @@ impl<B: PredictedBlock> Predictions<B> {
     pub fn end_slot(&mut self, slot: WorkerSlot, mut end: impl FnMut(B, WorkerSlot)) {
         self.deadline.retain(|pair, _| {
             if pair.slot() == slot {
-                end(B::from_bits(pair.block()), slot);
+                end(pair.block(), slot);
                 false
             } else {
                 true
@@ -199,7 +203,7 @@ impl<B: PredictedBlock> Predictions<B> {
                     Some(&d) if d > now => self.wheel[d as usize % WHEEL].push(pair),
                     Some(_) => {
                         self.deadline.remove(&pair);
-                        end(B::from_bits(pair.block()), pair.slot());
+                        end(pair.block(), pair.slot());
                     }
                 }
             }
@@ -246,7 +250,7 @@ impl<B: PredictedBlock> Predictions<B> {
         let bin = lo as u64 + cut as u64 * width as u64;
         self.deadline.retain(|pair, d| {
             if (*d as u64) < bin {
-                end(B::from_bits(pair.block()), pair.slot());
+                end(pair.block(), pair.slot());
                 false
             } else {
                 true
@@ -263,7 +267,7 @@ impl<B: PredictedBlock> Predictions<B> {
             for pair in &self.wheel[t as usize % WHEEL] {
                 if left > 0 && self.deadline.get(pair) == Some(&t) {
                     self.deadline.remove(pair);
-                    end(B::from_bits(pair.block()), pair.slot());
+                    end(pair.block(), pair.slot());
                     left -= 1;
                 }
             }
@@ -272,7 +276,7 @@ impl<B: PredictedBlock> Predictions<B> {
         let end_bin = bin + width as u64;
         self.deadline.retain(|pair, d| {
             if left > 0 && (*d as u64) < end_bin {
-                end(B::from_bits(pair.block()), pair.slot());
+                end(pair.block(), pair.slot());
                 left -= 1;
                 false
             } else {
