@@ -13,7 +13,7 @@ use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, 
 use kvix::hash;
 use kvix::query;
 use kvix::ring::{OpSink, RingSink, Rings};
-use kvix::shard::{SeqHasherBuilder, Shard, ShardOp};
+use kvix::shard::{Prompt, SeqHasherBuilder, Shard, ShardOp};
 use kvix::types::{BlockHash, EngineHash, IndexId, SeqHash, ShardId, Tier, WorkerSlot};
 use kvix::wire::{self, Batch};
 use std::hint::black_box;
@@ -141,14 +141,24 @@ fn chain(n: usize, seed: u64) -> Vec<Block> {
         .collect()
 }
 
+/// A store of `b` by `slot`, the engine naming blocks by their sequence hashes.
 fn store(b: &Block, slot: u32) -> ShardOp {
     ShardOp::Store {
         index: IndexId(0),
-        seq: b.seq,
-        parent: b.parent,
-        local: b.local,
         slot: WorkerSlot(slot),
         tier: Tier::DEVICE,
+        parent: b.parent.map(|p| EngineHash(p.0)),
+        block: EngineHash(b.seq.0),
+        local: b.local,
+    }
+}
+
+fn remove(b: &Block, slot: u32) -> ShardOp {
+    ShardOp::Remove {
+        index: IndexId(0),
+        slot: WorkerSlot(slot),
+        block: EngineHash(b.seq.0),
+        tiers: kvix::types::TierSet::ALL,
     }
 }
 
@@ -179,12 +189,7 @@ fn bench_apply(c: &mut Criterion) {
         b.iter(|| {
             for q in &s {
                 warm.apply(store(q, 1));
-                warm.apply(ShardOp::Remove {
-                    index: IndexId(0),
-                    seq: q.seq,
-                    slot: WorkerSlot(1),
-                    tiers: kvix::types::TierSet::ALL,
-                });
+                warm.apply(remove(q, 1));
             }
         })
     });
@@ -225,31 +230,19 @@ fn bench_apply(c: &mut Criterion) {
     g.finish();
 }
 
-fn predict(b: &Block, slot: u32, expires: u32) -> ShardOp {
-    ShardOp::Predict {
-        index: IndexId(0),
-        seq: b.seq,
-        parent: b.parent,
-        local: b.local,
-        slot: WorkerSlot(slot),
-        expires,
-    }
-}
-
-/// What `/speculate` costs a shard per block: a new prediction (new block), one on a
-/// block others hold, its confirmation by the worker's store, and its expiry.
+/// What `/speculate` costs a shard: a prompt of new blocks predicted, a prediction
+/// on blocks others hold confirmed by the worker's store, and expiry.
 fn bench_predict(c: &mut Criterion) {
     let n = 100_000;
     let s = chain(n, 5);
+    let locals: Vec<BlockHash> = s.iter().map(|b| b.local).collect();
     let mut g = c.benchmark_group("predict");
     g.throughput(Throughput::Elements(n as u64));
     g.bench_function("predict_new_blocks", |b| {
         b.iter_batched(
             Shard::default,
             |mut shard| {
-                for q in &s {
-                    shard.apply(predict(q, 0, 100));
-                }
+                shard.predict(IndexId(0), WorkerSlot(0), &locals, 100);
                 shard
             },
             BatchSize::LargeInput,
@@ -259,35 +252,28 @@ fn bench_predict(c: &mut Criterion) {
     for q in &s {
         warm.apply(store(q, 0));
     }
-    // Warm: predict slot 1 on held blocks, then its store confirms and a removal
-    // takes it away again (three ops per block, counted as one); the expiry pass at
-    // the deadline tick then drops the confirmed predictions' wheel entries.
     let mut now = 0u32;
     g.bench_function("predict_confirm_remove_warm", |b| {
         b.iter(|| {
             now += 1;
+            warm.predict(IndexId(0), WorkerSlot(1), &locals, now);
             for q in &s {
-                warm.apply(predict(q, 1, now));
                 warm.apply(store(q, 1));
-                warm.apply(ShardOp::Remove {
-                    index: IndexId(0),
-                    seq: q.seq,
-                    slot: WorkerSlot(1),
-                    tiers: kvix::types::TierSet::ALL,
-                });
+            }
+            for q in s.iter().rev() {
+                warm.apply(remove(q, 1));
             }
             warm.expire(now);
         })
     });
-    // Expiry of n predictions on held blocks, all due at one tick.
     g.bench_function("expire", |b| {
         b.iter_batched(
             || {
                 let mut shard = Shard::default();
                 for q in &s {
                     shard.apply(store(q, 0));
-                    shard.apply(predict(q, 2, 1000));
                 }
+                shard.predict(IndexId(0), WorkerSlot(2), &locals, 1000);
                 shard
             },
             |mut shard| {
@@ -333,16 +319,18 @@ fn bench_evict(c: &mut Criterion) {
     g.finish();
 }
 
-/// `prompts` chains of 512 blocks, prompt `i` held by slot `i % 16`, spread over `n` shards.
-fn indexed(n: usize, prompts: usize) -> (Vec<Shard>, Vec<Vec<SeqHash>>) {
+/// `prompts` chains of 512 blocks, prompt `i` held by slot `i % 16`, spread over `n`
+/// shards by slot.
+fn indexed(n: usize, prompts: usize) -> (Vec<Shard>, Vec<Vec<BlockHash>>) {
     let mut shards: Vec<Shard> = (0..n).map(|_| Shard::default()).collect();
     let mut chains = Vec::new();
     for p in 0..prompts {
         let blocks = chain(512, 1000 + p as u64);
-        for q in &blocks {
-            shards[kvix::partition::shard_of(q.seq, n).0].apply(store(q, (p % 16) as u32));
-        }
-        chains.push(blocks.iter().map(|q| q.seq).collect());
+        let slot = WorkerSlot((p % 16) as u32);
+        let owner = kvix::partition::shard_of(IndexId(0), slot, n).0;
+        let ops: Vec<ShardOp> = blocks.iter().map(|q| store(q, slot.0)).collect();
+        shards[owner].apply_all(&ops);
+        chains.push(blocks.iter().map(|q| q.local).collect());
     }
     (shards, chains)
 }
@@ -371,17 +359,16 @@ fn bench_query(c: &mut Criterion) {
     for n in [1usize, 2, 4] {
         let (mut shards, chains) = indexed(n, 2048);
         g.throughput(Throughput::Elements(1));
-        g.bench_function(BenchmarkId::new("split_answer_gather", n), |b| {
+        g.bench_function(BenchmarkId::new("answer_merge_gather", n), |b| {
             let mut i = 0;
             b.iter(|| {
                 i = (i + 7) % chains.len();
-                let q = &chains[i];
-                let replies: Vec<_> = query::split(q, n)
-                    .iter()
-                    .zip(shards.iter_mut())
-                    .map(|(part, sh)| query::answer(sh, IndexId(0), part))
+                let q = Prompt::Locals(&chains[i]);
+                let replies: Vec<_> = shards
+                    .iter_mut()
+                    .map(|sh| query::answer(sh, IndexId(0), q))
                     .collect();
-                black_box(query::gather(q, &replies, 16, |_| true))
+                black_box(query::gather(&query::merge(replies), 16, |_| true))
             })
         });
         if n == 1 {
@@ -390,9 +377,14 @@ fn bench_query(c: &mut Criterion) {
             let mut hs = Vec::new();
             g.bench_function("hash_then_lookup_gather_1_shard", |b| {
                 b.iter(|| {
-                    hash::seq_hashes_for_tokens(black_box(&prompt), BS, seed, &mut hs);
-                    let r = query::answer(&mut shards[0], IndexId(0), &hs);
-                    black_box(query::gather(&hs, std::slice::from_ref(&r), 16, |_| true))
+                    hs.clear();
+                    hs.extend(
+                        black_box(&prompt)
+                            .chunks_exact(BS)
+                            .map(|c| hash::local_hash(c, seed)),
+                    );
+                    let r = query::answer(&mut shards[0], IndexId(0), Prompt::Locals(&hs));
+                    black_box(query::gather(&query::merge(vec![r]), 16, |_| true))
                 })
             });
         }
@@ -405,11 +397,11 @@ struct InlineShards(Vec<Shard>);
 
 impl kvix::ring::OpSink for InlineShards {
     fn push(&mut self, op: ShardOp) {
-        let Some(seq) = op.seq() else {
+        let Some(slot) = op.slot() else {
             return self.broadcast(op);
         };
         let n = self.0.len();
-        self.0[kvix::partition::shard_of(seq, n).0].apply(op);
+        self.0[kvix::partition::shard_of(op.index(), slot, n).0].apply(op);
     }
     fn broadcast(&mut self, op: ShardOp) {
         for s in &mut self.0 {
@@ -582,8 +574,8 @@ fn bench_cross_core(c: &mut Criterion) {
             for i in 0..total {
                 sink.push(ShardOp::Remove {
                     index: IndexId(0),
-                    seq: SeqHash(i),
                     slot: WorkerSlot(0),
+                    block: EngineHash(i),
                     tiers: TierSet::ALL,
                 });
             }
@@ -674,12 +666,11 @@ fn mesh_round_trips(iters: u64, spin_us: u64) -> std::time::Duration {
         .unwrap()
 }
 
-/// One stored event: the slot's parent engine hash, its blocks (engine hash, local
-/// hash) and the same blocks as the shard files them.
+/// One stored event: the slot's parent engine hash and its blocks (engine hash,
+/// local hash).
 struct Run {
     parent: Option<EngineHash>,
     blocks: Vec<(EngineHash, BlockHash)>,
-    shard: Vec<Block>,
 }
 
 /// `convs` conversations of `len` blocks on one worker, stored in events of 16
@@ -699,7 +690,6 @@ fn conversations(convs: usize, len: usize) -> Vec<Run> {
             runs.push(Run {
                 parent: (from > 0).then(|| eh(c, from - 1)),
                 blocks: (from..to).map(|i| (eh(c, i), blocks[i].local)).collect(),
-                shard: blocks[from..to].to_vec(),
             });
         }
     }
@@ -711,7 +701,6 @@ fn conversations(convs: usize, len: usize) -> Vec<Run> {
 /// hash → node, nodes found from their parent), both on one thread, for 2M
 /// stored pairs; then 64-block prompts looked up in each.
 fn bench_index(c: &mut Criterion) {
-    use kvix::shard::table::BlockTable;
     use kvix::shard::tree::Tree;
     // `cargo test` runs each bench once as a smoke test (no `--bench`): a small
     // index keeps that quick in a debug build.
@@ -720,16 +709,20 @@ fn bench_index(c: &mut Criterion) {
     let runs = conversations(convs, len);
     let pairs = (convs * len) as u64;
     let today = |runs: &[Run]| {
-        let mut map: BlockTable<(EngineHash, SeqHash)> = BlockTable::default();
         let mut shard = Shard::default();
         let mut ops = Vec::with_capacity(kvix::ring::CHUNK);
         for r in runs {
-            if let Some(p) = r.parent {
-                black_box(map.get(&p));
-            }
-            for (&(eh, _), b) in r.blocks.iter().zip(&r.shard) {
-                map.get_or_insert_with(eh, || (eh, b.seq));
-                ops.push(store(b, 0));
+            let mut parent = r.parent;
+            for &(block, local) in &r.blocks {
+                ops.push(ShardOp::Store {
+                    index: IndexId(0),
+                    slot: WorkerSlot(0),
+                    tier: Tier::DEVICE,
+                    parent,
+                    block,
+                    local,
+                });
+                parent = Some(block);
                 if ops.len() == kvix::ring::CHUNK {
                     shard.apply_all(&ops);
                     ops.clear();
@@ -737,7 +730,7 @@ fn bench_index(c: &mut Criterion) {
             }
         }
         shard.apply_all(&ops);
-        (map, shard)
+        shard
     };
     let tree = |runs: &[Run]| {
         let mut t = Tree::default();
@@ -749,7 +742,7 @@ fn bench_index(c: &mut Criterion) {
     let mut g = c.benchmark_group("index_2m_pairs");
     g.sample_size(10);
     g.throughput(Throughput::Elements(pairs));
-    g.bench_function("engine_map_then_block_table", |b| {
+    g.bench_function("shard_in_ring_chunks", |b| {
         b.iter_batched(|| (), |_| today(&runs), BatchSize::PerIteration)
     });
     g.bench_function("radix_tree", |b| {
@@ -757,12 +750,12 @@ fn bench_index(c: &mut Criterion) {
     });
     g.finish();
 
-    let (map, mut shard) = today(&runs);
+    let mut shard = today(&runs);
     let mut t = tree(&runs);
     let per_pair = |bytes: usize| bytes as f64 / pairs as f64;
     eprintln!(
-        "index_2m_pairs heap bytes per pair ({pairs} pairs): engine map + block table {:.1}, radix tree {:.1}",
-        per_pair(map.allocation_size() + shard.heap_bytes()),
+        "index_2m_pairs heap bytes per pair ({pairs} pairs): shard {:.1}, radix tree {:.1}",
+        per_pair(shard.heap_bytes()),
         per_pair(t.heap_bytes())
     );
     let prompts: Vec<(Vec<SeqHash>, Vec<BlockHash>)> = (0..1024)
@@ -777,11 +770,11 @@ fn bench_index(c: &mut Criterion) {
     let mut g = c.benchmark_group("index_2m_pairs_lookup_64_blocks");
     g.throughput(Throughput::Elements(prompts.len() as u64));
     let mut out = Vec::new();
-    g.bench_function("block_table_by_seq", |b| {
+    g.bench_function("shard_by_seq", |b| {
         b.iter(|| {
             for (seqs, _) in &prompts {
                 out.clear();
-                shard.lookup(IndexId(0), seqs, &mut out);
+                shard.lookup(IndexId(0), Prompt::Seqs(seqs), &mut out);
             }
             black_box(out.len())
         })

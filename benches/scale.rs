@@ -9,8 +9,8 @@
 //! Run: `cargo bench --bench scale` (`-- 1,10` for the smaller sizes only).
 
 use kvix::query;
-use kvix::shard::{Shard, ShardOp};
-use kvix::types::{BlockHash, IndexId, SeqHash, Tier, WorkerSlot};
+use kvix::shard::{Prompt, Shard, ShardOp};
+use kvix::types::{BlockHash, EngineHash, IndexId, SeqHash, Tier, WorkerSlot};
 use std::time::Instant;
 
 const CHAIN: u64 = 64;
@@ -74,16 +74,17 @@ fn main() {
         for c in 0..chains {
             chain(c, &mut seqs);
             let mut parent = None;
-            for (i, &seq) in seqs.iter().enumerate() {
+            for &seq in seqs.iter() {
+                let block = EngineHash(seq.0);
                 shard.apply(ShardOp::Store {
                     index: IndexId(0),
-                    seq,
-                    parent,
-                    local: BlockHash(i as u64),
                     slot: WorkerSlot((c % WORKERS as u64) as u32),
                     tier: Tier::DEVICE,
+                    parent,
+                    block,
+                    local: BlockHash(seq.0),
                 });
-                parent = Some(seq);
+                parent = Some(block);
             }
         }
         let apply_ns = t.elapsed().as_nanos() as f64 / (chains * CHAIN) as f64;
@@ -96,8 +97,9 @@ fn main() {
             x ^= x << 17;
             chain(x % chains, &mut seqs);
             let t = Instant::now();
-            let r = query::answer(&mut shard, IndexId(0), &seqs);
-            let ov = query::gather(&seqs, std::slice::from_ref(&r), WORKERS as usize, |_| true);
+            let locals: Vec<BlockHash> = seqs.iter().map(|s| BlockHash(s.0)).collect();
+            let r = query::answer(&mut shard, IndexId(0), Prompt::Locals(&locals));
+            let ov = query::gather(&query::merge(vec![r]), WORKERS as usize, |_| true);
             std::hint::black_box(ov);
             lat.record(t.elapsed().as_nanos() as u64).ok();
         }

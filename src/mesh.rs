@@ -7,10 +7,11 @@
 //! calling executor.
 
 use crate::metrics::{HttpStats, ShardStats};
-use crate::query::ShardReply;
+use crate::query::{PromptBlocks, ShardReply};
 use crate::service::App;
-use crate::shard::{DumpedBlock, PruneBound, ShardOp};
-use crate::types::{IndexId, SeqHash, ShardId};
+use crate::shard::predict::Tick;
+use crate::shard::{DumpedBlock, PruneBound};
+use crate::types::{BlockHash, EngineHash, IndexId, ShardId, WorkerSlot};
 use std::cell::RefCell;
 use std::future::Future;
 use std::pin::Pin;
@@ -31,30 +32,40 @@ pub trait ShardMesh {
     /// This executor's HTTP figures (executor-local, gathered on scrape).
     fn http_stats(&self) -> &RefCell<HttpStats>;
 
-    /// Holders of `seqs` (any order), one reply per shard; every shard is asked (for
-    /// tree sizes).
+    /// Every shard's holders of the prompt's blocks (its slots'), one reply per
+    /// shard.
     fn lookup(
         &self,
         index: IndexId,
-        seqs: &[SeqHash],
+        prompt: Arc<PromptBlocks>,
     ) -> impl Future<Output = Result<Vec<ShardReply>, ShardUnavailable>>;
 
     /// Every (block, holder) of one index held by one shard, after the shard applied
-    /// what its rings hold, in the parts the shard read it in: joining them is a copy
-    /// of the whole index, for a thread off the executor.
+    /// what its rings hold, in the steps the shard read it in (joining them is a
+    /// copy of the whole index, for a thread off the executor), and how the shard's
+    /// slots name those blocks ([`crate::shard::Shard::engine_names`]).
+    #[allow(clippy::type_complexity)]
     fn export(
         &self,
         shard: ShardId,
         index: IndexId,
-    ) -> impl Future<Output = Result<Vec<Vec<DumpedBlock>>, ShardUnavailable>>;
+    ) -> impl Future<
+        Output = Result<
+            (Vec<Vec<DumpedBlock>>, Vec<(WorkerSlot, u32, EngineHash)>),
+            ShardUnavailable,
+        >,
+    >;
 
-    /// Apply prediction ops, `ops[s]` on shard `s` (each op on the shard owning its
-    /// block), all of one index; with `prune`, bound that index first. Returns once
-    /// every shard applied its part, so a query sent after sees them.
+    /// `slot` of `index` is expected to hold the prompt's blocks `locals` until
+    /// `expires` (see [`crate::shard::Shard::predict`]); with `prune`, every shard
+    /// bounds that index first. Returns once the slot's shard applied it, so a
+    /// query sent after sees it.
     fn predict(
         &self,
         index: IndexId,
-        ops: Vec<Vec<ShardOp>>,
+        slot: WorkerSlot,
+        locals: Vec<BlockHash>,
+        expires: Tick,
         prune: Option<PruneBound>,
     ) -> impl Future<Output = Result<(), ShardUnavailable>>;
 

@@ -139,6 +139,12 @@ pub struct ShardStats {
     pub predictions: crate::shard::PredictionCounts,
     /// Blocks evicted to stay within `--max-blocks`.
     pub evicted: u64,
+    /// Stores skipped for a parent their worker does not name, removals of blocks
+    /// their worker does not hold.
+    pub unknown_parent: u64,
+    pub unknown_removed: u64,
+    /// Heap bytes of the engine-hash maps (part of `heap_bytes`).
+    pub engine_map_bytes: u64,
     pub heap_bytes: u64,
     pub http: HttpStats,
 }
@@ -374,8 +380,13 @@ pub fn render(app: &App, shards: &[ShardStats]) -> String {
         ),
         (
             "kvix_unknown_parent_blocks",
-            "Stores skipped because their parent was unknown",
-            sum(|s| s.unknown_parent.load(Ordering::Relaxed)),
+            "Stores (runs of blocks) skipped because their worker names no such parent",
+            shards.iter().map(|s| s.unknown_parent).sum(),
+        ),
+        (
+            "kvix_unknown_removed_blocks",
+            "Removals of blocks their worker does not hold",
+            shards.iter().map(|s| s.unknown_removed).sum(),
         ),
         (
             "kvix_block_size_mismatch",
@@ -555,12 +566,12 @@ pub fn render(app: &App, shards: &[ShardStats]) -> String {
         .per_shard(shards, |s| Value::Counter(s.evicted));
     g.add(
         "kvix_engine_map_heap_bytes",
-        "Heap bytes of the ingest threads' engine-hash maps (one entry per live block and worker)",
+        "Heap bytes of the shards' engine-hash maps (one entry per live block and worker; part of kvix_shard_heap_bytes)",
         MetricType::Gauge,
     )
     .with(
         &[],
-        Value::Gauge(sum(|s| s.engine_map_bytes.load(Ordering::Relaxed)) as i64),
+        Value::Gauge(shards.iter().map(|s| s.engine_map_bytes).sum::<u64>() as i64),
     );
     g.add(
         "kvix_shard_heap_bytes",

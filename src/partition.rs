@@ -1,15 +1,17 @@
-//! The partition rule: which shard owns a block.
+//! The partition rule: which shard owns a worker slot's blocks.
 //!
-//! Owns only the mapping sequence hash → shard. Kept behind this one function
-//! so other rules (e.g. by first block) can be measured against it.
+//! Owns only the mapping (index, worker slot) → shard. Everything a slot holds
+//! lives in one shard, with the slot's engine-hash map: a stored run is filed by
+//! one core, a removal resolves where its block is, and a query asks every shard
+//! for its slots' holders of the whole prompt.
 
-use crate::types::{SeqHash, ShardId};
+use crate::types::{IndexId, ShardId, WorkerSlot};
 
-/// Owner of `seq` among `shards` shards: multiply-shift over the low 32 bits,
-/// which spreads XXH3 output evenly without a division.
+/// Owner of `slot` of `index` among `shards` shards: slots in turn, each index
+/// starting one shard further, so that small indexes do not all pile onto shard 0.
 #[inline]
-pub fn shard_of(seq: SeqHash, shards: usize) -> ShardId {
-    ShardId((((seq.0 as u32) as u64 * shards as u64) >> 32) as usize)
+pub fn shard_of(index: IndexId, slot: WorkerSlot, shards: usize) -> ShardId {
+    ShardId((slot.0 as usize + index.0 as usize) % shards)
 }
 
 #[cfg(test)]
@@ -17,17 +19,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn spreads_evenly() {
-        for n in [1usize, 2, 3, 4, 7] {
-            let mut counts = vec![0u32; n];
-            for i in 0..100_000u64 {
-                let h = xxhash_rust::xxh3::xxh3_64(&i.to_le_bytes());
-                counts[shard_of(SeqHash(h), n).0] += 1;
-            }
-            let expect = 100_000 / n as u32;
-            for c in counts {
-                assert!(c.abs_diff(expect) < expect / 20, "n={n} c={c}");
-            }
-        }
+    fn slots_take_turns_and_indexes_start_apart() {
+        let of = |i: u32, s: u32| shard_of(IndexId(i), WorkerSlot(s), 3).0;
+        assert_eq!(
+            (0..6).map(|s| of(0, s)).collect::<Vec<_>>(),
+            [0, 1, 2, 0, 1, 2]
+        );
+        assert_eq!(of(1, 0), 1);
+        assert_eq!(shard_of(IndexId(7), WorkerSlot(9), 1).0, 0);
     }
 }

@@ -12,43 +12,101 @@
 //!
 //! Pure computation: no I/O, no shard access beyond [`answer`].
 
-use crate::partition::shard_of;
 use crate::shard::holders::Holder;
-use crate::shard::{SAME_HOLDERS, Shard};
-use crate::types::{IndexId, SeqHash, Tier, TierSet, WorkerSlot};
+use crate::shard::{Prompt, Shard, union_holders};
+use crate::types::{BlockHash, IndexId, SeqHash, Tier, TierSet, WorkerSlot};
 
-/// What one shard answers for its part of a query.
+/// What one shard answers for a query: its slots' holders of the prompt's blocks.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct ShardReply {
-    /// Per requested block, in order: `[n, holder_1 .. holder_n]`, or
-    /// [`SAME_HOLDERS`] for a block held exactly as the one before it in this part;
-    /// ending at the first block with no holder (the prefix ends there for every
-    /// worker).
+    /// Per block, in order: `[n, holder_1 .. holder_n]`, ending at the first block
+    /// none of the shard's slots holds (the prefix ends there for each of them).
     pub holders: Vec<u32>,
     /// Blocks held per slot in this shard (for `tree_sizes`).
     pub per_slot: Vec<u32>,
 }
 
-/// Scatter: the query's blocks split by owning shard, each part in prefix order.
-pub fn split(seqs: &[SeqHash], shards: usize) -> Vec<Vec<SeqHash>> {
-    let mut parts: Vec<Vec<SeqHash>> = vec![Vec::new(); shards];
-    for s in seqs {
-        parts[shard_of(*s, shards).0].push(*s);
-    }
-    parts
+/// A query's blocks, as the shards are sent them (see [`Prompt`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PromptBlocks {
+    Locals(Vec<BlockHash>),
+    Seqs(Vec<SeqHash>),
 }
 
-/// What `shard` answers for its part `seqs` of a query on `index`.
-pub fn answer(shard: &mut Shard, index: IndexId, seqs: &[SeqHash]) -> ShardReply {
+impl PromptBlocks {
+    pub fn as_prompt(&self) -> Prompt<'_> {
+        match self {
+            PromptBlocks::Locals(l) => Prompt::Locals(l),
+            PromptBlocks::Seqs(s) => Prompt::Seqs(s),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.as_prompt().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// What `shard` answers for a query on `index`.
+pub fn answer(shard: &mut Shard, index: IndexId, prompt: Prompt<'_>) -> ShardReply {
     let mut reply = ShardReply {
-        holders: Vec::with_capacity(seqs.len() * 3),
+        holders: Vec::with_capacity(prompt.len() * 3),
         per_slot: Vec::new(),
     };
-    shard.lookup(index, seqs, &mut reply.holders);
+    shard.lookup(index, prompt, &mut reply.holders);
     if let Some(ix) = shard.index(index) {
         ix.tree_sizes_into(&mut reply.per_slot);
     }
     reply
+}
+
+/// Gather: every shard's reply to one query as one, each block's holders the
+/// union of the shards' (their slots are disjoint).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Merged {
+    /// `[n, holder..]` per block in prefix order, ending at the first block nobody
+    /// holds.
+    pub holders: Vec<u32>,
+    /// Blocks held per slot, summed over shards.
+    pub per_slot: Vec<u32>,
+}
+
+/// Merge the shards' replies (one shard's is taken as it is).
+pub fn merge(mut replies: Vec<ShardReply>) -> Merged {
+    if replies.len() == 1 {
+        let r = replies.pop().expect("one reply");
+        return Merged {
+            holders: r.holders,
+            per_slot: r.per_slot,
+        };
+    }
+    let mut per_slot = Vec::new();
+    for r in &replies {
+        if per_slot.len() < r.per_slot.len() {
+            per_slot.resize(r.per_slot.len(), 0);
+        }
+        for (t, c) in per_slot.iter_mut().zip(&r.per_slot) {
+            *t += c;
+        }
+    }
+    let parts: Vec<&[u32]> = replies.iter().map(|r| &r.holders[..]).collect();
+    let mut holders = Vec::with_capacity(parts.iter().map(|p| p.len()).sum());
+    union_holders(&parts, Some, &mut holders);
+    Merged { holders, per_slot }
+}
+
+/// The holders of each block of a merged answer, in prefix order.
+fn blocks(holders: &[u32]) -> impl Iterator<Item = &[u32]> {
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        let n = *holders.get(at)? as usize;
+        let hs = holders.get(at + 1..at + 1 + n)?;
+        at += 1 + n;
+        Some(hs)
+    })
 }
 
 /// Cumulative tier sets scored per slot.
@@ -69,28 +127,21 @@ pub struct Overlap {
     pub tree_sizes: Vec<u32>,
 }
 
-/// Walk `seqs` in prefix order over the replies of `replies.len()` shards.
-/// `live` filters out slots that were unregistered but not yet cleared.
+/// Walk the query's blocks in prefix order over the merged replies. `live`
+/// filters out slots that were unregistered but not yet cleared.
 ///
 /// Kept as one bit per slot and tier set: the slots still matching (`alive`) and
 /// those holding the current block (`holds`). A block costs a bit set per holder
 /// and a word operation per 64 slots; a slot's depth is written once, when it
 /// stops matching, so a prefix many workers share costs little per worker.
-pub fn gather(
-    seqs: &[SeqHash],
-    replies: &[ShardReply],
-    slots: usize,
-    live: impl Fn(WorkerSlot) -> bool,
-) -> Overlap {
+pub fn gather(m: &Merged, slots: usize, live: impl Fn(WorkerSlot) -> bool) -> Overlap {
     let mut out = Overlap {
         matched: vec![[0; 3]; slots],
         frequencies: Vec::new(),
         tree_sizes: vec![0; slots],
     };
-    for r in replies {
-        for (t, c) in out.tree_sizes.iter_mut().zip(&r.per_slot) {
-            *t += c;
-        }
+    for (t, c) in out.tree_sizes.iter_mut().zip(&m.per_slot) {
+        *t += c;
     }
     let words = slots.div_ceil(64);
     let mut alive = vec![[0u64; 3]; words];
@@ -100,17 +151,8 @@ pub fn gather(
         }
     }
     let mut holds = vec![[0u64; 3]; words];
-    let (mut depth, mut freq) = (0u32, 0);
-    let mut blocks = Blocks::new(seqs, replies);
-    while let Some(holders) = blocks.next() {
-        if blocks.repeated {
-            // The same holders again: every slot still matching matches this block too.
-            depth += 1;
-            if freq > 0 {
-                out.frequencies.push(freq);
-            }
-            continue;
-        }
+    let mut depth = 0u32;
+    for holders in blocks(&m.holders) {
         holds.fill([0; 3]);
         // Bits gather in registers while holders stay in one word (always, up to 64
         // slots): or-ing each into memory would chain every holder through a
@@ -137,7 +179,7 @@ pub fn gather(
             *w = [w[0] | acc[0], w[1] | acc[1], w[2] | acc[2]];
         }
         let mut any = false;
-        freq = 0;
+        let mut freq = 0;
         for (i, (a, h)) in alive.iter_mut().zip(&holds).enumerate() {
             for k in 0..TIER_SETS.len() {
                 let after = a[k] & h[k];
@@ -172,56 +214,6 @@ fn settle(matched: &mut [[u32; 3]], word: usize, k: usize, mut bits: u64, depth:
     }
 }
 
-/// The holders of each query block, in prefix order, read from the shards' replies;
-/// ends where a reply ends (past a block nobody holds).
-struct Blocks<'a> {
-    seqs: std::slice::Iter<'a, SeqHash>,
-    replies: &'a [ShardReply],
-    cursor: Vec<usize>,
-    /// Per shard, where its last block's holders are in its reply (start, count).
-    last: Vec<(usize, usize)>,
-    last_shard: usize,
-    /// The block just yielded has the holders of the one before it in prefix order.
-    repeated: bool,
-}
-
-impl<'a> Blocks<'a> {
-    fn new(seqs: &'a [SeqHash], replies: &'a [ShardReply]) -> Self {
-        Blocks {
-            seqs: seqs.iter(),
-            replies,
-            cursor: vec![0; replies.len()],
-            last: vec![(0, 0); replies.len()],
-            last_shard: usize::MAX,
-            repeated: false,
-        }
-    }
-}
-
-impl<'a> Iterator for Blocks<'a> {
-    type Item = &'a [u32];
-    fn next(&mut self) -> Option<&'a [u32]> {
-        let seq = self.seqs.next()?;
-        let s = shard_of(*seq, self.replies.len()).0;
-        let words = &self.replies[s].holders;
-        let at = self.cursor[s];
-        let n = *words.get(at)?;
-        let (from, n) = if n == SAME_HOLDERS {
-            self.cursor[s] = at + 1;
-            self.repeated = self.last_shard == s;
-            self.last[s]
-        } else {
-            let n = n as usize;
-            self.cursor[s] = at + 1 + n;
-            self.last[s] = (at + 1, n);
-            self.repeated = false;
-            (at + 1, n)
-        };
-        self.last_shard = s;
-        words.get(from..from + n)
-    }
-}
-
 /// One instance's overlap in Mooncake's conductor terms (counts are blocks).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct InstanceOverlap {
@@ -236,15 +228,14 @@ pub struct InstanceOverlap {
 /// Mooncake conductor scoring. `instance_of[slot]` is a dense instance number
 /// (`None` for slots not to be scored); returns one entry per dense instance.
 pub fn conductor(
-    seqs: &[SeqHash],
-    replies: &[ShardReply],
+    m: &Merged,
     instance_of: &[Option<usize>],
     instances: usize,
 ) -> Vec<InstanceOverlap> {
     let mut out = vec![InstanceOverlap::default(); instances];
     let mut mask = vec![TierSet::NONE; instances];
     let mut device = vec![0u32; instance_of.len()];
-    for (depth, holders) in Blocks::new(seqs, replies).enumerate() {
+    for (depth, holders) in blocks(&m.holders).enumerate() {
         let depth = depth as u32;
         for &h in holders {
             let h = Holder(h);
@@ -297,15 +288,14 @@ pub const LLMD_WEIGHTS: [f32; Tier::COUNT] = [1.0, 0.8, 0.0, 0.0, 0.0, 0.0, 0.0,
 /// llm-d scoring: per slot, the sum over its longest run of blocks held on a
 /// positively weighted tier of each block's best tier weight.
 pub fn weighted(
-    seqs: &[SeqHash],
-    replies: &[ShardReply],
+    m: &Merged,
     slots: usize,
     live: impl Fn(WorkerSlot) -> bool,
     weights: &[f32; Tier::COUNT],
 ) -> Vec<f32> {
     let mut score = vec![0f32; slots];
     let mut len = vec![0u32; slots];
-    for (depth, holders) in Blocks::new(seqs, replies).enumerate() {
+    for (depth, holders) in blocks(&m.holders).enumerate() {
         let mut advanced = false;
         for &h in holders {
             let h = Holder(h);
@@ -362,13 +352,12 @@ mod tests {
     #[test]
     fn stops_each_worker_at_its_first_miss() {
         // One shard; blocks 0..3. Slot 0 holds 0,1,2; slot 1 holds 0,2 (gap at 1).
-        let seqs = [SeqHash(1), SeqHash(2), SeqHash(3)];
         let d = Tier::DEVICE.bit();
         let reply = ShardReply {
             holders: vec![2, h(0, d), h(1, d), 1, h(0, d), 2, h(0, d), h(1, d)],
             per_slot: vec![3, 2],
         };
-        let o = gather(&seqs, &[reply], 2, |_| true);
+        let o = gather(&merge(vec![reply]), 2, |_| true);
         assert_eq!(o.matched[0], [3, 3, 3]);
         assert_eq!(o.matched[1], [1, 1, 1]);
         assert_eq!(o.frequencies, vec![2, 1, 1]);
@@ -377,13 +366,12 @@ mod tests {
 
     /// The rule stated plainly, holder by holder: what [`gather`] must equal.
     fn gather_by_holder(
-        seqs: &[SeqHash],
-        replies: &[ShardReply],
+        per_block: &[Vec<u32>],
         slots: usize,
         live: impl Fn(WorkerSlot) -> bool,
     ) -> (Vec<[u32; 3]>, Vec<u32>) {
         let (mut matched, mut frequencies) = (vec![[0u32; 3]; slots], Vec::new());
-        for (depth, holders) in Blocks::new(seqs, replies).enumerate() {
+        for (depth, holders) in per_block.iter().enumerate() {
             let depth = depth as u32;
             let (mut advanced, mut freq) = (false, 0);
             for &h in holders {
@@ -425,20 +413,13 @@ mod tests {
             let slots = 1 + next(200) as usize;
             let blocks = 1 + next(40) as usize;
             let shards = 1 + next(3) as usize;
-            let seqs: Vec<SeqHash> = (0..blocks as u64)
-                .map(|b| SeqHash(b * 7919 + case))
-                .collect();
+            // Each shard answers for its slots (every `shards`-th), up to its first
+            // block none of them holds; the union per block is what scores.
             let mut replies = vec![ShardReply::default(); shards];
-            let mut last: Vec<Vec<u32>> = vec![Vec::new(); shards];
+            let mut ended = vec![false; shards];
+            let mut per_block: Vec<Vec<u32>> = Vec::new();
             // Holders thin out with depth, so prefixes end at different blocks.
-            for (d, seq) in seqs.iter().enumerate() {
-                let part = crate::partition::shard_of(*seq, shards).0;
-                let r = &mut replies[part];
-                if last[part].len() > 1 && next(3) == 0 {
-                    // Held as the part's block before it.
-                    r.holders.push(SAME_HOLDERS);
-                    continue;
-                }
+            for d in 0..blocks {
                 let mut held = Vec::new();
                 for s in 0..slots as u32 + 5 {
                     if next(100) as usize >= d.min(60) {
@@ -446,13 +427,29 @@ mod tests {
                     }
                 }
                 held.truncate(next(1 + slots as u64) as usize);
-                r.holders.push(held.len() as u32);
-                r.holders.extend(&held);
-                last[part] = held;
+                let mut union = Vec::new();
+                for (part, r) in replies.iter_mut().enumerate() {
+                    if ended[part] {
+                        continue;
+                    }
+                    let mine: Vec<u32> = held
+                        .iter()
+                        .copied()
+                        .filter(|&x| Holder(x).slot().0 as usize % shards == part)
+                        .collect();
+                    r.holders.push(mine.len() as u32);
+                    r.holders.extend(&mine);
+                    ended[part] = mine.is_empty();
+                    union.extend(mine);
+                }
+                if union.is_empty() {
+                    break;
+                }
+                per_block.push(union);
             }
             let live = |s: WorkerSlot| s.0 % 11 != 3;
-            let o = gather(&seqs, &replies, slots, live);
-            let (matched, frequencies) = gather_by_holder(&seqs, &replies, slots, live);
+            let o = gather(&merge(replies), slots, live);
+            let (matched, frequencies) = gather_by_holder(&per_block, slots, live);
             assert_eq!(o.matched, matched, "case {case}");
             assert_eq!(o.frequencies, frequencies, "case {case}");
         }
@@ -460,24 +457,22 @@ mod tests {
 
     #[test]
     fn lower_tiers_extend_cumulatively() {
-        let seqs = [SeqHash(1), SeqHash(2), SeqHash(3)];
         let (d, c, k) = (Tier::DEVICE.bit(), Tier::HOST.bit(), Tier::DISK.bit());
         let reply = ShardReply {
             holders: vec![1, h(0, d | c), 1, h(0, c), 1, h(0, k)],
             per_slot: vec![3],
         };
-        let o = gather(&seqs, &[reply], 1, |_| true);
+        let o = gather(&merge(vec![reply]), 1, |_| true);
         assert_eq!(o.matched[0], [1, 2, 3]);
     }
 
     #[test]
     fn dead_slots_are_ignored() {
-        let seqs = [SeqHash(1)];
         let reply = ShardReply {
             holders: vec![1, h(0, Tier::DEVICE.bit())],
             per_slot: vec![1],
         };
-        let o = gather(&seqs, &[reply], 1, |_| false);
+        let o = gather(&merge(vec![reply]), 1, |_| false);
         assert_eq!(o.matched[0], [0, 0, 0]);
         assert!(o.frequencies.is_empty());
     }
@@ -487,13 +482,12 @@ mod tests {
     #[test]
     fn conductor_seed_001() {
         let (g, c, d) = (Tier::DEVICE.bit(), Tier::HOST.bit(), Tier::DISK.bit());
-        let seqs = [SeqHash(1), SeqHash(2), SeqHash(3)];
         // Slots 0 and 1 are dp0 and dp1 of instance 0; host and disk copies are dp0's.
         let reply = ShardReply {
             holders: vec![2, h(0, g | c | d), h(1, g), 1, h(0, g | c), 1, h(0, d)],
             per_slot: vec![],
         };
-        let o = conductor(&seqs, &[reply], &[Some(0), Some(0)], 1);
+        let o = conductor(&merge(vec![reply]), &[Some(0), Some(0)], 1);
         assert_eq!(o[0].longest, 3);
         assert_eq!(o[0].per_tier[..3], [2, 2, 2]);
         assert_eq!(
@@ -507,7 +501,6 @@ mod tests {
     #[test]
     fn llmd_three_pods() {
         let g = Tier::DEVICE.bit();
-        let seqs: Vec<SeqHash> = (0..5).map(SeqHash).collect();
         let reply = ShardReply {
             holders: vec![
                 2,
@@ -527,7 +520,7 @@ mod tests {
             ],
             per_slot: vec![],
         };
-        let s = weighted(&seqs, &[reply], 3, |_| true, &LLMD_WEIGHTS);
+        let s = weighted(&merge(vec![reply]), 3, |_| true, &LLMD_WEIGHTS);
         assert_eq!(s, vec![4.0, 2.0, 0.0]);
         assert_eq!(normalize(&s), vec![1.0, 0.5, 0.0]);
     }
@@ -535,12 +528,11 @@ mod tests {
     #[test]
     fn llmd_takes_the_best_tier_and_skips_zero_weights() {
         let (g, c, d) = (Tier::DEVICE.bit(), Tier::HOST.bit(), Tier::DISK.bit());
-        let seqs = [SeqHash(1), SeqHash(2), SeqHash(3)];
         let reply = ShardReply {
             holders: vec![1, h(0, g | c), 1, h(0, c), 1, h(0, d)],
             per_slot: vec![],
         };
-        let s = weighted(&seqs, &[reply], 1, |_| true, &LLMD_WEIGHTS);
+        let s = weighted(&merge(vec![reply]), 1, |_| true, &LLMD_WEIGHTS);
         assert!((s[0] - 1.8).abs() < 1e-6, "{s:?}");
     }
 }

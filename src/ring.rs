@@ -176,9 +176,9 @@ impl Bell {
 
 /// Where decoded events go: one ring per shard, or (in tests) straight into shards.
 pub trait OpSink {
-    /// Route an op to the shard owning its block.
+    /// Route an op to the shard owning its worker slot.
     fn push(&mut self, op: ShardOp);
-    /// Send an op to every shard (clears).
+    /// Send an op to every shard (the end of an import).
     fn broadcast(&mut self, op: ShardOp);
     /// Make every op pushed so far visible to the shards.
     fn flush(&mut self) {}
@@ -243,10 +243,10 @@ impl RingSink {
 
 impl OpSink for RingSink {
     fn push(&mut self, op: ShardOp) {
-        let Some(seq) = op.seq() else {
+        let Some(slot) = op.slot() else {
             return self.broadcast(op);
         };
-        let shard = shard_of(seq, self.rings.shards);
+        let shard = shard_of(op.index(), slot, self.rings.shards);
         self.stage(shard, op);
     }
 
@@ -266,13 +266,13 @@ impl OpSink for RingSink {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::{IndexId, SeqHash, WorkerSlot};
+    use crate::types::{EngineHash, IndexId, WorkerSlot};
 
-    fn remove(seq: u64) -> ShardOp {
+    fn remove(block: u64) -> ShardOp {
         ShardOp::Remove {
             index: IndexId(0),
-            seq: SeqHash(seq),
             slot: WorkerSlot(0),
+            block: EngineHash(block),
             tiers: crate::types::TierSet(1),
         }
     }
@@ -292,8 +292,8 @@ mod tests {
         let mut seen = Vec::new();
         let n = rings.drain(ShardId(0), usize::MAX, |ops| {
             for op in ops {
-                if let ShardOp::Remove { seq, .. } = op {
-                    seen.push(seq.0)
+                if let ShardOp::Remove { block, .. } = op {
+                    seen.push(block.0)
                 }
             }
         });

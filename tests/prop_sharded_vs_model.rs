@@ -15,7 +15,6 @@ use kvix::query::{self, Overlap};
 use kvix::registry::{Endpoint, Registration, Registry};
 use kvix::ring::{OpSink, RingSink, Rings};
 use kvix::shard::Shard;
-use kvix::shard::ShardOp;
 use kvix::types::{IndexId, ShardId, Tier, WorkerSlot};
 use kvix::wire::{self, Batch};
 use proptest::prelude::*;
@@ -193,22 +192,19 @@ impl Sharded {
         }
     }
 
-    /// What `/speculate` does: one op per block of `tokens`, on the same rings.
+    /// What `/speculate` does: once the rings are applied (the service's request
+    /// comes after the events it has seen), the prompt's blocks are predicted on
+    /// the slot's shard.
     fn predict(&mut self, inst: u64, dp: u32, tokens: &[u32]) {
-        let slot = self.registry.slot_for(self.index, inst.into(), dp).unwrap();
-        let mut seqs = Vec::new();
-        hash::seq_hashes_for_tokens(tokens, BS, hash::block_seed(None, None), &mut seqs);
-        for (i, (seq, chunk)) in seqs.iter().zip(tokens.chunks_exact(BS)).enumerate() {
-            self.sink.push(ShardOp::Predict {
-                index: self.index,
-                seq: *seq,
-                parent: i.checked_sub(1).map(|p| seqs[p]),
-                local: hash::local_hash(chunk, hash::block_seed(None, None)),
-                slot,
-                expires: self.now + 1000,
-            });
-        }
         self.drain();
+        let slot = self.registry.slot_for(self.index, inst.into(), dp).unwrap();
+        let seed = hash::block_seed(None, None);
+        let locals: Vec<_> = tokens
+            .chunks_exact(BS)
+            .map(|c| hash::local_hash(c, seed))
+            .collect();
+        let owner = kvix::partition::shard_of(self.index, slot, self.shards.len());
+        self.shards[owner.0].predict(self.index, slot, &locals, self.now + 1000);
     }
 
     fn expire(&mut self) {
@@ -231,16 +227,20 @@ impl Sharded {
         for s in &mut self.shards {
             s.finish_deferred();
         }
-        let mut seqs = Vec::new();
-        hash::seq_hashes_for_tokens(tokens, BS, hash::block_seed(None, None), &mut seqs);
-        let replies: Vec<_> = query::split(&seqs, self.shards.len())
-            .iter()
-            .zip(self.shards.iter_mut())
-            .map(|(part, shard)| query::answer(shard, self.index, part))
+        let seed = hash::block_seed(None, None);
+        let locals: Vec<_> = tokens
+            .chunks_exact(BS)
+            .map(|c| hash::local_hash(c, seed))
+            .collect();
+        let prompt = kvix::shard::Prompt::Locals(&locals);
+        let replies: Vec<_> = self
+            .shards
+            .iter_mut()
+            .map(|shard| query::answer(shard, self.index, prompt))
             .collect();
         let snap = self.registry.snapshot();
         let ix = &snap.indexes[self.index.0 as usize];
-        let ov = query::gather(&seqs, &replies, ix.slots.len(), |_| true);
+        let ov = query::gather(&query::merge(replies), ix.slots.len(), |_| true);
         let who = ix
             .slots
             .iter()

@@ -11,8 +11,7 @@ use super::token_ids;
 use crate::hash;
 use crate::mesh::ShardMesh;
 use crate::prompt::{self, PromptError, Prompts, Text};
-use crate::query;
-use crate::query::gather;
+use crate::query::{self, PromptBlocks, gather};
 use crate::registry::{Endpoint, IndexInfo, InstanceKey, ListenerOpts};
 use crate::service::{ControlError, registration};
 use crate::types::{BlockHash, InstanceId, SeqHash, Tier, WorkerSlot};
@@ -552,9 +551,13 @@ fn resolve_named<M: ShardMesh>(mesh: &M, n: Named, sc: Scope) -> Result<Target, 
     })
 }
 
-async fn score<M: ShardMesh>(mesh: &M, t: &Target, seqs: &[SeqHash]) -> Result<Reply, ApiError> {
+async fn score<M: ShardMesh>(
+    mesh: &M,
+    t: &Target,
+    prompt: PromptBlocks,
+) -> Result<Reply, ApiError> {
     let ix = &t.ix;
-    let replies = mesh.lookup(ix.id, seqs).await?;
+    let merged = query::merge(mesh.lookup(ix.id, Arc::new(prompt)).await?);
     let live = |s: WorkerSlot| {
         let info = ix.slot(s);
         info.live && t.only.is_none_or(|i| i == info.instance)
@@ -562,14 +565,14 @@ async fn score<M: ShardMesh>(mesh: &M, t: &Target, seqs: &[SeqHash]) -> Result<R
     let snap = mesh.app().registry().snapshot();
     let body = match t.shape {
         Shape::Conductor => {
-            let cond = conductor_overlap(ix, seqs, &replies, &live);
+            let cond = conductor_overlap(ix, &merged, &live);
             json::conductor(&snap, ix, &t.tenant, &cond)
         }
         Shape::Dynamo => {
-            let overlap = gather(seqs, &replies, ix.slots.len(), live);
+            let overlap = gather(&merged, ix.slots.len(), live);
             let llmd = t
                 .weights
-                .map(|w| query::weighted(seqs, &replies, ix.slots.len(), live, &w));
+                .map(|w| query::weighted(&merged, ix.slots.len(), live, &w));
             json::scores(&snap, ix, &overlap, llmd.as_deref(), &live)
         }
     };
@@ -579,8 +582,7 @@ async fn score<M: ShardMesh>(mesh: &M, t: &Target, seqs: &[SeqHash]) -> Result<R
 /// Conductor overlap of every live instance, in instance order.
 fn conductor_overlap(
     ix: &IndexInfo,
-    seqs: &[SeqHash],
-    replies: &[crate::query::ShardReply],
+    merged: &query::Merged,
     live: &impl Fn(WorkerSlot) -> bool,
 ) -> Vec<(InstanceId, query::InstanceOverlap)> {
     let mut instances: Vec<InstanceId> = ix
@@ -602,7 +604,7 @@ fn conductor_overlap(
                 .flatten()
         })
         .collect();
-    let per = query::conductor(seqs, replies, &instance_of, instances.len());
+    let per = query::conductor(merged, &instance_of, instances.len());
     instances.into_iter().zip(per).collect()
 }
 
@@ -727,24 +729,26 @@ pub async fn query<M: ShardMesh>(
     };
     let seed = hash::block_seed(t.lora.as_deref(), r.cache_salt.as_deref());
     let bs = t.ix.block_size as usize;
-    let mut seqs = Vec::with_capacity(token_ids.len() / bs + 1);
+    let mut locals = Vec::with_capacity(token_ids.len() / bs + 1);
     match r.block_mm_hashes {
-        None => hash::seq_hashes_for_tokens(&token_ids, bs, seed, &mut seqs),
+        None => locals.extend(
+            token_ids
+                .chunks_exact(bs)
+                .map(|chunk| hash::local_hash(chunk, seed)),
+        ),
         Some(mm) => {
-            let (mut parent, mut sorted, mut buf) = (None, Vec::new(), Vec::new());
+            let (mut sorted, mut buf) = (Vec::new(), Vec::new());
             for (i, chunk) in token_ids.chunks_exact(bs).enumerate() {
                 sorted.clear();
                 if let Some(Some(hs)) = mm.get(i) {
                     sorted.extend(hs.iter().map(|h| h.0));
                     sorted.sort_unstable();
                 }
-                let s = hash::chain(parent, hash::local_hash_mm(chunk, &sorted, seed, &mut buf));
-                seqs.push(s);
-                parent = Some(s);
+                locals.push(hash::local_hash_mm(chunk, &sorted, seed, &mut buf));
             }
         }
     }
-    score(mesh, &t, &seqs).await
+    score(mesh, &t, PromptBlocks::Locals(locals)).await
 }
 
 /// A block hash as JSON: any integer (negative values are two's-complement u64
@@ -798,7 +802,7 @@ pub async fn query_by_hash<M: ShardMesh>(
 ) -> Result<Reply, ApiError> {
     let r: QueryByHashReq = parse(body)?;
     let t = resolve(mesh, r.scope, forced)?;
-    let seqs: Vec<SeqHash> = match t.shape {
+    let prompt = match t.shape {
         Shape::Dynamo => {
             if r.cache_salt.as_ref().is_some_and(|v| !v.is_null()) {
                 return Err(ApiError::BadRequest(
@@ -810,25 +814,23 @@ pub async fn query_by_hash<M: ShardMesh>(
                 field: "block_hashes".into(),
                 msg: "missing field `block_hashes`".into(),
             })?;
-            let locals: Vec<BlockHash> = hashes.iter().map(|h| BlockHash(h.0)).collect();
-            let mut seqs = Vec::with_capacity(locals.len());
-            hash::seq_hashes_for_locals(&locals, &mut seqs);
-            seqs
+            PromptBlocks::Locals(hashes.iter().map(|h| BlockHash(h.0)).collect())
         }
         // Rolling hashes already carry their LoRA and salt namespaces.
-        Shape::Conductor => r
-            .seq_hashes
-            .or(r.block_hash)
-            .or(r.block_hashes)
-            .ok_or_else(|| ApiError::Field {
-                field: "seq_hashes".into(),
-                msg: "missing field `seq_hashes`".into(),
-            })?
-            .iter()
-            .map(|h| SeqHash(h.0))
-            .collect(),
+        Shape::Conductor => PromptBlocks::Seqs(
+            r.seq_hashes
+                .or(r.block_hash)
+                .or(r.block_hashes)
+                .ok_or_else(|| ApiError::Field {
+                    field: "seq_hashes".into(),
+                    msg: "missing field `seq_hashes`".into(),
+                })?
+                .iter()
+                .map(|h| SeqHash(h.0))
+                .collect(),
+        ),
     };
-    score(mesh, &t, &seqs).await
+    score(mesh, &t, prompt).await
 }
 
 /// `GET /dump`: the one export ([`crate::recovery::export`]) rendered as a chunked

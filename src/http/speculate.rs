@@ -14,10 +14,9 @@ use super::error::{ApiError, parse as parse_json};
 use super::json;
 use crate::hash;
 use crate::mesh::ShardMesh;
-use crate::partition::shard_of;
 use crate::registry::IndexInfo;
+use crate::shard::PruneBound;
 use crate::shard::predict::deadline_after;
-use crate::shard::{PruneBound, ShardOp};
 use crate::types::{BlockHash, DpRank, InstanceId, WorkerSlot};
 use hyper::StatusCode;
 use serde::Deserialize;
@@ -109,7 +108,6 @@ pub async fn speculate<M: ShardMesh>(mesh: &M, body: &[u8]) -> Result<Reply, Api
     let dp = req.dp_rank.unwrap_or(0);
     let slot = slot(mesh, &ix, &instance, dp, approximate).await?;
 
-    let mut seqs = Vec::new();
     let mut locals = Vec::new();
     match input {
         Input::Ids(ids) => {
@@ -121,7 +119,7 @@ pub async fn speculate<M: ShardMesh>(mesh: &M, body: &[u8]) -> Result<Reply, Api
         }
         Input::Locals(l) => locals = l,
     }
-    hash::seq_hashes_for_locals(&locals, &mut seqs);
+    let predicted = locals.len();
 
     let default_ttl = if approximate {
         spec.router_ttl
@@ -131,17 +129,6 @@ pub async fn speculate<M: ShardMesh>(mesh: &M, body: &[u8]) -> Result<Reply, Api
     let ttl_ms = req.ttl_ms.unwrap_or(default_ttl.as_millis() as u64);
     let expires = deadline_after(Duration::from_millis(ttl_ms));
     let shards = mesh.shards();
-    let mut ops: Vec<Vec<ShardOp>> = vec![Vec::new(); shards];
-    for (i, (&seq, &local)) in seqs.iter().zip(&locals).enumerate() {
-        ops[shard_of(seq, shards).0].push(ShardOp::Predict {
-            index: ix.id,
-            seq,
-            parent: i.checked_sub(1).map(|p| seqs[p]),
-            local,
-            slot,
-            expires,
-        });
-    }
     let prune = approximate.then(|| {
         let max = (spec.max_tree_size / shards).max(1);
         PruneBound {
@@ -149,9 +136,9 @@ pub async fn speculate<M: ShardMesh>(mesh: &M, body: &[u8]) -> Result<Reply, Api
             target: ((max as f64 * spec.prune_target_ratio) as usize).min(max),
         }
     });
-    mesh.predict(ix.id, ops, prune).await?;
+    mesh.predict(ix.id, slot, locals, expires, prune).await?;
     let body = serde_json::json!({
-        "predicted_blocks": seqs.len(),
+        "predicted_blocks": predicted,
         "ttl_ms": ttl_ms,
     });
     Ok(json::bytes(StatusCode::OK, body.to_string().into_bytes()))

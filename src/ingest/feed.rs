@@ -1,23 +1,22 @@
-//! One listener's event feed: engine hashes → kvix hashes, events → shard ops.
+//! One listener's event feed: events → shard ops.
 //!
-//! Owns, per (index, dp rank) slot the listener writes to, the map from the
-//! engine's block hashes to kvix sequence hashes, so `parent_block_hash` and
-//! `BlockRemoved` (which carry engine hashes) resolve. A store whose parent is
-//! unknown is counted and skipped, never guessed. Events that carry
+//! Owns, per listener, the (index, dp rank) → worker slot it writes to and the
+//! hashing of each stored block's tokens into its local hash. Ops name blocks as
+//! the engine does (its block hashes, `parent_block_hash`); the shard owning the
+//! slot resolves them through the slot's engine-hash map, so a store whose parent
+//! is unknown is counted and skipped there, never guessed. Events that carry
 //! standardized rolling hashes (Mooncake RFC #1527 `seq_hashes`) and no tokens
-//! are indexed by those hashes directly. Must never touch shard memory: it
-//! only emits ops.
+//! are indexed by those hashes directly. Must never touch shard memory: it only
+//! emits ops.
 
 use crate::hash;
 use crate::registry::{ListenerOpts, Registry, RegistryError};
 use crate::ring::OpSink;
-use crate::shard::ShardOp;
-use crate::shard::table::BlockTable;
+use crate::shard::{SeedParent, ShardOp};
 use crate::types::{
     BlockHash, DpRank, EngineHash, IndexId, InstanceId, SeqHash, Tier, TierSet, WorkerSlot,
 };
 use crate::wire::{Batch, Dialect, Event, EventOp, HashKind};
-use hashbrown::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -29,8 +28,6 @@ pub struct FeedStats {
     pub blocks_stored: AtomicU64,
     pub blocks_removed: AtomicU64,
     pub malformed: AtomicU64,
-    pub unknown_parent: AtomicU64,
-    pub unknown_removed: AtomicU64,
     pub block_size_mismatch: AtomicU64,
     /// Well-formed events with nothing kvix can index (Mooncake replica
     /// updates, object-key-only events, auxiliary KV-cache groups).
@@ -39,8 +36,6 @@ pub struct FeedStats {
     /// Batches the gaps left out (before any replay).
     pub gap_batches: AtomicU64,
     pub last_seq: AtomicU64,
-    /// Heap bytes of this listener's engine-hash maps (a gauge, set after each batch).
-    pub engine_map_bytes: AtomicU64,
 }
 
 impl FeedStats {
@@ -49,131 +44,10 @@ impl FeedStats {
     }
 }
 
-/// One worker's engine hash → kvix sequence hash map, with each block's tiers.
-///
-/// Sized for memory: the common block lives on the device only and costs one
-/// 16-byte entry; the tier set of any other block is kept in a side map. The map
-/// is a segmented [`BlockTable`], like a shard's: it grows a segment at a time,
-/// into memory the last segment's growth freed instead of fresh pages.
-#[derive(Default)]
-struct EngineMap {
-    seqs: BlockTable<(EngineHash, SeqHash)>,
-    /// Tier bits of blocks whose tiers are not exactly {device}.
-    tiers: HashMap<EngineHash, TierSet>,
-}
-
-const DEVICE_ONLY: TierSet = Tier::DEVICE.bit();
-
-/// How many blocks of a stored event ahead the engine-hash map's buckets are
-/// loaded: a block's hashing covers the miss of one a few blocks on.
-const PREFETCH_AHEAD: usize = 4;
-
-impl EngineMap {
-    fn get(&self, eh: &EngineHash) -> Option<SeqHash> {
-        self.seqs.get(eh).map(|e| e.1)
-    }
-
-    // The side map is usually empty: its guards skip hashing the key per block.
-    fn tiers_of(&self, eh: &EngineHash) -> TierSet {
-        if self.tiers.is_empty() {
-            return DEVICE_ONLY;
-        }
-        self.tiers.get(eh).copied().unwrap_or(DEVICE_ONLY)
-    }
-
-    fn set_tiers(&mut self, eh: EngineHash, bits: TierSet) {
-        if bits == DEVICE_ONLY {
-            if !self.tiers.is_empty() {
-                self.tiers.remove(&eh);
-            }
-        } else {
-            self.tiers.insert(eh, bits);
-        }
-    }
-
-    /// Record `eh` → `seq` on `bits`. If the engine reused `eh` for other
-    /// content, returns the old block and its tiers for the caller to remove.
-    fn add(&mut self, eh: EngineHash, seq: SeqHash, bits: TierSet) -> Option<(SeqHash, TierSet)> {
-        let mut new = false;
-        let e = self.seqs.get_or_insert_with(eh, || {
-            new = true;
-            (eh, seq)
-        });
-        let old = (!new).then(|| std::mem::replace(&mut e.1, seq));
-        match old {
-            None => {
-                self.set_tiers(eh, bits);
-                None
-            }
-            Some(old) if old == seq => {
-                let t = self.tiers_of(&eh) | bits;
-                self.set_tiers(eh, t);
-                None
-            }
-            Some(old) => {
-                let old_tiers = self.tiers_of(&eh);
-                self.set_tiers(eh, bits);
-                Some((old, old_tiers))
-            }
-        }
-    }
-
-    /// Drop `bits` from `eh`; forgets it once no tier is left. Returns its block if known.
-    fn remove(&mut self, eh: &EngineHash, bits: TierSet) -> Option<SeqHash> {
-        // A side-map entry exists only for a filed block, so the tiers left can be
-        // known before the block is looked up; a block that goes whole is then
-        // found once, by its removal.
-        let left = self.tiers_of(eh).without(bits);
-        if !left.is_empty() {
-            let seq = self.get(eh)?;
-            self.set_tiers(*eh, left);
-            return Some(seq);
-        }
-        let (_, seq) = self.seqs.remove(eh)?;
-        if !self.tiers.is_empty() {
-            self.tiers.remove(eh);
-            shrink_if_sparse(&mut self.tiers);
-        }
-        Some(seq)
-    }
-
-    /// Drop `bits` from every block (a clear scoped to some tiers).
-    fn clear_tiers(&mut self, bits: TierSet) {
-        if bits == TierSet::ALL {
-            *self = EngineMap::default();
-            return;
-        }
-        let tiers = &mut self.tiers;
-        self.seqs.retain(|(eh, _)| {
-            let left = tiers.get(eh).copied().unwrap_or(DEVICE_ONLY).without(bits);
-            match left {
-                TierSet::NONE => {
-                    tiers.remove(eh);
-                    false
-                }
-                DEVICE_ONLY => {
-                    tiers.remove(eh);
-                    true
-                }
-                t => {
-                    tiers.insert(*eh, t);
-                    true
-                }
-            }
-        });
-        shrink_if_sparse(&mut self.tiers);
-    }
-
-    fn iter(&self) -> impl Iterator<Item = (&EngineHash, &SeqHash)> {
-        self.seqs.iter().map(|(eh, seq)| (eh, seq))
-    }
-}
-
 struct SlotFeed {
     index: IndexId,
     dp: DpRank,
     slot: WorkerSlot,
-    blocks: EngineMap,
 }
 
 /// The feed of one registered listener (instance, registered dp rank).
@@ -192,6 +66,8 @@ pub struct WorkerFeed {
     /// Scratch for multimodal block hashing (reused: no allocation per block).
     mm_sorted: Vec<u64>,
     mm_bytes: Vec<u8>,
+    /// A stored event's local hashes (scratch).
+    locals: Vec<BlockHash>,
     pub stats: Arc<FeedStats>,
 }
 
@@ -232,6 +108,7 @@ impl WorkerFeed {
             home: None,
             mm_sorted: Vec::new(),
             mm_bytes: Vec::new(),
+            locals: Vec::new(),
             stats: Arc::default(),
         }
     }
@@ -296,20 +173,8 @@ impl WorkerFeed {
                 return None;
             }
         };
-        self.slots.push(SlotFeed {
-            index,
-            dp,
-            slot,
-            blocks: EngineMap::default(),
-        });
+        self.slots.push(SlotFeed { index, dp, slot });
         Some(self.slots.len() - 1)
-    }
-
-    /// Every (slot, sequence hash, engine hash) this feed knows in `index`, for `/dump`.
-    pub fn engine_hashes(&self, index: IndexId, out: &mut Vec<(WorkerSlot, SeqHash, EngineHash)>) {
-        for sf in self.slots.iter().filter(|s| s.index == index) {
-            out.extend(sf.blocks.iter().map(|(eh, seq)| (sf.slot, *seq, *eh)));
-        }
     }
 
     /// Forget what this feed wrote to `index` (for `dp`, or every rank) without
@@ -323,27 +188,12 @@ impl WorkerFeed {
             }
             !hit
         });
-        self.account();
         gone
     }
 
     /// Forget everything (the listener stops); returns every slot it fed.
     pub fn forget_all(&mut self) -> Vec<(IndexId, WorkerSlot)> {
-        let gone = self.slots.drain(..).map(|s| (s.index, s.slot)).collect();
-        self.account();
-        gone
-    }
-
-    /// Publish the engine-hash maps' heap size (for memory accounting in `/metrics`).
-    fn account(&self) {
-        let bytes: usize = self
-            .slots
-            .iter()
-            .map(|s| s.blocks.seqs.allocation_size() + s.blocks.tiers.allocation_size())
-            .sum();
-        self.stats
-            .engine_map_bytes
-            .store(bytes as u64, Ordering::Relaxed);
+        self.slots.drain(..).map(|s| (s.index, s.slot)).collect()
     }
 
     /// Apply one decoded batch: every event becomes shard ops on `sink`.
@@ -378,7 +228,6 @@ impl WorkerFeed {
                 EventOp::Updated => {}
             }
         }
-        self.account();
     }
 
     /// Tier bits an event applies to.
@@ -429,25 +278,23 @@ impl WorkerFeed {
             .filter(|s| !s.is_empty())
             .or(self.opts.salt.as_deref());
         let (mm_sorted, mm_bytes) = (&mut self.mm_sorted, &mut self.mm_bytes);
-        let sf = &mut self.slots[i];
-        let (index, slot) = (sf.index, sf.slot);
-        let dp = sf.dp;
+        let sf = &self.slots[i];
+        let (index, slot, dp) = (sf.index, sf.slot, sf.dp);
         if ev.tokens.is_empty() && ev.hash_kind == HashKind::Seq {
             // Standardized rolling hashes are kvix sequence hashes already.
-            let mut parent = ev.parent.map(|p| SeqHash(p.0));
-            for h in ev.hashes {
-                let seq = SeqHash(h.0);
-                for t in tiers.iter() {
-                    sink.push(ShardOp::Store {
+            for tier in tiers.iter() {
+                let mut parent = ev.parent.map(|p| SeqHash(p.0));
+                for h in ev.hashes {
+                    let seq = SeqHash(h.0);
+                    sink.push(ShardOp::StoreKeyed {
                         index,
+                        slot,
+                        tier,
                         seq,
                         parent,
-                        local: BlockHash(0),
-                        slot,
-                        tier: t,
                     });
+                    parent = Some(seq);
                 }
-                parent = Some(seq);
             }
             FeedStats::bump(&stats.blocks_stored, ev.hashes.len() as u64);
             return;
@@ -464,38 +311,11 @@ impl WorkerFeed {
             );
             return;
         }
-        let mut parent = match ev.parent {
-            None => None,
-            Some(p) => match sf.blocks.get(&p) {
-                Some(seq) => Some(seq),
-                // A standardized publisher's parent is a kvix sequence hash as is.
-                None if ev.hash_kind == HashKind::Seq => Some(SeqHash(p.0)),
-                None => {
-                    FeedStats::bump(&stats.unknown_parent, 1);
-                    tracing::warn!(
-                        instance,
-                        dp,
-                        parent = p.0,
-                        "stored event with unknown parent; skipped"
-                    );
-                    return;
-                }
-            },
-        };
         let seed = hash::block_seed(lora.as_deref(), salt);
         let mut mm = ev.mm;
-        for eh in ev.hashes.iter().take(PREFETCH_AHEAD) {
-            sf.blocks.seqs.prefetch(*eh);
-        }
-        for (b, (eh, chunk)) in ev
-            .hashes
-            .iter()
-            .zip(ev.tokens.chunks_exact(block_size))
-            .enumerate()
-        {
-            if let Some(ahead) = ev.hashes.get(b + PREFETCH_AHEAD) {
-                sf.blocks.seqs.prefetch(*ahead);
-            }
+        let locals = &mut self.locals;
+        locals.clear();
+        for (b, chunk) in ev.tokens.chunks_exact(block_size).enumerate() {
             mm_sorted.clear();
             while let Some(&(blk, h)) = mm.first()
                 && blk as usize <= b
@@ -506,55 +326,38 @@ impl WorkerFeed {
                 mm = &mm[1..];
             }
             mm_sorted.sort_unstable();
-            let local = hash::local_hash_mm(chunk, mm_sorted, seed, mm_bytes);
-            let seq = hash::chain(parent, local);
-            if let Some((old, old_tiers)) = sf.blocks.add(*eh, seq, tiers) {
-                // The engine reused a hash for other content: drop the old block first.
-                sink.push(ShardOp::Remove {
-                    index,
-                    seq: old,
-                    slot,
-                    tiers: old_tiers,
-                });
-            }
-            for t in tiers.iter() {
+            locals.push(hash::local_hash_mm(chunk, mm_sorted, seed, mm_bytes));
+        }
+        // A tier at a time: each tier's blocks are one run for the shard.
+        for tier in tiers.iter() {
+            let mut parent = ev.parent;
+            for (&block, &local) in ev.hashes.iter().zip(locals.iter()) {
                 sink.push(ShardOp::Store {
                     index,
-                    seq,
-                    parent,
-                    local,
                     slot,
-                    tier: t,
+                    tier,
+                    parent,
+                    block,
+                    local,
                 });
+                parent = Some(block);
             }
-            parent = Some(seq);
         }
         FeedStats::bump(&stats.blocks_stored, ev.hashes.len() as u64);
     }
 
     fn remove(&mut self, i: usize, ev: &Event<'_>, registry: &Registry, sink: &mut impl OpSink) {
-        let stats = self.stats.clone();
-        let bit = Self::tiers_of(ev, registry);
-        let sf = &mut self.slots[i];
-        let (index, slot) = (sf.index, sf.slot);
-        for eh in ev.hashes {
-            match sf.blocks.remove(eh, bit) {
-                Some(seq) => sink.push(ShardOp::Remove {
-                    index,
-                    seq,
-                    slot,
-                    tiers: bit,
-                }),
-                None if ev.hash_kind == HashKind::Seq => sink.push(ShardOp::Remove {
-                    index,
-                    seq: SeqHash(eh.0),
-                    slot,
-                    tiers: bit,
-                }),
-                None => FeedStats::bump(&stats.unknown_removed, 1),
-            }
+        let tiers = Self::tiers_of(ev, registry);
+        let sf = &self.slots[i];
+        for &block in ev.hashes {
+            sink.push(ShardOp::Remove {
+                index: sf.index,
+                slot: sf.slot,
+                block,
+                tiers,
+            });
         }
-        FeedStats::bump(&stats.blocks_removed, ev.hashes.len() as u64);
+        FeedStats::bump(&self.stats.blocks_removed, ev.hashes.len() as u64);
     }
 
     /// A clear is scoped to its stream: an event naming a medium clears that
@@ -566,22 +369,12 @@ impl WorkerFeed {
             (None, Dialect::MooncakeLegacy) => Tier::HOST.bit() | Tier::DISK.bit(),
             (None, _) => TierSet::ALL,
         };
-        let sf = &mut self.slots[i];
-        sink.broadcast(ShardOp::ClearSlot {
+        let sf = &self.slots[i];
+        sink.push(ShardOp::ClearSlot {
             index: sf.index,
             slot: sf.slot,
             tiers,
         });
-        sf.blocks.clear_tiers(tiers);
-    }
-}
-
-/// Free most of a side map's memory once it is a quarter full or less (the
-/// [`BlockTable`] does as much for itself).
-fn shrink_if_sparse<K: Eq + std::hash::Hash, V>(m: &mut HashMap<K, V>) {
-    let cap = m.capacity();
-    if cap > 4096 && m.len() < cap / 4 {
-        m.shrink_to(m.len() * 2);
     }
 }
 
@@ -612,11 +405,12 @@ pub struct SeedBlock {
 }
 
 impl WorkerFeed {
-    /// Seed rank `dp` with `blocks` (parents first), exactly as BlockStored would: the
-    /// engine-hash map learns every block (so later live events resolve) and the same
-    /// `ShardOp::Store`s go onto the rings. With `replace`, the rank's current blocks are
-    /// cleared first (a peer's dump supersedes an older local snapshot). Returns the
-    /// number of blocks skipped for an unknown parent.
+    /// Seed rank `dp` with `blocks` (parents first) as ops for the slot's shard,
+    /// which files them as BlockStored would: the slot's engine-hash map learns
+    /// every block, so later live events resolve; a block whose parent its shard
+    /// cannot find is skipped and counted there. With `replace`, the rank's current
+    /// blocks are cleared first (a peer's dump supersedes an older local snapshot).
+    /// Returns whether the rank has a slot (a full registry may refuse one).
     pub fn seed(
         &mut self,
         index: IndexId,
@@ -625,67 +419,42 @@ impl WorkerFeed {
         replace: bool,
         registry: &Registry,
         sink: &mut impl OpSink,
-    ) -> u64 {
-        let stats = self.stats.clone();
+    ) -> bool {
         let Some(i) = self.slot_feed(index, dp, registry) else {
-            return blocks.len() as u64;
+            return false;
         };
-        let sf = &mut self.slots[i];
-        let slot = sf.slot;
+        let slot = self.slots[i].slot;
         if replace {
-            sink.broadcast(ShardOp::ClearSlot {
+            sink.push(ShardOp::ClearSlot {
                 index,
                 slot,
                 tiers: TierSet::ALL,
             });
-            sf.blocks.clear_tiers(TierSet::ALL);
         }
-        let mut skipped = 0;
         for b in blocks {
-            let parent = match (b.parent_seq, b.parent_engine) {
-                (Some(p), _) => Some(p),
-                (None, None) => None,
-                (None, Some(p)) => match sf.blocks.get(&p) {
-                    Some(seq) => Some(seq),
-                    None => {
-                        skipped += 1;
-                        continue;
-                    }
-                },
-            };
             // A block stored by sequence hash alone (a standardized publisher without
             // tokens) has no local hash; exports carry its sequence hash as its block
-            // hash, and it never had an engine hash to resolve.
+            // hash.
             if b.local.0 == 0 {
-                sink.push(ShardOp::Store {
+                sink.push(ShardOp::StoreKeyed {
                     index,
-                    seq: SeqHash(b.engine.0),
-                    parent,
-                    local: b.local,
                     slot,
                     tier: b.tier,
+                    seq: SeqHash(b.engine.0),
+                    parent: b.parent_seq,
                 });
                 continue;
             }
-            let seq = hash::chain(parent, b.local);
-            if let Some((old, old_tiers)) = sf.blocks.add(b.engine, seq, b.tier.bit()) {
-                sink.push(ShardOp::Remove {
-                    index,
-                    seq: old,
-                    slot,
-                    tiers: old_tiers,
-                });
-            }
-            sink.push(ShardOp::Store {
+            sink.push(ShardOp::Seed {
                 index,
-                seq,
-                parent,
-                local: b.local,
                 slot,
                 tier: b.tier,
+                block: b.engine,
+                local: b.local,
+                parent: SeedParent::new(b.parent_engine, b.parent_seq),
             });
         }
-        FeedStats::bump(&stats.unknown_parent, skipped);
-        skipped
+        sink.broadcast(ShardOp::SeedDone { index });
+        true
     }
 }

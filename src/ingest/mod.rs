@@ -15,7 +15,7 @@ pub mod wake;
 use crate::registry::{Endpoint, ListenerOpts, Registry};
 use crate::ring::{OpSink, RingSink, Rings};
 use crate::shard::ShardOp;
-use crate::types::{DpRank, EngineHash, IndexId, InstanceId, SeqHash, WorkerSlot};
+use crate::types::{DpRank, IndexId, InstanceId, WorkerSlot};
 use crate::wire::{self, Batch};
 use feed::{FeedStats, SeedBlock, WorkerFeed};
 use std::collections::HashMap;
@@ -45,11 +45,6 @@ pub enum Command {
         dp: Option<DpRank>,
         also_clear: Vec<WorkerSlot>,
         done: mpsc::Sender<()>,
-    },
-    /// Report every (slot, sequence hash, engine hash) of `index`'s feeds.
-    EngineHashes {
-        index: IndexId,
-        done: mpsc::Sender<Vec<(WorkerSlot, SeqHash, EngineHash)>>,
     },
     /// Seed one worker's feed from a dump or snapshot (see [`WorkerFeed::seed`]).
     Seed {
@@ -84,7 +79,8 @@ pub type SeqRecord = (SeqKey, u64);
 /// What a seed did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SeedOutcome {
-    /// Seeded; this many blocks skipped for an unknown parent.
+    /// Seeded; this many blocks skipped (the rank has no slot). A block whose
+    /// parent its shard cannot find is counted there, as an unknown parent.
     Seeded { skipped: u64 },
     /// No listener of that worker on this thread: nothing seeded.
     NoListener,
@@ -275,21 +271,6 @@ impl Ingest {
             },
         );
         let _ = rx.recv();
-    }
-
-    /// Engine hashes of every block of `index`, per slot, from all ingest threads.
-    pub fn engine_hashes(&self, index: IndexId) -> Vec<(WorkerSlot, SeqHash, EngineHash)> {
-        let mut out = Vec::new();
-        for tx in &self.senders {
-            let (done, rx) = mpsc::channel();
-            let sent = tx.send(Command::EngineHashes { index, done });
-            if sent.is_ok()
-                && let Ok(mut v) = rx.recv()
-            {
-                out.append(&mut v);
-            }
-        }
-        out
     }
 
     /// Seed one worker from a dump or snapshot; returns once its ops are on the rings.
@@ -563,7 +544,7 @@ impl IngestThread {
                 cleared.sort();
                 cleared.dedup();
                 for (index, slot) in cleared {
-                    self.sink.broadcast(ShardOp::ClearSlot {
+                    self.sink.push(ShardOp::ClearSlot {
                         index,
                         slot,
                         tiers: crate::types::TierSet::ALL,
@@ -571,13 +552,6 @@ impl IngestThread {
                 }
                 self.sink.flush();
                 let _ = done.send(());
-            }
-            Command::EngineHashes { index, done } => {
-                let mut out = Vec::new();
-                for l in &self.listeners {
-                    l.feed.engine_hashes(index, &mut out);
-                }
-                let _ = done.send(out);
             }
             Command::Seed {
                 index,
@@ -609,16 +583,14 @@ impl IngestThread {
                             .position(|l| l.feed.index == index && l.feed.instance == instance)
                     });
                 let r = match pos {
-                    Some(i) => SeedOutcome::Seeded {
-                        skipped: self.listeners[i].feed.seed(
-                            index,
-                            dp,
-                            &blocks,
-                            replace,
-                            &registry,
-                            &mut self.sink,
-                        ),
-                    },
+                    Some(i) => {
+                        let feed = &mut self.listeners[i].feed;
+                        let sink = &mut self.sink;
+                        let seeded = feed.seed(index, dp, &blocks, replace, &registry, sink);
+                        SeedOutcome::Seeded {
+                            skipped: if seeded { 0 } else { blocks.len() as u64 },
+                        }
+                    }
                     None => SeedOutcome::NoListener,
                 };
                 self.sink.flush();

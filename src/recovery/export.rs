@@ -1,7 +1,7 @@
 //! The one export of the running service's state, behind `/dump` and local snapshots.
 //!
-//! Gathers, in this order: every engine stream's last sequence number and every feed's
-//! engine hashes (from the ingest threads), then each shard's blocks (each shard first
+//! Gathers, in this order: every engine stream's last sequence number (from the ingest
+//! threads), then each shard's blocks and how its workers name them (each shard first
 //! applies what its rings hold). So the blocks are at least as new as the recorded
 //! sequence numbers, and replaying from `last_seq + 1` after a restart can only re-apply
 //! events, never skip one. Shards are read one request at a time while ingestion goes
@@ -14,7 +14,7 @@ use crate::ingest::SeqKey;
 use crate::ingest::feed::SeedBlock;
 use crate::mesh::{ShardMesh, ShardUnavailable};
 use crate::registry::{IndexInfo, Snapshot};
-use crate::shard::DumpedBlock;
+use crate::shard::{DumpedBlock, NO_NODE};
 use crate::types::{DpRank, EngineHash, InstanceId, SeqHash, ShardId, Tier, WorkerSlot};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -44,8 +44,8 @@ pub struct Export {
     pub indexes: Vec<IndexExport>,
 }
 
-/// Gather sequence numbers, engine hashes (off the executor: they wait on the ingest
-/// threads) and every shard's blocks, then order them off the executor.
+/// Gather sequence numbers (off the executor: they wait on the ingest threads) and
+/// every shard's blocks and engine hashes, then order them off the executor.
 pub async fn export<M: ShardMesh>(mesh: &M) -> Result<Export, ShardUnavailable> {
     let ingest = mesh.app().ingest().clone();
     let seqs: HashMap<_, _> = mesh
@@ -54,11 +54,11 @@ pub async fn export<M: ShardMesh>(mesh: &M) -> Result<Export, ShardUnavailable> 
     let snap = mesh.app().registry().snapshot_arc();
     let mut indexes = Vec::new();
     for ix in snap.live_indexes() {
-        let (ingest, id) = (mesh.app().ingest().clone(), ix.id);
-        let engine = mesh.offload(move || ingest.engine_hashes(id)).await;
-        let mut parts = Vec::new();
+        let (mut parts, mut engine) = (Vec::new(), Vec::new());
         for s in 0..mesh.shards() {
-            parts.append(&mut mesh.export(ShardId(s), ix.id).await?);
+            let (mut p, mut e) = mesh.export(ShardId(s), ix.id).await?;
+            parts.append(&mut p);
+            engine.append(&mut e);
         }
         let info = ix.clone();
         // Joined off the executor: a copy of every pair at once would hold queries.
@@ -122,9 +122,24 @@ impl IndexExport {
     pub fn new(
         info: Arc<IndexInfo>,
         blocks: Vec<DumpedBlock>,
-        mut engine: Vec<(WorkerSlot, SeqHash, EngineHash)>,
+        mut names: Vec<(WorkerSlot, u32, EngineHash)>,
     ) -> Self {
+        // A worker's engine hashes by node, then by sequence hash through the blocks.
+        names.sort_unstable_by_key(|e| (e.0, e.1));
+        let mut engine: Vec<(WorkerSlot, SeqHash, EngineHash)> = blocks
+            .iter()
+            .filter(|b| b.node != NO_NODE)
+            .filter_map(|b| {
+                let slot = b.holder.slot();
+                let i = names
+                    .binary_search_by_key(&(slot, b.node), |e| (e.0, e.1))
+                    .ok()?;
+                Some((slot, b.seq, names[i].2))
+            })
+            .collect();
+        drop(names);
         engine.sort_unstable_by_key(|e| (e.0, e.1));
+        engine.dedup_by_key(|e| (e.0, e.1));
         let engine_of = |slot: WorkerSlot, seq: SeqHash| {
             engine
                 .binary_search_by_key(&(slot, seq), |e| (e.0, e.1))
@@ -266,6 +281,7 @@ mod tests {
             parent: parent.map(SeqHash),
             local: BlockHash(seq + 1000),
             holder: Holder::new(WorkerSlot(slot), Tier::DEVICE.bit()),
+            node: NO_NODE,
         }
     }
 

@@ -20,10 +20,11 @@ use crate::http;
 use crate::lifecycle::Phase;
 use crate::mesh::{ShardMesh, ShardUnavailable};
 use crate::metrics::{HttpStats, ShardStats};
-use crate::query::{self, ShardReply};
+use crate::query::{self, PromptBlocks, ShardReply};
 use crate::service::App;
-use crate::shard::{DumpedBlock, PruneBound, Shard, ShardOp};
-use crate::types::{IndexId, SeqHash, ShardId};
+use crate::shard::predict::Tick;
+use crate::shard::{DumpedBlock, ExportAt, PruneBound, Shard};
+use crate::types::{BlockHash, EngineHash, IndexId, ShardId, WorkerSlot};
 use glommio::channels::channel_mesh::{MeshBuilder, Senders};
 use glommio::channels::local_channel::{self, LocalSender};
 use glommio::{LocalExecutorPoolBuilder, PoolPlacement};
@@ -39,24 +40,27 @@ use std::time::{Duration, Instant};
 enum Req {
     Lookup {
         index: IndexId,
-        seqs: Vec<SeqHash>,
+        prompt: Arc<PromptBlocks>,
     },
-    /// Apply these prediction ops (one index), bounding the index first if asked.
+    /// Bound the index first if asked, then apply the prediction if there is one
+    /// (it goes to its slot's shard only).
     Predict {
         index: IndexId,
-        ops: Vec<ShardOp>,
+        prediction: Option<(WorkerSlot, Vec<BlockHash>, Tick)>,
         prune: Option<PruneBound>,
     },
-    /// Part `part` of `1 << bits`; with no `bits`, the shard picks them (and
-    /// answers part 0: [`crate::shard::Shard::export_bits`]). An export reads a shard
-    /// in parts, one request each, so the shard's executor serves queries between
-    /// them instead of walking its whole table at once. Ops applied between parts
-    /// are covered by replay from the sequence numbers taken before the export, as
-    /// ops applied after it are.
+    /// The next step of an export from `at` (the default begins one). An export
+    /// reads a shard in steps, one request each, so the shard's executor serves
+    /// queries between them instead of walking its whole index at once. Ops applied
+    /// between steps are covered by replay from the sequence numbers taken before
+    /// the export, as ops applied after it are.
     Export {
         index: IndexId,
-        part: usize,
-        bits: Option<u32>,
+        at: Box<ExportAt>,
+    },
+    /// How the shard's slots name their blocks of `index`, after the last step.
+    EngineNames {
+        index: IndexId,
     },
     Stats,
 }
@@ -64,8 +68,9 @@ enum Req {
 enum Rep {
     Lookup(ShardReply),
     Predicted,
-    /// The part's blocks, and the bits the export splits the index by.
-    Export(Vec<DumpedBlock>, u32),
+    /// The step's blocks, where the export got to, and whether it is done.
+    Export(Vec<DumpedBlock>, Box<ExportAt>, bool),
+    EngineNames(Vec<(WorkerSlot, u32, EngineHash)>),
     Stats(Box<ShardStats>),
 }
 
@@ -122,26 +127,35 @@ impl Core {
                     tier_blocks,
                     predictions: shard.predictions,
                     evicted: shard.evicted,
+                    unknown_parent: shard.unknown_parent,
+                    unknown_removed: shard.unknown_removed,
+                    engine_map_bytes: shard.engine_map_bytes() as u64,
                     heap_bytes: shard.heap_bytes() as u64,
                     http: self.http_stats.borrow().clone(),
                 }))
             }
-            Req::Lookup { index, seqs } => {
-                Rep::Lookup(query::answer(&mut self.shard.borrow_mut(), index, &seqs))
-            }
-            Req::Predict { index, ops, prune } => {
+            Req::Lookup { index, prompt } => Rep::Lookup(query::answer(
+                &mut self.shard.borrow_mut(),
+                index,
+                prompt.as_prompt(),
+            )),
+            Req::Predict {
+                index,
+                prediction,
+                prune,
+            } => {
                 let mut shard = self.shard.borrow_mut();
                 if prune.is_some() {
                     shard.set_prune_bound(index, prune);
                 }
-                for op in ops {
-                    shard.apply(op);
+                if let Some((slot, locals, expires)) = prediction {
+                    shard.predict(index, slot, &locals, expires);
+                    // The drain loop ends predictions, and does not park while some wait.
+                    self.app.rings().wake(self.id);
                 }
-                // The drain loop ends predictions, and does not park while some wait.
-                self.app.rings().wake(self.id);
                 Rep::Predicted
             }
-            Req::Export { index, part, bits } => {
+            Req::Export { index, mut at } => {
                 // Apply everything already on the rings first, so an export taken after
                 // the ingest threads reported their sequence numbers covers them.
                 let mut shard = self.shard.borrow_mut();
@@ -149,10 +163,14 @@ impl Core {
                     .rings()
                     .drain(self.id, usize::MAX, |ops| shard.apply_staged(ops));
                 shard.finish_deferred();
-                let bits = bits.unwrap_or_else(|| shard.export_bits(index));
                 let mut out = Vec::new();
-                shard.dump(index, part, bits, &mut out);
-                Rep::Export(out, bits)
+                let done = shard.export_step(index, &mut at, &mut out);
+                Rep::Export(out, at, done)
+            }
+            Req::EngineNames { index } => {
+                let mut out = Vec::new();
+                self.shard.borrow().engine_names(index, &mut out);
+                Rep::EngineNames(out)
             }
         }
     }
@@ -231,11 +249,15 @@ impl ShardMesh for Core {
     async fn lookup(
         &self,
         index: IndexId,
-        seqs: &[SeqHash],
+        prompt: Arc<PromptBlocks>,
     ) -> Result<Vec<ShardReply>, ShardUnavailable> {
-        let reqs = query::split(seqs, self.shards)
-            .into_iter()
-            .map(|seqs| Some(Req::Lookup { index, seqs }))
+        let reqs = (0..self.shards)
+            .map(|_| {
+                Some(Req::Lookup {
+                    index,
+                    prompt: prompt.clone(),
+                })
+            })
             .collect();
         let mut out = Vec::with_capacity(self.shards);
         for (i, r) in self.scatter(reqs).await?.into_iter().enumerate() {
@@ -251,46 +273,73 @@ impl ShardMesh for Core {
         &self,
         shard: ShardId,
         index: IndexId,
-    ) -> Result<Vec<Vec<DumpedBlock>>, ShardUnavailable> {
-        let mut parts = Vec::new();
-        let (mut part, mut bits) = (0, None);
-        while bits.is_none_or(|b: u32| part < 1usize << b) {
+    ) -> Result<(Vec<Vec<DumpedBlock>>, Vec<(WorkerSlot, u32, EngineHash)>), ShardUnavailable> {
+        let ask = |req: Req| {
             let mut reqs: Vec<Option<Req>> = (0..self.shards).map(|_| None).collect();
-            *reqs.get_mut(shard.0).ok_or(ShardUnavailable(shard))? =
-                Some(Req::Export { index, part, bits });
-            match self
-                .scatter(reqs)
+            if let Some(r) = reqs.get_mut(shard.0) {
+                *r = Some(req);
+            }
+            self.scatter(reqs)
+        };
+        let mut parts = Vec::new();
+        let mut at = Box::default();
+        loop {
+            match ask(Req::Export { index, at })
                 .await?
                 .get_mut(shard.0)
                 .and_then(Option::take)
             {
-                Some(Rep::Export(v, b)) => {
+                Some(Rep::Export(v, next, done)) => {
                     parts.push(v);
-                    bits = Some(b);
+                    at = next;
+                    if done {
+                        break;
+                    }
                 }
                 _ => return Err(ShardUnavailable(shard)),
             }
-            part += 1;
-            // Our own shard answers in place: let queued queries run between parts.
+            // Our own shard answers in place: let queued queries run between steps.
             let_requests_in().await;
         }
-        Ok(parts)
+        match ask(Req::EngineNames { index })
+            .await?
+            .get_mut(shard.0)
+            .and_then(Option::take)
+        {
+            Some(Rep::EngineNames(names)) => Ok((parts, names)),
+            _ => Err(ShardUnavailable(shard)),
+        }
     }
 
     async fn predict(
         &self,
         index: IndexId,
-        ops: Vec<Vec<ShardOp>>,
+        slot: WorkerSlot,
+        locals: Vec<BlockHash>,
+        expires: Tick,
         prune: Option<PruneBound>,
     ) -> Result<(), ShardUnavailable> {
-        let reqs = ops
-            .into_iter()
-            .map(|ops| {
-                (!ops.is_empty() || prune.is_some()).then_some(Req::Predict { index, ops, prune })
+        let owner = crate::partition::shard_of(index, slot, self.shards);
+        let mut prediction = Some((slot, locals, expires));
+        let reqs = (0..self.shards)
+            .map(|s| {
+                let prediction = if s == owner.0 {
+                    prediction.take()
+                } else {
+                    None
+                };
+                (prediction.is_some() || prune.is_some()).then_some(Req::Predict {
+                    index,
+                    prediction,
+                    prune,
+                })
             })
             .collect();
         for (i, r) in self.scatter(reqs).await?.into_iter().enumerate() {
-            if matches!(r, Some(Rep::Lookup(_) | Rep::Export(..) | Rep::Stats(_))) {
+            if matches!(
+                r,
+                Some(Rep::Lookup(_) | Rep::Export(..) | Rep::EngineNames(_) | Rep::Stats(_))
+            ) {
                 return Err(ShardUnavailable(ShardId(i)));
             }
         }

@@ -84,6 +84,14 @@ pub struct Walk {
 }
 
 impl Walk {
+    /// A walk with nothing left to visit.
+    pub fn done() -> Self {
+        Walk {
+            chained: Cursor::done(),
+            keyed: Cursor::done(),
+        }
+    }
+
     pub fn is_done(&self) -> bool {
         self.chained.is_done() && self.keyed.is_done()
     }

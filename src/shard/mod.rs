@@ -1,15 +1,18 @@
 //! One executor's shard of the block index.
 //!
-//! Owns, for every (model, tenant) index, the blocks whose sequence hash the
-//! partition function assigns to this shard: sequence hash → (parent, local
-//! hash, holders), in [`blocks::Blocks`] (which derives most keys instead of
-//! storing them). Changes arrive only as [`ShardOp`]s through [`Shard::apply`]
-//! (live events, replay, dump and bootstrap alike; predictions from `/speculate`),
-//! and predictions end through [`Shard::expire`]. A clear of a worker's slot (all
-//! its tiers or some) is walked in steps between which the executor serves
-//! ([`Shard::step_clears`]), answering as if the clear were done. With a block
-//! budget (`--max-blocks`) a store past it evicts the block least recently stored
-//! or matched. A shard never touches another shard's memory and never blocks.
+//! Owns, for every (model, tenant) index, what the worker slots the partition
+//! function gives this shard hold ([`crate::partition::shard_of`]): a radix tree of
+//! their blocks with each slot's engine-hash map ([`tree::Tree`]), and beside it a
+//! table keyed by sequence hash ([`blocks::Blocks`]) for blocks published by
+//! rolling hash alone, without tokens (they name no parent a tree could hang them
+//! from). Changes arrive as [`ShardOp`]s through [`Shard::apply`] (live events,
+//! replay, dumps and snapshots alike) and as predictions through
+//! [`Shard::predict`]; predictions end through [`Shard::expire`]. A clear of a
+//! worker's slot (all its tiers or some) is walked in steps between which the
+//! executor serves ([`Shard::step_clears`]), answering as if the clear were done.
+//! With a block budget (`--max-blocks`) a store past it evicts the block least
+//! recently stored or matched. A shard never touches another shard's memory and
+//! never blocks.
 
 pub mod blocks;
 pub mod holders;
@@ -17,39 +20,57 @@ pub mod predict;
 pub mod table;
 pub mod tree;
 
-use crate::types::{BlockHash, IndexId, SeqHash, Tier, TierSet, WorkerSlot};
+use crate::hash;
+use crate::types::{BlockHash, EngineHash, IndexId, SeqHash, Tier, TierSet, WorkerSlot};
 use blocks::{Blocks, EVICT_TURNS, Hand, Walk};
+use hashbrown::HashMap;
 use holders::{Holder, HolderSet, HolderSlab};
-use predict::{Predicted, Predictions, Tick};
+use predict::Tick;
+use table::Cursor;
 pub use table::SeqHasherBuilder;
+use tree::{DumpWalk, Seed, Stored, Tree};
 
-/// In a lookup's output, a block held exactly as the block before it (see
-/// [`Shard::lookup`]); never a holder count, since a block has fewer holders than
-/// there are worker slots.
-pub const SAME_HOLDERS: u32 = u32::MAX;
-
-/// How many blocks ahead [`Shard::apply_all`] and [`Shard::lookup`] load the table
-/// buckets: enough misses in flight to cover memory latency, few enough that
-/// the lines are still cached when their op comes.
-const PREFETCH_AHEAD: usize = 8;
-
-/// The one way to change a shard.
+/// The one way to change a shard's blocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ShardOp {
-    /// `slot` holds block `seq` on `tier`. `parent` is `None` for a first block.
+    /// `slot` holds the block it names `block` (local hash `local`) on `tier`, a
+    /// child of the block it names `parent` (`None`: a first block). Consecutive
+    /// stores of one slot and tier, each the child of the one before, are filed as
+    /// one run.
     Store {
         index: IndexId,
-        seq: SeqHash,
-        parent: Option<SeqHash>,
-        local: BlockHash,
         slot: WorkerSlot,
         tier: Tier,
+        parent: Option<EngineHash>,
+        block: EngineHash,
+        local: BlockHash,
     },
-    /// `slot` no longer holds `seq` on the tiers in `tiers`.
+    /// `slot` holds the block with rolling sequence hash `seq` on `tier` (a
+    /// publisher of standardized hashes that sends no tokens).
+    StoreKeyed {
+        index: IndexId,
+        slot: WorkerSlot,
+        tier: Tier,
+        seq: SeqHash,
+        parent: Option<SeqHash>,
+    },
+    /// A block of a dump or snapshot, parents first (see [`tree::Tree::seed`]).
+    Seed {
+        index: IndexId,
+        slot: WorkerSlot,
+        tier: Tier,
+        block: EngineHash,
+        local: BlockHash,
+        parent: SeedParent,
+    },
+    /// An import's blocks are all applied: the sequence hashes it filed are forgotten.
+    SeedDone { index: IndexId },
+    /// `slot` no longer holds the block it names `block` on the tiers in `tiers`
+    /// (a block stored by rolling hash alone is named by that hash).
     Remove {
         index: IndexId,
-        seq: SeqHash,
         slot: WorkerSlot,
+        block: EngineHash,
         tiers: TierSet,
     },
     /// `slot` holds nothing any more on the tiers in `tiers` (AllBlocksCleared, unregister).
@@ -58,56 +79,135 @@ pub enum ShardOp {
         slot: WorkerSlot,
         tiers: TierSet,
     },
-    /// A router expects `slot` to hold `seq` soon: it counts as held on the device
-    /// until `expires`, or until a `Store` of the block by `slot` confirms it.
-    Predict {
-        index: IndexId,
-        seq: SeqHash,
-        parent: Option<SeqHash>,
-        local: BlockHash,
-        slot: WorkerSlot,
-        expires: Tick,
-    },
 }
 
-impl ShardOp {
-    /// The block an op is about (its owning shard's key); `None` for a clear, which
-    /// goes to every shard.
-    pub fn seq(&self) -> Option<SeqHash> {
-        match *self {
-            ShardOp::Store { seq, .. }
-            | ShardOp::Remove { seq, .. }
-            | ShardOp::Predict { seq, .. } => Some(seq),
-            ShardOp::ClearSlot { .. } => None,
+/// How a seeded block names its parent: by the slot's engine hash, by sequence
+/// hash (among the blocks the import filed), both, or neither (a first block).
+/// Two bare words and flags, so that a seed is no larger than a store on the rings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SeedParent {
+    engine: u64,
+    seq: u64,
+    known: u8,
+}
+
+impl SeedParent {
+    const ENGINE: u8 = 1;
+    const SEQ: u8 = 2;
+
+    pub fn new(engine: Option<EngineHash>, seq: Option<SeqHash>) -> Self {
+        SeedParent {
+            engine: engine.map_or(0, |e| e.0),
+            seq: seq.map_or(0, |s| s.0),
+            known: engine.map_or(0, |_| Self::ENGINE) | seq.map_or(0, |_| Self::SEQ),
         }
     }
 
+    pub fn engine(&self) -> Option<EngineHash> {
+        (self.known & Self::ENGINE != 0).then_some(EngineHash(self.engine))
+    }
+
+    pub fn seq(&self) -> Option<SeqHash> {
+        (self.known & Self::SEQ != 0).then_some(SeqHash(self.seq))
+    }
+}
+
+impl ShardOp {
     /// The index an op changes.
     pub fn index(&self) -> IndexId {
         match *self {
             ShardOp::Store { index, .. }
+            | ShardOp::StoreKeyed { index, .. }
+            | ShardOp::Seed { index, .. }
+            | ShardOp::SeedDone { index }
             | ShardOp::Remove { index, .. }
-            | ShardOp::Predict { index, .. }
             | ShardOp::ClearSlot { index, .. } => index,
         }
     }
 
-    /// The worker slot an op changes.
-    pub fn slot(&self) -> WorkerSlot {
+    /// The worker slot an op changes (its shard's key); `None` for the end of an
+    /// import, which goes to every shard.
+    pub fn slot(&self) -> Option<WorkerSlot> {
         match *self {
             ShardOp::Store { slot, .. }
+            | ShardOp::StoreKeyed { slot, .. }
+            | ShardOp::Seed { slot, .. }
             | ShardOp::Remove { slot, .. }
-            | ShardOp::Predict { slot, .. }
-            | ShardOp::ClearSlot { slot, .. } => slot,
+            | ShardOp::ClearSlot { slot, .. } => Some(slot),
+            ShardOp::SeedDone { .. } => None,
         }
     }
 }
 
-/// An export splits an index into at most `1 << EXPORT_BITS_MAX` parts, one request
-/// each.
+/// A query's blocks as a lookup takes them: local hashes (a prompt's tokens, or
+/// Dynamo's `/query_by_hash`), or sequence hashes (Mooncake's rolling hashes).
+#[derive(Clone, Copy, Debug)]
+pub enum Prompt<'a> {
+    Locals(&'a [BlockHash]),
+    Seqs(&'a [SeqHash]),
+}
+
+impl Prompt<'_> {
+    pub fn len(&self) -> usize {
+        match self {
+            Prompt::Locals(l) => l.len(),
+            Prompt::Seqs(s) => s.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Merges lists of `[n, holder..]` per block (each ending at its first block
+/// nobody holds, or with the prompt) into one, keeping what `keep` returns for
+/// each holder: a block's holders are the union of its lists'. Ends, as every
+/// list does, at the first block left with no holder: no worker's prefix reaches
+/// past it.
+pub fn union_holders(
+    parts: &[&[u32]],
+    mut keep: impl FnMut(u32) -> Option<u32>,
+    out: &mut Vec<u32>,
+) {
+    let mut at: Vec<usize> = vec![0; parts.len()];
+    loop {
+        let head = out.len();
+        out.push(0);
+        let mut listed = false;
+        for (p, a) in parts.iter().zip(at.iter_mut()) {
+            let Some(&n) = p.get(*a) else { continue };
+            listed = true;
+            let (from, to) = (*a + 1, *a + 1 + n as usize);
+            *a = if n == 0 { p.len() } else { to };
+            out.extend(
+                p.get(from..to)
+                    .unwrap_or(&[])
+                    .iter()
+                    .filter_map(|&h| keep(h)),
+            );
+        }
+        if !listed {
+            out.pop();
+            return;
+        }
+        let n = out.len() - head - 1;
+        out[head] = n as u32;
+        if n == 0 {
+            return;
+        }
+    }
+}
+
+/// An export of a keyed table splits it into at most `1 << EXPORT_BITS_MAX`
+/// parts, one step each.
 const EXPORT_BITS_MAX: u32 = 12;
 
-/// Table buckets a clear walks per step by default: a fraction of a millisecond.
+/// Blocks of a tree an export step reads: a fraction of a millisecond.
+const EXPORT_STEP_BLOCKS: usize = 1 << 14;
+
+/// Engine-map buckets or table buckets a clear walks per step by default: a
+/// fraction of a millisecond.
 const CLEAR_STEP_BUCKETS: usize = 1 << 14;
 
 /// Ops for slots under a clear that wait before the clear is finished at once: a
@@ -116,22 +216,28 @@ const MAX_DEFERRED: usize = 1 << 20;
 
 /// Slots of one index being cleared, of every tier (an unregister, a worker's
 /// `AllBlocksCleared`) or of some (a clear scoped to a medium, Mooncake's
-/// `RemoveAll`): [`CLEAR_STEP_BUCKETS`] of the blocks' buckets per
-/// [`Shard::step_clears`], so that the executor serves between steps instead of
-/// stalling for a walk of millions of blocks. Until the walk is done the index
-/// answers as if it were: lookups and dumps leave the cleared tiers of these slots
-/// out, and `tree_sizes` counts a slot cleared of every tier as holding nothing.
-/// A store or prediction on a tier being cleared waits (in `deferred`) until the
-/// walks that clear it are done, so it never lands on a block a walk has yet to
-/// pass, and so does every later op of its slot, to keep the slot's order. Other
-/// ops commute with the clears and apply at once: removals and further clears
-/// take bits off either way, and stores to other tiers or slots are bits the
-/// walks do not take.
+/// `RemoveAll`): walked in steps ([`Shard::step_clears`]) so that the executor
+/// serves between them instead of stalling for millions of blocks. The tree is
+/// walked one slot at a time through that slot's engine map, then the keyed table
+/// (usually empty) bucket by bucket. Until the walk is done the index answers as
+/// if it were: lookups and dumps leave the cleared tiers of these slots out, and
+/// `tree_sizes` counts a slot cleared of every tier as holding nothing. A store
+/// or seed on a tier being cleared waits (in `deferred`) until the walks that
+/// clear it are done, so it never lands on a block a walk has yet to pass, and so
+/// does every later op of its slot, to keep the slot's order. Other ops commute
+/// with the clears and apply at once: removals and further clears take bits off
+/// either way, and stores to other tiers or slots are bits the walks do not take.
 #[derive(Default)]
 struct Clearing {
     /// Per slot, the tiers the walk under way takes off it.
     walking: Vec<TierSet>,
-    at: Walk,
+    /// The slot whose engine map the walk is in, and where.
+    tree_slot: usize,
+    tree_at: Cursor,
+    /// Where the walk of the keyed table is, once the tree's is done.
+    keyed_at: Walk,
+    /// The walk has taken a step (later clears wait for the next walk).
+    began: bool,
     /// Per slot, the tiers cleared after the walk began: the next walk's.
     pending: Vec<TierSet>,
     /// Ops waiting for the clears, in arrival order.
@@ -158,24 +264,30 @@ impl Clearing {
     /// Whether `op` must wait for the clears (see [`Clearing`]).
     #[inline]
     fn must_wait(&self, op: &ShardOp) -> bool {
-        let slot = op.slot();
+        let Some(slot) = op.slot() else {
+            // The end of an import waits for the import's seeds that wait.
+            return !self.deferred.is_empty();
+        };
         if self.waits(slot) {
             return true;
         }
         let clears = self.clears(slot);
         match *op {
-            ShardOp::Store { tier, .. } => clears.contains(tier),
-            ShardOp::Predict { .. } => clears.contains(Tier::PREDICTED),
-            ShardOp::Remove { .. } | ShardOp::ClearSlot { .. } => false,
+            ShardOp::Store { tier, .. }
+            | ShardOp::StoreKeyed { tier, .. }
+            | ShardOp::Seed { tier, .. } => clears.contains(tier),
+            ShardOp::Remove { .. } | ShardOp::ClearSlot { .. } | ShardOp::SeedDone { .. } => false,
         }
     }
 
     fn wait(&mut self, op: ShardOp) {
-        let i = op.slot().0 as usize;
-        if self.waiting.len() <= i {
-            self.waiting.resize(i + 1, 0);
+        if let Some(slot) = op.slot() {
+            let i = slot.0 as usize;
+            if self.waiting.len() <= i {
+                self.waiting.resize(i + 1, 0);
+            }
+            self.waiting[i] += 1;
         }
-        self.waiting[i] += 1;
         self.deferred.push(op);
     }
 
@@ -190,10 +302,10 @@ impl Clearing {
     /// Clear `tiers` of `slot`, which has no op waiting: with the walk if it has
     /// not begun, else with the next.
     fn add(&mut self, slot: WorkerSlot, tiers: TierSet) {
-        let set = if self.at == Walk::default() {
-            &mut self.walking
-        } else {
+        let set = if self.began {
             &mut self.pending
+        } else {
+            &mut self.walking
         };
         lose(set, slot, tiers);
     }
@@ -234,37 +346,57 @@ pub struct DumpedBlock {
     pub parent: Option<SeqHash>,
     pub local: BlockHash,
     pub holder: Holder,
+    /// The block's node in its shard's tree (its slot's engine hashes name it:
+    /// [`Shard::engine_names`]); [`NO_NODE`] for a block of the keyed table.
+    pub node: u32,
+}
+
+/// A [`DumpedBlock`]'s node when it is not in a tree.
+pub const NO_NODE: u32 = u32::MAX;
+
+/// Where an export of one index shard ([`Shard::export_step`]) has got to; the
+/// default starts one. The keyed table goes first, a hash part a step, then the
+/// tree, depth first.
+#[derive(Clone, Debug, Default)]
+pub struct ExportAt {
+    keyed_part: usize,
+    keyed_bits: Option<u32>,
+    keyed_done: bool,
+    tree: DumpWalk,
 }
 
 /// The part of one (model, tenant) index that lives in this shard.
 #[derive(Default)]
 pub struct IndexShard {
-    blocks: Blocks,
+    tree: Tree,
+    /// Blocks stored by rolling hash alone, and their holders.
+    keyed: Blocks,
     slab: HolderSlab,
-    /// Blocks held per slot (any tier), for `tree_sizes`.
-    per_slot: Vec<u32>,
-    /// Deadlines of the predicted holders (empty unless `/speculate` was used).
-    predictions: Predictions,
+    /// Blocks of `keyed` held per slot (any tier), for `tree_sizes`.
+    keyed_per_slot: Vec<u32>,
     prune: Option<PruneBound>,
     /// Slots being cleared, if any.
     clearing: Option<Box<Clearing>>,
+    /// Sequence hash → node of the blocks an import filed, until it ends.
+    seeding: HashMap<SeqHash, u32>,
 }
 
 impl IndexShard {
-    fn count(&mut self, slot: WorkerSlot, delta: i32) {
+    fn count_keyed(&mut self, slot: WorkerSlot, delta: i32) {
         let i = slot.0 as usize;
-        if self.per_slot.len() <= i {
-            self.per_slot.resize(i + 1, 0);
+        if self.keyed_per_slot.len() <= i {
+            self.keyed_per_slot.resize(i + 1, 0);
         }
-        self.per_slot[i] = self.per_slot[i].wrapping_add_signed(delta);
+        self.keyed_per_slot[i] = self.keyed_per_slot[i].wrapping_add_signed(delta);
     }
 
+    /// Blocks (and paths to them) in this index shard.
     pub fn len(&self) -> usize {
-        self.blocks.len()
+        self.tree.len() + self.keyed.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.blocks.is_empty()
+        self.len() == 0
     }
 
     /// Blocks held per slot as `tree_sizes` reports them: a slot being cleared of
@@ -272,7 +404,11 @@ impl IndexShard {
     /// walk passes them, the blocks it held only on those.
     pub fn tree_sizes_into(&self, out: &mut Vec<u32>) {
         let at = out.len();
-        out.extend_from_slice(&self.per_slot);
+        let (tree, keyed) = (self.tree.per_slot(), &self.keyed_per_slot);
+        out.extend(
+            (0..tree.len().max(keyed.len()))
+                .map(|i| tree.get(i).copied().unwrap_or(0) + keyed.get(i).copied().unwrap_or(0)),
+        );
         if let Some(d) = &self.clearing {
             for (i, n) in out[at..].iter_mut().enumerate() {
                 if d.clears(WorkerSlot(i as u32)) == TierSet::ALL {
@@ -297,28 +433,29 @@ impl IndexShard {
 
     /// Approximate heap bytes owned by this index shard.
     pub fn heap_bytes(&self) -> usize {
-        self.blocks.allocation_size()
+        self.tree.heap_bytes()
+            + self.keyed.allocation_size()
             + self.slab.capacity_bytes()
-            + self.per_slot.capacity() * 4
-            + self.predictions.heap_bytes()
+            + self.keyed_per_slot.capacity() * 4
+            + self.seeding.allocation_size()
     }
 
-    /// Take the predicted bit off `slot`'s holder of `seq` (expiry, pruning); drops
-    /// the block once nobody holds it. Returns whether the bit was there.
-    fn unpredict(&mut self, seq: SeqHash, slot: WorkerSlot) -> bool {
-        let Some(node) = self.blocks.get_mut(&seq) else {
-            return false;
-        };
-        let (removed, gone) = node
-            .holders
-            .remove(slot, Tier::PREDICTED.bit(), &mut self.slab);
-        if gone {
-            if node.holders.is_empty() {
-                self.blocks.remove(&seq);
+    /// Holders of the keyed blocks `seqs` as `[n, holder..]` per block, up to and
+    /// including the first that is not filed.
+    fn lookup_keyed(&mut self, seqs: &[SeqHash], out: &mut Vec<u32>) {
+        for s in seqs {
+            match self.keyed.get_matched(s) {
+                Some(node) => {
+                    let hs = node.holders.as_slice(&self.slab);
+                    out.push(hs.len() as u32);
+                    out.extend_from_slice(hs);
+                }
+                None => {
+                    out.push(0);
+                    return;
+                }
             }
-            self.count(slot, -1);
         }
-        !removed.is_empty()
     }
 }
 
@@ -328,23 +465,36 @@ pub struct Shard {
     indexes: Vec<IndexShard>,
     /// Ops applied since start, for metrics.
     pub applied: u64,
-    /// (block, holder) pairs per tier over every index, kept as ops apply so that
-    /// metrics never walk the blocks; `Tier::PREDICTED`'s are the live predictions.
-    tier_pairs: [u64; Tier::COUNT],
+    /// (block, holder) pairs per tier of the keyed tables, kept as ops apply (the
+    /// trees keep their own) so that metrics never walk the blocks.
+    keyed_pairs: [u64; Tier::COUNT],
     pub predictions: PredictionCounts,
+    /// Stores skipped because their slot names no such parent, and removals of
+    /// blocks the slot does not hold, since start.
+    pub unknown_parent: u64,
+    pub unknown_removed: u64,
     /// Most blocks this shard holds over all its indexes; `None`: unbounded.
     budget: Option<usize>,
     /// Blocks evicted to stay within the budget, since start.
     pub evicted: u64,
-    /// The table hand (index × [`Hand`]) the next eviction turn goes to.
+    /// The eviction turn (index × hand: its tree, then its keyed tables) next.
     evict_from: usize,
     /// Indexes with slots being cleared, oldest first (see [`Clearing`]).
     clearing: Vec<IndexId>,
     /// The latest tick [`Self::expire`] was given: predictions due by then ended.
     expired_to: Tick,
-    /// Table buckets a clear walks per step; 0 means [`CLEAR_STEP_BUCKETS`].
+    /// Buckets a clear walks per step; 0 means [`CLEAR_STEP_BUCKETS`].
     clear_step_buckets: usize,
+    /// A run of stores being filed (scratch).
+    run: Vec<(EngineHash, BlockHash)>,
+    /// Lookup scratch.
+    merge: Vec<u32>,
+    keyed_out: Vec<u32>,
+    seqs: Vec<SeqHash>,
 }
+
+/// Eviction turns per index: its tree, then each of its keyed tables' hands.
+const TURNS_PER_INDEX: usize = 1 + Hand::BOTH.len();
 
 /// The index shard of `index`, created if new (tracking use if the shard is
 /// bounded). A function of the vector alone, so the caller can still update the
@@ -355,7 +505,8 @@ fn index_mut(indexes: &mut Vec<IndexShard>, index: IndexId, bounded: bool) -> &m
         indexes.resize_with(i + 1, || {
             let mut ix = IndexShard::default();
             if bounded {
-                ix.blocks.track_use();
+                ix.tree.track_use();
+                ix.keyed.track_use();
             }
             ix
         });
@@ -368,10 +519,7 @@ impl Shard {
         self.indexes.get(index.0 as usize)
     }
 
-    /// [`Self::apply`] each op in order, loading the table buckets of the ops a few
-    /// places ahead while one is applied: a table of millions of blocks misses the
-    /// cache on nearly every op, and these misses then overlap instead of queueing.
-    /// Every clear is done on return.
+    /// [`Self::apply`] each op in order. Every clear is done on return.
     pub fn apply_all(&mut self, ops: &[ShardOp]) {
         self.apply_staged(ops);
         self.finish();
@@ -379,17 +527,57 @@ impl Shard {
 
     /// [`Self::apply_all`], except that clears are walked later, in steps
     /// ([`Self::step_clears`]); the shard answers meanwhile as if they were done.
-    /// Clears that come before their walk begins share it.
+    /// Clears that come before their walk begins share it. A run of stores (one
+    /// slot and tier, each block the child of the one before) is filed in one go:
+    /// its parents are the blocks just filed, not looked up again.
     pub fn apply_staged(&mut self, ops: &[ShardOp]) {
-        for op in ops.iter().take(PREFETCH_AHEAD) {
-            self.prefetch(op);
-        }
-        for (i, op) in ops.iter().enumerate() {
-            if let Some(ahead) = ops.get(i + PREFETCH_AHEAD) {
-                self.prefetch(ahead);
+        let mut i = 0;
+        while i < ops.len() {
+            let op = ops[i];
+            i += 1;
+            let ShardOp::Store {
+                index,
+                slot,
+                tier,
+                parent,
+                block,
+                local,
+            } = op
+            else {
+                self.apply(op);
+                continue;
+            };
+            if !self.clearing.is_empty() && self.must_wait(&op) {
+                self.defer(op);
+                continue;
             }
-            self.apply(*op);
+            // A run's ops share the slot and tier, so they wait, or not, together
+            // (a clear between them is an op that ends the run).
+            let mut run = std::mem::take(&mut self.run);
+            run.clear();
+            run.push((block, local));
+            while let Some(&ShardOp::Store {
+                index: ix,
+                slot: s,
+                tier: t,
+                parent: Some(p),
+                block: b,
+                local: l,
+            }) = ops.get(i)
+                && (ix, s, t, p) == (index, slot, tier, run[run.len() - 1].0)
+            {
+                run.push((b, l));
+                i += 1;
+            }
+            self.store(index, slot, tier, parent, &run);
+            self.run = run;
         }
+    }
+
+    fn must_wait(&self, op: &ShardOp) -> bool {
+        self.indexes
+            .get(op.index().0 as usize)
+            .is_some_and(|ix| ix.must_wait(op))
     }
 
     /// Finish every clear under way (and apply the ops that waited for them).
@@ -419,8 +607,8 @@ impl Shard {
         }
     }
 
-    /// Ops held until a clear of their slot is walked: stores and predictions on a
-    /// tier being cleared, and every later op of their slot.
+    /// Ops held until a clear of their slot is walked: stores on a tier being
+    /// cleared, and every later op of their slot.
     pub fn waiting_ops(&self) -> usize {
         self.clearing
             .iter()
@@ -429,8 +617,8 @@ impl Shard {
             .sum()
     }
 
-    /// How many table buckets a clear walks per [`Self::step_clears`] (tests walk in
-    /// tiny steps, to meet clears partway).
+    /// How many buckets a clear walks per [`Self::step_clears`] (tests walk in tiny
+    /// steps, to meet clears partway).
     pub fn set_clear_step_buckets(&mut self, buckets: usize) {
         self.clear_step_buckets = buckets.max(1);
     }
@@ -474,58 +662,87 @@ impl Shard {
         }
     }
 
-    /// One step of the clear walk of `index`. A walk that is done starts the next
-    /// with the clears that came meanwhile (or ends), and the ops that waited for
-    /// it apply, in order (those for slots still being cleared wait again).
+    /// One step of the clear walk of `index`: a step of one slot's engine map, or
+    /// of the keyed table once every slot's is done. A walk that is done starts
+    /// the next with the clears that came meanwhile (or ends), and the ops that
+    /// waited for it apply, in order (those for slots still being cleared wait
+    /// again).
     fn clear_walk_step(&mut self, index: IndexId) {
-        let Some(d) = self.indexes[index.0 as usize].clearing.as_mut() else {
-            self.clearing.retain(|&i| i != index);
-            return;
-        };
-        let (walking, mut at) = (std::mem::take(&mut d.walking), d.at);
         let budget = match self.clear_step_buckets {
             0 => CLEAR_STEP_BUCKETS,
             n => n,
         };
-        self.clear_step(index, &walking, &mut at, budget);
+        let ix = &mut self.indexes[index.0 as usize];
+        let Some(d) = ix.clearing.as_mut() else {
+            self.clearing.retain(|&i| i != index);
+            return;
+        };
+        d.began = true;
+        while d.tree_slot < d.walking.len() && d.walking[d.tree_slot].is_empty() {
+            d.tree_slot += 1;
+        }
+        if d.tree_slot < d.walking.len() {
+            let slot = WorkerSlot(d.tree_slot as u32);
+            if ix
+                .tree
+                .clear_step(slot, d.walking[d.tree_slot], &mut d.tree_at, budget)
+            {
+                d.tree_slot += 1;
+                d.tree_at = Cursor::default();
+            }
+            return;
+        }
+        let (walking, mut at) = (std::mem::take(&mut d.walking), d.keyed_at);
+        if !ix.keyed.is_empty() {
+            self.clear_keyed_step(index, &walking, &mut at, budget);
+        } else {
+            at = Walk::done();
+        }
         let ix = &mut self.indexes[index.0 as usize];
         let d = ix
             .clearing
             .as_mut()
             .expect("only clear_walk_step ends a clear");
         d.walking = walking;
-        d.at = at;
+        d.keyed_at = at;
         if !at.is_done() {
             return;
         }
         d.walking = std::mem::take(&mut d.pending);
-        d.at = Walk::default();
+        d.tree_slot = 0;
+        d.tree_at = Cursor::default();
+        d.keyed_at = Walk::default();
+        d.began = false;
         let waited = std::mem::take(&mut d.deferred);
         d.waiting.clear();
         if d.walking.iter().all(|t| t.is_empty()) {
             ix.clearing = None;
             self.clearing.retain(|&i| i != index);
         }
-        for op in waited {
-            self.apply(op);
-        }
+        self.apply_staged(&waited);
     }
 
-    /// Take `losing[slot]` off every holder of the blocks of `index` among `budget`
-    /// buckets from `at` (see [`Blocks::retain_step`]; a block seen again has
-    /// nothing more to lose).
-    fn clear_step(&mut self, index: IndexId, losing: &[TierSet], at: &mut Walk, budget: usize) {
+    /// Take `losing[slot]` off every holder of the keyed blocks of `index` among
+    /// `budget` buckets from `at` (see [`Blocks::retain_step`]; a block seen again
+    /// has nothing more to lose).
+    fn clear_keyed_step(
+        &mut self,
+        index: IndexId,
+        losing: &[TierSet],
+        at: &mut Walk,
+        budget: usize,
+    ) {
         let ix = index_mut(&mut self.indexes, index, self.budget.is_some());
         let IndexShard {
-            blocks,
+            keyed,
             slab,
-            per_slot,
+            keyed_per_slot,
             ..
         } = ix;
         let mut removed = vec![0u32; losing.len()];
         let mut per_tier = [0u64; Tier::COUNT];
         let mut hit: Vec<(WorkerSlot, TierSet)> = Vec::new();
-        blocks.retain_step(at, budget, |node| {
+        keyed.retain_step(at, budget, |node| {
             hit.clear();
             hit.extend(node.holders.as_slice(slab).iter().filter_map(|&h| {
                 let slot = Holder(h).slot();
@@ -549,198 +766,240 @@ impl Shard {
             }
         });
         for (slot, n) in removed.into_iter().enumerate() {
-            if let Some(c) = per_slot.get_mut(slot) {
+            if let Some(c) = keyed_per_slot.get_mut(slot) {
                 *c -= n;
             }
         }
         for (t, n) in per_tier.into_iter().enumerate() {
-            self.tier_pairs[t] -= n;
+            self.keyed_pairs[t] -= n;
         }
     }
 
-    #[inline]
-    fn prefetch(&self, op: &ShardOp) {
-        if let Some(seq) = op.seq()
-            && let Some(ix) = self.indexes.get(op.index().0 as usize)
-        {
-            ix.blocks.prefetch(seq);
+    /// Files a run of stores (see [`ShardOp::Store`]).
+    fn store(
+        &mut self,
+        index: IndexId,
+        slot: WorkerSlot,
+        tier: Tier,
+        parent: Option<EngineHash>,
+        run: &[(EngineHash, BlockHash)],
+    ) {
+        self.applied += run.len() as u64;
+        let ix = index_mut(&mut self.indexes, index, self.budget.is_some());
+        match ix.tree.store(slot, tier, parent, run) {
+            Stored::Filed {
+                confirmed, unfiled, ..
+            } => {
+                self.predictions.confirmed += confirmed as u64;
+                if unfiled > 0 {
+                    tracing::warn!(unfiled, "an index shard's tree is full; blocks not filed");
+                }
+            }
+            Stored::UnknownParent => self.unknown_parent += 1,
         }
+        self.keep_budget();
     }
 
     pub fn apply(&mut self, op: ShardOp) {
         // Every index with a clear under way is in `self.clearing`, which is
         // usually empty: checked first, it spares each op a look into its index.
-        if !self.clearing.is_empty()
-            && self
-                .indexes
-                .get(op.index().0 as usize)
-                .is_some_and(|ix| ix.must_wait(&op))
-        {
+        if !self.clearing.is_empty() && self.must_wait(&op) {
             return self.defer(op);
         }
-        self.applied += 1;
+        let bounded = self.budget.is_some();
         match op {
             ShardOp::Store {
                 index,
-                seq,
-                parent,
-                local,
                 slot,
                 tier,
+                parent,
+                block,
+                local,
+            } => self.store(index, slot, tier, parent, &[(block, local)]),
+            ShardOp::StoreKeyed {
+                index,
+                slot,
+                tier,
+                seq,
+                parent,
             } => {
-                let ix = index_mut(&mut self.indexes, index, self.budget.is_some());
+                self.applied += 1;
+                let ix = index_mut(&mut self.indexes, index, bounded);
                 let first = HolderSet::of(Holder::new(slot, tier.bit()));
-                let (node, grew) = ix.blocks.get_or_insert(seq, parent, local, first);
+                let (node, grew) = ix.keyed.get_or_insert(seq, parent, BlockHash(0), first);
                 let before = if grew {
                     TierSet::NONE
                 } else {
                     node.holders.add(slot, tier, &mut ix.slab)
                 };
-                if before.contains(Tier::PREDICTED) {
-                    // The worker stored what it was predicted to: an ordinary holder now.
-                    node.holders
-                        .remove(slot, Tier::PREDICTED.bit(), &mut ix.slab);
-                    ix.predictions.forget(seq, slot);
-                    self.tier_pairs[Tier::PREDICTED.0 as usize] -= 1;
-                    self.predictions.confirmed += 1;
-                }
                 if before.is_empty() {
-                    ix.count(slot, 1);
+                    ix.count_keyed(slot, 1);
                 }
                 if !before.contains(tier) {
-                    self.tier_pairs[tier.0 as usize] += 1;
+                    self.keyed_pairs[tier.0 as usize] += 1;
                 }
                 if grew {
                     self.keep_budget();
                 }
             }
-            ShardOp::Predict {
+            ShardOp::Seed {
                 index,
-                seq,
-                parent,
-                local,
                 slot,
-                expires,
-            } => self.predict(index, seq, parent, local, slot, expires),
+                tier,
+                block,
+                local,
+                parent,
+            } => {
+                self.applied += 1;
+                let ix = index_mut(&mut self.indexes, index, bounded);
+                let seed = Seed {
+                    slot,
+                    tier,
+                    engine: block,
+                    local,
+                    parent_engine: parent.engine(),
+                    parent_seq: parent.seq(),
+                };
+                if !ix.tree.seed(&seed, &mut ix.seeding) {
+                    self.unknown_parent += 1;
+                }
+                self.keep_budget();
+            }
+            ShardOp::SeedDone { index } => {
+                if let Some(ix) = self.indexes.get_mut(index.0 as usize) {
+                    ix.seeding = HashMap::new();
+                }
+            }
             ShardOp::Remove {
                 index,
-                seq,
                 slot,
+                block,
                 tiers,
             } => {
-                let ix = index_mut(&mut self.indexes, index, self.budget.is_some());
-                let Some(node) = ix.blocks.get_mut(&seq) else {
+                self.applied += 1;
+                let ix = index_mut(&mut self.indexes, index, bounded);
+                if ix.tree.remove(slot, block, tiers) {
+                    return;
+                }
+                let seq = SeqHash(block.0);
+                let Some(node) = ix.keyed.get_mut(&seq) else {
+                    self.unknown_removed += 1;
                     return;
                 };
-                // An engine's removal names media; a prediction ends only by its TTL
-                // or a confirming store.
-                let tiers = tiers & TierSet::MEDIA;
-                let (removed, gone) = node.holders.remove(slot, tiers, &mut ix.slab);
+                let (removed, gone) =
+                    node.holders
+                        .remove(slot, tiers & TierSet::MEDIA, &mut ix.slab);
                 if gone {
                     if node.holders.is_empty() {
-                        ix.blocks.remove(&seq);
+                        ix.keyed.remove(&seq);
                     }
-                    ix.count(slot, -1);
+                    ix.count_keyed(slot, -1);
                 }
-                uncount(&mut self.tier_pairs, removed, 1);
+                for t in removed.iter() {
+                    self.keyed_pairs[t.0 as usize] -= 1;
+                }
             }
-            ShardOp::ClearSlot { index, slot, tiers } => self.clear_slot(index, slot, tiers),
+            ShardOp::ClearSlot { index, slot, tiers } => {
+                self.applied += 1;
+                self.clear_slot(index, slot, tiers)
+            }
         }
     }
 
-    fn predict(
+    /// A router expects `slot` to hold the prompt's blocks `locals` soon: they count
+    /// as held on the device until `expires`, or until a store of the block by the
+    /// slot confirms it. A clear of the slot's predictions under way is finished
+    /// first, so the prediction is not taken by it.
+    pub fn predict(
         &mut self,
         index: IndexId,
-        seq: SeqHash,
-        parent: Option<SeqHash>,
-        local: BlockHash,
         slot: WorkerSlot,
+        locals: &[BlockHash],
         expires: Tick,
     ) {
-        let ix = index_mut(&mut self.indexes, index, self.budget.is_some());
         if expires <= self.expired_to {
-            // Applied after its deadline had passed (it waited for a clear): ended.
             return;
         }
-        let first = HolderSet::of(Holder::new(slot, Tier::PREDICTED.bit()));
-        let (node, grew) = ix.blocks.get_or_insert(seq, parent, local, first);
-        let before = if grew {
-            TierSet::NONE
-        } else {
-            node.holders.tiers_of(slot, &ix.slab)
-        };
-        if !(before & TierSet::MEDIA).is_empty() {
-            // Already held for real: nothing to predict.
-            return;
-        }
-        if before.is_empty() {
-            // A new node was filed already holding the prediction.
-            if !grew {
-                node.holders.add(slot, Tier::PREDICTED, &mut ix.slab);
-            }
-            ix.count(slot, 1);
-            self.tier_pairs[Tier::PREDICTED.0 as usize] += 1;
-        }
-        match ix.predictions.predict(seq, slot, expires) {
-            Predicted::Created => self.predictions.created += 1,
-            Predicted::Refreshed => self.predictions.refreshed += 1,
-        }
-        if let Some(b) = ix.prune
-            && ix.blocks.len() > b.max
+        let ix = index_mut(&mut self.indexes, index, self.budget.is_some());
+        if ix
+            .clearing
+            .as_ref()
+            .is_some_and(|d| d.waits(slot) || d.clears(slot).contains(Tier::PREDICTED))
         {
-            self.prune(index, b);
+            self.finish_clears(index);
         }
-        if grew {
-            self.keep_budget();
+        let ix = &mut self.indexes[index.0 as usize];
+        let counts = ix.tree.predict(slot, locals, expires);
+        self.predictions.created += counts.created as u64;
+        self.predictions.refreshed += counts.refreshed as u64;
+        if let Some(b) = ix.prune
+            && ix.len() > b.max
+        {
+            // A block may have several predicted holders, so one pass can fall short.
+            let mut passes = 0;
+            while ix.len() > b.target && ix.tree.has_predictions() && passes < 4 {
+                let ended = ix.tree.prune(ix.len() - b.target);
+                self.predictions.pruned += ended as u64;
+                passes += 1;
+            }
         }
+        self.keep_budget();
     }
 
     /// Hold at most `max` blocks in this shard, over all indexes, evicting those not
-    /// stored or matched for longest (see [`table::BlockTable::evict`]); `None` lifts the
-    /// bound.
+    /// stored or matched for longest; `None` lifts the bound.
     pub fn set_block_budget(&mut self, max: Option<usize>) {
         self.budget = max;
         if max.is_some() {
             for ix in &mut self.indexes {
-                ix.blocks.track_use();
+                ix.tree.track_use();
+                ix.keyed.track_use();
             }
             self.keep_budget();
         }
     }
 
-    /// Evict until the shard is within its budget. The hands of every index's tables
-    /// take turns; one that finds every block in use within its turn passes the turn
-    /// on, with the bits it passed cleared, so the loop ends within two laps of
-    /// every table.
+    /// Evict until the shard is within its budget. Every index's tree and keyed
+    /// tables take turns; one that finds every block in use passes the turn on,
+    /// with the bits it passed cleared, so the loop ends within two laps of each.
     fn keep_budget(&mut self) {
         let Some(max) = self.budget else { return };
-        let mut total: usize = self.indexes.iter().map(|ix| ix.blocks.len()).sum();
-        let hands = self.indexes.len() * Hand::BOTH.len();
+        let mut total: usize = self.indexes.iter().map(IndexShard::len).sum();
+        let turns = self.indexes.len() * TURNS_PER_INDEX;
         // Turns without an eviction. Two laps of every hand always find one, so the
         // bound is never reached; it only keeps a broken invariant from spinning the
         // executor forever.
         let mut misses = 0;
-        while total > max && misses <= 4 * (EVICT_TURNS + 1) * hands {
-            let turn = self.evict_from % hands;
+        while total > max && misses <= 4 * (EVICT_TURNS + 1) * turns {
+            let turn = self.evict_from % turns;
             self.evict_from = turn + 1;
-            let hand = Hand::BOTH[turn % Hand::BOTH.len()];
-            let ix = &mut self.indexes[turn / Hand::BOTH.len()];
-            let Some((seq, node)) = ix.blocks.evict(hand) else {
+            let ix = &mut self.indexes[turn / TURNS_PER_INDEX];
+            let before = ix.len();
+            let evicted = match turn % TURNS_PER_INDEX {
+                0 => ix.tree.evict().is_some(),
+                hand => match ix.keyed.evict(Hand::BOTH[hand - 1]) {
+                    Some((_, node)) => {
+                        for &h in node.holders.as_slice(&ix.slab) {
+                            let h = Holder(h);
+                            ix.keyed_per_slot[h.slot().0 as usize] -= 1;
+                            for t in h.tiers().iter() {
+                                self.keyed_pairs[t.0 as usize] -= 1;
+                            }
+                        }
+                        let mut holders = node.holders;
+                        holders.free(&mut ix.slab);
+                        true
+                    }
+                    None => false,
+                },
+            };
+            if !evicted {
                 misses += 1;
                 continue;
-            };
-            misses = 0;
-            for &h in node.holders.as_slice(&ix.slab) {
-                let h = Holder(h);
-                ix.per_slot[h.slot().0 as usize] -= 1;
-                if h.has(Tier::PREDICTED) {
-                    ix.predictions.forget(seq, h.slot());
-                }
-                uncount(&mut self.tier_pairs, h.tiers(), 1);
             }
-            let mut holders = node.holders;
-            holders.free(&mut ix.slab);
-            total -= 1;
+            misses = 0;
+            let after = ix.len();
+            total -= before - after;
             self.evicted += 1;
         }
     }
@@ -751,166 +1010,139 @@ impl Shard {
         index_mut(&mut self.indexes, index, self.budget.is_some()).prune = bound;
     }
 
-    /// End the soonest-due predictions of `index` until it holds `b.target` blocks.
-    fn prune(&mut self, index: IndexId, b: PruneBound) {
-        let ix = index_mut(&mut self.indexes, index, self.budget.is_some());
-        let (mut ended, mut passes) = (0u64, 0);
-        // A block may have several predicted holders, so one pass can fall short.
-        while ix.blocks.len() > b.target && !ix.predictions.is_empty() && passes < 4 {
-            let excess = ix.blocks.len() - b.target;
-            let mut due = Vec::with_capacity(excess);
-            ix.predictions
-                .prune(excess, |seq, slot| due.push((seq, slot)));
-            for (seq, slot) in due {
-                if ix.unpredict(seq, slot) {
-                    ended += 1;
-                }
-            }
-            passes += 1;
-        }
-        self.tier_pairs[Tier::PREDICTED.0 as usize] -= ended;
-        self.predictions.pruned += ended;
-    }
-
     /// Does some prediction wait for [`Self::expire`] to end it?
     pub fn has_predictions(&self) -> bool {
-        self.indexes.iter().any(|ix| !ix.predictions.is_empty())
+        self.indexes.iter().any(|ix| ix.tree.has_predictions())
     }
 
-    /// End every prediction due at `now`. Visits only the wheel buckets of the ticks
-    /// since the last call, in the indexes that hold predictions.
+    /// End every prediction due at `now`, in the indexes that hold predictions.
     pub fn expire(&mut self, now: Tick) {
         self.expired_to = self.expired_to.max(now);
-        let mut ended = 0u64;
         for ix in &mut self.indexes {
-            if ix.predictions.is_empty() {
-                continue;
+            if ix.tree.has_predictions() {
+                self.predictions.expired += ix.tree.expire(now) as u64;
             }
-            let IndexShard {
-                predictions,
-                blocks,
-                slab,
-                per_slot,
-                ..
-            } = ix;
-            predictions.expire(now, |seq, slot| {
-                let Some(node) = blocks.get_mut(&seq) else {
-                    return;
-                };
-                let (removed, gone) = node.holders.remove(slot, Tier::PREDICTED.bit(), slab);
-                if gone {
-                    if node.holders.is_empty() {
-                        blocks.remove(&seq);
-                    }
-                    per_slot[slot.0 as usize] -= 1;
-                }
-                if !removed.is_empty() {
-                    ended += 1;
-                }
-            });
         }
-        self.tier_pairs[Tier::PREDICTED.0 as usize] -= ended;
-        self.predictions.expired += ended;
     }
 
-    /// Holders of `seqs` (one part of a query, in prefix order) as `[n, holder..]`
-    /// per block, or [`SAME_HOLDERS`] for a block held exactly as the block before
-    /// it in `seqs` (a shared prefix: the gatherer skips it in one step), up to and
-    /// including the first block nobody holds: no worker's prefix reaches past it,
-    /// so the blocks after it are not looked up. A match counts as a use of the
-    /// block for a bounded shard's eviction.
-    pub fn lookup(&mut self, index: IndexId, seqs: &[SeqHash], out: &mut Vec<u32>) {
+    /// Holders of the prompt's blocks (in prefix order) among this shard's slots as
+    /// `[n, holder..]` per block, up to and including the first block none of them
+    /// holds: no worker's prefix reaches past it, so the blocks after it are not
+    /// looked up. A match counts as a use of the block for a bounded shard's
+    /// eviction; a predicted holder reads as the device tier it stands for.
+    pub fn lookup(&mut self, index: IndexId, prompt: Prompt<'_>, out: &mut Vec<u32>) {
         let Some(ix) = self.indexes.get_mut(index.0 as usize) else {
-            out.extend(seqs.first().map(|_| 0));
+            out.extend((!prompt.is_empty()).then_some(0));
             return;
         };
-        // Where the last written block's holders are in `out`.
-        let mut last = 0..0;
-        for s in seqs.iter().take(PREFETCH_AHEAD) {
-            ix.blocks.prefetch(*s);
+        let at = out.len();
+        match prompt {
+            Prompt::Locals(l) => ix.tree.lookup(l, out),
+            Prompt::Seqs(s) => ix.tree.lookup_seqs(s, out),
         }
-        for (i, s) in seqs.iter().enumerate() {
-            if let Some(ahead) = seqs.get(i + PREFETCH_AHEAD) {
-                ix.blocks.prefetch(*ahead);
-            }
-            match ix.blocks.get_matched(s) {
-                Some(node) => {
-                    let hs = node.holders.as_slice(&ix.slab);
-                    let at = out.len() + 1;
-                    if let Some(d) = ix.clearing.as_deref() {
-                        // Answer as if the clears were done: without the cleared
-                        // tiers, and a block only they hold is gone.
-                        out.push(0);
-                        out.extend(hs.iter().filter_map(|&h| d.after(Holder(h)).map(|h| h.0)));
-                        if out.len() == at {
-                            return;
-                        }
-                        out[at - 1] = (out.len() - at) as u32;
-                    } else {
-                        // Predicted holders are rewritten below, so only plain ones
-                        // repeat.
-                        if hs.len() > 1 && ix.predictions.is_empty() && out[last.clone()] == *hs {
-                            out.push(SAME_HOLDERS);
-                            continue;
-                        }
-                        out.push(hs.len() as u32);
-                        out.extend_from_slice(hs);
-                        last = at..out.len();
-                    }
-                    if !ix.predictions.is_empty() {
-                        // Scorers see a prediction as the device tier it stands for.
-                        for h in &mut out[at..] {
-                            *h = Holder(*h).as_scored().0;
-                        }
-                    }
-                }
-                None => {
-                    out.push(0);
-                    return;
-                }
-            }
+        if ix.keyed.is_empty() && ix.clearing.is_none() {
+            return;
         }
+        let mut tree_out = std::mem::take(&mut self.merge);
+        tree_out.clear();
+        tree_out.extend_from_slice(&out[at..]);
+        out.truncate(at);
+        let mut keyed_out = std::mem::take(&mut self.keyed_out);
+        keyed_out.clear();
+        if !ix.keyed.is_empty() {
+            let seqs = match prompt {
+                Prompt::Seqs(s) => s,
+                Prompt::Locals(l) => {
+                    hash::seq_hashes_for_locals(l, &mut self.seqs);
+                    &self.seqs[..]
+                }
+            };
+            ix.lookup_keyed(seqs, &mut keyed_out);
+        }
+        let clearing = ix.clearing.as_deref();
+        union_holders(
+            &[&tree_out, &keyed_out],
+            |h| match clearing {
+                None => Some(h),
+                // Answer as if the clears were done: without the cleared tiers.
+                Some(d) => d.after(Holder(h)).map(|h| h.0),
+            },
+            out,
+        );
+        self.merge = tree_out;
+        self.keyed_out = keyed_out;
     }
 
-    /// How many bits an export of `index` splits its key space by (`1 << bits`
-    /// parts, see [`Self::dump`]): enough that a part is one table segment, so no
-    /// part holds the executor longer than a segment's walk, however large the
-    /// index.
-    pub fn export_bits(&self, index: IndexId) -> u32 {
-        self.index(index)
-            .and_then(|ix| ix.blocks.part_bits(EXPORT_BITS_MAX))
-            .unwrap_or(0)
-    }
-
-    /// Every (block, holder) of part `part` of one index (of `1 << bits` that
-    /// together cover it once, even if its tables grow between them), for `/dump`
-    /// and snapshots.
-    pub fn dump(&self, index: IndexId, part: usize, bits: u32, out: &mut Vec<DumpedBlock>) {
-        let Some(ix) = self.index(index) else { return };
-        // One allocation up front: growing a vector of millions of pairs by doubling
-        // would copy it repeatedly on the executor. Blocks bound pairs from below.
-        out.reserve(ix.blocks.len_part(part, bits));
-        for (seq, parent, node) in ix.blocks.iter_part(part, bits) {
-            for &h in node.holders.as_slice(&ix.slab) {
-                let h = match ix.clearing.as_deref() {
-                    None => Holder(h),
-                    Some(d) => match d.after(Holder(h)) {
-                        Some(h) => h,
-                        None => continue,
-                    },
+    /// A step of an export of `index` (at most a keyed table's part, or
+    /// [`EXPORT_STEP_BLOCKS`] of the tree's blocks), appending every (block,
+    /// holder) it reads to `out`; returns whether the export is done. Together the
+    /// steps cover every block held throughout, once, however the index changes
+    /// between them. Predictions are the router's guesses, not the engines' state:
+    /// never exported.
+    pub fn export_step(
+        &self,
+        index: IndexId,
+        at: &mut ExportAt,
+        out: &mut Vec<DumpedBlock>,
+    ) -> bool {
+        let Some(ix) = self.index(index) else {
+            return true;
+        };
+        let from = out.len();
+        let done = if !at.keyed_done {
+            let bits = *at
+                .keyed_bits
+                .get_or_insert_with(|| ix.keyed.part_bits(EXPORT_BITS_MAX).unwrap_or(0));
+            for (seq, parent, node) in ix.keyed.iter_part(at.keyed_part, bits) {
+                for &h in node.holders.as_slice(&ix.slab) {
+                    out.push(DumpedBlock {
+                        seq,
+                        parent,
+                        local: node.local(),
+                        holder: Holder(h),
+                        node: NO_NODE,
+                    });
+                }
+            }
+            at.keyed_part += 1;
+            at.keyed_done = at.keyed_part >= 1 << bits;
+            false
+        } else {
+            ix.tree.dump_step(&mut at.tree, EXPORT_STEP_BLOCKS, out)
+        };
+        if let Some(d) = ix.clearing.as_deref() {
+            let mut k = from;
+            for i in from..out.len() {
+                if let Some(h) = d.after(out[i].holder) {
+                    out[k] = DumpedBlock {
+                        holder: h,
+                        ..out[i]
+                    };
+                    k += 1;
+                }
+            }
+            out.truncate(k);
+        }
+        let mut k = from;
+        for i in from..out.len() {
+            let tiers = out[i].holder.tiers() & TierSet::MEDIA;
+            if !tiers.is_empty() {
+                out[k] = DumpedBlock {
+                    holder: Holder::new(out[i].holder.slot(), tiers),
+                    ..out[i]
                 };
-                // Predictions are the router's guesses, not the engines' state.
-                let tiers = h.tiers() & TierSet::MEDIA;
-                if tiers.is_empty() {
-                    continue;
-                }
-                out.push(DumpedBlock {
-                    seq,
-                    parent,
-                    local: node.local(),
-                    holder: Holder::new(h.slot(), tiers),
-                });
+                k += 1;
             }
+        }
+        out.truncate(k);
+        done
+    }
+
+    /// Every (slot, node, engine hash) by which this shard's slots name the blocks
+    /// of `index` they hold, to name a dump's blocks as the engines do.
+    pub fn engine_names(&self, index: IndexId, out: &mut Vec<(WorkerSlot, u32, EngineHash)>) {
+        if let Some(ix) = self.index(index) {
+            ix.tree.engine_names(out);
         }
     }
 
@@ -918,695 +1150,26 @@ impl Shard {
         self.indexes.iter().map(IndexShard::heap_bytes).sum()
     }
 
+    /// Heap bytes of the slots' engine-hash maps (part of [`Self::heap_bytes`]).
+    pub fn engine_map_bytes(&self) -> usize {
+        self.indexes
+            .iter()
+            .map(|ix| ix.tree.engine_heap_bytes())
+            .sum()
+    }
+
     /// Blocks in this shard (all indexes), and (block, holder) pairs per tier, for
     /// metrics: counters kept as ops apply, O(indexes).
     pub fn tier_counts(&self) -> (u64, [u64; Tier::COUNT]) {
-        let blocks = self.indexes.iter().map(|ix| ix.blocks.len() as u64).sum();
-        (blocks, self.tier_pairs)
-    }
-
-    /// The same figures by walking every block (what the counters must equal).
-    #[cfg(test)]
-    fn tier_counts_walked(&self) -> [u64; Tier::COUNT] {
-        let mut tiers = [0u64; Tier::COUNT];
+        let blocks = self.indexes.iter().map(|ix| ix.len() as u64).sum();
+        let mut pairs = self.keyed_pairs;
         for ix in &self.indexes {
-            for node in ix.blocks.values() {
-                for &h in node.holders.as_slice(&ix.slab) {
-                    for (t, n) in tiers.iter_mut().enumerate() {
-                        if Holder(h).has(Tier(t as u8)) {
-                            *n += 1;
-                        }
-                    }
-                }
+            for (p, t) in pairs.iter_mut().zip(ix.tree.tier_pairs()) {
+                *p += t;
             }
         }
-        tiers
+        (blocks, pairs)
     }
 }
-
-/// Take `mult` off the tier counters of every tier in `tiers`.
-fn uncount(pairs: &mut [u64; Tier::COUNT], tiers: TierSet, mult: u64) {
-    for t in tiers.iter() {
-        pairs[t.0 as usize] -= mult;
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn store(seq: u64, slot: u32, tier: Tier) -> ShardOp {
-        ShardOp::Store {
-            index: IndexId(0),
-            seq: SeqHash(seq),
-            parent: None,
-            local: BlockHash(seq),
-            slot: WorkerSlot(slot),
-            tier,
-        }
-    }
-
-    /// The longest part of an export of a large index (`KVIX_STALL_ENTRIES` blocks,
-    /// default 4M), in sixteen parts and in as many as the shard picks
-    /// ([`Shard::export_bits`]): what a query waits behind one part. A figure, not a
-    /// check: `cargo test --release --lib export_part_stall -- --ignored --nocapture`.
-    #[test]
-    #[ignore]
-    fn export_part_stall() {
-        use std::time::{Duration, Instant};
-        let n = crate::testing::env_u64("KVIX_STALL_ENTRIES", 4 << 20);
-        let mut s = Shard::default();
-        for i in 0..n {
-            let seq = xxhash_rust::xxh3::xxh3_64(&i.to_le_bytes());
-            s.apply(store(seq, 1, Tier::DEVICE));
-        }
-        for bits in [4, s.export_bits(IndexId(0))] {
-            let (mut worst, mut pairs) = (Duration::ZERO, 0);
-            for part in 0..1 << bits {
-                let t = Instant::now();
-                let mut out = Vec::new();
-                s.dump(IndexId(0), part, bits, &mut out);
-                worst = worst.max(t.elapsed());
-                pairs += out.len();
-            }
-            println!(
-                "{n} blocks, {} parts: worst part {worst:?}, {pairs} pairs",
-                1 << bits
-            );
-        }
-    }
-
-    /// What a query waits behind while one worker is cleared from a large index
-    /// (`KVIX_STALL_ENTRIES` blocks, default 4M, held by 16 workers on the device, a
-    /// third also on the host): the longest call among the clear's own, its walk's
-    /// steps and the worker's next store, against the whole walk; for a clear of
-    /// its host tier, and for a clear of every tier followed at once by a store (an
-    /// engine that resets its cache and goes on). A figure, not a check:
-    /// `cargo test --release --lib clear_stall -- --ignored --nocapture`.
-    #[test]
-    #[ignore]
-    fn clear_stall() {
-        use std::time::{Duration, Instant};
-        let n = crate::testing::env_u64("KVIX_STALL_ENTRIES", 4 << 20);
-        for (what, tiers) in [
-            ("host tier", Tier::HOST.bit()),
-            ("every tier", TierSet::ALL),
-        ] {
-            let mut s = Shard::default();
-            for i in 0..n {
-                let seq = xxhash_rust::xxh3::xxh3_64(&i.to_le_bytes());
-                let slot = (i % 16) as u32;
-                s.apply(store(seq, slot, Tier::DEVICE));
-                if i % 3 == 0 {
-                    s.apply(store(seq, slot, Tier::HOST));
-                }
-            }
-            let clear = ShardOp::ClearSlot {
-                index: IndexId(0),
-                slot: WorkerSlot(3),
-                tiers,
-            };
-            let (start, mut worst, mut steps) = (Instant::now(), Duration::ZERO, 0);
-            let mut timed = |f: &mut dyn FnMut() -> bool| {
-                let t = Instant::now();
-                let more = f();
-                worst = worst.max(t.elapsed());
-                more
-            };
-            timed(&mut || {
-                s.apply_staged(&[clear, store(u64::MAX, 3, Tier::HOST)]);
-                true
-            });
-            while timed(&mut || s.step_clears()) {
-                steps += 1;
-            }
-            println!(
-                "{n} blocks, {what} cleared: {steps} steps, {:?} in all, longest call {worst:?}",
-                start.elapsed()
-            );
-        }
-    }
-
-    /// A drop of `slot`'s every tier in index 0 (an unregister).
-    fn drop_op(slot: u32) -> ShardOp {
-        ShardOp::ClearSlot {
-            index: IndexId(0),
-            slot: WorkerSlot(slot),
-            tiers: TierSet::ALL,
-        }
-    }
-
-    impl Shard {
-        /// Whether an op of `slot` waits for a clear of `index`.
-        fn waits(&self, index: IndexId, slot: WorkerSlot) -> bool {
-            self.index(index)
-                .and_then(|ix| ix.clearing.as_deref())
-                .is_some_and(|d| d.waits(slot))
-        }
-
-        /// Whether `slot` of `index` is being cleared of some tiers, not all.
-        fn clears_some_tiers(&self, index: IndexId, slot: WorkerSlot) -> bool {
-            self.index(index)
-                .and_then(|ix| ix.clearing.as_deref())
-                .is_some_and(|d| !matches!(d.clears(slot), TierSet::NONE | TierSet::ALL))
-        }
-    }
-
-    fn holders(s: &mut Shard, seq: u64) -> Vec<u32> {
-        let mut out = Vec::new();
-        s.lookup(IndexId(0), &[SeqHash(seq)], &mut out);
-        out[1..].to_vec()
-    }
-
-    #[test]
-    fn lookup_stops_after_the_first_block_nobody_holds() {
-        let mut s = Shard::default();
-        for seq in [1, 2, 4] {
-            s.apply(store(seq, 3, Tier::DEVICE));
-        }
-        let h = Holder::new(WorkerSlot(3), Tier::DEVICE.bit()).0;
-        let mut out = Vec::new();
-        s.lookup(IndexId(0), &[1, 2, 3, 4].map(SeqHash), &mut out);
-        assert_eq!(out, vec![1, h, 1, h, 0]);
-        out.clear();
-        s.lookup(IndexId(9), &[1, 2].map(SeqHash), &mut out);
-        assert_eq!(out, vec![0]);
-    }
-
-    #[test]
-    fn spill_and_shrink_keep_every_holder() {
-        let mut s = Shard::default();
-        for slot in 0..40 {
-            s.apply(store(7, slot, Tier::DEVICE));
-        }
-        assert_eq!(holders(&mut s, 7).len(), 40);
-        for slot in (0..40).step_by(2) {
-            s.apply(ShardOp::Remove {
-                index: IndexId(0),
-                seq: SeqHash(7),
-                slot: WorkerSlot(slot),
-                tiers: TierSet::ALL,
-            });
-        }
-        let left: Vec<u32> = holders(&mut s, 7)
-            .iter()
-            .map(|h| Holder(*h).slot().0)
-            .collect();
-        assert_eq!(left, (1..40).step_by(2).collect::<Vec<_>>());
-        for slot in (1..40).step_by(2) {
-            s.apply(ShardOp::Remove {
-                index: IndexId(0),
-                seq: SeqHash(7),
-                slot: WorkerSlot(slot),
-                tiers: TierSet::ALL,
-            });
-        }
-        assert!(s.index(IndexId(0)).unwrap().is_empty());
-        assert!(
-            s.index(IndexId(0))
-                .unwrap()
-                .tree_sizes()
-                .iter()
-                .all(|&c| c == 0)
-        );
-    }
-
-    #[test]
-    fn tiers_are_removed_independently() {
-        let mut s = Shard::default();
-        s.apply(store(1, 3, Tier::DEVICE));
-        s.apply(store(1, 3, Tier::HOST));
-        s.apply(ShardOp::Remove {
-            index: IndexId(0),
-            seq: SeqHash(1),
-            slot: WorkerSlot(3),
-            tiers: Tier::DEVICE.bit(),
-        });
-        let h = holders(&mut s, 1);
-        assert_eq!(h.len(), 1);
-        assert!(Holder(h[0]).has(Tier::HOST) && !Holder(h[0]).has(Tier::DEVICE));
-    }
-
-    #[test]
-    fn slab_memory_is_returned_once_no_set_spills() {
-        // 20k spilled sets of 5 words each: past the size at which an empty slab is freed.
-        let n = 20_000;
-        let mut s = Shard::default();
-        for seq in 0..n {
-            for slot in 1..=3 {
-                s.apply(store(seq, slot, Tier::DEVICE));
-            }
-        }
-        assert!(s.index(IndexId(0)).unwrap().slab.capacity_bytes() >= 4 << 16);
-        s.apply(drop_op(2));
-        s.finish();
-        assert_eq!(s.index(IndexId(0)).unwrap().slab.capacity_bytes(), 0);
-        for seq in 0..n {
-            s.apply(store(seq, 4, Tier::DEVICE));
-            s.apply(store(seq, 5, Tier::DEVICE));
-        }
-        for seq in 0..n {
-            let slots: Vec<u32> = holders(&mut s, seq)
-                .iter()
-                .map(|h| Holder(*h).slot().0)
-                .collect();
-            assert_eq!(slots, vec![1, 3, 4, 5]);
-        }
-    }
-
-    #[test]
-    fn clear_slot_leaves_other_slots() {
-        let mut s = Shard::default();
-        for seq in 0..100 {
-            s.apply(store(seq, 1, Tier::DEVICE));
-            s.apply(store(seq, 2, Tier::DEVICE));
-            s.apply(store(seq, 3, Tier::DEVICE));
-        }
-        s.apply(drop_op(2));
-        for seq in 0..100 {
-            let slots: Vec<u32> = holders(&mut s, seq)
-                .iter()
-                .map(|h| Holder(*h).slot().0)
-                .collect();
-            assert_eq!(slots, vec![1, 3]);
-        }
-        assert_eq!(s.index(IndexId(0)).unwrap().tree_sizes()[2], 0);
-    }
-
-    /// A shard that walks clears 8 buckets a step, holding blocks 0..500 by each of
-    /// `holders` (slot, tier), so that a clear takes many steps.
-    fn stepping(holders: &[(u32, Tier)]) -> Shard {
-        let mut s = Shard::default();
-        s.set_clear_step_buckets(8);
-        for seq in 0..500 {
-            for &(slot, tier) in holders {
-                s.apply(store(seq, slot, tier));
-            }
-        }
-        s
-    }
-
-    /// A dump taken partway through a drop already leaves the slot out, as one taken
-    /// after it does.
-    #[test]
-    fn a_dump_during_a_drop_leaves_the_slot_out() {
-        let mut s = stepping(&[(1, Tier::DEVICE), (2, Tier::HOST)]);
-        s.apply(drop_op(1));
-        let dump = |s: &Shard| {
-            let mut out = Vec::new();
-            for part in 0..4 {
-                s.dump(IndexId(0), part, 2, &mut out);
-            }
-            out.sort_unstable_by_key(|b| b.seq.0);
-            out
-        };
-        assert!(
-            s.step_clears(),
-            "500 blocks take more than one step of 8 buckets"
-        );
-        let partway = dump(&s);
-        assert_eq!(partway.len(), 500);
-        assert!(partway.iter().all(|b| b.holder.slot() == WorkerSlot(2)));
-        s.finish();
-        assert_eq!(dump(&s), partway);
-    }
-
-    /// A clear of some tiers is walked in steps, as a drop is, and answered as if done;
-    /// a store to a cleared tier waits for the walk, and so does every later op of
-    /// its slot, while other slots' ops and the slot's other tiers go on.
-    #[test]
-    fn a_partial_clear_is_walked_in_steps_and_a_store_to_its_tier_waits() {
-        let mut s = stepping(&[(1, Tier::DEVICE), (1, Tier::HOST), (2, Tier::HOST)]);
-        let h = |slot: u32, tiers: TierSet| Holder::new(WorkerSlot(slot), tiers).0;
-        let both = Tier::DEVICE.bit() | Tier::HOST.bit();
-        s.apply(ShardOp::ClearSlot {
-            index: IndexId(0),
-            slot: WorkerSlot(1),
-            tiers: Tier::HOST.bit(),
-        });
-        assert!(s.step_clears(), "500 blocks take more than one step");
-        let sorted = |mut v: Vec<u32>| {
-            v.sort_unstable();
-            v
-        };
-        for seq in [0, 250, 499] {
-            assert_eq!(
-                sorted(holders(&mut s, seq)),
-                sorted(vec![h(1, Tier::DEVICE.bit()), h(2, Tier::HOST.bit())]),
-                "block {seq} answers as if the clear were done"
-            );
-        }
-        let mut dump = Vec::new();
-        s.dump(IndexId(0), 0, 0, &mut dump);
-        assert!(dump.iter().all(|b| b.holder.slot() != WorkerSlot(1)
-            || b.holder.tiers() == Tier::DEVICE.bit()));
-
-        // Slot 1's host store waits, and its later ops wait behind it; slot 1's disk
-        // store before any wait, and slot 2's ops, apply at once.
-        s.apply(store(7, 1, Tier::DISK));
-        s.apply(store(0, 1, Tier::HOST));
-        s.apply(ShardOp::Remove {
-            index: IndexId(0),
-            seq: SeqHash(1),
-            slot: WorkerSlot(1),
-            tiers: Tier::DEVICE.bit(),
-        });
-        s.apply(store(1, 2, Tier::DISK));
-        assert!(s.waits(IndexId(0), WorkerSlot(1)));
-        assert!(!s.waits(IndexId(0), WorkerSlot(2)));
-        assert_eq!(s.waiting_ops(), 2);
-        assert!(holders(&mut s, 7).contains(&h(1, Tier::DEVICE.bit() | Tier::DISK.bit())));
-        assert!(holders(&mut s, 0).contains(&h(1, Tier::DEVICE.bit())));
-        assert!(holders(&mut s, 1).contains(&h(1, Tier::DEVICE.bit())));
-        assert!(holders(&mut s, 1).contains(&h(2, Tier::HOST.bit() | Tier::DISK.bit())));
-
-        let applied = s.applied;
-        while s.step_clears() {}
-        assert_eq!(s.applied, applied + 2, "the two ops that waited apply");
-        assert_eq!(s.waiting_ops(), 0);
-        assert!(!s.waits(IndexId(0), WorkerSlot(1)));
-        assert!(holders(&mut s, 0).contains(&h(1, both)));
-        assert!(
-            !holders(&mut s, 1)
-                .iter()
-                .any(|&x| Holder(x).slot() == WorkerSlot(1))
-        );
-        assert!(holders(&mut s, 250).contains(&h(1, Tier::DEVICE.bit())));
-        assert_eq!(s.tier_counts().1, s.tier_counts_walked());
-    }
-
-    /// Clears of all tiers or some, walked in steps between other ops (some of which
-    /// wait for them), leave every block, holder and counter as applying each op in
-    /// turn does, and answer as it does partway too for every slot with no op waiting.
-    #[test]
-    fn staged_clears_equal_clears_one_by_one() {
-        let mut rng = crate::testing::Xorshift::new(0x2545_F491_4F6C_DD1Du64);
-        let mut next = |n: u64| rng.below(n);
-        let tiers = [Tier::DEVICE, Tier::HOST, Tier::DISK];
-        let ops: Vec<ShardOp> = (0..6_000)
-            .map(|_| {
-                let (slot, tier) = (next(8) as u32, tiers[next(3) as usize]);
-                match next(20) {
-                    0..=2 => ShardOp::ClearSlot {
-                        index: IndexId(next(2) as u32),
-                        slot: WorkerSlot(slot),
-                        tiers: [tier.bit(), TierSet::ALL][next(2) as usize],
-                    },
-                    3..=5 => ShardOp::Remove {
-                        index: IndexId(0),
-                        seq: SeqHash(next(400)),
-                        slot: WorkerSlot(slot),
-                        tiers: tier.bit(),
-                    },
-                    _ => store(next(400), slot, tier),
-                }
-            })
-            .collect();
-        let (mut one, mut staged) = (Shard::default(), Shard::default());
-        staged.set_clear_step_buckets(7);
-        let mut at = 0;
-        while at < ops.len() {
-            let end = (at + 1 + next(12) as usize).min(ops.len());
-            for op in &ops[at..end] {
-                one.apply(*op);
-                one.finish();
-            }
-            staged.apply_staged(&ops[at..end]);
-            // Clears partway: answers must already be those of the finished clears.
-            for _ in 0..next(3) {
-                staged.step_clears();
-            }
-            if next(4) == 0 {
-                // Slots with ops waiting for a clear lag behind; the others answer
-                // as if every clear were done.
-                let waits = |s: &Shard, slot: WorkerSlot| s.waits(IndexId(0), slot);
-                for seq in 0..400 {
-                    let mut a = holders(&mut one, seq);
-                    let mut b = holders(&mut staged, seq);
-                    for h in [&mut a, &mut b] {
-                        h.retain(|&h| !waits(&staged, Holder(h).slot()));
-                        h.sort_unstable();
-                    }
-                    assert_eq!(a, b, "block {seq} after op {end}");
-                }
-                for ix in [IndexId(0), IndexId(1)] {
-                    // A slot cleared of some tiers counts its blocks until the walk.
-                    let sizes = |s: &Shard| {
-                        s.index(ix).map(|i| {
-                            let mut t = i.tree_sizes();
-                            for (slot, n) in t.iter_mut().enumerate() {
-                                let slot = WorkerSlot(slot as u32);
-                                if staged.waits(ix, slot) || staged.clears_some_tiers(ix, slot) {
-                                    *n = u32::MAX;
-                                }
-                            }
-                            t
-                        })
-                    };
-                    assert_eq!(sizes(&one), sizes(&staged));
-                }
-                if next(2) == 0 {
-                    staged.finish();
-                    assert_eq!(one.tier_counts(), staged.tier_counts());
-                }
-            }
-            at = end;
-        }
-        staged.finish();
-        assert_eq!(one.tier_counts(), staged.tier_counts());
-        assert_eq!(one.applied, staged.applied);
-    }
-
-    #[test]
-    fn tier_counters_equal_a_walk_of_the_blocks() {
-        let mut s = Shard::default();
-        s.set_clear_step_buckets(5);
-        let mut rng = crate::testing::Xorshift::new(0x9E37_79B9_7F4A_7C15u64);
-        let mut next = |n: u64| rng.below(n);
-        let mut now: Tick = 0;
-        for _ in 0..20_000 {
-            let (seq, slot, tier) = (next(300), next(6) as u32, Tier(next(4) as u8));
-            if next(50) == 0 {
-                now += next(4) as Tick;
-                s.expire(now);
-            }
-            let op = match next(12) {
-                10 | 11 => ShardOp::Predict {
-                    index: IndexId(0),
-                    seq: SeqHash(seq),
-                    parent: None,
-                    local: BlockHash(seq),
-                    slot: WorkerSlot(slot),
-                    expires: now + next(6) as Tick,
-                },
-                0..=5 => store(seq, slot, tier),
-                6..=8 => ShardOp::Remove {
-                    index: IndexId(0),
-                    seq: SeqHash(seq),
-                    slot: WorkerSlot(slot),
-                    tiers: [tier.bit(), TierSet::ALL][next(2) as usize],
-                },
-                _ => ShardOp::ClearSlot {
-                    index: IndexId(0),
-                    slot: WorkerSlot(slot),
-                    tiers: [tier.bit(), TierSet::ALL][next(2) as usize],
-                },
-            };
-            s.apply(op);
-            // Counters hold for the blocks as they are, partway through a clear too.
-            if next(3) == 0 {
-                s.step_clears();
-            }
-            assert_eq!(s.tier_counts().1, s.tier_counts_walked());
-            let ix = s.index(IndexId(0)).unwrap();
-            let mut per_slot = vec![0u32; ix.per_slot.len()];
-            for node in ix.blocks.values() {
-                for &h in node.holders.as_slice(&ix.slab) {
-                    per_slot[Holder(h).slot().0 as usize] += 1;
-                }
-            }
-            assert_eq!(per_slot, ix.per_slot);
-        }
-        let p = s.predictions;
-        assert!(p.created > 0 && p.confirmed > 0 && p.expired > 0 && p.refreshed > 0);
-    }
-
-    #[test]
-    fn a_prediction_scores_as_device_until_confirmed_or_expired_and_is_never_dumped() {
-        let mut s = Shard::default();
-        let predict = |seq: u64, slot: u32, expires: Tick| ShardOp::Predict {
-            index: IndexId(0),
-            seq: SeqHash(seq),
-            parent: None,
-            local: BlockHash(seq),
-            slot: WorkerSlot(slot),
-            expires,
-        };
-        s.apply(predict(1, 3, 10));
-        s.apply(predict(2, 3, 10));
-        s.apply(store(2, 4, Tier::HOST));
-        let dev = |slot| Holder::new(WorkerSlot(slot), Tier::DEVICE.bit()).0;
-        assert_eq!(holders(&mut s, 1), vec![dev(3)]);
-        let mut out = Vec::new();
-        s.dump(IndexId(0), 0, 0, &mut out);
-        assert_eq!(out.len(), 1, "only the stored block: {out:?}");
-        // Slot 3 stores block 2 on the host: confirmed, held on the host only.
-        s.apply(store(2, 3, Tier::HOST));
-        assert_eq!(s.predictions.confirmed, 1);
-        assert_eq!(
-            holders(&mut s, 2),
-            vec![
-                Holder::new(WorkerSlot(3), Tier::HOST.bit()).0,
-                Holder::new(WorkerSlot(4), Tier::HOST.bit()).0
-            ]
-        );
-        // An engine's removal of everything leaves a prediction alone.
-        s.apply(predict(5, 3, 10));
-        s.apply(ShardOp::Remove {
-            index: IndexId(0),
-            seq: SeqHash(5),
-            slot: WorkerSlot(3),
-            tiers: TierSet::ALL,
-        });
-        assert_eq!(holders(&mut s, 5), vec![dev(3)]);
-        s.expire(9);
-        assert_eq!(s.predictions.expired, 0);
-        s.expire(10);
-        assert_eq!(s.predictions.expired, 2);
-        assert_eq!(s.index(IndexId(0)).unwrap().len(), 1);
-        assert_eq!(s.tier_counts().1[Tier::PREDICTED.0 as usize], 0);
-    }
-
-    #[test]
-    fn an_approximate_index_is_pruned_soonest_due_first() {
-        let mut s = Shard::default();
-        s.set_prune_bound(
-            IndexId(0),
-            Some(PruneBound {
-                max: 100,
-                target: 50,
-            }),
-        );
-        for seq in 0..500u64 {
-            s.apply(ShardOp::Predict {
-                index: IndexId(0),
-                seq: SeqHash(seq),
-                parent: None,
-                local: BlockHash(seq),
-                slot: WorkerSlot(1),
-                expires: 1000 + seq as Tick,
-            });
-            assert!(s.index(IndexId(0)).unwrap().len() <= 100);
-        }
-        assert!(s.predictions.pruned >= 400);
-        // The newest survive.
-        assert_eq!(holders(&mut s, 499).len(), 1);
-        assert_eq!(
-            s.tier_counts().1[Tier::PREDICTED.0 as usize],
-            s.index(IndexId(0)).unwrap().len() as u64
-        );
-    }
-
-    #[test]
-    fn a_bounded_shard_evicts_unused_blocks_and_keeps_its_counters() {
-        let mut s = Shard::default();
-        s.set_block_budget(Some(300));
-        let op = |index: u32, seq: u64, slot: u32, tier: Tier| ShardOp::Store {
-            index: IndexId(index),
-            seq: SeqHash(xxhash_rust::xxh3::xxh3_64(&seq.to_le_bytes())),
-            parent: None,
-            local: BlockHash(seq),
-            slot: WorkerSlot(slot),
-            tier,
-        };
-        let key = |seq: u64| SeqHash(xxhash_rust::xxh3::xxh3_64(&seq.to_le_bytes()));
-        // Index 1 holds 50 blocks a router keeps matching; index 0 gets a stream.
-        for seq in 0..50 {
-            s.apply(op(1, seq, 2, Tier::DEVICE));
-        }
-        for seq in 1000..3000u64 {
-            s.apply(op(0, seq, (seq % 4) as u32, Tier::DEVICE));
-            s.apply(op(0, seq, 9, Tier::HOST));
-            if seq % 3 == 0 {
-                s.apply(ShardOp::Predict {
-                    index: IndexId(0),
-                    seq: key(seq),
-                    parent: None,
-                    local: BlockHash(seq),
-                    slot: WorkerSlot(5),
-                    expires: 100,
-                });
-            }
-            let mut out = Vec::new();
-            s.lookup(IndexId(1), &(0..50).map(key).collect::<Vec<_>>(), &mut out);
-            assert_eq!(out.len(), 100, "a matched block was evicted");
-            let (blocks, _) = s.tier_counts();
-            assert!(blocks <= 300, "{blocks} blocks");
-        }
-        assert_eq!(s.evicted, 2050 - 300);
-        assert_eq!(s.tier_counts().1, s.tier_counts_walked());
-        // Per-slot counts match the blocks left.
-        let ix = s.index(IndexId(0)).unwrap();
-        let per_slot: u32 = ix.tree_sizes().iter().sum();
-        let walked: usize = ix
-            .blocks
-            .values()
-            .map(|n| n.holders.as_slice(&ix.slab).len())
-            .sum();
-        assert_eq!(per_slot as usize, walked);
-        // The newest blocks are there; an evicted one's removal and expiry are no-ops.
-        assert!(
-            s.index(IndexId(0))
-                .unwrap()
-                .blocks
-                .get(&key(2999))
-                .is_some()
-        );
-        let gone =
-            (1000..3000).find(|&q| s.index(IndexId(0)).unwrap().blocks.get(&key(q)).is_none());
-        s.apply(ShardOp::Remove {
-            index: IndexId(0),
-            seq: key(gone.unwrap()),
-            slot: WorkerSlot(9),
-            tiers: TierSet::ALL,
-        });
-        s.expire(100);
-        assert_eq!(s.tier_counts().1, s.tier_counts_walked());
-        assert_eq!(s.tier_counts().1[Tier::PREDICTED.0 as usize], 0);
-        // Lifting the bound stops evictions.
-        s.set_block_budget(None);
-        s.apply(op(0, 7, 1, Tier::DEVICE));
-        assert_eq!(s.evicted, 2050 - 300);
-    }
-
-    /// A prediction's own cost (its holder bit, deadline and wheel entry) stays
-    /// under what a confirmed block costs: its shard entry, and at the ingest side an
-    /// engine-hash entry (counted here at its payload alone, the least it can cost).
-    #[test]
-    fn a_prediction_costs_less_than_a_stored_block() {
-        let n = 200_000u64;
-        let key = |q: u64| SeqHash(xxhash_rust::xxh3::xxh3_64(&q.to_le_bytes()));
-        let mut s = Shard::default();
-        for q in 0..n {
-            s.apply(store(key(q).0, 0, Tier::DEVICE));
-        }
-        let stored = s.heap_bytes();
-        for q in 0..n {
-            s.apply(ShardOp::Predict {
-                index: IndexId(0),
-                seq: key(q),
-                parent: None,
-                local: BlockHash(q),
-                slot: WorkerSlot(1),
-                expires: 100 + (q % 125) as u32,
-            });
-        }
-        let predicted = s.heap_bytes() - stored;
-        let engine_entry = std::mem::size_of::<(crate::types::EngineHash, SeqHash)>();
-        let stored = stored + engine_entry * n as usize;
-        assert!(
-            predicted < stored,
-            "{predicted} B of predictions, {stored} B of blocks"
-        );
-    }
-}
+mod tests {}

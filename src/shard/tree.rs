@@ -1095,6 +1095,7 @@ impl Tree {
                         parent,
                         local,
                         holder: Holder::new(h.slot(), tiers),
+                        node: id,
                     });
                 }
             }
@@ -1207,6 +1208,27 @@ impl Tree {
                 }
             }
         }
+    }
+
+    /// Every (slot, node, engine hash) by which the slots name the blocks they
+    /// hold: with a dump's nodes ([`DumpedBlock::node`]), how each worker names
+    /// each block it holds. A walk of the engine maps alone.
+    pub fn engine_names(&self, out: &mut Vec<(WorkerSlot, u32, EngineHash)>) {
+        for (i, map) in self.engine.iter().enumerate() {
+            let slot = WorkerSlot(i as u32);
+            out.extend(
+                map.iter()
+                    .filter_map(|e| Some((slot, self.resolve(slot, e.node())?, e.key()))),
+            );
+        }
+    }
+
+    /// Heap bytes of the engine maps (part of [`Self::heap_bytes`]).
+    pub fn engine_heap_bytes(&self) -> usize {
+        self.engine
+            .iter()
+            .map(BlockTable::allocation_size)
+            .sum::<usize>()
     }
 
     /// Files a block of a peer's dump (or a snapshot), parents first, as a store
