@@ -150,6 +150,7 @@ fn store(b: &Block, slot: u32) -> ShardOp {
         parent: b.parent.map(|p| EngineHash(p.0)),
         block: EngineHash(b.seq.0),
         local: b.local,
+        by_seq: false,
     }
 }
 
@@ -721,6 +722,7 @@ fn bench_index(c: &mut Criterion) {
                     parent,
                     block,
                     local,
+                    by_seq: false,
                 });
                 parent = Some(block);
                 if ops.len() == kvix::ring::CHUNK {

@@ -83,6 +83,7 @@ fn main() {
                     parent,
                     block,
                     local: BlockHash(seq.0),
+                    by_seq: false,
                 });
                 parent = Some(block);
             }

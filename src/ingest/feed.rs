@@ -339,6 +339,7 @@ impl WorkerFeed {
                     parent,
                     block,
                     local,
+                    by_seq: ev.hash_kind == HashKind::Seq,
                 });
                 parent = Some(block);
             }

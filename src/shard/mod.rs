@@ -36,7 +36,10 @@ pub enum ShardOp {
     /// `slot` holds the block it names `block` (local hash `local`) on `tier`, a
     /// child of the block it names `parent` (`None`: a first block). Consecutive
     /// stores of one slot and tier, each the child of the one before, are filed as
-    /// one run.
+    /// one run. With `by_seq` the publisher names blocks by standardized sequence
+    /// hashes: a parent the slot does not name (another of its streams named it
+    /// otherwise) is taken as the sequence hash it is, and the run is filed in the
+    /// keyed table under the sequence hashes its tokens chain to.
     Store {
         index: IndexId,
         slot: WorkerSlot,
@@ -44,6 +47,7 @@ pub enum ShardOp {
         parent: Option<EngineHash>,
         block: EngineHash,
         local: BlockHash,
+        by_seq: bool,
     },
     /// `slot` holds the block with rolling sequence hash `seq` on `tier` (a
     /// publisher of standardized hashes that sends no tokens).
@@ -439,24 +443,6 @@ impl IndexShard {
             + self.keyed_per_slot.capacity() * 4
             + self.seeding.allocation_size()
     }
-
-    /// Holders of the keyed blocks `seqs` as `[n, holder..]` per block, up to and
-    /// including the first that is not filed.
-    fn lookup_keyed(&mut self, seqs: &[SeqHash], out: &mut Vec<u32>) {
-        for s in seqs {
-            match self.keyed.get_matched(s) {
-                Some(node) => {
-                    let hs = node.holders.as_slice(&self.slab);
-                    out.push(hs.len() as u32);
-                    out.extend_from_slice(hs);
-                }
-                None => {
-                    out.push(0);
-                    return;
-                }
-            }
-        }
-    }
 }
 
 /// All index shards of one executor.
@@ -489,7 +475,6 @@ pub struct Shard {
     run: Vec<(EngineHash, BlockHash)>,
     /// Lookup scratch.
     merge: Vec<u32>,
-    keyed_out: Vec<u32>,
     seqs: Vec<SeqHash>,
 }
 
@@ -542,6 +527,7 @@ impl Shard {
                 parent,
                 block,
                 local,
+                by_seq,
             } = op
             else {
                 self.apply(op);
@@ -563,13 +549,14 @@ impl Shard {
                 parent: Some(p),
                 block: b,
                 local: l,
+                by_seq: q,
             }) = ops.get(i)
-                && (ix, s, t, p) == (index, slot, tier, run[run.len() - 1].0)
+                && (ix, s, t, p, q) == (index, slot, tier, run[run.len() - 1].0, by_seq)
             {
                 run.push((b, l));
                 i += 1;
             }
-            self.store(index, slot, tier, parent, &run);
+            self.store(index, slot, tier, parent, &run, by_seq);
             self.run = run;
         }
     }
@@ -783,6 +770,7 @@ impl Shard {
         tier: Tier,
         parent: Option<EngineHash>,
         run: &[(EngineHash, BlockHash)],
+        by_seq: bool,
     ) {
         self.applied += run.len() as u64;
         let ix = index_mut(&mut self.indexes, index, self.budget.is_some());
@@ -793,6 +781,21 @@ impl Shard {
                 self.predictions.confirmed += confirmed as u64;
                 if unfiled > 0 {
                     tracing::warn!(unfiled, "an index shard's tree is full; blocks not filed");
+                }
+            }
+            Stored::UnknownParent if by_seq => {
+                self.applied -= run.len() as u64;
+                let mut parent = parent.map(|p| SeqHash(p.0));
+                for &(_, local) in run {
+                    let seq = hash::chain(parent, local);
+                    self.apply(ShardOp::StoreKeyed {
+                        index,
+                        slot,
+                        tier,
+                        seq,
+                        parent,
+                    });
+                    parent = Some(seq);
                 }
             }
             Stored::UnknownParent => self.unknown_parent += 1,
@@ -815,7 +818,8 @@ impl Shard {
                 parent,
                 block,
                 local,
-            } => self.store(index, slot, tier, parent, &[(block, local)]),
+                by_seq,
+            } => self.store(index, slot, tier, parent, &[(block, local)], by_seq),
             ShardOp::StoreKeyed {
                 index,
                 slot,
@@ -1047,30 +1051,50 @@ impl Shard {
         tree_out.clear();
         tree_out.extend_from_slice(&out[at..]);
         out.truncate(at);
-        let mut keyed_out = std::mem::take(&mut self.keyed_out);
-        keyed_out.clear();
-        if !ix.keyed.is_empty() {
-            let seqs = match prompt {
-                Prompt::Seqs(s) => s,
-                Prompt::Locals(l) => {
-                    hash::seq_hashes_for_locals(l, &mut self.seqs);
-                    &self.seqs[..]
-                }
-            };
-            ix.lookup_keyed(seqs, &mut keyed_out);
-        }
+        let seqs = match prompt {
+            Prompt::Seqs(s) => s,
+            Prompt::Locals(l) if !ix.keyed.is_empty() => {
+                hash::seq_hashes_for_locals(l, &mut self.seqs);
+                &self.seqs[..]
+            }
+            Prompt::Locals(_) => &[],
+        };
         let clearing = ix.clearing.as_deref();
-        union_holders(
-            &[&tree_out, &keyed_out],
-            |h| match clearing {
-                None => Some(h),
-                // Answer as if the clears were done: without the cleared tiers.
-                Some(d) => d.after(Holder(h)).map(|h| h.0),
-            },
-            out,
-        );
+        let keep = |h: u32| match clearing {
+            None => Some(h),
+            // Answer as if the clears were done: without the cleared tiers.
+            Some(d) => d.after(Holder(h)).map(|h| h.0),
+        };
+        // Per block, the tree's holders (until its answer ends) and the keyed
+        // table's (a keyed block may follow one the tree holds).
+        let mut t = 0;
+        for i in 0..prompt.len() {
+            let head = out.len();
+            out.push(0);
+            if let Some(&n) = tree_out.get(t) {
+                let hs = &tree_out[t + 1..t + 1 + n as usize];
+                t = if n == 0 {
+                    tree_out.len()
+                } else {
+                    t + 1 + n as usize
+                };
+                out.extend(hs.iter().filter_map(|&h| keep(h)));
+            }
+            if let Some(node) = seqs.get(i).and_then(|s| ix.keyed.get_matched(s)) {
+                out.extend(
+                    node.holders
+                        .as_slice(&ix.slab)
+                        .iter()
+                        .filter_map(|&h| keep(h)),
+                );
+            }
+            let n = out.len() - head - 1;
+            out[head] = n as u32;
+            if n == 0 {
+                break;
+            }
+        }
         self.merge = tree_out;
-        self.keyed_out = keyed_out;
     }
 
     /// A step of an export of `index` (at most a keyed table's part, or

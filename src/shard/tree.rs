@@ -279,8 +279,11 @@ pub struct Tree {
     predictions: Predictions<NodeKey>,
     /// (block, holder) pairs per tier bit.
     pairs: [u64; Tier::COUNT],
-    /// A bounded index's use bit per node id (set by stores, predictions and
-    /// matches; cleared as the eviction hand passes): empty unless tracking.
+    /// A bounded index's use count per node id, two bits each (a store or
+    /// prediction makes it at least 2, each match adds 1 up to 3; the eviction
+    /// hand takes 1 off as it passes): empty unless tracking. A block matched
+    /// often outlasts one stored and matched once, even when the hand finds every
+    /// block in use and would otherwise take them in arena order.
     used: Vec<u64>,
     tracking: bool,
     /// Where the eviction hand is, as a node id.
@@ -669,14 +672,29 @@ impl Tree {
         self.tracking = true;
     }
 
+    /// A store or prediction of `id`: its use count is at least 2, so that a block
+    /// just filed outlasts one stored and matched a while ago.
     #[inline]
     fn mark(&mut self, id: u32) {
+        self.add_use(id, false);
+    }
+
+    /// A match of `id`: its use count goes up by 1, to at most 3.
+    #[inline]
+    fn mark_matched(&mut self, id: u32) {
+        self.add_use(id, true);
+    }
+
+    #[inline]
+    fn add_use(&mut self, id: u32, matched: bool) {
         if self.tracking {
-            let (w, b) = (id as usize / 64, id % 64);
+            let (w, at) = (id as usize / 32, (id % 32) * 2);
             if self.used.len() <= w {
                 self.used.resize(w + 1, 0);
             }
-            self.used[w] |= 1 << b;
+            let n = (self.used[w] >> at) & 3;
+            let m = if matched { (n + 1).min(3) } else { n.max(2) };
+            self.used[w] = (self.used[w] & !(3 << at)) | (m << at);
         }
     }
 
@@ -691,15 +709,15 @@ impl Tree {
         Some(self.evict_node(id))
     }
 
-    /// The block the hand stops at: a leaf whose use bit is clear, the bits of the
-    /// blocks it passes cleared (a parent whose children go is then as old as its
-    /// last use). Two laps at most.
+    /// The block the hand stops at: a leaf whose use count is 0, the counts of the
+    /// blocks it passes taken down by 1 (a parent whose children go is then as old
+    /// as its last use). Four laps at most.
     fn next_victim(&mut self) -> Option<u32> {
         let end = self.filed() as u32;
         if end == 0 {
             return None;
         }
-        for _ in 0..2 * end {
+        for _ in 0..4 * end {
             let id = self.hand;
             self.hand = if id + 1 >= end { 0 } else { id + 1 };
             let n = self.node(id);
@@ -707,9 +725,9 @@ impl Tree {
                 continue;
             }
             let leaf = n.first_child == NIL;
-            let (w, b) = (id as usize / 64, id % 64);
+            let (w, at) = (id as usize / 32, (id % 32) * 2);
             match self.used.get_mut(w) {
-                Some(bits) if *bits & (1 << b) != 0 => *bits &= !(1 << b),
+                Some(bits) if (*bits >> at) & 3 != 0 => *bits -= 1 << at,
                 _ if leaf => return Some(id),
                 _ => {}
             }
@@ -985,7 +1003,7 @@ impl Tree {
                 out.push(0);
                 return;
             };
-            self.mark(id);
+            self.mark_matched(id);
             if !self.push_holders(id, out) {
                 return;
             }
