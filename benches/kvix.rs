@@ -301,7 +301,7 @@ fn bench_evict(c: &mut Criterion) {
             b.iter_batched(
                 || {
                     let mut shard = Shard::default();
-                    shard.set_block_budget(budget);
+                    shard.set_block_budget(budget.map(kvix::shard::BlockBudget::new));
                     for q in &old {
                         shard.apply(store(q, 0));
                     }

@@ -134,9 +134,9 @@ pub struct Args {
     /// the predictions due soonest first
     #[arg(long, env = "KVIX_ROUTER_PRUNE_TARGET_RATIO", default_value_t = 0.8)]
     pub router_prune_target_ratio: f64,
-    /// Most blocks the index holds, over all models and tenants (each executor's
-    /// shard keeps its share); past it the blocks not stored or matched for longest
-    /// are evicted (kvix_evicted_blocks_total). At least one a shard; unset: unbounded
+    /// Most blocks the index holds, over all models and tenants and every shard;
+    /// past it the blocks not stored or matched for longest are evicted
+    /// (kvix_evicted_blocks_total). Unset: unbounded
     #[arg(long, env = "KVIX_MAX_BLOCKS")]
     pub max_blocks: Option<u64>,
     /// Log format on stderr: `text` or `json` (one JSON object per line)

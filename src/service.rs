@@ -6,6 +6,7 @@
 //! control thread or off the executors (`mesh::ShardMesh::offload`), never on an
 //! executor. Nothing here runs per block.
 
+use crate::shard::BlockBudget;
 use crate::cli::validate_endpoint;
 use crate::ingest::{Ingest, SocketOptions};
 use crate::lifecycle::Lifecycle;
@@ -123,8 +124,8 @@ pub struct App {
     snapshot: Option<SnapshotConfig>,
     prompts: Arc<Prompts>,
     speculation: Speculation,
-    /// Blocks each shard may hold (`--max-blocks` over the shards).
-    shard_budget: Option<usize>,
+    /// The bound on the blocks every shard together holds (`--max-blocks`).
+    block_budget: Option<BlockBudget>,
 }
 
 impl App {
@@ -146,10 +147,9 @@ impl App {
             snapshot: cfg.snapshot.clone(),
             prompts: cfg.prompts.clone(),
             speculation: cfg.speculation.clone(),
-            // Each shard's share, rounded down: together they never pass the bound.
-            shard_budget: cfg
+            block_budget: cfg
                 .max_blocks
-                .map(|n| (n / shards as u64).clamp(1, usize::MAX as u64) as usize),
+                .map(|n| BlockBudget::new(n.clamp(1, usize::MAX as u64) as usize)),
         })
     }
 
@@ -189,9 +189,9 @@ impl App {
         &self.speculation
     }
 
-    /// Blocks each shard may hold; `None`: unbounded.
-    pub fn shard_budget(&self) -> Option<usize> {
-        self.shard_budget
+    /// The bound every shard shares; `None`: unbounded.
+    pub fn block_budget(&self) -> Option<&BlockBudget> {
+        self.block_budget.as_ref()
     }
 }
 

@@ -91,8 +91,9 @@ fn the_index_stays_within_max_blocks_keeping_the_newest_and_the_matched() {
     let log = s.stop();
     let warnings = log.matches("index at --max-blocks").count();
     let intervals = t0.elapsed().as_secs() as usize / 10 + 1;
+    // Only a shard that evicts warns (here the one the worker's blocks live in).
     assert!(
-        (2..=2 * intervals).contains(&warnings),
-        "{warnings} warnings: one per shard per 10 s expected\n{log}"
+        (1..=2 * intervals).contains(&warnings),
+        "{warnings} warnings: at most one per shard per 10 s expected\n{log}"
     );
 }

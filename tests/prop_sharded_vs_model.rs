@@ -269,14 +269,15 @@ fn frame(dp: Option<u32>, event: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
     b
 }
 
-/// With `budget`, each shard holds at most that many blocks (`--max-blocks`): it may
-/// then have evicted what the model holds, so every answer is at most the model's
-/// instead of equal to it.
+/// With `budget`, the shards together hold at most that many blocks
+/// (`--max-blocks`): they may then have evicted what the model holds, so every
+/// answer is at most the model's instead of equal to it.
 fn run(n: usize, budget: Option<usize>, actions: &[Action], queries: &[(usize, usize, Vec<u32>)]) {
     let mut model = Model::default();
     let mut sharded = Sharded::new(n);
+    let shared = budget.map(kvix::shard::BlockBudget::new);
     for shard in &mut sharded.shards {
-        shard.set_block_budget(budget);
+        shard.set_block_budget(shared.clone());
     }
     for a in actions {
         match a {

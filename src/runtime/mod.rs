@@ -461,13 +461,14 @@ async fn drain_loop(core: Rc<Core>) {
                 .drain(core.id, 8192, |ops| shard.apply_staged(ops));
             let clearing = shard.step_clears();
             shard.expire(crate::shard::predict::now_tick());
+            shard.sync_budget();
             (n, clearing, shard.evicted)
         };
         if evicted > warned.0 && warned.1.is_none_or(|t| t.elapsed() >= EVICTION_LOG_EVERY) {
             tracing::warn!(
                 shard = core.id.0,
                 evicted = evicted - warned.0,
-                budget = core.app.shard_budget(),
+                budget = core.app.block_budget().map(|b| b.max),
                 "index at --max-blocks: evicting the blocks least recently stored or matched"
             );
             warned = (evicted, Some(Instant::now()));
@@ -642,7 +643,7 @@ pub fn serve(app: Arc<App>, opts: ServeOptions) -> std::io::Result<()> {
                 let (senders, mut receivers) = mesh.join().await.expect("join shard mesh");
                 let id = ShardId(senders.peer_id());
                 let mut shard = Shard::default();
-                shard.set_block_budget(app.shard_budget());
+                shard.set_block_budget(app.block_budget().cloned());
                 let core = Rc::new(Core {
                     id,
                     shards,

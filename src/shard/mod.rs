@@ -25,6 +25,8 @@ use crate::types::{BlockHash, EngineHash, IndexId, SeqHash, Tier, TierSet, Worke
 use blocks::{Blocks, EVICT_TURNS, Hand, Walk};
 use hashbrown::HashMap;
 use holders::{Holder, HolderSet, HolderSlab};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use predict::Tick;
 use table::Cursor;
 pub use table::SeqHasherBuilder;
@@ -324,6 +326,26 @@ fn lose(losing: &mut Vec<TierSet>, slot: WorkerSlot, tiers: TierSet) {
     losing[i] |= tiers;
 }
 
+/// The most blocks every shard together holds (`--max-blocks`), shared by the
+/// shards: each adds what it files and takes off what goes (an atomic add per
+/// store run or drain pass, not per block), and one that stores past the bound
+/// evicts its own least recently used blocks. A bound split per shard would give
+/// one worker's blocks, which live in one shard, a fraction of it.
+#[derive(Clone, Debug)]
+pub struct BlockBudget {
+    pub max: usize,
+    held: Arc<AtomicUsize>,
+}
+
+impl BlockBudget {
+    pub fn new(max: usize) -> Self {
+        BlockBudget {
+            max,
+            held: Arc::default(),
+        }
+    }
+}
+
 /// How an index fed only by predictions (approximate mode) stays bounded: once it
 /// holds more than `max` blocks in this shard, the soonest-due predictions end
 /// until it holds `target`.
@@ -459,8 +481,10 @@ pub struct Shard {
     /// blocks the slot does not hold, since start.
     pub unknown_parent: u64,
     pub unknown_removed: u64,
-    /// Most blocks this shard holds over all its indexes; `None`: unbounded.
-    budget: Option<usize>,
+    /// The bound on every shard's blocks together; `None`: unbounded.
+    budget: Option<BlockBudget>,
+    /// Blocks this shard has added to the budget's count.
+    counted: usize,
     /// Blocks evicted to stay within the budget, since start.
     pub evicted: u64,
     /// The eviction turn (index × hand: its tree, then its keyed tables) next.
@@ -704,6 +728,7 @@ impl Shard {
         d.waiting.clear();
         if d.walking.iter().all(|t| t.is_empty()) {
             ix.clearing = None;
+            ix.tree.shrink_if_empty();
             self.clearing.retain(|&i| i != index);
         }
         self.apply_staged(&waited);
@@ -883,6 +908,9 @@ impl Shard {
                 self.applied += 1;
                 let ix = index_mut(&mut self.indexes, index, bounded);
                 if ix.tree.remove(slot, block, tiers) {
+                    if ix.clearing.is_none() {
+                        ix.tree.shrink_if_empty();
+                    }
                     return;
                 }
                 let seq = SeqHash(block.0);
@@ -950,11 +978,13 @@ impl Shard {
         self.keep_budget();
     }
 
-    /// Hold at most `max` blocks in this shard, over all indexes, evicting those not
-    /// stored or matched for longest; `None` lifts the bound.
-    pub fn set_block_budget(&mut self, max: Option<usize>) {
-        self.budget = max;
-        if max.is_some() {
+    /// Hold, with the other shards sharing `budget`, at most its `max` blocks over
+    /// all indexes, evicting those not stored or matched for longest; `None` lifts
+    /// the bound.
+    pub fn set_block_budget(&mut self, budget: Option<BlockBudget>) {
+        self.budget = budget;
+        self.counted = 0;
+        if self.budget.is_some() {
             for ix in &mut self.indexes {
                 ix.tree.track_use();
                 ix.keyed.track_use();
@@ -963,22 +993,40 @@ impl Shard {
         }
     }
 
-    /// Evict until the shard is within its budget. Every index's tree and keyed
-    /// tables take turns; one that finds every block in use passes the turn on,
-    /// with the bits it passed cleared, so the loop ends within two laps of each.
+    /// Tell the budget how many blocks this shard holds now (removals and clears
+    /// free room between stores). Returns the count over every shard.
+    pub fn sync_budget(&mut self) -> usize {
+        let Some(b) = &self.budget else { return 0 };
+        let local: usize = self.indexes.iter().map(IndexShard::len).sum();
+        if local >= self.counted {
+            let add = local - self.counted;
+            self.counted = local;
+            if add == 0 {
+                return b.held.load(Ordering::Relaxed);
+            }
+            b.held.fetch_add(add, Ordering::Relaxed) + add
+        } else {
+            let sub = self.counted - local;
+            self.counted = local;
+            b.held.fetch_sub(sub, Ordering::Relaxed) - sub
+        }
+    }
+
+    /// Evict until every shard together is within the budget (or this one has
+    /// nothing left to evict). Every index's tree and keyed tables take turns; one
+    /// that finds nothing passes the turn on.
     fn keep_budget(&mut self) {
-        let Some(max) = self.budget else { return };
-        let mut total: usize = self.indexes.iter().map(IndexShard::len).sum();
+        let Some(max) = self.budget.as_ref().map(|b| b.max) else {
+            return;
+        };
+        let mut total = self.sync_budget();
         let turns = self.indexes.len() * TURNS_PER_INDEX;
-        // Turns without an eviction. Two laps of every hand always find one, so the
-        // bound is never reached; it only keeps a broken invariant from spinning the
-        // executor forever.
+        // Turns without an eviction: a full round of them means nothing here can go.
         let mut misses = 0;
-        while total > max && misses <= 4 * (EVICT_TURNS + 1) * turns {
+        while total > max && misses < 4 * (EVICT_TURNS + 1) * turns {
             let turn = self.evict_from % turns;
             self.evict_from = turn + 1;
             let ix = &mut self.indexes[turn / TURNS_PER_INDEX];
-            let before = ix.len();
             let evicted = match turn % TURNS_PER_INDEX {
                 0 => ix.tree.evict().is_some(),
                 hand => match ix.keyed.evict(Hand::BOTH[hand - 1]) {
@@ -1002,9 +1050,8 @@ impl Shard {
                 continue;
             }
             misses = 0;
-            let after = ix.len();
-            total -= before - after;
             self.evicted += 1;
+            total = self.sync_budget();
         }
     }
 

@@ -50,6 +50,8 @@ const PREFETCH_AHEAD: usize = 4;
 /// Nodes per arena chunk: the arena grows a chunk at a time, never copying.
 const CHUNK_BITS: u32 = 14;
 const CHUNK: usize = 1 << CHUNK_BITS;
+/// Leaves an eviction compares, the least recently used of which goes.
+const EVICT_SAMPLE: usize = 16;
 
 /// One block. The local hash is two halves so that a node is 4-byte aligned and
 /// 28 bytes, not padded to 32.
@@ -279,12 +281,12 @@ pub struct Tree {
     predictions: Predictions<NodeKey>,
     /// (block, holder) pairs per tier bit.
     pairs: [u64; Tier::COUNT],
-    /// A bounded index's use count per node id, two bits each (a store or
-    /// prediction makes it at least 2, each match adds 1 up to 3; the eviction
-    /// hand takes 1 off as it passes): empty unless tracking. A block matched
-    /// often outlasts one stored and matched once, even when the hand finds every
-    /// block in use and would otherwise take them in arena order.
-    used: Vec<u64>,
+    /// A bounded index's last use per node id: the `clock` of the store,
+    /// prediction or match that last touched it. Empty unless tracking.
+    used: Vec<u32>,
+    /// Ticks once per store run, prediction and lookup (wrapping: ages are
+    /// compared as differences).
+    clock: u32,
     tracking: bool,
     /// Where the eviction hand is, as a node id.
     hand: u32,
@@ -563,6 +565,7 @@ impl Tree {
         mut p: u32,
         blocks: &[(EngineHash, BlockHash)],
     ) -> Stored {
+        self.tick();
         let (mut new_holders, mut confirmed, mut unfiled) = (0, 0, 0);
         let map = self.engine_map(slot);
         for &(eh, _) in blocks.iter().take(PREFETCH_AHEAD) {
@@ -666,73 +669,86 @@ impl Tree {
         self.aliases.entry((slot.0, node)).or_default().push(eh);
     }
 
+    /// Once nothing is filed (every slot cleared), gives the arena's chunks and
+    /// the tables back, so that memory a burst grew goes back to the allocator;
+    /// a tree in use keeps its chunks (freed nodes are reused).
+    pub fn shrink_if_empty(&mut self) {
+        if self.live != 0 || !self.predictions.is_empty() || self.chunks.is_empty() {
+            return;
+        }
+        *self = Tree {
+            tracking: self.tracking,
+            node_limit: self.node_limit,
+            ..Tree::default()
+        };
+    }
+
     /// From now on, note which blocks are stored, predicted or matched, so that
     /// [`Self::evict`] can pick one that was not lately.
     pub fn track_use(&mut self) {
         self.tracking = true;
     }
 
-    /// A store or prediction of `id`: its use count is at least 2, so that a block
-    /// just filed outlasts one stored and matched a while ago.
+    /// A store, prediction or match of `id` now.
     #[inline]
     fn mark(&mut self, id: u32) {
-        self.add_use(id, false);
-    }
-
-    /// A match of `id`: its use count goes up by 1, to at most 3.
-    #[inline]
-    fn mark_matched(&mut self, id: u32) {
-        self.add_use(id, true);
-    }
-
-    #[inline]
-    fn add_use(&mut self, id: u32, matched: bool) {
         if self.tracking {
-            let (w, at) = (id as usize / 32, (id % 32) * 2);
-            if self.used.len() <= w {
-                self.used.resize(w + 1, 0);
+            let i = id as usize;
+            if self.used.len() <= i {
+                self.used.resize((i + 1).next_power_of_two(), 0);
             }
-            let n = (self.used[w] >> at) & 3;
-            let m = if matched { (n + 1).min(3) } else { n.max(2) };
-            self.used[w] = (self.used[w] & !(3 << at)) | (m << at);
+            self.used[i] = self.clock;
         }
     }
 
-    /// Evicts one block nobody stored, predicted or matched since the hand last
-    /// passed it (CLOCK over the arena), with every holder: only blocks nothing
-    /// hangs from, so the memory is freed (a parent becomes one once its children
-    /// go). Its engine hashes are left to name nothing (their references are of an
-    /// older generation). Returns the (block, holder) pairs evicted, or `None` if
-    /// nothing can be.
+    /// A new store run, prediction or lookup: what it touches is newer than
+    /// anything before.
+    #[inline]
+    fn tick(&mut self) {
+        if self.tracking {
+            self.clock = self.clock.wrapping_add(1);
+        }
+    }
+
+    /// Evicts the block least recently stored, predicted or matched among the
+    /// next [`EVICT_SAMPLE`] leaves from the eviction hand (a sampled LRU over the
+    /// arena), with every holder: only blocks nothing hangs from, so the memory is
+    /// freed (a parent becomes one once its children go). Its engine hashes are
+    /// left to name nothing (their references are of an older generation).
+    /// Returns the (block, holder) pairs evicted, or `None` if nothing can be.
     pub fn evict(&mut self) -> Option<usize> {
         let id = self.next_victim()?;
         Some(self.evict_node(id))
     }
 
-    /// The block the hand stops at: a leaf whose use count is 0, the counts of the
-    /// blocks it passes taken down by 1 (a parent whose children go is then as old
-    /// as its last use). Four laps at most.
+    /// The oldest of the next [`EVICT_SAMPLE`] leaves from the hand (one lap at
+    /// most); the hand moves on to just past it, so the leaves it passed over are
+    /// sampled again by the next eviction.
     fn next_victim(&mut self) -> Option<u32> {
         let end = self.filed() as u32;
         if end == 0 {
             return None;
         }
-        for _ in 0..4 * end {
-            let id = self.hand;
-            self.hand = if id + 1 >= end { 0 } else { id + 1 };
+        let (mut best, mut best_age, mut seen) = (None, 0u32, 0);
+        let mut id = self.hand.min(end - 1);
+        for _ in 0..end {
             let n = self.node(id);
-            if n.parent() == FREE {
-                continue;
+            if n.parent() != FREE && n.first_child == NIL {
+                let last = self.used.get(id as usize).copied().unwrap_or(0);
+                let age = self.clock.wrapping_sub(last);
+                if best.is_none() || age > best_age {
+                    (best, best_age) = (Some(id), age);
+                }
+                seen += 1;
+                if seen == EVICT_SAMPLE {
+                    break;
+                }
             }
-            let leaf = n.first_child == NIL;
-            let (w, at) = (id as usize / 32, (id % 32) * 2);
-            match self.used.get_mut(w) {
-                Some(bits) if (*bits >> at) & 3 != 0 => *bits -= 1 << at,
-                _ if leaf => return Some(id),
-                _ => {}
-            }
+            id = if id + 1 >= end { 0 } else { id + 1 };
         }
-        None
+        let victim = best?;
+        self.hand = if victim + 1 >= end { 0 } else { victim + 1 };
+        Some(victim)
     }
 
     fn evict_node(&mut self, id: u32) -> usize {
@@ -892,6 +908,7 @@ impl Tree {
         locals: &[BlockHash],
         deadline: Tick,
     ) -> PredictCounts {
+        self.tick();
         let mut counts = PredictCounts::default();
         let mut p = NIL;
         for &local in locals {
@@ -997,13 +1014,14 @@ impl Tree {
         find: impl Fn(&Self, u32, usize) -> Option<u32>,
         out: &mut Vec<u32>,
     ) {
+        self.tick();
         let mut p = NIL;
         for i in 0..n {
             let Some(id) = find(self, p, i) else {
                 out.push(0);
                 return;
             };
-            self.mark_matched(id);
+            self.mark(id);
             if !self.push_holders(id, out) {
                 return;
             }
@@ -1330,7 +1348,7 @@ impl Tree {
                 .map(BlockTable::allocation_size)
                 .sum::<usize>()
             + self.per_slot.capacity() * 4
-            + self.used.capacity() * 8
+            + self.used.capacity() * 4
     }
 }
 
@@ -1612,19 +1630,17 @@ mod tests {
     }
 
     #[test]
-    fn eviction_takes_leaves_not_used_since_the_hand_passed() {
+    fn eviction_takes_the_least_recently_used_leaf() {
         let mut t = Tree::default();
         t.track_use();
         let s1 = WorkerSlot(1);
         t.store(s1, DEV, None, &chain(1, 0, &[10, 11, 12]));
         t.store(s1, DEV, None, &chain(1, 10, &[20, 21]));
-        // Every block was used by its store: the first lap clears the bits, the
-        // second takes the first leaf.
+        // The older store's leaf goes first.
         let v = t.next_victim().unwrap();
         assert_eq!(t.path(v), [10, 11, 12]);
         assert_eq!(t.evict_node(v), 1);
-        // A match keeps a block: 20 and 21 are matched, so the hand takes 11, a leaf
-        // now.
+        // A match keeps a block: 20 and 21 are matched, so 11, a leaf now, goes.
         assert_eq!(lookup(&mut t, &[20, 21]).len(), 4);
         let v = t.next_victim().unwrap();
         assert_eq!(t.path(v), [10, 11]);
@@ -1643,6 +1659,35 @@ mod tests {
         assert_eq!(t.tier_pairs()[0], 4);
         // An empty tree has nothing to evict.
         assert_eq!(Tree::default().evict(), None);
+    }
+
+    /// A prompt matched after every other store outlasts prompts stored after it
+    /// and matched once, though it comes first in the arena; the newest store
+    /// stays.
+    #[test]
+    fn a_hot_prompt_and_the_newest_store_outlast_older_ones() {
+        let mut t = Tree::default();
+        t.track_use();
+        let s1 = WorkerSlot(1);
+        let prompt = |p: u64| -> Vec<u64> { (0..4).map(|b| 100 * (p + 1) + b).collect() };
+        let locals = |p: u64| -> Vec<BlockHash> { prompt(p).into_iter().map(BlockHash).collect() };
+        for p in 0..6 {
+            t.store(s1, DEV, None, &chain(1, 1000 * p, &prompt(p)));
+            t.lookup(&locals(p), &mut Vec::new());
+            t.lookup(&locals(0), &mut Vec::new());
+        }
+        t.store(s1, DEV, None, &chain(1, 9000, &prompt(6)));
+        for _ in 0..8 {
+            t.evict();
+        }
+        let held = |t: &mut Tree, p: u64| {
+            let mut out = Vec::new();
+            t.lookup(&locals(p), &mut out);
+            out.iter().filter(|&&n| n == 1).count()
+        };
+        assert_eq!(held(&mut t, 0), 4);
+        assert_eq!(held(&mut t, 6), 4);
+        assert_eq!(held(&mut t, 1) + held(&mut t, 2), 0);
     }
 
     /// A replica filed from a tree's dump and engine hashes: `seed` in dump order,
