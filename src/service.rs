@@ -6,13 +6,13 @@
 //! control thread or off the executors (`mesh::ShardMesh::offload`), never on an
 //! executor. Nothing here runs per block.
 
-use crate::shard::BlockBudget;
 use crate::cli::validate_endpoint;
 use crate::ingest::{Ingest, SocketOptions};
 use crate::lifecycle::Lifecycle;
 use crate::prompt::Prompts;
 use crate::registry::{Endpoint, EventLimits, ListenerOpts, Registration, Registry, RegistryError};
 use crate::ring::Rings;
+use crate::shard::BlockBudget;
 use crate::types::{DpRank, InstanceId};
 use arc_swap::ArcSwap;
 use std::sync::Arc;
