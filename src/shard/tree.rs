@@ -624,8 +624,9 @@ impl Tree {
                 Some(old) => self.unhold(slot, old, TierSet::ALL, Some(eh)),
                 // New, or naming a block that is no more.
                 None => {
-                    if !before.is_empty() {
-                        // The slot already held this block under another engine hash.
+                    if !(before & TierSet::MEDIA).is_empty() {
+                        // The slot already held this block under another engine hash
+                        // (a prediction it confirms has none).
                         self.alias(slot, id, eh);
                     }
                 }
@@ -1587,6 +1588,21 @@ mod tests {
         t.store(s, DEV, None, &[(eh(3), BlockHash(20))]);
         assert!(!t.remove(s, eh(1), TierSet::ALL));
         assert_eq!(lookup(&mut t, &[20]), [1, held(1, DEV)]);
+    }
+
+    /// A store confirming a prediction names the block once: a predicted holder
+    /// has no engine hash, so the store is no second name (which would walk the
+    /// slot's engine map for the first).
+    #[test]
+    fn a_store_confirming_a_prediction_is_not_a_second_name() {
+        let mut t = Tree::default();
+        let s = WorkerSlot(1);
+        t.predict(s, &[BlockHash(10), BlockHash(11)], 100);
+        t.store(s, DEV, None, &chain(1, 10, &[10, 11]));
+        assert!(t.aliases.is_empty());
+        assert!(t.remove(s, eh(1011), TierSet::ALL));
+        assert!(t.remove(s, eh(1010), TierSet::ALL));
+        assert!(t.is_empty());
     }
 
     #[test]
