@@ -87,10 +87,15 @@ pub enum ShardOp {
     },
 }
 
+// A ring chunk holds CHUNK ops; a larger op would cost every op more cache lines.
+const _: () = assert!(std::mem::size_of::<ShardOp>() <= 48);
+
 /// How a seeded block names its parent: by the slot's engine hash, by sequence
 /// hash (among the blocks the import filed), both, or neither (a first block).
-/// Two bare words and flags, so that a seed is no larger than a store on the rings.
+/// Two bare words and flags, packed to 4-byte alignment so that a seed is no
+/// larger than a store on the rings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C, packed(4))]
 pub struct SeedParent {
     engine: u64,
     seq: u64,
@@ -1072,6 +1077,9 @@ impl Shard {
         for ix in &mut self.indexes {
             if ix.tree.has_predictions() {
                 self.predictions.expired += ix.tree.expire(now) as u64;
+                if ix.clearing.is_none() {
+                    ix.tree.shrink_if_empty();
+                }
             }
         }
     }

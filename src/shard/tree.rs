@@ -1232,10 +1232,9 @@ impl Tree {
     }
 
     /// Every (slot, sequence hash, engine hash) the engine maps hold for blocks
-    /// their slots still hold, for a peer's export: with the dump, what a replica
-    /// needs to resolve the engines' later events. A walk of the engine maps, each
-    /// block's sequence hash computed from the root down.
-    pub fn engine_hashes(&self, out: &mut Vec<(WorkerSlot, SeqHash, EngineHash)>) {
+    /// their slots still hold (the tests' plain form of [`Self::engine_names`]).
+    #[cfg(test)]
+    fn engine_hashes(&self, out: &mut Vec<(WorkerSlot, SeqHash, EngineHash)>) {
         let mut path = Vec::new();
         for (i, map) in self.engine.iter().enumerate() {
             let slot = WorkerSlot(i as u32);
