@@ -13,14 +13,15 @@
 //! Pure computation: no I/O, no shard access beyond [`answer`].
 
 use crate::shard::holders::Holder;
-use crate::shard::{Prompt, Shard, union_holders};
+use crate::shard::{Prompt, SAME_HOLDERS, Shard, union_holders};
 use crate::types::{BlockHash, IndexId, SeqHash, Tier, TierSet, WorkerSlot};
 
 /// What one shard answers for a query: its slots' holders of the prompt's blocks.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct ShardReply {
-    /// Per block, in order: `[n, holder_1 .. holder_n]`, ending at the first block
-    /// none of the shard's slots holds (the prefix ends there for each of them).
+    /// Per block, in order: `[n, holder_1 .. holder_n]`, or [`SAME_HOLDERS`] for a
+    /// block held exactly as the one before it, ending at the first block none of
+    /// the shard's slots holds (the prefix ends there for each of them).
     pub holders: Vec<u32>,
     /// Blocks held per slot in this shard (for `tree_sizes`).
     pub per_slot: Vec<u32>,
@@ -98,14 +99,21 @@ pub fn merge(mut replies: Vec<ShardReply>) -> Merged {
     Merged { holders, per_slot }
 }
 
-/// The holders of each block of a merged answer, in prefix order.
-fn blocks(holders: &[u32]) -> impl Iterator<Item = &[u32]> {
-    let mut at = 0;
+/// The holders of each block of a merged answer, in prefix order, and whether
+/// they are the block before's ([`SAME_HOLDERS`]).
+fn blocks(holders: &[u32]) -> impl Iterator<Item = (&[u32], bool)> {
+    let (mut at, mut last) = (0, 0..0);
     std::iter::from_fn(move || {
-        let n = *holders.get(at)? as usize;
-        let hs = holders.get(at + 1..at + 1 + n)?;
-        at += 1 + n;
-        Some(hs)
+        let n = *holders.get(at)?;
+        if n == SAME_HOLDERS {
+            at += 1;
+            return Some((holders.get(last.clone())?, true));
+        }
+        let r = at + 1..at + 1 + n as usize;
+        let hs = holders.get(r.clone())?;
+        at = r.end;
+        last = r;
+        Some((hs, false))
     })
 }
 
@@ -151,8 +159,16 @@ pub fn gather(m: &Merged, slots: usize, live: impl Fn(WorkerSlot) -> bool) -> Ov
         }
     }
     let mut holds = vec![[0u64; 3]; words];
-    let mut depth = 0u32;
-    for holders in blocks(&m.holders) {
+    let (mut depth, mut freq) = (0u32, 0);
+    for (holders, repeated) in blocks(&m.holders) {
+        if repeated {
+            // The same holders again: every slot still matching matches this block too.
+            depth += 1;
+            if freq > 0 {
+                out.frequencies.push(freq);
+            }
+            continue;
+        }
         holds.fill([0; 3]);
         // Bits gather in registers while holders stay in one word (always, up to 64
         // slots): or-ing each into memory would chain every holder through a
@@ -179,7 +195,7 @@ pub fn gather(m: &Merged, slots: usize, live: impl Fn(WorkerSlot) -> bool) -> Ov
             *w = [w[0] | acc[0], w[1] | acc[1], w[2] | acc[2]];
         }
         let mut any = false;
-        let mut freq = 0;
+        freq = 0;
         for (i, (a, h)) in alive.iter_mut().zip(&holds).enumerate() {
             for k in 0..TIER_SETS.len() {
                 let after = a[k] & h[k];
@@ -235,7 +251,7 @@ pub fn conductor(
     let mut out = vec![InstanceOverlap::default(); instances];
     let mut mask = vec![TierSet::NONE; instances];
     let mut device = vec![0u32; instance_of.len()];
-    for (depth, holders) in blocks(&m.holders).enumerate() {
+    for (depth, (holders, _)) in blocks(&m.holders).enumerate() {
         let depth = depth as u32;
         for &h in holders {
             let h = Holder(h);
@@ -295,7 +311,7 @@ pub fn weighted(
 ) -> Vec<f32> {
     let mut score = vec![0f32; slots];
     let mut len = vec![0u32; slots];
-    for (depth, holders) in blocks(&m.holders).enumerate() {
+    for (depth, (holders, _)) in blocks(&m.holders).enumerate() {
         let mut advanced = false;
         for &h in holders {
             let h = Holder(h);
@@ -417,6 +433,7 @@ mod tests {
             // block none of them holds; the union per block is what scores.
             let mut replies = vec![ShardReply::default(); shards];
             let mut ended = vec![false; shards];
+            let mut last: Vec<Vec<u32>> = vec![Vec::new(); shards];
             let mut per_block: Vec<Vec<u32>> = Vec::new();
             // Holders thin out with depth, so prefixes end at different blocks.
             for d in 0..blocks {
@@ -437,10 +454,16 @@ mod tests {
                         .copied()
                         .filter(|&x| Holder(x).slot().0 as usize % shards == part)
                         .collect();
-                    r.holders.push(mine.len() as u32);
-                    r.holders.extend(&mine);
+                    if mine.len() > 1 && mine == last[part] && next(2) == 0 {
+                        // Held as the part's block before it.
+                        r.holders.push(SAME_HOLDERS);
+                    } else {
+                        r.holders.push(mine.len() as u32);
+                        r.holders.extend(&mine);
+                    }
                     ended[part] = mine.is_empty();
-                    union.extend(mine);
+                    union.extend(&mine);
+                    last[part] = mine;
                 }
                 if union.is_empty() {
                     break;

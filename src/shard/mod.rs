@@ -32,6 +32,10 @@ use table::Cursor;
 pub use table::SeqHasherBuilder;
 use tree::{DumpWalk, Seed, Stored, Tree};
 
+/// In a lookup's output, a block held exactly as the block before it; never a
+/// holder count, since a block has fewer holders than there are worker slots.
+pub const SAME_HOLDERS: u32 = u32::MAX;
+
 /// The one way to change a shard's blocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ShardOp {
@@ -172,37 +176,47 @@ impl Prompt<'_> {
 }
 
 /// Merges lists of `[n, holder..]` per block (each ending at its first block
-/// nobody holds, or with the prompt) into one, keeping what `keep` returns for
-/// each holder: a block's holders are the union of its lists'. Ends, as every
-/// list does, at the first block left with no holder: no worker's prefix reaches
-/// past it.
+/// nobody holds, or with the prompt; [`SAME_HOLDERS`] for a repeated list) into
+/// one, keeping what `keep` returns for each holder: a block's holders are the
+/// union of its lists'. Ends, as every list does, at the first block left with no
+/// holder: no worker's prefix reaches past it. A block every list repeats is
+/// written as [`SAME_HOLDERS`].
 pub fn union_holders(
     parts: &[&[u32]],
     mut keep: impl FnMut(u32) -> Option<u32>,
     out: &mut Vec<u32>,
 ) {
     let mut at: Vec<usize> = vec![0; parts.len()];
+    let mut prev: Vec<std::ops::Range<usize>> = vec![0..0; parts.len()];
     loop {
         let head = out.len();
         out.push(0);
-        let mut listed = false;
-        for (p, a) in parts.iter().zip(at.iter_mut()) {
+        let (mut listed, mut all_same) = (false, true);
+        for ((p, a), last) in parts.iter().zip(at.iter_mut()).zip(prev.iter_mut()) {
             let Some(&n) = p.get(*a) else { continue };
             listed = true;
-            let (from, to) = (*a + 1, *a + 1 + n as usize);
-            *a = if n == 0 { p.len() } else { to };
-            out.extend(
-                p.get(from..to)
-                    .unwrap_or(&[])
-                    .iter()
-                    .filter_map(|&h| keep(h)),
-            );
+            let range = if n == SAME_HOLDERS {
+                *a += 1;
+                last.clone()
+            } else {
+                all_same = false;
+                let r = *a + 1..*a + 1 + n as usize;
+                *a = if n == 0 { p.len() } else { r.end };
+                *last = r.clone();
+                r
+            };
+            out.extend(p.get(range).unwrap_or(&[]).iter().filter_map(|&h| keep(h)));
         }
         if !listed {
             out.pop();
             return;
         }
         let n = out.len() - head - 1;
+        if all_same && n > 0 {
+            out.truncate(head);
+            out.push(SAME_HOLDERS);
+            continue;
+        }
         out[head] = n as u32;
         if n == 0 {
             return;
@@ -1085,7 +1099,8 @@ impl Shard {
     }
 
     /// Holders of the prompt's blocks (in prefix order) among this shard's slots as
-    /// `[n, holder..]` per block, up to and including the first block none of them
+    /// `[n, holder..]` per block, or [`SAME_HOLDERS`] for a block held exactly as
+    /// the block before it, up to and including the first block none of them
     /// holds: no worker's prefix reaches past it, so the blocks after it are not
     /// looked up. A match counts as a use of the block for a bounded shard's
     /// eviction; a predicted holder reads as the device tier it stands for.
@@ -1095,10 +1110,7 @@ impl Shard {
             return;
         };
         let at = out.len();
-        match prompt {
-            Prompt::Locals(l) => ix.tree.lookup(l, out),
-            Prompt::Seqs(s) => ix.tree.lookup_seqs(s, out),
-        }
+        ix.tree.lookup_prompt(prompt, out);
         if ix.keyed.is_empty() && ix.clearing.is_none() {
             return;
         }
@@ -1122,18 +1134,21 @@ impl Shard {
         };
         // Per block, the tree's holders (until its answer ends) and the keyed
         // table's (a keyed block may follow one the tree holds).
-        let mut t = 0;
+        let (mut t, mut last) = (0, 0..0);
         for i in 0..prompt.len() {
             let head = out.len();
             out.push(0);
             if let Some(&n) = tree_out.get(t) {
-                let hs = &tree_out[t + 1..t + 1 + n as usize];
-                t = if n == 0 {
-                    tree_out.len()
+                let range = if n == SAME_HOLDERS {
+                    t += 1;
+                    last.clone()
                 } else {
-                    t + 1 + n as usize
+                    let r = t + 1..t + 1 + n as usize;
+                    t = if n == 0 { tree_out.len() } else { r.end };
+                    last = r.clone();
+                    r
                 };
-                out.extend(hs.iter().filter_map(|&h| keep(h)));
+                out.extend(tree_out[range].iter().filter_map(|&h| keep(h)));
             }
             if let Some(node) = seqs.get(i).and_then(|s| ix.keyed.get_matched(s)) {
                 out.extend(
@@ -1342,6 +1357,26 @@ mod tests {
     }
 
     #[test]
+    fn a_block_held_as_the_one_before_is_written_once_and_merges_keep_it() {
+        let mut s = Shard::default();
+        s.apply_all(&run(1, DEV, None, &[10, 11, 12]));
+        s.apply_all(&run(2, DEV, None, &[10, 11]));
+        let (a, b) = (held(1, DEV.bit()), held(2, DEV.bit()));
+        let out = lookup(&mut s, &[10, 11, 12]);
+        assert_eq!(out, [2, a, b, SAME_HOLDERS, 1, a]);
+        // Two shards' answers: a block both repeat is repeated in the union; one
+        // that only one repeats is spelled out.
+        let other = [1, held(3, HOST.bit()), SAME_HOLDERS, 0];
+        let mut merged = Vec::new();
+        union_holders(&[&out, &other], Some, &mut merged);
+        let c = held(3, HOST.bit());
+        assert_eq!(merged, [3, a, b, c, SAME_HOLDERS, 1, a]);
+        let mut merged = Vec::new();
+        union_holders(&[&out, &[1, c, 1, c, 0]], Some, &mut merged);
+        assert_eq!(merged, [3, a, b, c, 3, a, b, c, 1, a]);
+    }
+
+    #[test]
     fn tiers_go_independently_and_unknown_names_are_counted() {
         let mut s = Shard::default();
         s.apply_all(&run(1, DEV, None, &[10, 11]));
@@ -1449,12 +1484,30 @@ mod tests {
         fn clone_answers(&mut self, locals: &[u64]) -> Vec<Vec<u32>> {
             (1..=locals.len())
                 .map(|n| {
-                    let mut v = lookup(self, &locals[..n]);
+                    let mut v: Vec<u32> = expanded(&lookup(self, &locals[..n]))
+                        .into_iter()
+                        .flatten()
+                        .collect();
                     v.sort();
                     v
                 })
                 .collect()
         }
+    }
+
+    /// A lookup's output as one holder list per block, [`SAME_HOLDERS`] spelled out.
+    fn expanded(out: &[u32]) -> Vec<Vec<u32>> {
+        let (mut at, mut blocks) = (0, Vec::<Vec<u32>>::new());
+        while let Some(&n) = out.get(at) {
+            if n == SAME_HOLDERS {
+                blocks.push(blocks.last().cloned().unwrap_or_default());
+                at += 1;
+                continue;
+            }
+            blocks.push(out[at + 1..at + 1 + n as usize].to_vec());
+            at += 1 + n as usize;
+        }
+        blocks
     }
 
     #[test]

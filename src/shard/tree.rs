@@ -19,10 +19,10 @@
 //! one shard; never shared, never blocks; a store, removal or lookup allocates only
 //! as the arena and tables grow.
 
-use super::DumpedBlock;
 use super::holders::{Holder, HolderSet, HolderSlab};
 use super::predict::{Predicted, PredictedBlock, Predictions, Tick};
 use super::table::{BlockTable, Cursor, Keyed};
+use super::{DumpedBlock, Prompt, SAME_HOLDERS};
 use crate::hash;
 use crate::types::{BlockHash, EngineHash, SeqHash, Tier, TierSet, WorkerSlot};
 use hashbrown::{HashMap, HashTable};
@@ -992,11 +992,10 @@ impl Tree {
     }
 
     /// Holders of the prompt's blocks (`locals`, in prefix order) as `[n, holder..]`
-    /// per block, up to and including the first block nobody holds (as
-    /// [`super::Shard::lookup`] answers, without its shorthand for repeated sets).
-    /// A match counts as a use of the block for a bounded index's eviction.
+    /// per block, up to and including the first block nobody holds. A match counts
+    /// as a use of the block for a bounded index's eviction.
     pub fn lookup(&mut self, locals: &[BlockHash], out: &mut Vec<u32>) {
-        self.walk(locals.len(), |t, p, i| t.child(p, locals[i]), out);
+        self.walk(locals.len(), |t, p, i| t.child(p, locals[i]), false, out);
     }
 
     /// As [`Self::lookup`], for blocks named by their sequence hashes.
@@ -1004,8 +1003,24 @@ impl Tree {
         self.walk(
             seqs.len(),
             |t, p, i| t.child_by_seq(p, i.checked_sub(1).map(|j| seqs[j]), seqs[i]),
+            false,
             out,
         );
+    }
+
+    /// As [`Self::lookup`] or [`Self::lookup_seqs`], writing [`SAME_HOLDERS`] for
+    /// a block held exactly as the block before it (a shared prefix: the gather
+    /// passes it in one step).
+    pub fn lookup_prompt(&mut self, prompt: Prompt<'_>, out: &mut Vec<u32>) {
+        match prompt {
+            Prompt::Locals(l) => self.walk(l.len(), |t, p, i| t.child(p, l[i]), true, out),
+            Prompt::Seqs(s) => self.walk(
+                s.len(),
+                |t, p, i| t.child_by_seq(p, i.checked_sub(1).map(|j| s[j]), s[i]),
+                true,
+                out,
+            ),
+        }
     }
 
     /// The lookups' walk down `n` blocks: `find(tree, parent, i)` is the `i`th.
@@ -1013,19 +1028,41 @@ impl Tree {
         &mut self,
         n: usize,
         find: impl Fn(&Self, u32, usize) -> Option<u32>,
+        shorthand: bool,
         out: &mut Vec<u32>,
     ) {
         self.tick();
         let mut p = NIL;
+        // Where the last holder list written is in `out`.
+        let mut last = 0..0;
         for i in 0..n {
             let Some(id) = find(self, p, i) else {
                 out.push(0);
                 return;
             };
             self.mark(id);
-            if !self.push_holders(id, out) {
+            let hs = self.node(id).holders.as_slice(&self.slab);
+            if shorthand
+                && hs.len() > 1
+                && self.predictions.is_empty()
+                && out.get(last.clone()) == Some(hs)
+            {
+                out.push(SAME_HOLDERS);
+                p = id;
+                continue;
+            }
+            out.push(hs.len() as u32);
+            let at = out.len();
+            if self.predictions.is_empty() {
+                out.extend_from_slice(hs);
+            } else {
+                // Scorers see a prediction as the device tier it stands for.
+                out.extend(hs.iter().map(|&h| Holder(h).as_scored().0));
+            }
+            if hs.is_empty() {
                 return;
             }
+            last = at..out.len();
             p = id;
         }
     }
@@ -1051,20 +1088,6 @@ impl Tree {
             c = self.node(c).next_sibling;
         }
         None
-    }
-
-    /// Writes `[n, holder..]` for `id`; false (after writing 0) if nobody holds it.
-    #[inline]
-    fn push_holders(&self, id: u32, out: &mut Vec<u32>) -> bool {
-        let hs = self.node(id).holders.as_slice(&self.slab);
-        out.push(hs.len() as u32);
-        if self.predictions.is_empty() {
-            out.extend_from_slice(hs);
-        } else {
-            // Scorers see a prediction as the device tier it stands for.
-            out.extend(hs.iter().map(|&h| Holder(h).as_scored().0));
-        }
-        !hs.is_empty()
     }
 
     /// Every (block, holder) with the block's sequence and parent hashes, in one go.
