@@ -36,6 +36,14 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// One step of an export, as a shard answers it.
+struct ExportStep {
+    blocks: Vec<DumpedBlock>,
+    names: Vec<(WorkerSlot, u32, EngineHash)>,
+    at: ExportAt,
+    done: bool,
+}
+
 /// A request from one core to another core's shard.
 enum Req {
     Lookup {
@@ -58,19 +66,15 @@ enum Req {
         index: IndexId,
         at: Box<ExportAt>,
     },
-    /// How the shard's slots name their blocks of `index`, after the last step.
-    EngineNames {
-        index: IndexId,
-    },
     Stats,
 }
 
 enum Rep {
     Lookup(ShardReply),
     Predicted,
-    /// The step's blocks, where the export got to, and whether it is done.
-    Export(Vec<DumpedBlock>, Box<ExportAt>, bool),
-    EngineNames(Vec<(WorkerSlot, u32, EngineHash)>),
+    /// The step's blocks and engine names, where the export got to, and whether
+    /// it is done.
+    Export(Box<ExportStep>),
     Stats(Box<ShardStats>),
 }
 
@@ -163,14 +167,14 @@ impl Core {
                     .rings()
                     .drain(self.id, usize::MAX, |ops| shard.apply_staged(ops));
                 shard.finish_deferred();
-                let mut out = Vec::new();
-                let done = shard.export_step(index, &mut at, &mut out);
-                Rep::Export(out, at, done)
-            }
-            Req::EngineNames { index } => {
-                let mut out = Vec::new();
-                self.shard.borrow().engine_names(index, &mut out);
-                Rep::EngineNames(out)
+                let (mut blocks, mut names) = (Vec::new(), Vec::new());
+                let done = shard.export_step(index, &mut at, &mut blocks, &mut names);
+                Rep::Export(Box::new(ExportStep {
+                    blocks,
+                    names,
+                    at: *at,
+                    done,
+                }))
             }
         }
     }
@@ -281,7 +285,7 @@ impl ShardMesh for Core {
             }
             self.scatter(reqs)
         };
-        let mut parts = Vec::new();
+        let (mut parts, mut names) = (Vec::new(), Vec::new());
         let mut at = Box::default();
         loop {
             match ask(Req::Export { index, at })
@@ -289,25 +293,26 @@ impl ShardMesh for Core {
                 .get_mut(shard.0)
                 .and_then(Option::take)
             {
-                Some(Rep::Export(v, next, done)) => {
-                    parts.push(v);
-                    at = next;
+                Some(Rep::Export(step)) => {
+                    let ExportStep {
+                        blocks,
+                        names: mut n,
+                        at: next,
+                        done,
+                    } = *step;
+                    if !blocks.is_empty() {
+                        parts.push(blocks);
+                    }
+                    names.append(&mut n);
+                    at = Box::new(next);
                     if done {
-                        break;
+                        return Ok((parts, names));
                     }
                 }
                 _ => return Err(ShardUnavailable(shard)),
             }
             // Our own shard answers in place: let queued queries run between steps.
             let_requests_in().await;
-        }
-        match ask(Req::EngineNames { index })
-            .await?
-            .get_mut(shard.0)
-            .and_then(Option::take)
-        {
-            Some(Rep::EngineNames(names)) => Ok((parts, names)),
-            _ => Err(ShardUnavailable(shard)),
         }
     }
 
@@ -336,10 +341,7 @@ impl ShardMesh for Core {
             })
             .collect();
         for (i, r) in self.scatter(reqs).await?.into_iter().enumerate() {
-            if matches!(
-                r,
-                Some(Rep::Lookup(_) | Rep::Export(..) | Rep::EngineNames(_) | Rep::Stats(_))
-            ) {
+            if matches!(r, Some(Rep::Lookup(_) | Rep::Export(_) | Rep::Stats(_))) {
                 return Err(ShardUnavailable(ShardId(i)));
             }
         }

@@ -50,6 +50,9 @@ const PREFETCH_AHEAD: usize = 4;
 /// Nodes per arena chunk: the arena grows a chunk at a time, never copying.
 const CHUNK_BITS: u32 = 14;
 const CHUNK: usize = 1 << CHUNK_BITS;
+/// An export reads a slot's engine map in at most `1 << ENGINE_PART_BITS_MAX`
+/// parts.
+const ENGINE_PART_BITS_MAX: u32 = 12;
 /// Leaves an eviction compares, the least recently used of which goes.
 const EVICT_SAMPLE: usize = 16;
 
@@ -1270,13 +1273,47 @@ impl Tree {
     }
 
     /// Every (slot, node, engine hash) by which the slots name the blocks they
-    /// hold: with a dump's nodes ([`DumpedBlock::node`]), how each worker names
-    /// each block it holds. A walk of the engine maps alone.
+    /// hold, in one go (see [`Self::engine_names_part`]).
     pub fn engine_names(&self, out: &mut Vec<(WorkerSlot, u32, EngineHash)>) {
-        for (i, map) in self.engine.iter().enumerate() {
+        for i in 0..self.engine_slots() {
             let slot = WorkerSlot(i as u32);
+            let bits = self.engine_part_bits(slot);
+            for part in 0..1 << bits {
+                self.engine_names_part(slot, part, bits, out);
+            }
+        }
+    }
+
+    /// Slots with an engine map (a slot's is at index `slot`).
+    pub fn engine_slots(&self) -> usize {
+        self.engine.len()
+    }
+
+    /// How many bits [`Self::engine_names_part`] splits `slot`'s map by: enough
+    /// that a part is one of its segments, so no part holds the executor long.
+    pub fn engine_part_bits(&self, slot: WorkerSlot) -> u32 {
+        self.engine
+            .get(slot.0 as usize)
+            .and_then(BlockTable::part_bits)
+            .unwrap_or(0)
+            .min(ENGINE_PART_BITS_MAX)
+    }
+
+    /// (slot, node, engine hash) of the entries of part `part` of `1 << bits` of
+    /// `slot`'s engine map that name a block the slot holds: with a dump's nodes
+    /// ([`DumpedBlock::node`]), how each worker names each block it holds. The
+    /// parts together pass every entry filed throughout once, however the map
+    /// changes between them.
+    pub fn engine_names_part(
+        &self,
+        slot: WorkerSlot,
+        part: usize,
+        bits: u32,
+        out: &mut Vec<(WorkerSlot, u32, EngineHash)>,
+    ) {
+        if let Some(map) = self.engine.get(slot.0 as usize) {
             out.extend(
-                map.iter()
+                map.iter_part(part, bits)
                     .filter_map(|e| Some((slot, self.resolve(slot, e.node())?, e.key()))),
             );
         }
