@@ -37,7 +37,7 @@ const PURGE_DELAY_MS: std::ffi::c_long = 10;
 
 /// Transparent huge pages off for this process, unless `MIMALLOC_ALLOW_THP` is set
 /// (mimalloc's own switch, read before `main`; unset, mimalloc advises huge pages
-/// for its arenas). The block tables and engine-hash maps are written at random
+/// for its arenas). The trees' arenas and engine-hash maps are written at random
 /// positions, so a 2 MiB huge page is faulted in, zeroed and kept resident whole
 /// wherever one entry lands; with 4 KiB pages only what is written is resident.
 fn small_pages_only() {

@@ -1,6 +1,6 @@
-//! The block table of one index shard: entries filed by sequence hash, kept in
-//! segments. The ingest threads' engine-hash maps are the same table filed by
-//! engine hash ([`TableKey`]).
+//! A segmented hash table of blocks: the keyed table of an index shard (entries
+//! filed by sequence hash) and each worker slot's engine-hash map in a tree (filed
+//! by engine hash, [`TableKey`]).
 //!
 //! An entry says its own key ([`Keyed`]): stored beside the value, or computed
 //! from it, so a table need not spend eight bytes a block on a hash it can derive.
