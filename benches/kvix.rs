@@ -785,7 +785,7 @@ fn bench_index(c: &mut Criterion) {
         b.iter(|| {
             for (_, locals) in &prompts {
                 out.clear();
-                t.lookup(locals, &mut out);
+                t.lookup(Prompt::Locals(locals), &mut out);
             }
             black_box(out.len())
         })

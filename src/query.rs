@@ -13,15 +13,16 @@
 //! Pure computation: no I/O, no shard access beyond [`answer`].
 
 use crate::shard::holders::Holder;
-use crate::shard::{Prompt, SAME_HOLDERS, Shard, union_holders};
+use crate::shard::{HolderLists, Prompt, Shard, union_holders};
 use crate::types::{BlockHash, IndexId, SeqHash, Tier, TierSet, WorkerSlot};
 
 /// What one shard answers for a query: its slots' holders of the prompt's blocks.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct ShardReply {
-    /// Per block, in order: `[n, holder_1 .. holder_n]`, or [`SAME_HOLDERS`] for a
-    /// block held exactly as the one before it, ending at the first block none of
-    /// the shard's slots holds (the prefix ends there for each of them).
+    /// Per block, in order: `[n, holder_1 .. holder_n]`, or
+    /// [`SAME_HOLDERS`](crate::shard::SAME_HOLDERS) for a block held exactly as the
+    /// one before it, ending at the first block none of the shard's slots holds (the
+    /// prefix ends there for each of them).
     pub holders: Vec<u32>,
     /// Blocks held per slot in this shard (for `tree_sizes`).
     pub per_slot: Vec<u32>,
@@ -99,24 +100,6 @@ pub fn merge(mut replies: Vec<ShardReply>) -> Merged {
     Merged { holders, per_slot }
 }
 
-/// The holders of each block of a merged answer, in prefix order, and whether
-/// they are the block before's ([`SAME_HOLDERS`]).
-fn blocks(holders: &[u32]) -> impl Iterator<Item = (&[u32], bool)> {
-    let (mut at, mut last) = (0, 0..0);
-    std::iter::from_fn(move || {
-        let n = *holders.get(at)?;
-        if n == SAME_HOLDERS {
-            at += 1;
-            return Some((holders.get(last.clone())?, true));
-        }
-        let r = at + 1..at + 1 + n as usize;
-        let hs = holders.get(r.clone())?;
-        at = r.end;
-        last = r;
-        Some((hs, false))
-    })
-}
-
 /// Cumulative tier sets scored per slot.
 pub const TIER_SETS: [TierSet; 3] = [
     Tier::DEVICE.bit(),
@@ -160,7 +143,7 @@ pub fn gather(m: &Merged, slots: usize, live: impl Fn(WorkerSlot) -> bool) -> Ov
     }
     let mut holds = vec![[0u64; 3]; words];
     let (mut depth, mut freq) = (0u32, 0);
-    for (holders, repeated) in blocks(&m.holders) {
+    for (holders, repeated) in HolderLists::new(&m.holders) {
         if repeated {
             // The same holders again: every slot still matching matches this block too.
             depth += 1;
@@ -251,7 +234,7 @@ pub fn conductor(
     let mut out = vec![InstanceOverlap::default(); instances];
     let mut mask = vec![TierSet::NONE; instances];
     let mut device = vec![0u32; instance_of.len()];
-    for (depth, (holders, _)) in blocks(&m.holders).enumerate() {
+    for (depth, (holders, _)) in HolderLists::new(&m.holders).enumerate() {
         let depth = depth as u32;
         for &h in holders {
             let h = Holder(h);
@@ -311,7 +294,7 @@ pub fn weighted(
 ) -> Vec<f32> {
     let mut score = vec![0f32; slots];
     let mut len = vec![0u32; slots];
-    for (depth, (holders, _)) in blocks(&m.holders).enumerate() {
+    for (depth, (holders, _)) in HolderLists::new(&m.holders).enumerate() {
         let mut advanced = false;
         for &h in holders {
             let h = Holder(h);
@@ -360,6 +343,7 @@ pub fn normalize(scores: &[f32]) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shard::SAME_HOLDERS;
 
     fn h(slot: u32, tiers: TierSet) -> u32 {
         Holder::new(WorkerSlot(slot), tiers).0

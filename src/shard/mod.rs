@@ -36,6 +36,42 @@ use tree::{DumpWalk, Seed, Stored, Tree};
 /// holder count, since a block has fewer holders than there are worker slots.
 pub const SAME_HOLDERS: u32 = u32::MAX;
 
+/// A lookup's output read block by block: each block's holders (a
+/// [`SAME_HOLDERS`] block's are the block before's) and whether they repeat the
+/// block before's. Ends with the output (a lookup's ends at its first empty block).
+pub struct HolderLists<'a> {
+    list: &'a [u32],
+    at: usize,
+    last: std::ops::Range<usize>,
+}
+
+impl<'a> HolderLists<'a> {
+    pub fn new(list: &'a [u32]) -> Self {
+        HolderLists {
+            list,
+            at: 0,
+            last: 0..0,
+        }
+    }
+}
+
+impl<'a> Iterator for HolderLists<'a> {
+    type Item = (&'a [u32], bool);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let n = *self.list.get(self.at)?;
+        if n == SAME_HOLDERS {
+            self.at += 1;
+            return Some((self.list.get(self.last.clone())?, true));
+        }
+        let r = self.at + 1..self.at + 1 + n as usize;
+        let hs = self.list.get(r.clone())?;
+        self.at = r.end;
+        self.last = r;
+        Some((hs, false))
+    }
+}
+
 /// The one way to change a shard's blocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ShardOp {
@@ -186,26 +222,15 @@ pub fn union_holders(
     mut keep: impl FnMut(u32) -> Option<u32>,
     out: &mut Vec<u32>,
 ) {
-    let mut at: Vec<usize> = vec![0; parts.len()];
-    let mut prev: Vec<std::ops::Range<usize>> = vec![0..0; parts.len()];
+    let mut lists: Vec<HolderLists> = parts.iter().map(|p| HolderLists::new(p)).collect();
     loop {
         let head = out.len();
         out.push(0);
         let (mut listed, mut all_same) = (false, true);
-        for ((p, a), last) in parts.iter().zip(at.iter_mut()).zip(prev.iter_mut()) {
-            let Some(&n) = p.get(*a) else { continue };
+        for (hs, same) in lists.iter_mut().filter_map(Iterator::next) {
             listed = true;
-            let range = if n == SAME_HOLDERS {
-                *a += 1;
-                last.clone()
-            } else {
-                all_same = false;
-                let r = *a + 1..*a + 1 + n as usize;
-                *a = if n == 0 { p.len() } else { r.end };
-                *last = r.clone();
-                r
-            };
-            out.extend(p.get(range).unwrap_or(&[]).iter().filter_map(|&h| keep(h)));
+            all_same &= same;
+            out.extend(hs.iter().filter_map(|&h| keep(h)));
         }
         if !listed {
             out.pop();
@@ -1114,7 +1139,7 @@ impl Shard {
             return;
         };
         let at = out.len();
-        ix.tree.lookup_prompt(prompt, out);
+        ix.tree.lookup(prompt, out);
         if ix.keyed.is_empty() && ix.clearing.is_none() {
             return;
         }
@@ -1138,21 +1163,12 @@ impl Shard {
         };
         // Per block, the tree's holders (until its answer ends) and the keyed
         // table's (a keyed block may follow one the tree holds).
-        let (mut t, mut last) = (0, 0..0);
+        let mut tree_lists = HolderLists::new(&tree_out);
         for i in 0..prompt.len() {
             let head = out.len();
             out.push(0);
-            if let Some(&n) = tree_out.get(t) {
-                let range = if n == SAME_HOLDERS {
-                    t += 1;
-                    last.clone()
-                } else {
-                    let r = t + 1..t + 1 + n as usize;
-                    t = if n == 0 { tree_out.len() } else { r.end };
-                    last = r.clone();
-                    r
-                };
-                out.extend(tree_out[range].iter().filter_map(|&h| keep(h)));
+            if let Some((hs, _)) = tree_lists.next() {
+                out.extend(hs.iter().filter_map(|&h| keep(h)));
             }
             if let Some(node) = seqs.get(i).and_then(|s| ix.keyed.get_matched(s)) {
                 out.extend(
@@ -1511,17 +1527,7 @@ mod tests {
 
     /// A lookup's output as one holder list per block, [`SAME_HOLDERS`] spelled out.
     fn expanded(out: &[u32]) -> Vec<Vec<u32>> {
-        let (mut at, mut blocks) = (0, Vec::<Vec<u32>>::new());
-        while let Some(&n) = out.get(at) {
-            if n == SAME_HOLDERS {
-                blocks.push(blocks.last().cloned().unwrap_or_default());
-                at += 1;
-                continue;
-            }
-            blocks.push(out[at + 1..at + 1 + n as usize].to_vec());
-            at += 1 + n as usize;
-        }
-        blocks
+        HolderLists::new(out).map(|(hs, _)| hs.to_vec()).collect()
     }
 
     #[test]

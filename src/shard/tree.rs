@@ -6,7 +6,7 @@
 //! child table once a parent has more than [`LIST_MAX`] children), so a chain of
 //! blocks is filed by appends to the arena and walks from nodes that are already in
 //! cache, and a sequence hash is never stored: it is computed on the way down
-//! ([`Tree::dump`], [`Tree::lookup_seqs`]). A store resolves its parent and a removal
+//! ([`Tree::dump`], [`Tree::lookup`] by sequence hash). A store resolves its parent and a removal
 //! its block through the slot's engine map (engine hash → a reference to a node,
 //! 12 bytes), so the ingest side needs no map of its own.
 //!
@@ -994,33 +994,18 @@ impl Tree {
         true
     }
 
-    /// Holders of the prompt's blocks (`locals`, in prefix order) as `[n, holder..]`
-    /// per block, up to and including the first block nobody holds. A match counts
-    /// as a use of the block for a bounded index's eviction.
-    pub fn lookup(&mut self, locals: &[BlockHash], out: &mut Vec<u32>) {
-        self.walk(locals.len(), |t, p, i| t.child(p, locals[i]), false, out);
-    }
-
-    /// As [`Self::lookup`], for blocks named by their sequence hashes.
-    pub fn lookup_seqs(&mut self, seqs: &[SeqHash], out: &mut Vec<u32>) {
-        self.walk(
-            seqs.len(),
-            |t, p, i| t.child_by_seq(p, i.checked_sub(1).map(|j| seqs[j]), seqs[i]),
-            false,
-            out,
-        );
-    }
-
-    /// As [`Self::lookup`] or [`Self::lookup_seqs`], writing [`SAME_HOLDERS`] for
-    /// a block held exactly as the block before it (a shared prefix: the gather
-    /// passes it in one step).
-    pub fn lookup_prompt(&mut self, prompt: Prompt<'_>, out: &mut Vec<u32>) {
+    /// Holders of the prompt's blocks (in prefix order) as `[n, holder..]` per
+    /// block, or [`SAME_HOLDERS`] for a block held exactly as the block before it
+    /// (a shared prefix: the gather passes it in one step), up to and including
+    /// the first block nobody holds. Blocks named by sequence hash are found by
+    /// computing each candidate child's chain link. A match counts as a use of
+    /// the block for a bounded index's eviction.
+    pub fn lookup(&mut self, prompt: Prompt<'_>, out: &mut Vec<u32>) {
         match prompt {
-            Prompt::Locals(l) => self.walk(l.len(), |t, p, i| t.child(p, l[i]), true, out),
+            Prompt::Locals(l) => self.walk(l.len(), |t, p, i| t.child(p, l[i]), out),
             Prompt::Seqs(s) => self.walk(
                 s.len(),
                 |t, p, i| t.child_by_seq(p, i.checked_sub(1).map(|j| s[j]), s[i]),
-                true,
                 out,
             ),
         }
@@ -1031,7 +1016,6 @@ impl Tree {
         &mut self,
         n: usize,
         find: impl Fn(&Self, u32, usize) -> Option<u32>,
-        shorthand: bool,
         out: &mut Vec<u32>,
     ) {
         self.tick();
@@ -1045,11 +1029,7 @@ impl Tree {
             };
             self.mark(id);
             let hs = self.node(id).holders.as_slice(&self.slab);
-            if shorthand
-                && hs.len() > 1
-                && self.predictions.is_empty()
-                && out.get(last.clone()) == Some(hs)
-            {
+            if hs.len() > 1 && self.predictions.is_empty() && out.get(last.clone()) == Some(hs) {
                 out.push(SAME_HOLDERS);
                 p = id;
                 continue;
@@ -1439,6 +1419,7 @@ fn at_mut(chunks: &mut [Vec<Node>], id: u32) -> &mut Node {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shard::HolderLists;
     use proptest::prelude::*;
     use std::collections::{BTreeMap, BTreeSet, HashMap as StdMap};
 
@@ -1456,11 +1437,18 @@ mod tests {
             .collect()
     }
 
+    /// A lookup's output with [`SAME_HOLDERS`] spelled out.
+    fn spelled(out: &[u32]) -> Vec<u32> {
+        HolderLists::new(out)
+            .flat_map(|(hs, _)| std::iter::once(hs.len() as u32).chain(hs.iter().copied()))
+            .collect()
+    }
+
     fn lookup(t: &mut Tree, locals: &[u64]) -> Vec<u32> {
         let mut out = Vec::new();
         let locals: Vec<BlockHash> = locals.iter().map(|&l| BlockHash(l)).collect();
-        t.lookup(&locals, &mut out);
-        out
+        t.lookup(Prompt::Locals(&locals), &mut out);
+        spelled(&out)
     }
 
     fn held(slot: u32, tier: Tier) -> u32 {
@@ -1619,8 +1607,8 @@ mod tests {
                 hash::chain(Some(hash::chain(None, BlockHash(1))), BlockHash(100 + i)),
             ];
             let mut out = Vec::new();
-            t.lookup_seqs(&seqs, &mut out);
-            assert_eq!(out.len(), 4);
+            t.lookup(Prompt::Seqs(&seqs), &mut out);
+            assert_eq!(spelled(&out).len(), 4);
         }
         for i in 0..n {
             assert!(t.remove(s, eh(500 + i), TierSet::ALL));
@@ -1748,8 +1736,8 @@ mod tests {
         let locals = |p: u64| -> Vec<BlockHash> { prompt(p).into_iter().map(BlockHash).collect() };
         for p in 0..6 {
             t.store(s1, DEV, None, &chain(1, 1000 * p, &prompt(p)));
-            t.lookup(&locals(p), &mut Vec::new());
-            t.lookup(&locals(0), &mut Vec::new());
+            t.lookup(Prompt::Locals(&locals(p)), &mut Vec::new());
+            t.lookup(Prompt::Locals(&locals(0)), &mut Vec::new());
         }
         t.store(s1, DEV, None, &chain(1, 9000, &prompt(6)));
         for _ in 0..8 {
@@ -1757,8 +1745,8 @@ mod tests {
         }
         let held = |t: &mut Tree, p: u64| {
             let mut out = Vec::new();
-            t.lookup(&locals(p), &mut out);
-            out.iter().filter(|&&n| n == 1).count()
+            t.lookup(Prompt::Locals(&locals(p)), &mut out);
+            spelled(&out).iter().filter(|&&n| n == 1).count()
         };
         assert_eq!(held(&mut t, 0), 4);
         assert_eq!(held(&mut t, 6), 4);
@@ -2099,16 +2087,13 @@ mod tests {
 
     /// `[n, holder..]` per block, each block's holders sorted.
     fn blocks_of(out: &[u32]) -> Vec<Vec<u32>> {
-        let mut blocks = Vec::new();
-        let mut i = 0;
-        while i < out.len() {
-            let n = out[i] as usize;
-            let mut hs = out[i + 1..i + 1 + n].to_vec();
-            hs.sort();
-            blocks.push(hs);
-            i += 1 + n;
-        }
-        blocks
+        HolderLists::new(out)
+            .map(|(hs, _)| {
+                let mut hs = hs.to_vec();
+                hs.sort();
+                hs
+            })
+            .collect()
     }
 
     #[derive(Clone, Debug)]
@@ -2233,12 +2218,12 @@ mod tests {
             for p in &paths {
                 let locals: Vec<BlockHash> = p.iter().map(|&l| BlockHash(l)).collect();
                 let mut out = Vec::new();
-                t.lookup(&locals, &mut out);
+                t.lookup(Prompt::Locals(&locals), &mut out);
                 prop_assert_eq!(blocks_of(&out), m.lookup(p));
                 let mut seqs = Vec::new();
                 hash::seq_hashes_for_locals(&locals, &mut seqs);
                 out.clear();
-                t.lookup_seqs(&seqs, &mut out);
+                t.lookup(Prompt::Seqs(&seqs), &mut out);
                 prop_assert_eq!(blocks_of(&out), m.lookup(p));
             }
             let mut dumped = Vec::new();
