@@ -767,13 +767,12 @@ impl Shard {
         if !at.is_done() {
             return;
         }
-        d.walking = std::mem::take(&mut d.pending);
-        d.tree_slot = 0;
-        d.tree_at = Cursor::default();
-        d.keyed_at = Walk::default();
-        d.began = false;
         let waited = std::mem::take(&mut d.deferred);
-        d.waiting.clear();
+        // The next walk: the clears that came meanwhile, from the start.
+        **d = Clearing {
+            walking: std::mem::take(&mut d.pending),
+            ..Clearing::default()
+        };
         if d.walking.iter().all(|t| t.is_empty()) {
             ix.clearing = None;
             ix.tree.shrink_if_empty();
