@@ -505,6 +505,14 @@ impl IndexShard {
         self.clearing.as_ref().is_some_and(|d| d.must_wait(op))
     }
 
+    /// Give an emptied tree's memory back, unless a clear walk is under way (it
+    /// holds a cursor into a slot's engine map).
+    fn shrink_if_empty(&mut self) {
+        if self.clearing.is_none() {
+            self.tree.shrink_if_empty();
+        }
+    }
+
     /// Approximate heap bytes owned by this index shard.
     pub fn heap_bytes(&self) -> usize {
         self.tree.heap_bytes()
@@ -775,7 +783,7 @@ impl Shard {
         };
         if d.walking.iter().all(|t| t.is_empty()) {
             ix.clearing = None;
-            ix.tree.shrink_if_empty();
+            ix.shrink_if_empty();
             self.clearing.retain(|&i| i != index);
         }
         self.apply_staged(&waited);
@@ -955,9 +963,7 @@ impl Shard {
                 self.applied += 1;
                 let ix = index_mut(&mut self.indexes, index, bounded);
                 if ix.tree.remove(slot, block, tiers) {
-                    if ix.clearing.is_none() {
-                        ix.tree.shrink_if_empty();
-                    }
+                    ix.shrink_if_empty();
                     return;
                 }
                 let seq = SeqHash(block.0);
@@ -1119,9 +1125,7 @@ impl Shard {
         for ix in &mut self.indexes {
             if ix.tree.has_predictions() {
                 self.predictions.expired += ix.tree.expire(now) as u64;
-                if ix.clearing.is_none() {
-                    ix.tree.shrink_if_empty();
-                }
+                ix.shrink_if_empty();
             }
         }
     }
