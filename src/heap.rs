@@ -52,16 +52,31 @@ impl Release {
     /// Release if this thread worked, has been quiet for [`QUIET`] since, and has not
     /// released within [`RELEASE_EVERY`]. Returns whether it released.
     pub fn idle(&mut self) -> bool {
+        self.idle_then(|| {})
+    }
+
+    /// [`Self::idle`], first calling `trim` (which frees what the thread keeps for
+    /// its next burst) when it is time to release, so the release returns that too.
+    pub fn idle_then(&mut self, trim: impl FnOnce()) -> bool {
         let due = self.worked_at.is_some_and(|t| t.elapsed() >= QUIET)
             && self
                 .released_at
                 .is_none_or(|t| t.elapsed() >= RELEASE_EVERY);
         if due {
+            trim();
             release(self.heaps);
             self.worked_at = None;
             self.released_at = Some(Instant::now());
         }
         due
+    }
+}
+
+/// Frees `v` if it has grown past `keep_bytes` (scratch a rare large input grew),
+/// keeping a smaller one for the inputs to come.
+pub fn trim<T>(v: &mut Vec<T>, keep_bytes: usize) {
+    if v.capacity() * std::mem::size_of::<T>() > keep_bytes {
+        *v = Vec::new();
     }
 }
 
@@ -81,6 +96,16 @@ fn release(heaps: Heaps) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn trim_frees_only_what_grew_past_the_bound() {
+        let mut big: Vec<u32> = Vec::with_capacity(1024);
+        let mut small: Vec<u32> = Vec::with_capacity(16);
+        trim(&mut big, 1024);
+        trim(&mut small, 1024);
+        assert_eq!(big.capacity(), 0);
+        assert_eq!(small.capacity(), 16);
+    }
 
     #[test]
     fn releases_once_quiet_after_work_and_not_too_often() {

@@ -90,6 +90,14 @@ impl WorkerFeed {
         Self::with_opts(index, instance, dp, block_size, ListenerOpts::default())
     }
 
+    /// Frees scratch vectors grown past `keep_bytes` each by a large event.
+    pub fn trim_scratch(&mut self, keep_bytes: usize) {
+        use crate::heap::trim;
+        trim(&mut self.mm_sorted, keep_bytes);
+        trim(&mut self.mm_bytes, keep_bytes);
+        trim(&mut self.locals, keep_bytes);
+    }
+
     pub fn with_opts(
         index: IndexId,
         instance: InstanceId,

@@ -188,6 +188,7 @@ impl Ingest {
                             sink,
                             registry,
                             listeners: Vec::new(),
+                            scratch: Scratch::default(),
                             last_seq: HashMap::new(),
                             paused,
                             replay_stats,
@@ -353,8 +354,6 @@ struct Listener {
     monitor: zmq::Socket,
     endpoint: Endpoint,
     feed: WorkerFeed,
-    batch: Batch,
-    parts: [zmq::Message; 3],
     /// After a replay: live frames up to this sequence were already applied from the
     /// replay and are skipped as duplicates.
     dedup_until: Option<u64>,
@@ -367,6 +366,42 @@ struct Listener {
     last_seq: Option<u64>,
 }
 
+/// Bytes of decoding scratch a vector keeps once its thread goes quiet: what a
+/// frame of a few thousand blocks needs, so a steady stream reuses it.
+const SCRATCH_KEEP: usize = 64 * 1024;
+
+/// One frame's parts and its decoding.
+struct Scratch {
+    batch: Batch,
+    parts: [zmq::Message; 3],
+}
+
+impl Default for Scratch {
+    fn default() -> Self {
+        Scratch {
+            batch: Batch::default(),
+            parts: [
+                zmq::Message::new(),
+                zmq::Message::new(),
+                zmq::Message::new(),
+            ],
+        }
+    }
+}
+
+impl Scratch {
+    /// Gives back what a burst's largest frames grew: the decoded vectors, and the
+    /// last frame libzmq allocated.
+    fn trim(&mut self) {
+        self.batch.trim(SCRATCH_KEEP);
+        self.parts = [
+            zmq::Message::new(),
+            zmq::Message::new(),
+            zmq::Message::new(),
+        ];
+    }
+}
+
 struct IngestThread {
     ctx: zmq::Context,
     rx: mpsc::Receiver<Command>,
@@ -375,6 +410,11 @@ struct IngestThread {
     sink: RingSink,
     registry: Arc<Registry>,
     listeners: Vec<Listener>,
+    /// The frame being handled and its decoding, shared by the listeners (a frame
+    /// is decoded and applied before the next is received), so that this thread's
+    /// scratch is the size of its largest recent frame, not that times its
+    /// listeners; trimmed when the thread goes quiet ([`Scratch::trim`]).
+    scratch: Scratch,
     /// Last sequence per engine stream of stopped (or not yet started) listeners; it
     /// outlives them so that re-registering a worker after a gap still detects (and
     /// replays) it, as Dynamo does.
@@ -410,7 +450,7 @@ impl IngestThread {
                     Ok(Command::Shutdown) | Err(mpsc::RecvTimeoutError::Disconnected) => return,
                     Ok(cmd) => self.command(cmd),
                     Err(mpsc::RecvTimeoutError::Timeout) => {
-                        self.release.idle();
+                        self.quiet();
                     }
                 }
                 continue;
@@ -454,11 +494,22 @@ impl IngestThread {
             if busy {
                 self.release.worked();
             } else {
-                // After a burst, hand what it freed (libzmq's frames, grown maps) back
-                // to the OS instead of holding it for the next one.
-                self.release.idle();
+                self.quiet();
             }
         }
+    }
+
+    /// Nothing to do: after a burst, hand what it freed and what it grew for its
+    /// largest frames (libzmq's frames, decoding scratch) back to the OS instead
+    /// of holding it for the next one.
+    fn quiet(&mut self) {
+        let (scratch, listeners) = (&mut self.scratch, &mut self.listeners);
+        self.release.idle_then(|| {
+            scratch.trim();
+            for l in listeners.iter_mut() {
+                l.feed.trim_scratch(SCRATCH_KEEP);
+            }
+        });
     }
 
     fn command(&mut self, cmd: Command) {
@@ -491,12 +542,6 @@ impl IngestThread {
                         monitor,
                         endpoint,
                         feed,
-                        batch: Batch::default(),
-                        parts: [
-                            zmq::Message::new(),
-                            zmq::Message::new(),
-                            zmq::Message::new(),
-                        ],
                         dedup_until: None,
                         replay_failed_at: None,
                         last_seq: prior,
@@ -681,9 +726,10 @@ impl IngestThread {
                 uncounted += seq.saturating_sub(first_uncounted);
             }
             expected = seq.wrapping_add(1);
-            match wire::decode(payload, &mut l.batch) {
+            match wire::decode(payload, &mut self.scratch.batch) {
                 Ok(_) => {
-                    l.feed.apply(&l.batch, payload, &registry, &mut self.sink);
+                    l.feed
+                        .apply(&self.scratch.batch, payload, &registry, &mut self.sink);
                     applied += 1;
                 }
                 Err(e) => {
@@ -826,18 +872,18 @@ impl IngestThread {
                 .replay_failed_at
                 .is_some_and(|t| t.elapsed() < REPLAY_COOLDOWN);
             if l.endpoint.replay_endpoint.is_some() && !cooling {
-                // The held frame is in `l.parts`; the replay decodes into `l.batch`, so
+                // The held frame is in the scratch, which the replay decodes into, so
                 // keep a copy of the frame and decode it again afterwards.
-                let held = l.parts[2].to_vec();
+                let held = self.scratch.parts[2].to_vec();
                 self.replay(i, last.wrapping_add(1), Some(seq - 1));
                 let l = &mut self.listeners[i];
                 if l.last_seq.is_some_and(|x| seq <= x) {
                     FeedStats::bump(&self.replay_stats.duplicates, 1);
                     return;
                 }
-                if wire::decode(&held, &mut l.batch).is_ok() {
-                    l.feed
-                        .apply(&l.batch, &held, &self.registry, &mut self.sink);
+                let batch = &mut self.scratch.batch;
+                if wire::decode(&held, batch).is_ok() {
+                    l.feed.apply(batch, &held, &self.registry, &mut self.sink);
                 }
                 l.last_seq = Some(seq);
                 l.feed.stats.last_seq.store(seq, Ordering::Relaxed);
@@ -847,21 +893,26 @@ impl IngestThread {
         let l = &mut self.listeners[i];
         l.last_seq = Some(seq);
         l.feed.stats.last_seq.store(seq, Ordering::Relaxed);
-        l.feed
-            .apply(&l.batch, &l.parts[2], &self.registry, &mut self.sink);
+        l.feed.apply(
+            &self.scratch.batch,
+            &self.scratch.parts[2],
+            &self.registry,
+            &mut self.sink,
+        );
     }
 
     /// Receive and decode one frame. Returns false when the socket has nothing more.
     fn drain_one(&mut self, i: usize, pending: &mut Option<u64>) -> bool {
         let l = &mut self.listeners[i];
-        match recv_parts(&l.socket, &mut l.parts) {
+        let Scratch { batch, parts } = &mut self.scratch;
+        match recv_parts(&l.socket, parts) {
             Ok(None) => false,
             Ok(Some(n)) => {
                 let parsed = if n != 3 {
                     Err(wire::WireError::FrameCount(n))
                 } else {
-                    wire::split_seq(&l.parts[1])
-                        .and_then(|seq| wire::decode(&l.parts[2], &mut l.batch).map(|_| seq))
+                    wire::split_seq(&parts[1])
+                        .and_then(|seq| wire::decode(&parts[2], batch).map(|_| seq))
                 };
                 match parsed {
                     // Sequence bookkeeping may need a replay (which borrows the whole

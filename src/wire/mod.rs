@@ -197,7 +197,8 @@ impl EventRec {
     }
 }
 
-/// One decoded frame. Reuse one `Batch` per listener: its vectors keep their capacity.
+/// One decoded frame. Reuse one `Batch` for many frames: its vectors keep their
+/// capacity (until [`Batch::trim`]).
 #[derive(Default, Debug)]
 pub struct Batch {
     pub ts: f64,
@@ -215,6 +216,19 @@ pub struct Batch {
     /// KV-cache group (`group_idx` != 0, or a `kv_cache_spec_kind` other than
     /// full/MLA/sink-full attention), as Dynamo does. For metrics only.
     pub ignored: u32,
+}
+
+impl Batch {
+    /// Frees vectors grown past `keep_bytes` each (a burst's largest frame), keeping
+    /// smaller ones for the frames to come.
+    pub fn trim(&mut self, keep_bytes: usize) {
+        use crate::heap::trim;
+        trim(&mut self.events, keep_bytes);
+        trim(&mut self.hashes, keep_bytes);
+        trim(&mut self.tokens, keep_bytes);
+        trim(&mut self.replicas, keep_bytes);
+        trim(&mut self.mm, keep_bytes);
+    }
 }
 
 /// A borrowed view of one event, for the ingest layer.
