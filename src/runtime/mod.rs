@@ -628,6 +628,9 @@ async fn heartbeat_loop(core: Rc<Core>) {
     }
 }
 
+/// glommio's floor for an executor's registered storage I/O memory.
+const IO_MEMORY: usize = 64 * 1024;
+
 /// Start one executor per shard and serve HTTP on `opts.addr` from all of them.
 /// Blocks. An executor keeps polling for `opts.spin` after each query or peer's
 /// request (`awake`): a parked core needs a kernel wake-up (tens of µs,
@@ -638,6 +641,9 @@ pub fn serve(app: Arc<App>, opts: ServeOptions) -> std::io::Result<()> {
     let window = opts.spin;
     let handles = LocalExecutorPoolBuilder::new(PoolPlacement::MaxSpread(shards, None))
         .name("kvix-core")
+        // Storage I/O memory (glommio's DMA file buffers, 10 MiB a core by default):
+        // executors read and write no files, so the minimum.
+        .io_memory(IO_MEMORY)
         .spin_before_park(awake::idle_spin(window))
         .on_all_shards(move || {
             let (app, mesh, opts) = (app.clone(), mesh.clone(), opts.clone());
