@@ -809,7 +809,7 @@ fn bench_index(c: &mut Criterion) {
         b.iter_batched(
             || tree(&runs),
             |mut t| {
-                let mut at = kvix::shard::table::Cursor::default();
+                let mut at = kvix::shard::tree::NamesAt::default();
                 t.clear_step(WorkerSlot(0), kvix::types::TierSet::ALL, &mut at, 16 * 1024);
                 t
             },

@@ -132,6 +132,13 @@ impl HolderSet {
     }
 
     /// The tiers `slot` holds this block on (empty: not a holder).
+    /// Whether some holder holds the block on a medium (not only predicted).
+    pub fn on_media(&self, slab: &HolderSlab) -> bool {
+        self.as_slice(slab)
+            .iter()
+            .any(|&h| !(Holder(h).tiers() & TierSet::MEDIA).is_empty())
+    }
+
     pub fn tiers_of(&self, slot: WorkerSlot, slab: &HolderSlab) -> TierSet {
         self.as_slice(slab)
             .iter()

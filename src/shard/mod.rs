@@ -28,7 +28,6 @@ use holders::{Holder, HolderSet, HolderSlab};
 use predict::Tick;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use table::Cursor;
 pub use table::SeqHasherBuilder;
 use tree::{DumpWalk, Seed, Stored, Tree};
 
@@ -283,7 +282,7 @@ struct Clearing {
     walking: Vec<TierSet>,
     /// The slot whose engine map the walk is in, and where.
     tree_slot: usize,
-    tree_at: Cursor,
+    tree_at: tree::NamesAt,
     /// Where the walk of the keyed table is, once the tree's is done.
     keyed_at: Walk,
     /// The walk has taken a step (later clears wait for the next walk).
@@ -755,7 +754,7 @@ impl Shard {
                 .clear_step(slot, d.walking[d.tree_slot], &mut d.tree_at, budget)
             {
                 d.tree_slot += 1;
-                d.tree_at = Cursor::default();
+                d.tree_at = tree::NamesAt::default();
             }
             return;
         }

@@ -3,7 +3,9 @@
 //! by engine hash, [`TableKey`]).
 //!
 //! An entry says its own key ([`Keyed`]): stored beside the value, or computed
-//! from it, so a table need not spend eight bytes a block on a hash it can derive.
+//! from it, so a table need not spend eight bytes a block on a hash it can derive;
+//! or it says it given a context the table's owner passes in ([`Filed`]: an engine
+//! map's entry is a reference to a tree node, which holds the hash).
 //! [`BlockTable::prefetch`] loads where a key would be filed, so a caller that
 //! knows its next keys overlaps their cache misses.
 //!
@@ -100,11 +102,34 @@ impl TableKey for EngineHash {
     }
 }
 
-/// An entry of a [`BlockTable`]: the key it is filed under. The key of an entry
-/// never changes while the entry is in a table (the table files it by it).
+/// An entry of a [`BlockTable`]: the key it is filed under, read from the entry
+/// and `ctx` (which the table's owner passes to every call that files, finds or
+/// moves entries). The key of an entry never changes while the entry is in a
+/// table (the table files it by it): what `ctx` says of it must not change
+/// either.
+pub trait Filed {
+    type Key: TableKey;
+    type Ctx: ?Sized;
+    fn key_in(&self, ctx: &Self::Ctx) -> Self::Key;
+    /// Hint the CPU to load what [`Self::key_in`] will read of `ctx`, so that a
+    /// table moving many entries overlaps their misses. Does nothing else.
+    #[inline]
+    fn prefetch_key(&self, _ctx: &Self::Ctx) {}
+}
+
+/// An entry that says its own key (a [`Filed`] entry with no context).
 pub trait Keyed {
     type Key: TableKey;
     fn key(&self) -> Self::Key;
+}
+
+impl<E: Keyed> Filed for E {
+    type Key = E::Key;
+    type Ctx = ();
+    #[inline]
+    fn key_in(&self, _: &()) -> E::Key {
+        self.key()
+    }
 }
 
 /// The plain entry: the key stored beside the value.
@@ -124,9 +149,10 @@ fn hash(key: impl TableKey) -> u64 {
     key.spread().wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
+/// The table hash of an entry, to move it.
 #[inline]
-fn rehash<E: Keyed>(e: &E) -> u64 {
-    hash(e.key())
+fn rehash<E: Filed>(ctx: &E::Ctx) -> impl Fn(&E) -> u64 + '_ {
+    move |e| hash(e.key_in(ctx))
 }
 
 /// Entries `E` by their sequence hash, in independently sized hash tables.
@@ -284,7 +310,7 @@ impl Cursor {
     }
 }
 
-impl<E: Keyed> BlockTable<E> {
+impl<E: Filed + Copy> BlockTable<E> {
     pub fn len(&self) -> usize {
         self.len
     }
@@ -325,42 +351,47 @@ impl<E: Keyed> BlockTable<E> {
     }
 
     #[inline]
-    pub fn get(&self, seq: &E::Key) -> Option<&E> {
+    pub fn get_in(&self, seq: &E::Key, ctx: &E::Ctx) -> Option<&E> {
         let seq = *seq;
         self.segs
             .get(self.segment(seq)?)?
-            .find(hash(seq), |e| e.key() == seq)
+            .find(hash(seq), |e| e.key_in(ctx) == seq)
     }
 
-    /// [`Self::get`] for a query: a match counts as a use.
+    /// [`Self::get_in`] for a query: a match counts as a use.
     #[inline]
-    pub fn get_matched(&mut self, seq: &E::Key) -> Option<&E> {
+    pub fn get_matched_in(&mut self, seq: &E::Key, ctx: &E::Ctx) -> Option<&E> {
         if self.clock.is_none() {
-            return self.get(seq);
+            return self.get_in(seq, ctx);
         }
         let seq = *seq;
         let s = self.segment(seq)?;
         let clock = self.clock.as_deref_mut()?;
         let seg = self.segs.get(s)?;
-        let i = seg.find_bucket_index(hash(seq), |e| e.key() == seq)?;
+        let i = seg.find_bucket_index(hash(seq), |e| e.key_in(ctx) == seq)?;
         clock.note(s, i);
         seg.get_bucket(i)
     }
 
     #[inline]
-    pub fn get_mut(&mut self, seq: &E::Key) -> Option<&mut E> {
+    pub fn get_mut_in(&mut self, seq: &E::Key, ctx: &E::Ctx) -> Option<&mut E> {
         let seq = *seq;
         let s = self.segment(seq)?;
         self.segs
             .get_mut(s)?
-            .find_mut(hash(seq), |e| e.key() == seq)
+            .find_mut(hash(seq), |e| e.key_in(ctx) == seq)
     }
 
     /// The entry of `seq`, inserted by `make` if absent; a use either way. `make`
     /// must give an entry whose key is `seq`.
     #[inline]
-    pub fn get_or_insert_with(&mut self, seq: E::Key, make: impl FnOnce() -> E) -> &mut E {
-        match self.get_or_try_insert(seq, || Ok::<E, std::convert::Infallible>(make())) {
+    pub fn get_or_insert_with_in(
+        &mut self,
+        seq: E::Key,
+        ctx: &E::Ctx,
+        make: impl FnOnce() -> E,
+    ) -> &mut E {
+        match self.get_or_try_insert_in(seq, ctx, || Ok::<E, std::convert::Infallible>(make())) {
             Ok(e) => e,
             Err(never) => match never {},
         }
@@ -370,9 +401,10 @@ impl<E: Keyed> BlockTable<E> {
     /// a store), or `make`'s error (nothing filed). `make` must give an entry whose
     /// key is `seq`.
     #[inline]
-    pub fn get_or_try_insert<R>(
+    pub fn get_or_try_insert_in<R>(
         &mut self,
         seq: E::Key,
+        ctx: &E::Ctx,
         make: impl FnOnce() -> Result<E, R>,
     ) -> Result<&mut E, R> {
         if self.segs.is_empty() {
@@ -400,21 +432,33 @@ impl<E: Keyed> BlockTable<E> {
                 && seg.len() >= seg.num_buckets() / 16 * 7
                 && self.reach[s].depth < MAX_DEPTH
             {
-                self.split(s);
+                self.split(s, ctx);
                 s = self
                     .segment(seq)
                     .expect("a directory once a segment exists");
             } else {
+                // Grow (or, if deleted entries fill it, rehash at the same size) as
+                // hashbrown would, but moving the entries here, their keys loaded
+                // ahead.
+                let cap = match seg.len() < seg.capacity() / 2 {
+                    true => seg.capacity(),
+                    false => seg.capacity() + 1,
+                };
+                self.segs[s] = refile(&self.segs[s], cap, ctx);
+                self.layout[s] = Layout::default();
                 moved(&mut self.moves[s]);
+                if let Some(clock) = self.clock.as_deref_mut() {
+                    clock.forget(s);
+                }
             }
         }
         let seg = &mut self.segs[s];
         let buckets = seg.num_buckets();
-        let entry = match seg.entry(hash(seq), |e| e.key() == seq, rehash) {
+        let entry = match seg.entry(hash(seq), |e| e.key_in(ctx) == seq, rehash(ctx)) {
             hashbrown::hash_table::Entry::Occupied(e) => e,
             hashbrown::hash_table::Entry::Vacant(e) => {
                 let new = make()?;
-                debug_assert_eq!(new.key(), seq, "an entry filed under another key");
+                debug_assert_eq!(new.key_in(ctx), seq, "an entry filed under another key");
                 self.len += 1;
                 e.insert(new)
             }
@@ -442,7 +486,7 @@ impl<E: Keyed> BlockTable<E> {
     /// doubled, and the copy moves only `s`'s entries (a half that got none gives
     /// its buckets back; one that got all, from keys sharing their top bits, is
     /// full and splits again at its next insert, until [`MAX_DEPTH`]).
-    fn split(&mut self, s: usize) {
+    fn split(&mut self, s: usize, ctx: &E::Ctx) {
         let Reach { prefix, depth } = self.reach[s];
         if depth == self.depth {
             self.dir = self.dir.iter().flat_map(|&d| [d, d]).collect();
@@ -455,15 +499,22 @@ impl<E: Keyed> BlockTable<E> {
             Segment::with_capacity(old.len()),
             Segment::with_capacity(old.len()),
         );
-        for e in old {
+        let mut ahead = old.iter();
+        for e in ahead.by_ref().take(REFILE_AHEAD) {
+            e.prefetch_key(ctx);
+        }
+        for e in old.iter() {
+            if let Some(a) = ahead.next() {
+                a.prefetch_key(ctx);
+            }
             // One key per entry: a chained entry computes its key with a hash.
-            let k = e.key();
+            let k = e.key_in(ctx);
             let half = if k.spread() & bit == 0 {
                 &mut low
             } else {
                 &mut high
             };
-            half.insert_unique(hash(k), e, rehash);
+            half.insert_unique(hash(k), *e, rehash(ctx));
         }
         for half in [&mut low, &mut high] {
             if half.is_empty() {
@@ -518,13 +569,16 @@ impl<E: Keyed> BlockTable<E> {
     }
 
     /// Remove `seq`; its segment gives memory back if it became sparse.
-    pub fn remove(&mut self, seq: &E::Key) -> Option<E> {
+    pub fn remove_in(&mut self, seq: &E::Key, ctx: &E::Ctx) -> Option<E> {
         let seq = *seq;
         let s = self.segment(seq)?;
         let seg = self.segs.get_mut(s)?;
-        let (e, _) = seg.find_entry(hash(seq), |e| e.key() == seq).ok()?.remove();
+        let (e, _) = seg
+            .find_entry(hash(seq), |e| e.key_in(ctx) == seq)
+            .ok()?
+            .remove();
         self.len -= 1;
-        shrink_if_sparse(seg, &mut self.moves[s]);
+        shrink_if_sparse(seg, &mut self.moves[s], ctx);
         Some(e)
     }
 
@@ -537,7 +591,7 @@ impl<E: Keyed> BlockTable<E> {
     /// it, looking at no more than `steps` buckets (clearing the bits it passes).
     /// `None` if the table is empty, does not track use, or the steps ran out: a
     /// later call goes on from there, and within two laps always finds one.
-    pub fn evict(&mut self, steps: usize) -> Option<E> {
+    pub fn evict_in(&mut self, steps: usize, ctx: &E::Ctx) -> Option<E> {
         let clock = self.clock.as_deref_mut()?;
         if self.len == 0 {
             return None;
@@ -564,15 +618,10 @@ impl<E: Keyed> BlockTable<E> {
             };
             let (e, _) = entry.remove();
             self.len -= 1;
-            shrink_if_sparse(seg, &mut self.moves[s]);
+            shrink_if_sparse(seg, &mut self.moves[s], ctx);
             return Some(e);
         }
         None
-    }
-
-    /// Keep the entries for which `keep` is true.
-    pub fn retain(&mut self, keep: impl FnMut(&mut E) -> bool) {
-        self.retain_step(&mut Cursor::default(), usize::MAX, keep);
     }
 
     /// [`Self::retain`] over at most `budget` buckets from `at`, moving `at` past
@@ -581,11 +630,13 @@ impl<E: Keyed> BlockTable<E> {
     /// passed to `keep` at least once: a segment whose entries moved since the last
     /// step is walked again from its start, so `keep` must give the same answer for
     /// an entry it has seen. An entry filed during the walk may or may not be seen.
-    pub fn retain_step(
+    /// `keep` may change the context, but not what it says of an entry's key.
+    pub fn retain_step_in(
         &mut self,
         at: &mut Cursor,
         budget: usize,
-        mut keep: impl FnMut(&mut E) -> bool,
+        ctx: &mut E::Ctx,
+        mut keep: impl FnMut(&mut E::Ctx, &mut E) -> bool,
     ) {
         let mut left = budget;
         while left > 0 && !at.is_done() {
@@ -606,7 +657,7 @@ impl<E: Keyed> BlockTable<E> {
                 // Removing an entry never moves another (hashbrown only marks its
                 // bucket), so the buckets after it are still where they were.
                 if let Ok(mut entry) = seg.get_bucket_entry(i)
-                    && !keep(entry.get_mut())
+                    && !keep(ctx, entry.get_mut())
                 {
                     entry.remove();
                     self.len -= 1;
@@ -615,7 +666,7 @@ impl<E: Keyed> BlockTable<E> {
             left -= end - at.bucket;
             at.bucket = end;
             if end == seg.num_buckets() {
-                shrink_if_sparse(seg, &mut self.moves[s]);
+                shrink_if_sparse(seg, &mut self.moves[s], ctx);
                 let r = self.reach[s];
                 match r.prefix.checked_add(1 << (64 - r.depth)) {
                     Some(next) => (at.from, at.bucket) = (next, 0),
@@ -644,7 +695,12 @@ impl<E: Keyed> BlockTable<E> {
     /// throughout exactly once. A segment holding keys of several parts (shallower
     /// than `bits`, see [`Self::part_bits`]) is read once per part, its entries'
     /// keys checked.
-    pub fn iter_part(&self, part: usize, bits: u32) -> impl Iterator<Item = &E> {
+    pub fn iter_part_in<'a>(
+        &'a self,
+        part: usize,
+        bits: u32,
+        ctx: &'a E::Ctx,
+    ) -> impl Iterator<Item = &'a E> + 'a {
         self.segs
             .iter()
             .zip(&self.reach)
@@ -652,12 +708,12 @@ impl<E: Keyed> BlockTable<E> {
             .flat_map(move |(seg, r)| {
                 let straddles = r.depth < bits;
                 seg.iter()
-                    .filter(move |e| !straddles || top(e.key().spread(), bits) == part as u64)
+                    .filter(move |e| !straddles || top(e.key_in(ctx).spread(), bits) == part as u64)
             })
     }
 
-    /// Entries in [`Self::iter_part`]'s `part`.
-    pub fn len_part(&self, part: usize, bits: u32) -> usize {
+    /// Entries in [`Self::iter_part_in`]'s `part`.
+    pub fn len_part_in(&self, part: usize, bits: u32, ctx: &E::Ctx) -> usize {
         self.segs
             .iter()
             .zip(&self.reach)
@@ -666,7 +722,7 @@ impl<E: Keyed> BlockTable<E> {
                 false => seg.len(),
                 true => seg
                     .iter()
-                    .filter(|e| top(e.key().spread(), bits) == part as u64)
+                    .filter(|e| top(e.key_in(ctx).spread(), bits) == part as u64)
                     .count(),
             })
             .sum()
@@ -693,6 +749,75 @@ impl<E: Keyed> BlockTable<E> {
     }
 }
 
+/// The same calls for entries that say their own key.
+impl<E: Filed<Ctx = ()> + Copy> BlockTable<E> {
+    #[inline]
+    pub fn get(&self, seq: &E::Key) -> Option<&E> {
+        self.get_in(seq, &())
+    }
+
+    /// [`Self::get`] for a query: a match counts as a use.
+    #[inline]
+    pub fn get_matched(&mut self, seq: &E::Key) -> Option<&E> {
+        self.get_matched_in(seq, &())
+    }
+
+    #[inline]
+    pub fn get_mut(&mut self, seq: &E::Key) -> Option<&mut E> {
+        self.get_mut_in(seq, &())
+    }
+
+    /// See [`Self::get_or_insert_with_in`].
+    #[inline]
+    pub fn get_or_insert_with(&mut self, seq: E::Key, make: impl FnOnce() -> E) -> &mut E {
+        self.get_or_insert_with_in(seq, &(), make)
+    }
+
+    /// See [`Self::get_or_try_insert_in`].
+    #[inline]
+    pub fn get_or_try_insert<R>(
+        &mut self,
+        seq: E::Key,
+        make: impl FnOnce() -> Result<E, R>,
+    ) -> Result<&mut E, R> {
+        self.get_or_try_insert_in(seq, &(), make)
+    }
+
+    pub fn remove(&mut self, seq: &E::Key) -> Option<E> {
+        self.remove_in(seq, &())
+    }
+
+    /// See [`Self::evict_in`].
+    pub fn evict(&mut self, steps: usize) -> Option<E> {
+        self.evict_in(steps, &())
+    }
+
+    /// Keep the entries for which `keep` is true.
+    pub fn retain(&mut self, mut keep: impl FnMut(&mut E) -> bool) {
+        self.retain_step(&mut Cursor::default(), usize::MAX, |e| keep(e));
+    }
+
+    /// See [`Self::retain_step_in`].
+    pub fn retain_step(
+        &mut self,
+        at: &mut Cursor,
+        budget: usize,
+        mut keep: impl FnMut(&mut E) -> bool,
+    ) {
+        self.retain_step_in(at, budget, &mut (), |_, e| keep(e));
+    }
+
+    /// See [`Self::iter_part_in`].
+    pub fn iter_part(&self, part: usize, bits: u32) -> impl Iterator<Item = &E> {
+        self.iter_part_in(part, bits, &())
+    }
+
+    /// See [`Self::len_part_in`].
+    pub fn len_part(&self, part: usize, bits: u32) -> usize {
+        self.len_part_in(part, bits, &())
+    }
+}
+
 /// The top `bits` bits of `spread` (none: 0).
 #[inline]
 fn top(spread: u64, bits: u32) -> u64 {
@@ -707,7 +832,7 @@ fn overlaps(r: &Reach, part: usize, bits: u32) -> bool {
 
 /// A prefetch hint for the cache line holding `addr`.
 #[inline(always)]
-fn prefetch(addr: usize) {
+pub(super) fn prefetch(addr: usize) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch never dereferences its address and cannot fault, whatever
     // the address; it only hints the cache.
@@ -728,12 +853,33 @@ fn moved(moves: &mut u32) {
 /// Give memory back if `seg` is three quarters empty, keeping room to double
 /// (removals and clears must not pin peak memory), counting the move of its
 /// entries in `moves`.
-fn shrink_if_sparse<E: Keyed>(seg: &mut Segment<E>, moves: &mut u32) {
+fn shrink_if_sparse<E: Filed + Copy>(seg: &mut Segment<E>, moves: &mut u32, ctx: &E::Ctx) {
     let cap = seg.capacity();
     if cap >= SHRINK_FROM && seg.len() < cap / 4 {
-        seg.shrink_to(seg.len() * 2, rehash);
+        *seg = refile(seg, seg.len() * 2, ctx);
         moved(moves);
     }
+}
+
+/// Entries [`refile`] reads ahead of the one it files.
+const REFILE_AHEAD: usize = 8;
+
+/// `old`'s entries in a new table with room for `cap` of them. A key read from
+/// the context is a cache miss each, so keys are loaded [`REFILE_AHEAD`] entries
+/// ahead; hashbrown's own resize reads them one by one.
+fn refile<E: Filed + Copy>(old: &Segment<E>, cap: usize, ctx: &E::Ctx) -> Segment<E> {
+    let mut new = Segment::with_capacity(cap.max(old.len()));
+    let mut ahead = old.iter();
+    for e in ahead.by_ref().take(REFILE_AHEAD) {
+        e.prefetch_key(ctx);
+    }
+    for e in old.iter() {
+        if let Some(a) = ahead.next() {
+            a.prefetch_key(ctx);
+        }
+        new.insert_unique(hash(e.key_in(ctx)), *e, rehash(ctx));
+    }
+    new
 }
 
 #[cfg(test)]

@@ -1,27 +1,33 @@
 //! A radix index of cached blocks: a prefix tree in an arena, and per worker slot
 //! the map from the engine's block hashes to the tree's nodes.
 //!
-//! A node is one block: its local hash, its parent, its children and its holders
-//! (28 bytes). A child is found from its parent by local hash (a sibling list, or a
-//! child table once a parent has more than [`LIST_MAX`] children), so a chain of
-//! blocks is filed by appends to the arena and walks from nodes that are already in
-//! cache, and a sequence hash is never stored: it is computed on the way down
-//! ([`Tree::dump`], [`Tree::lookup`] by sequence hash). A store resolves its parent and a removal
-//! its block through the slot's engine map (engine hash → a reference to a node,
-//! 12 bytes), so the ingest side needs no map of its own.
+//! A node is one block: its local hash, the engine hash it was first stored under,
+//! its parent, its children and its holders (36 bytes). A child is found from its
+//! parent by local hash (a sibling list, or a child table once a parent has more
+//! than [`LIST_MAX`] children), so a chain of blocks is filed by appends to the
+//! arena and walks from nodes that are already in cache, and a sequence hash is
+//! never stored: it is computed on the way down ([`Tree::dump`], [`Tree::lookup`]
+//! by sequence hash). A store resolves its parent and a removal its block through
+//! the slot's engine map, so the ingest side needs no map of its own. A slot that
+//! names a block by the engine hash its node holds (engines that agree on hashes,
+//! and every block one worker stores first) files a 4-byte reference to the node,
+//! keyed by the node's hash; another name (engines seeded apart, a second name for
+//! the same content) files the hash beside the reference (12 bytes).
 //!
 //! Invariants: a node lives while it has holders or children (one without holders
 //! but with children stays as the path to them, and answers as not held), and its
 //! generation changes whenever it stops holding anything. An engine-map entry names
 //! its block while the generation it took is the node's and its slot holds the node:
-//! removals and clears take a slot's entries with its holds, eviction leaves them to
-//! name nothing. A prediction names its node and a check of its local hash. Owned by
-//! one shard; never shared, never blocks; a store, removal or lookup allocates only
-//! as the arena and tables grow.
+//! removals and clears take a slot's entries with its holds; eviction takes the
+//! 4-byte ones and leaves the others to name nothing. A node's engine hash changes
+//! only while no slot holds it on a medium, so no 4-byte entry's key changes while
+//! it names its node. A prediction names its node and a check of its local hash.
+//! Owned by one shard; never shared, never blocks; a store, removal or lookup
+//! allocates only as the arena and tables grow.
 
 use super::holders::{Holder, HolderSet, HolderSlab};
 use super::predict::{Predicted, PredictedBlock, Predictions, Tick};
-use super::table::{BlockTable, Cursor, Keyed};
+use super::table::{self, BlockTable, Cursor, Filed, Keyed};
 use super::{DumpedBlock, Prompt, SAME_HOLDERS};
 use crate::hash;
 use crate::types::{BlockHash, EngineHash, SeqHash, Tier, TierSet, WorkerSlot};
@@ -56,11 +62,14 @@ const ENGINE_PART_BITS_MAX: u32 = 12;
 /// Leaves an eviction compares, the least recently used of which goes.
 const EVICT_SAMPLE: usize = 16;
 
-/// One block. The local hash is two halves so that a node is 4-byte aligned and
-/// 28 bytes, not padded to 32.
+/// One block. The hashes are two halves each so that a node is 4-byte aligned and
+/// 36 bytes, not padded to 40.
 #[derive(Clone, Copy, Debug)]
 struct Node {
     local: [u32; 2],
+    /// The engine hash the block was stored under while no slot held it on a
+    /// medium: the key of the slots' 4-byte names for it ([`Named`]).
+    engine: [u32; 2],
     /// Generation (top 4 bits) and parent (NIL_UP: a root, FREE_UP: on the free
     /// list).
     up: u32,
@@ -76,6 +85,15 @@ impl Node {
     #[inline]
     fn local(&self) -> BlockHash {
         BlockHash(self.local[0] as u64 | (self.local[1] as u64) << 32)
+    }
+
+    #[inline]
+    fn engine(&self) -> EngineHash {
+        EngineHash(self.engine[0] as u64 | (self.engine[1] as u64) << 32)
+    }
+
+    fn set_engine(&mut self, eh: EngineHash) {
+        self.engine = [eh.0 as u32, (eh.0 >> 32) as u32];
     }
 
     /// The parent's id: NIL for a root, FREE for a node on the free list.
@@ -116,6 +134,24 @@ impl Node {
     }
 }
 
+/// A name of a block that is its node's own engine hash: a reference to the node
+/// (generation and id), whose `engine` is the key.
+#[derive(Clone, Copy)]
+struct Named(u32);
+
+impl Filed for Named {
+    type Key = EngineHash;
+    type Ctx = [Vec<Node>];
+    #[inline]
+    fn key_in(&self, chunks: &[Vec<Node>]) -> EngineHash {
+        at(chunks, self.0 & ID_MASK).engine()
+    }
+    #[inline]
+    fn prefetch_key(&self, chunks: &[Vec<Node>]) {
+        table::prefetch(std::ptr::from_ref(&at(chunks, self.0 & ID_MASK).engine) as usize);
+    }
+}
+
 /// An engine hash and the node it names: 12 bytes (three halves, 4-byte aligned).
 #[derive(Clone, Copy)]
 struct EngineEntry([u32; 3]);
@@ -135,6 +171,126 @@ impl Keyed for EngineEntry {
     #[inline]
     fn key(&self) -> EngineHash {
         EngineHash(self.0[0] as u64 | (self.0[1] as u64) << 32)
+    }
+}
+
+/// One slot's engine map: engine hash → a reference to a node. A hash is in at
+/// most one of the two tables.
+#[derive(Default)]
+struct Names {
+    /// Names that are their node's `engine`.
+    own: BlockTable<Named>,
+    /// Other names.
+    other: BlockTable<EngineEntry>,
+}
+
+/// Where a walk of a slot's engine map in steps has got to: its own names, then
+/// the others.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NamesAt {
+    own: Cursor,
+    other: Cursor,
+}
+
+impl NamesAt {
+    pub fn is_done(&self) -> bool {
+        self.other.is_done()
+    }
+
+    /// A walk with nothing left to walk.
+    fn done() -> Self {
+        NamesAt {
+            own: Cursor::done(),
+            other: Cursor::done(),
+        }
+    }
+}
+
+impl Names {
+    /// The reference `eh` names (checked by the caller: it may name nothing now).
+    #[inline]
+    fn get(&self, eh: EngineHash, chunks: &[Vec<Node>]) -> Option<u32> {
+        if !self.other.is_empty()
+            && let Some(e) = self.other.get(&eh)
+        {
+            return Some(e.node());
+        }
+        self.own.get_in(&eh, chunks).map(|n| n.0)
+    }
+
+    /// Files `eh` as a name of `reference`; returns what `eh` named before.
+    #[inline]
+    fn set(&mut self, eh: EngineHash, reference: u32, chunks: &[Vec<Node>]) -> Option<u32> {
+        if at(chunks, reference & ID_MASK).engine() == eh {
+            let before = match self.other.is_empty() {
+                true => None,
+                false => self.other.remove(&eh).map(|e| e.node()),
+            };
+            let mut new = false;
+            let e = self.own.get_or_insert_with_in(eh, chunks, || {
+                new = true;
+                Named(reference)
+            });
+            match new {
+                true => before,
+                false => Some(std::mem::replace(&mut e.0, reference)),
+            }
+        } else {
+            let before = self.own.remove_in(&eh, chunks).map(|n| n.0);
+            let entry = EngineEntry::new(eh, reference);
+            let mut new = false;
+            let e = self.other.get_or_insert_with(eh, || {
+                new = true;
+                entry
+            });
+            match new {
+                true => before,
+                false => Some(std::mem::replace(e, entry).node()),
+            }
+        }
+    }
+
+    fn remove(&mut self, eh: EngineHash, chunks: &[Vec<Node>]) {
+        if self.own.remove_in(&eh, chunks).is_none() {
+            self.other.remove(&eh);
+        }
+    }
+
+    /// Takes `eh` out if it names node `id` (any generation).
+    fn forget(&mut self, eh: EngineHash, id: u32, chunks: &[Vec<Node>]) {
+        if self.get(eh, chunks).is_some_and(|r| r & ID_MASK == id) {
+            self.remove(eh, chunks);
+        }
+    }
+
+    #[inline]
+    fn prefetch(&self, eh: EngineHash) {
+        self.own.prefetch(eh);
+    }
+
+    /// (engine hash, reference) of every name in part `part` of `1 << bits`.
+    fn part<'a>(
+        &'a self,
+        part: usize,
+        bits: u32,
+        chunks: &'a [Vec<Node>],
+    ) -> impl Iterator<Item = (EngineHash, u32)> + 'a {
+        self.own
+            .iter_part_in(part, bits, chunks)
+            .map(move |n| (n.key_in(chunks), n.0))
+            .chain(
+                self.other
+                    .iter_part(part, bits)
+                    .map(|e| (e.key(), e.node())),
+            )
+    }
+
+    fn part_bits(&self) -> Option<u32> {
+        self.own.part_bits().or_else(|| self.other.part_bits())
+    }
+
+    fn allocation_size(&self) -> usize {
+        self.own.allocation_size() + self.other.allocation_size()
     }
 }
 
@@ -269,7 +425,7 @@ pub struct Tree {
     wide: HashMap<u32, HashTable<u32>>,
     slab: HolderSlab,
     /// Per slot, engine hash → node.
-    engine: Vec<BlockTable<EngineEntry>>,
+    engine: Vec<Names>,
     /// (slot, node) pairs that a second engine hash of the slot names (an engine that
     /// files the same content under two hashes): every engine hash of such a pair is
     /// listed, so that all go when the slot stops holding the node. Usually empty.
@@ -407,9 +563,14 @@ impl Tree {
         None
     }
 
-    /// The child of `parent` with local hash `local`, filed if new (`None`: new, and
-    /// the arena is full).
-    fn child_or_insert(&mut self, parent: u32, local: BlockHash) -> Option<u32> {
+    /// The child of `parent` with local hash `local`, filed if new with `engine` as
+    /// its engine hash (`None`: new, and the arena is full).
+    fn child_or_insert(
+        &mut self,
+        parent: u32,
+        local: BlockHash,
+        engine: EngineHash,
+    ) -> Option<u32> {
         if let Some(c) = self.child(parent, local) {
             return Some(c);
         }
@@ -421,6 +582,7 @@ impl Tree {
         let listing = parent != NIL && first != WIDE && self.listed(first) < LIST_MAX;
         let mut node = Node {
             local: [local.0 as u32, (local.0 >> 32) as u32],
+            engine: [engine.0 as u32, (engine.0 >> 32) as u32],
             up: 0,
             first_child: NIL,
             next_sibling: if listing { first } else { NIL },
@@ -532,10 +694,10 @@ impl Tree {
         }
     }
 
-    fn engine_map(&mut self, slot: WorkerSlot) -> &mut BlockTable<EngineEntry> {
+    fn engine_map(&mut self, slot: WorkerSlot) -> &mut Names {
         let i = slot.0 as usize;
         if self.engine.len() <= i {
-            self.engine.resize_with(i + 1, BlockTable::default);
+            self.engine.resize_with(i + 1, Names::default);
         }
         &mut self.engine[i]
     }
@@ -578,14 +740,19 @@ impl Tree {
             if let Some(&(ahead, _)) = blocks.get(i + PREFETCH_AHEAD) {
                 self.engine[slot.0 as usize].prefetch(ahead);
             }
-            let Some(id) = self.child_or_insert(p, local) else {
+            let Some(id) = self.child_or_insert(p, local, eh) else {
                 unfiled = blocks.len() - i;
                 break;
             };
             self.mark(id);
             let before = {
                 let Tree { chunks, slab, .. } = self;
-                at_mut(chunks, id).holders.add(slot, tier, slab)
+                let n = at_mut(chunks, id);
+                if !n.holders.on_media(slab) {
+                    // No slot names it by its engine hash: it may take this one.
+                    n.set_engine(eh);
+                }
+                n.holders.add(slot, tier, slab)
             };
             if before.is_empty() {
                 new_holders += 1;
@@ -607,19 +774,12 @@ impl Tree {
             }
             // Once the slot holds it, its engine hash names it as it is now: one
             // probe files the entry and says what it named before.
-            let entry = EngineEntry::new(eh, self.node(id).reference(id));
-            let mut new = false;
-            let e = self.engine[slot.0 as usize].get_or_insert_with(eh, || {
-                new = true;
-                entry
-            });
-            let old = match new {
-                true => None,
-                false => {
-                    let before_ref = std::mem::replace(e, entry).node();
-                    self.resolve(slot, before_ref)
-                }
-            };
+            let reference = self.node(id).reference(id);
+            let old = {
+                let Tree { engine, chunks, .. } = self;
+                engine[slot.0 as usize].set(eh, reference, chunks)
+            }
+            .and_then(|before| self.resolve(slot, before));
             match old {
                 Some(old) if old == id => {}
                 // The engine reused the hash for other content: the slot's hold on
@@ -645,8 +805,8 @@ impl Tree {
 
     /// The node `slot`'s engine hash `eh` names, if it names one the slot holds.
     fn named(&self, slot: WorkerSlot, eh: EngineHash) -> Option<u32> {
-        let e = self.engine.get(slot.0 as usize)?.get(&eh)?;
-        self.resolve(slot, e.node())
+        let reference = self.engine.get(slot.0 as usize)?.get(eh, &self.chunks)?;
+        self.resolve(slot, reference)
     }
 
     /// The node a reference names, if it is still that node (same generation) and
@@ -661,12 +821,25 @@ impl Tree {
     /// Records a second engine hash of `slot` for `node`.
     fn alias(&mut self, slot: WorkerSlot, node: u32, eh: EngineHash) {
         if !self.aliases.contains_key(&(slot.0, node)) {
-            // The first engine hash: the entry that names the node besides `eh`
-            // (a walk of the slot's map; engines name a block once, so this is rare).
-            let first: Vec<EngineHash> = self.engine[slot.0 as usize]
-                .iter()
-                .filter(|e| e.key() != eh && self.resolve(slot, e.node()) == Some(node))
-                .map(Keyed::key)
+            // The first engine hash: the entry that names the node besides `eh`, the
+            // node's own or another (a walk of the slot's other names; engines name
+            // a block once, so this is rare).
+            let names = &self.engine[slot.0 as usize];
+            let own = self.node(node).engine();
+            let own_named = own != eh
+                && names
+                    .get(own, &self.chunks)
+                    .is_some_and(|r| self.resolve(slot, r) == Some(node));
+            let first: Vec<EngineHash> = own_named
+                .then_some(own)
+                .into_iter()
+                .chain(
+                    names
+                        .other
+                        .iter()
+                        .filter(|e| e.key() != eh && self.resolve(slot, e.node()) == Some(node))
+                        .map(Keyed::key),
+                )
                 .collect();
             self.aliases.insert((slot.0, node), first);
         }
@@ -767,6 +940,13 @@ impl Tree {
                 let key = self.key(id);
                 self.predictions.forget(key, h.slot());
             }
+            // The 4-byte name goes (its key is the node's, which a reuse changes);
+            // other names are left to name nothing.
+            let eh = self.node(id).engine();
+            let Tree { engine, chunks, .. } = self;
+            if let Some(names) = engine.get_mut(h.slot().0 as usize) {
+                names.forget(eh, id, chunks);
+            }
             self.aliases.remove(&(h.slot().0, id));
         }
         let Tree { chunks, slab, .. } = self;
@@ -801,7 +981,8 @@ impl Tree {
         }
         self.count(slot, -1);
         if let Some(names) = self.aliases.remove(&(slot.0, node)) {
-            forget_names(&mut self.engine[slot.0 as usize], names, node, keep);
+            let Tree { engine, chunks, .. } = self;
+            forget_names(&mut engine[slot.0 as usize], names, node, keep, chunks);
         }
         if self.node(node).holders.is_empty() {
             self.emptied(node);
@@ -813,12 +994,17 @@ impl Tree {
     /// only by its deadline or a confirming store.
     pub fn remove(&mut self, slot: WorkerSlot, eh: EngineHash, tiers: TierSet) -> bool {
         let tiers = tiers & TierSet::MEDIA;
-        let Some(e) = self.engine.get(slot.0 as usize).and_then(|m| m.get(&eh)) else {
+        let Some(reference) = self
+            .engine
+            .get(slot.0 as usize)
+            .and_then(|m| m.get(eh, &self.chunks))
+        else {
             return false;
         };
-        let Some(node) = self.resolve(slot, e.node()) else {
+        let Some(node) = self.resolve(slot, reference) else {
             // It named a block evicted since.
-            self.engine[slot.0 as usize].remove(&eh);
+            let Tree { engine, chunks, .. } = self;
+            engine[slot.0 as usize].remove(eh, chunks);
             return false;
         };
         let left = self
@@ -827,7 +1013,8 @@ impl Tree {
             .tiers_of(slot, &self.slab)
             .without(tiers);
         if left.is_empty() {
-            self.engine[slot.0 as usize].remove(&eh);
+            let Tree { engine, chunks, .. } = self;
+            engine[slot.0 as usize].remove(eh, chunks);
         }
         self.unhold(slot, node, tiers, Some(eh));
         true
@@ -835,7 +1022,8 @@ impl Tree {
 
     /// `slot` holds nothing any more on `tiers`, in one go.
     pub fn clear_slot(&mut self, slot: WorkerSlot, tiers: TierSet) {
-        self.clear_step(slot, tiers, &mut Cursor::default(), usize::MAX);
+        let mut at = NamesAt::default();
+        while !self.clear_step(slot, tiers, &mut at, usize::MAX) {}
     }
 
     /// A step of clearing `tiers` of `slot`: a walk of at most `budget` buckets of
@@ -847,28 +1035,29 @@ impl Tree {
         &mut self,
         slot: WorkerSlot,
         tiers: TierSet,
-        at: &mut Cursor,
+        at: &mut NamesAt,
         budget: usize,
     ) -> bool {
         if slot.0 as usize >= self.engine.len() {
             // Nothing stored: what the slot holds, if anything, is predicted.
-            *at = Cursor::done();
+            *at = NamesAt::done();
         }
         let mut map = std::mem::take(self.engine_map(slot));
         let mut ended = std::mem::take(&mut self.ended);
         let mut removed = [0u64; Tier::COUNT];
         {
             let Tree { chunks, slab, .. } = self;
-            map.retain_step(at, budget, |e| {
-                let id = e.node() & ID_MASK;
+            // Whether the slot still holds the block `reference` names once its
+            // `tiers` are taken off (the name then stays).
+            let mut keep = |chunks: &mut [Vec<Node>], reference: u32| {
+                let id = reference & ID_MASK;
                 let n = at_mut(chunks, id);
-                if !n.named_by(e.node(), slot, slab) {
+                if !n.named_by(reference, slot, slab) {
                     // It names a block evicted since, or an alias of one whose hold
                     // ended earlier in the walk.
                     return false;
                 }
-                let holders = &mut n.holders;
-                let (gone_tiers, gone) = holders.remove(slot, tiers, slab);
+                let (gone_tiers, gone) = n.holders.remove(slot, tiers, slab);
                 for t in gone_tiers.iter() {
                     removed[t.0 as usize] += 1;
                 }
@@ -876,7 +1065,16 @@ impl Tree {
                     ended.push(id);
                 }
                 !gone
-            });
+            };
+            // The own names first (the node's key does not change while its holds
+            // are taken off), a step at a time; then the others.
+            if !at.own.is_done() {
+                map.own
+                    .retain_step_in(&mut at.own, budget, chunks, |c, n| keep(c, n.0));
+            } else {
+                map.other
+                    .retain_step(&mut at.other, budget, |e| keep(chunks, e.node()));
+            }
         }
         for (pairs, removed) in self.pairs.iter_mut().zip(removed) {
             *pairs -= removed;
@@ -884,7 +1082,7 @@ impl Tree {
         for &node in &ended {
             self.count(slot, -1);
             if let Some(names) = self.aliases.remove(&(slot.0, node)) {
-                forget_names(&mut map, names, node, None);
+                forget_names(&mut map, names, node, None, &self.chunks);
             }
             // A node whose child went before it may have gone with that child.
             let n = self.node(node);
@@ -916,7 +1114,7 @@ impl Tree {
         let mut counts = PredictCounts::default();
         let mut p = NIL;
         for &local in locals {
-            let Some(id) = self.child_or_insert(p, local) else {
+            let Some(id) = self.child_or_insert(p, local, EngineHash(0)) else {
                 break;
             };
             self.mark(id);
@@ -1244,9 +1442,9 @@ impl Tree {
         let mut path = Vec::new();
         for (i, map) in self.engine.iter().enumerate() {
             let slot = WorkerSlot(i as u32);
-            for e in map.iter() {
-                if let Some(id) = self.resolve(slot, e.node()) {
-                    out.push((slot, self.seq_of(id, &mut path), e.key()));
+            for (eh, reference) in map.part(0, 0, &self.chunks) {
+                if let Some(id) = self.resolve(slot, reference) {
+                    out.push((slot, self.seq_of(id, &mut path), eh));
                 }
             }
         }
@@ -1274,7 +1472,7 @@ impl Tree {
     pub fn engine_part_bits(&self, slot: WorkerSlot) -> u32 {
         self.engine
             .get(slot.0 as usize)
-            .and_then(BlockTable::part_bits)
+            .and_then(Names::part_bits)
             .unwrap_or(0)
             .min(ENGINE_PART_BITS_MAX)
     }
@@ -1293,8 +1491,8 @@ impl Tree {
     ) {
         if let Some(map) = self.engine.get(slot.0 as usize) {
             out.extend(
-                map.iter_part(part, bits)
-                    .filter_map(|e| Some((slot, self.resolve(slot, e.node())?, e.key()))),
+                map.part(part, bits, &self.chunks)
+                    .filter_map(|(eh, r)| Some((slot, self.resolve(slot, r)?, eh))),
             );
         }
     }
@@ -1303,7 +1501,7 @@ impl Tree {
     pub fn engine_heap_bytes(&self) -> usize {
         self.engine
             .iter()
-            .map(BlockTable::allocation_size)
+            .map(Names::allocation_size)
             .sum::<usize>()
     }
 
@@ -1332,7 +1530,7 @@ impl Tree {
                 // root standing for it, whose sequence hash is that one (a first
                 // block's is its local hash), holding nothing. Lookups stop there, as
                 // they stop at the parent in the tree the dump came from.
-                _ => match self.child_or_insert(NIL, BlockHash(seq.0)) {
+                _ => match self.child_or_insert(NIL, BlockHash(seq.0), EngineHash(0)) {
                     Some(id) => id,
                     None => return false,
                 },
@@ -1382,11 +1580,7 @@ impl Tree {
                 .sum::<usize>()
             + self.slab.capacity_bytes()
             + self.predictions.heap_bytes()
-            + self
-                .engine
-                .iter()
-                .map(BlockTable::allocation_size)
-                .sum::<usize>()
+            + self.engine_heap_bytes()
             + self.per_slot.capacity() * 4
             + self.used.capacity() * 4
     }
@@ -1394,15 +1588,14 @@ impl Tree {
 
 /// Takes out of a slot's engine map the `names` that still name `node`, but `keep`.
 fn forget_names(
-    map: &mut BlockTable<EngineEntry>,
+    map: &mut Names,
     names: Vec<EngineHash>,
     node: u32,
     keep: Option<EngineHash>,
+    chunks: &[Vec<Node>],
 ) {
     for eh in names.into_iter().filter(|&eh| Some(eh) != keep) {
-        if map.get(&eh).is_some_and(|e| e.node() & ID_MASK == node) {
-            map.remove(&eh);
-        }
+        map.forget(eh, node, chunks);
     }
 }
 
@@ -1637,6 +1830,51 @@ mod tests {
         assert_eq!(lookup(&mut t, &[20]), [1, held(1, DEV)]);
     }
 
+    /// Slots whose engines agree on hashes name a block by its node's own hash
+    /// (4 bytes a name); a slot seeded apart names it beside (12 bytes). Either
+    /// name resolves, removes and clears as before, and an evicted block's own
+    /// names go with it.
+    #[test]
+    fn agreeing_engines_share_the_nodes_hash_and_others_name_it_beside() {
+        let mut t = Tree::default();
+        let (a, b, apart) = (WorkerSlot(0), WorkerSlot(1), WorkerSlot(2));
+        let shared = chain(0, 0, &[1, 2, 3]);
+        t.store(a, DEV, None, &shared);
+        t.store(b, DEV, None, &shared);
+        t.store(apart, DEV, None, &chain(2, 0, &[1, 2, 3]));
+        // (own names, other names) of a slot.
+        let names = |t: &Tree, s: WorkerSlot| {
+            let n = &t.engine[s.0 as usize];
+            (n.own.len(), n.other.len())
+        };
+        assert_eq!(names(&t, a), (3, 0));
+        assert_eq!(names(&t, b), (3, 0));
+        assert_eq!(names(&t, apart), (0, 3));
+        assert!(t.remove(b, shared[2].0, TierSet::ALL));
+        assert!(t.remove(apart, eh(2002), TierSet::ALL));
+        assert_eq!(
+            lookup(&mut t, &[1, 2, 3]),
+            [
+                3,
+                held(0, DEV),
+                held(1, DEV),
+                held(2, DEV),
+                3,
+                held(0, DEV),
+                held(1, DEV),
+                held(2, DEV),
+                1,
+                held(0, DEV)
+            ]
+        );
+        t.clear_slot(apart, TierSet::ALL);
+        assert_eq!(names(&t, apart), (0, 0));
+        t.track_use();
+        while t.evict().is_some() {}
+        assert!(t.is_empty());
+        assert_eq!((names(&t, a), names(&t, b)), ((0, 0), (0, 0)));
+    }
+
     /// A store confirming a prediction names the block once: a predicted holder
     /// has no engine hash, so the store is no second name (which would walk the
     /// slot's engine map for the first).
@@ -1658,7 +1896,7 @@ mod tests {
         let locals: Vec<u64> = (1..=20_000).collect();
         t.store(WorkerSlot(1), DEV, None, &chain(1, 0, &locals));
         t.store(WorkerSlot(2), DEV, None, &chain(2, 0, &locals[..10]));
-        let mut at = Cursor::default();
+        let mut at = NamesAt::default();
         let mut steps = 1;
         while !t.clear_step(WorkerSlot(1), TierSet::ALL, &mut at, 1024) {
             steps += 1;
@@ -2128,9 +2366,10 @@ mod tests {
         },
     }
 
-    /// A slot's engine hash for a path: one per (slot, path), or a second name.
+    /// A slot's engine hash for a path, or a second name. Slots 0 and 1 agree on
+    /// hashes (so a block has one engine hash, its node's), slot 2 is seeded apart.
     fn name(slot: u32, path: &[u64], alias: bool) -> u64 {
-        let mut x = slot as u64 * 31 + alias as u64 * 7;
+        let mut x = (slot / 2) as u64 * 31 + alias as u64 * 7;
         for &l in path {
             x = x.wrapping_mul(1_000_003).wrapping_add(l);
         }
@@ -2205,13 +2444,20 @@ mod tests {
                         match step {
                             None => t.clear_slot(slot, tiers),
                             Some(b) => {
-                                let mut at = Cursor::default();
+                                let mut at = NamesAt::default();
                                 while !t.clear_step(slot, tiers, &mut at, *b) {}
                             }
                         }
                     }
                 }
                 prop_assert_eq!(t.len(), m.nodes());
+                // A 4-byte name lives exactly as long as its hold: its key is read
+                // from a node that a reuse would change.
+                for (i, names) in t.engine.iter().enumerate() {
+                    for n in names.own.iter() {
+                        prop_assert!(t.resolve(WorkerSlot(i as u32), n.0).is_some());
+                    }
+                }
             }
             let mut paths: Vec<Vec<u64>> = m.holders.keys().cloned().collect();
             paths.push(vec![1, 2, 3, 1]);
