@@ -138,7 +138,13 @@ struct Layout {
     order: Vec<WorkerSlot>,
     inst: Vec<Key>,
     dp: Vec<Key>,
+    /// The last `tree_sizes` object rendered and the rows it was rendered from:
+    /// they change only as events apply, so back-to-back queries reuse the text.
+    sizes: RefCell<Rendered>,
 }
+
+/// Rows of (slot, value) and the text rendered from them.
+type Rendered = (Vec<(WorkerSlot, u64)>, Vec<u8>);
 
 impl Layout {
     fn new(snap: &Snapshot, ix: &Arc<IndexInfo>) -> Layout {
@@ -165,6 +171,7 @@ impl Layout {
             order,
             inst,
             dp,
+            sizes: RefCell::default(),
         }
     }
 }
@@ -334,7 +341,18 @@ pub fn scores(
             )
         })
         .collect();
-    nested(&mut out, &lay, &sizes, num);
+    {
+        let mut memo = lay.sizes.borrow_mut();
+        if memo.0 != sizes {
+            let start = out.len();
+            nested(&mut out, &lay, &sizes, num);
+            memo.1.clear();
+            memo.1.extend_from_slice(&out[start..]);
+            memo.0 = sizes;
+        } else {
+            out.extend_from_slice(&memo.1);
+        }
+    }
     // Dynamo 1.6's `instances`: every live instance; `cpu` and `disk` extend the
     // device prefix through the lower tiers (cumulative), per Dynamo's router.
     out.extend_from_slice(b",\"instances\":{");
@@ -343,14 +361,11 @@ pub fn scores(
         if g > 0 {
             out.push(b',');
         }
-        let max = |k: usize| {
-            group
-                .iter()
-                .map(|s| matched(*s)[k] as u64 * bs)
-                .max()
-                .unwrap_or(0)
-        };
-        let (gpu, cpu, disk) = (max(0), max(1), max(2));
+        let best = group.iter().fold([0u32; 3], |m, s| {
+            let x = matched(*s);
+            [m[0].max(x[0]), m[1].max(x[1]), m[2].max(x[2])]
+        });
+        let [gpu, cpu, disk] = best.map(|b| b as u64 * bs);
         lay.inst[group[0].0 as usize].put(&mut out);
         out.extend_from_slice(b"{\"longest_matched\":");
         num(&mut out, gpu.max(cpu).max(disk));
