@@ -1875,6 +1875,28 @@ mod tests {
         assert_eq!((names(&t, a), names(&t, b)), ((0, 0), (0, 0)));
     }
 
+    /// Engines that count their block hashes (the same hash, other content on each
+    /// worker) stay exact: each slot's names are its own, whichever node holds the
+    /// hash as its own.
+    #[test]
+    fn engines_counting_their_hashes_name_other_content_by_the_same_hash() {
+        let mut t = Tree::default();
+        let (a, b) = (WorkerSlot(0), WorkerSlot(1));
+        t.store(a, DEV, None, &[(eh(5), BlockHash(10))]);
+        t.store(b, DEV, None, &[(eh(5), BlockHash(20))]);
+        t.store(b, DEV, None, &[(eh(7), BlockHash(10))]);
+        assert_eq!(lookup(&mut t, &[10]), [2, held(0, DEV), held(1, DEV)]);
+        assert_eq!(lookup(&mut t, &[20]), [1, held(1, DEV)]);
+        assert!(t.remove(b, eh(5), TierSet::ALL));
+        assert_eq!(lookup(&mut t, &[20]), [0]);
+        assert_eq!(lookup(&mut t, &[10]), [2, held(0, DEV), held(1, DEV)]);
+        assert!(t.remove(a, eh(5), TierSet::ALL));
+        assert!(!t.remove(a, eh(7), TierSet::ALL));
+        assert_eq!(lookup(&mut t, &[10]), [1, held(1, DEV)]);
+        assert!(t.remove(b, eh(7), TierSet::ALL));
+        assert!(t.is_empty());
+    }
+
     /// A store confirming a prediction names the block once: a predicted holder
     /// has no engine hash, so the store is no second name (which would walk the
     /// slot's engine map for the first).
