@@ -140,7 +140,7 @@ struct Layout {
     dp: Vec<Key>,
     /// The last `tree_sizes` object rendered and the rows it was rendered from:
     /// they change only as events apply, so back-to-back queries reuse the text.
-    sizes: RefCell<Rendered>,
+    sizes: RefCell<Option<Rendered>>,
 }
 
 /// Rows of (slot, value) and the text rendered from them.
@@ -343,14 +343,13 @@ pub fn scores(
         .collect();
     {
         let mut memo = lay.sizes.borrow_mut();
-        if memo.0 != sizes {
-            let start = out.len();
-            nested(&mut out, &lay, &sizes, num);
-            memo.1.clear();
-            memo.1.extend_from_slice(&out[start..]);
-            memo.0 = sizes;
-        } else {
-            out.extend_from_slice(&memo.1);
+        match memo.as_ref() {
+            Some((rows, text)) if *rows == sizes => out.extend_from_slice(text),
+            _ => {
+                let start = out.len();
+                nested(&mut out, &lay, &sizes, num);
+                *memo = Some((sizes, out[start..].to_vec()));
+            }
         }
     }
     // Dynamo 1.6's `instances`: every live instance; `cpu` and `disk` extend the
