@@ -2,10 +2,11 @@
 //! the map from the engine's block hashes to the tree's nodes.
 //!
 //! A node is one block: its local hash, the engine hash it was first stored under,
-//! its parent, its children and its holders (36 bytes). A child is found from its
-//! parent by local hash (a sibling list, or a child table once a parent has more
-//! than [`LIST_MAX`] children), so a chain of blocks is filed by appends to the
-//! arena and walks from nodes that are already in cache, and a sequence hash is
+//! its parent, its child and its holders (32 bytes). A parent of one child names
+//! it; a parent of more keeps them in a child table, found by local hash (a branch
+//! is rare: a prompt's blocks form one chain, so branching is where prompts part).
+//! A chain of blocks is filed by appends to the arena and walks from nodes that
+//! are already in cache, and a sequence hash is
 //! never stored: it is computed on the way down ([`Tree::dump`], [`Tree::lookup`]
 //! by sequence hash). A store resolves its parent and a removal its block through
 //! the slot's engine map, so the ingest side needs no map of its own. A slot that
@@ -35,7 +36,7 @@ use hashbrown::{HashMap, HashTable};
 
 /// No node: a root's parent, the end of a sibling list.
 const NIL: u32 = u32::MAX;
-/// In `first_child`: the children are in the parent's child table.
+/// In `first_child`: the children (two or more) are in the parent's child table.
 const WIDE: u32 = u32::MAX - 1;
 /// A parent, for a node on the free list.
 const FREE: u32 = u32::MAX - 1;
@@ -47,9 +48,6 @@ const ID_BITS: u32 = 28;
 const ID_MASK: u32 = (1 << ID_BITS) - 1;
 const NIL_UP: u32 = ID_MASK;
 const FREE_UP: u32 = ID_MASK - 1;
-/// A parent keeps up to this many children in a sibling list (one walk of a few
-/// nodes, usually the one just filed); the next moves them into a child table.
-pub const LIST_MAX: usize = 8;
 /// How many blocks of a run ahead a store loads the engine map's buckets: the
 /// tree work of a few blocks covers one miss.
 const PREFETCH_AHEAD: usize = 4;
@@ -62,8 +60,8 @@ const ENGINE_PART_BITS_MAX: u32 = 12;
 /// Leaves an eviction compares, the least recently used of which goes.
 const EVICT_SAMPLE: usize = 16;
 
-/// One block. The hashes are two halves each so that a node is 4-byte aligned and
-/// 36 bytes, not padded to 40.
+/// One block. The hashes are two halves each so that a node is 4-byte aligned:
+/// 32 bytes.
 #[derive(Clone, Copy, Debug)]
 struct Node {
     local: [u32; 2],
@@ -73,11 +71,8 @@ struct Node {
     /// Generation (top 4 bits) and parent (NIL_UP: a root, FREE_UP: on the free
     /// list).
     up: u32,
-    /// NIL, the first of a sibling list, or WIDE.
+    /// NIL, the one child, or WIDE; on the free list, the next free node.
     first_child: u32,
-    /// The next sibling in the parent's list (NIL: last, or the parent is wide); on
-    /// the free list, the next free node.
-    next_sibling: u32,
     holders: HolderSet,
 }
 
@@ -416,12 +411,12 @@ impl Walking {
 #[derive(Default)]
 pub struct Tree {
     chunks: Vec<Vec<Node>>,
-    /// Head of the free list through `next_sibling`.
+    /// Head of the free list through `first_child`.
     free: Option<u32>,
     live: usize,
     /// First blocks, by local hash.
     roots: HashTable<u32>,
-    /// Child tables of parents with more than [`LIST_MAX`] children.
+    /// Child tables of parents with more than one child.
     wide: HashMap<u32, HashTable<u32>>,
     slab: HolderSlab,
     /// Per slot, engine hash → node.
@@ -502,7 +497,7 @@ impl Tree {
         if let Some(id) = self.free {
             self.live += 1;
             let old = self.node(id);
-            let next = old.next_sibling;
+            let next = old.first_child;
             node.up = (old.up & !ID_MASK) | (node.up & ID_MASK);
             self.free = (next != NIL).then_some(next);
             *self.node_mut(id) = node;
@@ -547,20 +542,13 @@ impl Tree {
                 .find(child_hash(local), |&c| self.node(c).local() == local)
                 .copied();
         }
-        let mut c = self.node(parent).first_child;
-        if c == WIDE {
-            return self.wide[&parent]
+        match self.node(parent).first_child {
+            NIL => None,
+            WIDE => self.wide[&parent]
                 .find(child_hash(local), |&c| self.node(c).local() == local)
-                .copied();
+                .copied(),
+            c => (self.node(c).local() == local).then_some(c),
         }
-        while c != NIL {
-            let n = self.node(c);
-            if n.local() == local {
-                return Some(c);
-            }
-            c = n.next_sibling;
-        }
-        None
     }
 
     /// The child of `parent` with local hash `local`, filed if new with `engine` as
@@ -579,18 +567,16 @@ impl Tree {
         } else {
             self.node(parent).first_child
         };
-        let listing = parent != NIL && first != WIDE && self.listed(first) < LIST_MAX;
         let mut node = Node {
             local: [local.0 as u32, (local.0 >> 32) as u32],
             engine: [engine.0 as u32, (engine.0 >> 32) as u32],
             up: 0,
             first_child: NIL,
-            next_sibling: if listing { first } else { NIL },
             holders: HolderSet::default(),
         };
         node.set_parent(parent);
         let id = self.alloc(node)?;
-        if listing {
+        if parent != NIL && first == NIL {
             self.node_mut(parent).first_child = id;
         } else if parent == NIL {
             let Tree { roots, chunks, .. } = self;
@@ -612,29 +598,14 @@ impl Tree {
         Some(id)
     }
 
-    /// How many nodes the sibling list from `first` holds.
-    fn listed(&self, first: u32) -> usize {
-        let (mut c, mut n) = (first, 0);
-        while c != NIL {
-            n += 1;
-            c = self.node(c).next_sibling;
-        }
-        n
-    }
-
-    /// Moves `parent`'s sibling list into a child table.
+    /// Moves `parent`'s one child into a child table, for a second to join.
     fn widen(&mut self, parent: u32) {
-        let mut table = HashTable::with_capacity(2 * LIST_MAX);
-        let mut c = self.node(parent).first_child;
-        while c != NIL {
-            let next = self.node(c).next_sibling;
-            self.node_mut(c).next_sibling = NIL;
-            let chunks = &self.chunks;
-            table.insert_unique(child_hash(at(chunks, c).local()), c, |&x| {
-                child_hash(at(chunks, x).local())
-            });
-            c = next;
-        }
+        let mut table = HashTable::with_capacity(2);
+        let c = self.node(parent).first_child;
+        let chunks = &self.chunks;
+        table.insert_unique(child_hash(at(chunks, c).local()), c, |&x| {
+            child_hash(at(chunks, x).local())
+        });
         self.node_mut(parent).first_child = WIDE;
         self.wide.insert(parent, table);
     }
@@ -665,22 +636,16 @@ impl Tree {
                         self.wide.remove(&parent);
                         self.node_mut(parent).first_child = NIL;
                     }
-                } else if first == id {
-                    self.node_mut(parent).first_child = n.next_sibling;
                 } else {
-                    let mut c = first;
-                    while self.node(c).next_sibling != id {
-                        c = self.node(c).next_sibling;
-                    }
-                    self.node_mut(c).next_sibling = n.next_sibling;
+                    debug_assert_eq!(first, id, "a parent of one child names it");
+                    self.node_mut(parent).first_child = NIL;
                 }
             }
             let free = self.free.unwrap_or(NIL);
             let node = self.node_mut(id);
             node.set_parent(FREE);
             node.next_generation();
-            node.first_child = NIL;
-            node.next_sibling = free;
+            node.first_child = free;
             self.free = Some(id);
             self.live -= 1;
             if parent == NIL {
@@ -1257,18 +1222,11 @@ impl Tree {
             return self.child(NIL, BlockHash(seq.0));
         }
         let is = |c: &u32| hash::chain(parent, self.node(*c).local()) == seq;
-        let first = self.node(p).first_child;
-        if first == WIDE {
-            return self.wide[&p].iter().find(|c| is(c)).copied();
+        match self.node(p).first_child {
+            NIL => None,
+            WIDE => self.wide[&p].iter().find(|c| is(c)).copied(),
+            c => is(&c).then_some(c),
         }
-        let mut c = first;
-        while c != NIL {
-            if is(&c) {
-                return Some(c);
-            }
-            c = self.node(c).next_sibling;
-        }
-        None
     }
 
     /// Every (block, holder) with the block's sequence and parent hashes, in one go.
@@ -1552,15 +1510,10 @@ impl Tree {
     }
 
     fn children(&self, id: u32, out: &mut Vec<u32>) {
-        let first = self.node(id).first_child;
-        if first == WIDE {
-            out.extend(self.wide[&id].iter().copied());
-            return;
-        }
-        let mut c = first;
-        while c != NIL {
-            out.push(c);
-            c = self.node(c).next_sibling;
+        match self.node(id).first_child {
+            NIL => {}
+            WIDE => out.extend(self.wide[&id].iter().copied()),
+            c => out.push(c),
         }
     }
 
@@ -1780,7 +1733,7 @@ mod tests {
         let mut t = Tree::default();
         let s = WorkerSlot(1);
         t.store(s, DEV, None, &[(eh(1), BlockHash(1))]);
-        let n = 3 * LIST_MAX as u64;
+        let n = 24;
         for i in 0..n {
             t.store(
                 s,
