@@ -499,22 +499,14 @@ impl<E: Filed + Copy> BlockTable<E> {
             Segment::with_capacity(old.len()),
             Segment::with_capacity(old.len()),
         );
-        let mut ahead = old.iter();
-        for e in ahead.by_ref().take(REFILE_AHEAD) {
-            e.prefetch_key(ctx);
-        }
-        for e in old.iter() {
-            if let Some(a) = ahead.next() {
-                a.prefetch_key(ctx);
-            }
-            // One key per entry: a chained entry computes its key with a hash.
-            let k = e.key_in(ctx);
+        // One key per entry: a chained entry computes its key with a hash.
+        for (e, k) in keyed(&old, ctx) {
             let half = if k.spread() & bit == 0 {
                 &mut low
             } else {
                 &mut high
             };
-            half.insert_unique(hash(k), *e, rehash(ctx));
+            half.insert_unique(hash(k), e, rehash(ctx));
         }
         for half in [&mut low, &mut high] {
             if half.is_empty() {
@@ -861,23 +853,33 @@ fn shrink_if_sparse<E: Filed + Copy>(seg: &mut Segment<E>, moves: &mut u32, ctx:
     }
 }
 
-/// Entries [`refile`] reads ahead of the one it files.
-const REFILE_AHEAD: usize = 8;
+/// Entries [`keyed`] reads ahead of the one it yields.
+const KEYS_AHEAD: usize = 8;
 
-/// `old`'s entries in a new table with room for `cap` of them. A key read from
-/// the context is a cache miss each, so keys are loaded [`REFILE_AHEAD`] entries
-/// ahead; hashbrown's own resize reads them one by one.
-fn refile<E: Filed + Copy>(old: &Segment<E>, cap: usize, ctx: &E::Ctx) -> Segment<E> {
-    let mut new = Segment::with_capacity(cap.max(old.len()));
-    let mut ahead = old.iter();
-    for e in ahead.by_ref().take(REFILE_AHEAD) {
+/// `seg`'s entries with their keys, for moving them. A key read from the context
+/// is a cache miss each, so keys are loaded [`KEYS_AHEAD`] entries ahead
+/// (hashbrown's own resize reads them one by one).
+fn keyed<'a, E: Filed + Copy>(
+    seg: &'a Segment<E>,
+    ctx: &'a E::Ctx,
+) -> impl Iterator<Item = (E, E::Key)> + 'a {
+    let mut ahead = seg.iter();
+    for e in ahead.by_ref().take(KEYS_AHEAD) {
         e.prefetch_key(ctx);
     }
-    for e in old.iter() {
+    seg.iter().map(move |e| {
         if let Some(a) = ahead.next() {
             a.prefetch_key(ctx);
         }
-        new.insert_unique(hash(e.key_in(ctx)), *e, rehash(ctx));
+        (*e, e.key_in(ctx))
+    })
+}
+
+/// `old`'s entries in a new table with room for `cap` of them.
+fn refile<E: Filed + Copy>(old: &Segment<E>, cap: usize, ctx: &E::Ctx) -> Segment<E> {
+    let mut new = Segment::with_capacity(cap.max(old.len()));
+    for (e, k) in keyed(old, ctx) {
+        new.insert_unique(hash(k), e, rehash(ctx));
     }
     new
 }
