@@ -34,7 +34,7 @@ use crate::hash;
 use crate::types::{BlockHash, EngineHash, SeqHash, Tier, TierSet, WorkerSlot};
 use hashbrown::{HashMap, HashTable};
 
-/// No node: a root's parent, the end of a sibling list.
+/// No node: a root's parent, a leaf's child, the end of the free list.
 const NIL: u32 = u32::MAX;
 /// In `first_child`: the children (two or more) are in the parent's child table.
 const WIDE: u32 = u32::MAX - 1;
