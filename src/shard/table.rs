@@ -358,28 +358,16 @@ impl<E: Filed + Copy> BlockTable<E> {
             .find(hash(seq), |e| e.key_in(ctx) == seq)
     }
 
-    /// [`Self::get_in`] for a query: a match counts as a use.
+    /// Files `e` under `seq` (a use, like a store); returns the entry it replaces.
+    /// `e`'s key must be `seq`.
     #[inline]
-    pub fn get_matched_in(&mut self, seq: &E::Key, ctx: &E::Ctx) -> Option<&E> {
-        if self.clock.is_none() {
-            return self.get_in(seq, ctx);
-        }
-        let seq = *seq;
-        let s = self.segment(seq)?;
-        let clock = self.clock.as_deref_mut()?;
-        let seg = self.segs.get(s)?;
-        let i = seg.find_bucket_index(hash(seq), |e| e.key_in(ctx) == seq)?;
-        clock.note(s, i);
-        seg.get_bucket(i)
-    }
-
-    #[inline]
-    pub fn get_mut_in(&mut self, seq: &E::Key, ctx: &E::Ctx) -> Option<&mut E> {
-        let seq = *seq;
-        let s = self.segment(seq)?;
-        self.segs
-            .get_mut(s)?
-            .find_mut(hash(seq), |e| e.key_in(ctx) == seq)
+    pub fn insert_in(&mut self, seq: E::Key, ctx: &E::Ctx, e: E) -> Option<E> {
+        let mut new = false;
+        let slot = self.get_or_insert_with_in(seq, ctx, || {
+            new = true;
+            e
+        });
+        (!new).then(|| std::mem::replace(slot, e))
     }
 
     /// The entry of `seq`, inserted by `make` if absent; a use either way. `make`
@@ -579,43 +567,6 @@ impl<E: Filed + Copy> BlockTable<E> {
         self.segs.iter().map(|s| s.num_buckets()).sum()
     }
 
-    /// Remove and return an entry not stored or matched since the hand last passed
-    /// it, looking at no more than `steps` buckets (clearing the bits it passes).
-    /// `None` if the table is empty, does not track use, or the steps ran out: a
-    /// later call goes on from there, and within two laps always finds one.
-    pub fn evict_in(&mut self, steps: usize, ctx: &E::Ctx) -> Option<E> {
-        let clock = self.clock.as_deref_mut()?;
-        if self.len == 0 {
-            return None;
-        }
-        for _ in 0..steps {
-            let s = clock.seg;
-            let Some(seg) = self.segs.get_mut(s) else {
-                // The table was emptied and filed anew since the hand was here.
-                (clock.seg, clock.bucket) = (0, 0);
-                continue;
-            };
-            let (i, buckets) = (clock.bucket, seg.num_buckets());
-            if i >= buckets {
-                clock.seg = (s + 1) % self.segs.len();
-                clock.bucket = 0;
-                continue;
-            }
-            clock.bucket += 1;
-            if seg.get_bucket(i).is_none() || clock.take(s, buckets, i) {
-                continue;
-            }
-            let Ok(entry) = seg.get_bucket_entry(i) else {
-                continue;
-            };
-            let (e, _) = entry.remove();
-            self.len -= 1;
-            shrink_if_sparse(seg, &mut self.moves[s], ctx);
-            return Some(e);
-        }
-        None
-    }
-
     /// [`Self::retain`] over at most `budget` buckets from `at`, moving `at` past
     /// them: a walk of every entry in steps, other changes to the table allowed
     /// between steps. Every entry in the table from the walk's start to its end is
@@ -704,22 +655,6 @@ impl<E: Filed + Copy> BlockTable<E> {
             })
     }
 
-    /// Entries in [`Self::iter_part_in`]'s `part`.
-    pub fn len_part_in(&self, part: usize, bits: u32, ctx: &E::Ctx) -> usize {
-        self.segs
-            .iter()
-            .zip(&self.reach)
-            .filter(|(_, r)| overlaps(r, part, bits))
-            .map(|(seg, r)| match r.depth < bits {
-                false => seg.len(),
-                true => seg
-                    .iter()
-                    .filter(|e| top(e.key_in(ctx).spread(), bits) == part as u64)
-                    .count(),
-            })
-            .sum()
-    }
-
     /// The most bits [`Self::iter_part`] can split this table by with no segment
     /// holding keys of two parts (its shallowest segment's depth); `None` while
     /// nothing is filed. Grows with the table once its segments split.
@@ -751,12 +686,25 @@ impl<E: Filed<Ctx = ()> + Copy> BlockTable<E> {
     /// [`Self::get`] for a query: a match counts as a use.
     #[inline]
     pub fn get_matched(&mut self, seq: &E::Key) -> Option<&E> {
-        self.get_matched_in(seq, &())
+        if self.clock.is_none() {
+            return self.get(seq);
+        }
+        let seq = *seq;
+        let s = self.segment(seq)?;
+        let clock = self.clock.as_deref_mut()?;
+        let seg = self.segs.get(s)?;
+        let i = seg.find_bucket_index(hash(seq), |e| e.key_in(&()) == seq)?;
+        clock.note(s, i);
+        seg.get_bucket(i)
     }
 
     #[inline]
     pub fn get_mut(&mut self, seq: &E::Key) -> Option<&mut E> {
-        self.get_mut_in(seq, &())
+        let seq = *seq;
+        let s = self.segment(seq)?;
+        self.segs
+            .get_mut(s)?
+            .find_mut(hash(seq), |e| e.key_in(&()) == seq)
     }
 
     /// See [`Self::get_or_insert_with_in`].
@@ -779,14 +727,46 @@ impl<E: Filed<Ctx = ()> + Copy> BlockTable<E> {
         self.remove_in(seq, &())
     }
 
-    /// See [`Self::evict_in`].
+    /// Remove and return an entry not stored or matched since the hand last passed
+    /// it, looking at no more than `steps` buckets (clearing the bits it passes).
+    /// `None` if the table is empty, does not track use, or the steps ran out: a
+    /// later call goes on from there, and within two laps always finds one.
     pub fn evict(&mut self, steps: usize) -> Option<E> {
-        self.evict_in(steps, &())
+        let clock = self.clock.as_deref_mut()?;
+        if self.len == 0 {
+            return None;
+        }
+        for _ in 0..steps {
+            let s = clock.seg;
+            let Some(seg) = self.segs.get_mut(s) else {
+                // The table was emptied and filed anew since the hand was here.
+                (clock.seg, clock.bucket) = (0, 0);
+                continue;
+            };
+            let (i, buckets) = (clock.bucket, seg.num_buckets());
+            if i >= buckets {
+                clock.seg = (s + 1) % self.segs.len();
+                clock.bucket = 0;
+                continue;
+            }
+            clock.bucket += 1;
+            if seg.get_bucket(i).is_none() || clock.take(s, buckets, i) {
+                continue;
+            }
+            let Ok(entry) = seg.get_bucket_entry(i) else {
+                continue;
+            };
+            let (e, _) = entry.remove();
+            self.len -= 1;
+            shrink_if_sparse(seg, &mut self.moves[s], &());
+            return Some(e);
+        }
+        None
     }
 
     /// Keep the entries for which `keep` is true.
-    pub fn retain(&mut self, mut keep: impl FnMut(&mut E) -> bool) {
-        self.retain_step(&mut Cursor::default(), usize::MAX, |e| keep(e));
+    pub fn retain(&mut self, keep: impl FnMut(&mut E) -> bool) {
+        self.retain_step(&mut Cursor::default(), usize::MAX, keep);
     }
 
     /// See [`Self::retain_step_in`].
@@ -804,9 +784,20 @@ impl<E: Filed<Ctx = ()> + Copy> BlockTable<E> {
         self.iter_part_in(part, bits, &())
     }
 
-    /// See [`Self::len_part_in`].
+    /// Entries in [`Self::iter_part`]'s `part`.
     pub fn len_part(&self, part: usize, bits: u32) -> usize {
-        self.len_part_in(part, bits, &())
+        self.segs
+            .iter()
+            .zip(&self.reach)
+            .filter(|(_, r)| overlaps(r, part, bits))
+            .map(|(seg, r)| match r.depth < bits {
+                false => seg.len(),
+                true => seg
+                    .iter()
+                    .filter(|e| top(e.key_in(&()).spread(), bits) == part as u64)
+                    .count(),
+            })
+            .sum()
     }
 }
 

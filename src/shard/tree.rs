@@ -6,9 +6,8 @@
 //! it; a parent of more keeps them in a child table, found by local hash (a branch
 //! is rare: a prompt's blocks form one chain, so branching is where prompts part).
 //! A chain of blocks is filed by appends to the arena and walks from nodes that
-//! are already in cache, and a sequence hash is
-//! never stored: it is computed on the way down ([`Tree::dump`], [`Tree::lookup`]
-//! by sequence hash). A store resolves its parent and a removal its block through
+//! are already in cache, and a sequence hash is never stored: it is computed on
+//! the way down ([`Tree::dump`], [`Tree::lookup`] by sequence hash). A store resolves its parent and a removal its block through
 //! the slot's engine map, so the ingest side needs no map of its own. A slot that
 //! names a block by the engine hash its node holds (engines that agree on hashes,
 //! and every block one worker stores first) files a 4-byte reference to the node,
@@ -205,43 +204,25 @@ impl Names {
     /// The reference `eh` names (checked by the caller: it may name nothing now).
     #[inline]
     fn get(&self, eh: EngineHash, chunks: &[Vec<Node>]) -> Option<u32> {
-        if !self.other.is_empty()
-            && let Some(e) = self.other.get(&eh)
-        {
-            return Some(e.node());
+        match self.other.get(&eh) {
+            Some(e) => Some(e.node()),
+            None => self.own.get_in(&eh, chunks).map(|n| n.0),
         }
-        self.own.get_in(&eh, chunks).map(|n| n.0)
     }
 
     /// Files `eh` as a name of `reference`; returns what `eh` named before.
     #[inline]
     fn set(&mut self, eh: EngineHash, reference: u32, chunks: &[Vec<Node>]) -> Option<u32> {
         if at(chunks, reference & ID_MASK).engine() == eh {
-            let before = match self.other.is_empty() {
-                true => None,
-                false => self.other.remove(&eh).map(|e| e.node()),
-            };
-            let mut new = false;
-            let e = self.own.get_or_insert_with_in(eh, chunks, || {
-                new = true;
-                Named(reference)
-            });
-            match new {
-                true => before,
-                false => Some(std::mem::replace(&mut e.0, reference)),
-            }
+            let before = self.other.remove(&eh).map(|e| e.node());
+            let replaced = self.own.insert_in(eh, chunks, Named(reference));
+            replaced.map(|n| n.0).or(before)
         } else {
             let before = self.own.remove_in(&eh, chunks).map(|n| n.0);
-            let entry = EngineEntry::new(eh, reference);
-            let mut new = false;
-            let e = self.other.get_or_insert_with(eh, || {
-                new = true;
-                entry
-            });
-            match new {
-                true => before,
-                false => Some(std::mem::replace(e, entry).node()),
-            }
+            let replaced = self
+                .other
+                .insert_in(eh, &(), EngineEntry::new(eh, reference));
+            replaced.map(|e| e.node()).or(before)
         }
     }
 
@@ -576,13 +557,13 @@ impl Tree {
         };
         node.set_parent(parent);
         let id = self.alloc(node)?;
-        if parent != NIL && first == NIL {
-            self.node_mut(parent).first_child = id;
-        } else if parent == NIL {
+        if parent == NIL {
             let Tree { roots, chunks, .. } = self;
             roots.insert_unique(child_hash(local), id, |&c| {
                 child_hash(at(chunks, c).local())
             });
+        } else if first == NIL {
+            self.node_mut(parent).first_child = id;
         } else {
             if first != WIDE {
                 self.widen(parent);
