@@ -33,8 +33,9 @@ hex_debug!(BlockHash, SeqHash, EngineHash);
 pub struct WorkerSlot(pub u32);
 
 impl WorkerSlot {
-    /// Slots are packed with an 8-bit tier mask into a `u32` holder word.
-    pub const MAX: u32 = (1 << 24) - 2;
+    /// Slots are packed with an 8-bit tier mask into a `u32` holder word whose
+    /// top bit stays clear (a holder set marks a spilled set with it).
+    pub const MAX: u32 = (1 << 23) - 2;
 }
 
 /// Storage tier of a cached block. 0..=2 are the well-known ones; other media

@@ -1,9 +1,11 @@
 //! Compact holder sets: which worker slots hold a block, on which tiers.
 //!
-//! A holder is one `u32`: slot in the high 24 bits, tier mask in the low 8.
-//! Up to two holders live inline in the node; larger sets spill into a
-//! per-shard slab (`HolderSlab`) of power-of-two chunks recycled through free
-//! lists, so steady-state churn allocates nothing. Never shared across shards.
+//! A holder is one `u32`: slot in bits 8..31, tier mask in the low 8; the top
+//! bit is always clear. A set of one holder is that word, in the node; a larger
+//! set spills into a per-shard slab (`HolderSlab`) of power-of-two chunks
+//! recycled through free lists, so steady-state churn allocates nothing, and the
+//! node keeps the chunk's offset with the top bit set. Most blocks have one
+//! holder, so a node pays 4 bytes for its holders. Never shared across shards.
 
 use crate::types::{Tier, TierSet, WorkerSlot};
 
@@ -37,18 +39,19 @@ impl Holder {
 }
 
 const EMPTY: u32 = 0;
-/// Marks a spilled set; cannot collide with a holder since slots stay below `WorkerSlot::MAX`.
-const SPILLED: u32 = u32::MAX;
-const MIN_CLASS: u32 = 2; // 4 holders
+/// Marks a spilled set's word, the rest being the chunk's offset; no holder has
+/// it, since slots stay below `WorkerSlot::MAX`.
+const SPILLED: u32 = 1 << 31;
+const MIN_CLASS: u32 = 1; // 2 holders
 /// An empty slab at least this big (256 KiB) is freed; a smaller one is kept, so a
 /// lone block moving between two and three holders does not allocate each time.
 const RELEASE_WORDS: usize = 1 << 16;
 
-/// Inline-or-spilled set of holders; 8 bytes.
-#[derive(Clone, Copy, Debug)]
+/// Inline-or-spilled set of holders; 4 bytes.
+#[derive(Clone, Copy, Debug, Default)]
 pub struct HolderSet {
-    /// Inline: `[holder, holder]` (EMPTY-padded); spilled: `[SPILLED, slab offset]`.
-    w: [u32; 2],
+    /// EMPTY, the one holder, or `SPILLED | slab offset` of two or more.
+    w: u32,
 }
 
 /// Per-shard arena for spilled holder sets. Chunk layout: `[len, h0, h1, ...]`
@@ -100,38 +103,31 @@ impl HolderSlab {
     }
 }
 
-impl Default for HolderSet {
-    fn default() -> Self {
-        HolderSet { w: [EMPTY, EMPTY] }
-    }
-}
-
 impl HolderSet {
     /// The set of one holder.
     pub fn of(holder: Holder) -> Self {
-        HolderSet {
-            w: [holder.0, EMPTY],
-        }
+        HolderSet { w: holder.0 }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.w[0] == EMPTY
+        self.w == EMPTY
+    }
+
+    #[inline]
+    fn spilled(&self) -> Option<usize> {
+        (self.w & SPILLED != 0).then_some((self.w & !SPILLED) as usize)
     }
 
     /// Holders in insertion order.
+    #[inline]
     pub fn as_slice<'s>(&'s self, slab: &'s HolderSlab) -> &'s [u32] {
-        if self.w[0] == SPILLED {
-            slab.chunk(self.w[1])
-        } else if self.w[0] == EMPTY {
-            &[]
-        } else if self.w[1] == EMPTY {
-            &self.w[..1]
-        } else {
-            &self.w[..2]
+        match self.spilled() {
+            Some(off) => slab.chunk(off as u32),
+            None if self.w == EMPTY => &[],
+            None => std::slice::from_ref(&self.w),
         }
     }
 
-    /// The tiers `slot` holds this block on (empty: not a holder).
     /// Whether some holder holds the block on a medium (not only predicted).
     pub fn on_media(&self, slab: &HolderSlab) -> bool {
         self.as_slice(slab)
@@ -139,6 +135,7 @@ impl HolderSet {
             .any(|&h| !(Holder(h).tiers() & TierSet::MEDIA).is_empty())
     }
 
+    /// The tiers `slot` holds this block on (empty: not a holder).
     pub fn tiers_of(&self, slot: WorkerSlot, slab: &HolderSlab) -> TierSet {
         self.as_slice(slab)
             .iter()
@@ -151,35 +148,26 @@ impl HolderSet {
     pub fn add(&mut self, slot: WorkerSlot, tier: Tier, slab: &mut HolderSlab) -> TierSet {
         let bit = tier.bit().0 as u32;
         let key = slot.0;
-        if self.w[0] != SPILLED {
-            for h in self.w.iter_mut() {
-                if *h != EMPTY && *h >> 8 == key {
-                    let before = TierSet(*h as u8);
-                    *h |= bit;
-                    return before;
-                }
-            }
-            let new = Holder::new(slot, tier.bit()).0;
-            if self.w[0] == EMPTY {
-                self.w[0] = new;
+        let new = Holder::new(slot, tier.bit()).0;
+        let Some(off) = self.spilled() else {
+            if self.w == EMPTY {
+                self.w = new;
                 return TierSet::NONE;
             }
-            if self.w[1] == EMPTY {
-                self.w[1] = new;
-                return TierSet::NONE;
+            if self.w >> 8 == key {
+                let before = TierSet(self.w as u8);
+                self.w |= bit;
+                return before;
             }
-            // Spill: move both inline holders plus the new one into a slab chunk.
+            // Spill: the inline holder and the new one go to a slab chunk.
             let off = slab.alloc(MIN_CLASS);
             let base = off as usize;
-            slab.words[base] |= 3;
-            slab.words[base + 1] = self.w[0];
-            slab.words[base + 2] = self.w[1];
-            slab.words[base + 3] = new;
-            self.w[0] = SPILLED;
-            self.w[1] = off;
+            slab.words[base] |= 2;
+            slab.words[base + 1] = self.w;
+            slab.words[base + 2] = new;
+            self.w = SPILLED | off;
             return TierSet::NONE;
-        }
-        let off = self.w[1] as usize;
+        };
         let hdr = slab.words[off];
         let len = (hdr & 0xff_ffff) as usize;
         for h in &mut slab.words[off + 1..off + 1 + len] {
@@ -190,7 +178,6 @@ impl HolderSet {
             }
         }
         let class = hdr >> 24;
-        let new = Holder::new(slot, tier.bit()).0;
         if len < (1usize << class) {
             slab.words[off + 1 + len] = new;
             slab.words[off] = hdr + 1;
@@ -201,7 +188,7 @@ impl HolderSet {
         slab.words[noff + 1 + len] = new;
         slab.words[noff] = ((class + 1) << 24) | (len as u32 + 1);
         slab.release(off as u32);
-        self.w[1] = noff as u32;
+        self.w = SPILLED | noff as u32;
         TierSet::NONE
     }
 
@@ -215,28 +202,18 @@ impl HolderSet {
     ) -> (TierSet, bool) {
         let key = slot.0;
         let tier_mask = tiers.0;
-        if self.w[0] != SPILLED {
-            if self.w[0] != EMPTY && self.w[0] >> 8 == key {
-                let removed = TierSet(self.w[0] as u8 & tier_mask);
-                self.w[0] &= !(tier_mask as u32);
-                if self.w[0] & 0xff == 0 {
-                    self.w[0] = self.w[1];
-                    self.w[1] = EMPTY;
-                    return (removed, true);
-                }
-                return (removed, false);
-            } else if self.w[1] != EMPTY && self.w[1] >> 8 == key {
-                let removed = TierSet(self.w[1] as u8 & tier_mask);
-                self.w[1] &= !(tier_mask as u32);
-                if self.w[1] & 0xff == 0 {
-                    self.w[1] = EMPTY;
-                    return (removed, true);
-                }
-                return (removed, false);
+        let Some(off) = self.spilled() else {
+            if self.w == EMPTY || self.w >> 8 != key {
+                return (TierSet::NONE, false);
             }
-            return (TierSet::NONE, false);
-        }
-        let off = self.w[1] as usize;
+            let removed = TierSet(self.w as u8 & tier_mask);
+            self.w &= !(tier_mask as u32);
+            if self.w & 0xff == 0 {
+                self.w = EMPTY;
+                return (removed, true);
+            }
+            return (removed, false);
+        };
         let hdr = slab.words[off];
         let len = (hdr & 0xff_ffff) as usize;
         let Some(pos) = slab.words[off + 1..off + 1 + len]
@@ -256,23 +233,71 @@ impl HolderSet {
             .copy_within(off + 2 + pos..off + 1 + len, off + 1 + pos);
         let len = len - 1;
         slab.words[off] = (hdr & 0xff00_0000) | len as u32;
-        if len <= 2 {
-            let (a, b) = (
-                slab.words[off + 1],
-                if len == 2 { slab.words[off + 2] } else { EMPTY },
-            );
+        if len == 1 {
+            let one = slab.words[off + 1];
             slab.release(off as u32);
-            self.w[0] = a;
-            self.w[1] = b;
+            self.w = one;
         }
         (removed, true)
     }
 
     /// Return any spilled chunk to the slab; the set becomes empty.
     pub fn free(&mut self, slab: &mut HolderSlab) {
-        if self.w[0] == SPILLED {
-            slab.release(self.w[1]);
+        if let Some(off) = self.spilled() {
+            slab.release(off as u32);
         }
         *self = HolderSet::default();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// A set agrees with a list of (slot, tiers) through adds and removes that
+        /// cross the inline/spilled line both ways, and a slab with no live set
+        /// left has handed every chunk back.
+        #[test]
+        fn a_set_is_its_holders(ops in proptest::collection::vec((any::<bool>(), 0u32..6, 0u8..3), 1..200)) {
+            let mut slab = HolderSlab::default();
+            let mut set = HolderSet::default();
+            let mut model: Vec<(u32, u8)> = Vec::new();
+            for (add, slot, tier) in ops {
+                let bit = 1u8 << tier;
+                let at = model.iter().position(|&(s, _)| s == slot);
+                if add {
+                    let before = set.add(WorkerSlot(slot), Tier(tier), &mut slab);
+                    let want = at.map_or(0, |i| model[i].1);
+                    prop_assert_eq!(before.0, want);
+                    match at {
+                        Some(i) => model[i].1 |= bit,
+                        None => model.push((slot, bit)),
+                    }
+                } else {
+                    let (removed, gone) = set.remove(WorkerSlot(slot), TierSet(bit), &mut slab);
+                    let had = at.map_or(0, |i| model[i].1);
+                    prop_assert_eq!(removed.0, had & bit);
+                    if let Some(i) = at {
+                        model[i].1 &= !bit;
+                        prop_assert_eq!(gone, model[i].1 == 0);
+                        if model[i].1 == 0 {
+                            model.remove(i);
+                        }
+                    }
+                }
+                let got: Vec<(u32, u8)> = set
+                    .as_slice(&slab)
+                    .iter()
+                    .map(|&h| (Holder(h).slot().0, Holder(h).tiers().0))
+                    .collect();
+                prop_assert_eq!(&got, &model);
+                prop_assert_eq!(set.is_empty(), model.is_empty());
+                prop_assert_eq!(slab.live, u32::from(model.len() > 1));
+            }
+            set.free(&mut slab);
+            prop_assert_eq!(slab.live, 0);
+        }
     }
 }

@@ -2,7 +2,7 @@
 //! the map from the engine's block hashes to the tree's nodes.
 //!
 //! A node is one block: its local hash, the engine hash it was first stored under,
-//! its parent, its child and its holders (32 bytes). A parent of one child names
+//! its parent, its child and its holders (28 bytes). A parent of one child names
 //! it; a parent of more keeps them in a child table, found by local hash (a branch
 //! is rare: a prompt's blocks form one chain, so branching is where prompts part).
 //! A chain of blocks is filed by appends to the arena and walks from nodes that
@@ -60,7 +60,7 @@ const ENGINE_PART_BITS_MAX: u32 = 12;
 const EVICT_SAMPLE: usize = 16;
 
 /// One block. The hashes are two halves each so that a node is 4-byte aligned:
-/// 32 bytes.
+/// 28 bytes.
 #[derive(Clone, Copy, Debug)]
 struct Node {
     local: [u32; 2],
