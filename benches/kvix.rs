@@ -3,7 +3,7 @@
 //! Events: hashing per 1k tokens, msgpack decode per block (vLLM, SGLang),
 //! shard apply per block. Queries: a 512-block prompt against 1M indexed
 //! blocks (lookup + gather, and with hashing), scatter/gather cost vs shard
-//! count. Cross-core: an op through an SPSC ring, a round trip over the executor
+//! count, a 1k-token body's ids read, a 64-worker reply rendered. Cross-core: an op through an SPSC ring, a round trip over the executor
 //! mesh. Ceiling: raw hashbrown lookups on a 1M-entry table. Index structures:
 //! today's engine-hash map plus block table against the radix tree, per stored
 //! (block, worker) pair and per prompt looked up.
@@ -351,6 +351,46 @@ fn bench_token_ids(c: &mut Criterion) {
     g.throughput(Throughput::Elements(ids.len() as u64));
     g.bench_function("json_array_1k", |b| {
         b.iter(|| kvix::http::token_ids::plain_u32_array(black_box(text.as_bytes())).unwrap())
+    });
+    g.finish();
+}
+
+/// A score reply rendered for 64 live workers (one dp rank each) whose matched
+/// prefixes differ: the JSON a shared-prefix query sends back (~7 KB).
+fn bench_render(c: &mut Criterion) {
+    use kvix::registry::{IndexInfo, SlotInfo, Snapshot};
+    use std::sync::Arc;
+    let workers = 64u32;
+    let ix = Arc::new(IndexInfo {
+        id: IndexId(0),
+        model: "m".into(),
+        tenant: "t".into(),
+        block_size: BS as u32,
+        slots: (0..workers)
+            .map(|w| SlotInfo {
+                instance: 1000 + w as kvix::types::InstanceId,
+                dp: 0,
+                live: true,
+            })
+            .collect(),
+        slot_of: Default::default(),
+        endpoints: Default::default(),
+    });
+    let snap = Snapshot::default();
+    let ov = query::Overlap {
+        matched: (0..workers)
+            .map(|w| {
+                let m = 40 + (w * 7) % 24;
+                [m, m, m]
+            })
+            .collect(),
+        frequencies: (0..64).map(|d| workers - d / 2).collect(),
+        tree_sizes: (0..workers).map(|w| 20_000 + w * 13).collect(),
+    };
+    let live = |_| true;
+    let mut g = c.benchmark_group("render");
+    g.bench_function("scores_64_workers", |b| {
+        b.iter(|| kvix::http::json::scores(&snap, &ix, black_box(&ov), None, &live))
     });
     g.finish();
 }
@@ -831,6 +871,7 @@ criterion_group!(
     bench_ingest,
     bench_query,
     bench_token_ids,
+    bench_render,
     bench_ceiling
 );
 criterion_main!(benches);

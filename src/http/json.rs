@@ -69,6 +69,62 @@ fn num(out: &mut Vec<u8>, n: impl Into<u64>) {
     unsafe { out.set_len(start + digits) };
 }
 
+/// A number's decimal text, rendered once where a reply repeats it (an
+/// instance's tiers mostly hold the same count). Up to eight digits are kept as
+/// one word, built in a register and stored whole: text built byte by byte and
+/// then copied out as one wide load stalls the store buffer.
+#[derive(Clone, Copy)]
+enum Digits {
+    /// The digits as little-endian bytes of the word, and how many there are.
+    Short(u64, u8),
+    /// Nine digits or more: written by [`num`].
+    Long(u64),
+}
+
+impl Digits {
+    #[inline]
+    fn of(n: u64) -> Digits {
+        if n >= 100_000_000 {
+            return Digits::Long(n);
+        }
+        let digits = n.checked_ilog10().unwrap_or(0) as u8 + 1;
+        let mut n = n as u32;
+        let mut word = 0u64;
+        // Pairs from the least significant up, each shifted in below the ones
+        // before, so that the most significant digit ends in the lowest byte.
+        for _ in 0..digits / 2 {
+            let pair = 2 * (n % 100) as usize;
+            n /= 100;
+            word = word << 16 | u16::from_le_bytes([PAIRS[pair], PAIRS[pair + 1]]) as u64;
+        }
+        if digits % 2 == 1 {
+            word = word << 8 | (b'0' + n as u8) as u64;
+        }
+        Digits::Short(word, digits)
+    }
+
+    #[inline]
+    fn put(self, out: &mut Vec<u8>) {
+        match self {
+            Digits::Short(word, len) => {
+                out.reserve(8);
+                let start = out.len();
+                // SAFETY: `reserve` left room for 8 more bytes, so the unaligned
+                // write stays inside the allocation; `set_len` then keeps only
+                // the first `len` (<= 8) of them, all written.
+                unsafe {
+                    out.as_mut_ptr()
+                        .add(start)
+                        .cast::<u64>()
+                        .write_unaligned(word.to_le());
+                    out.set_len(start + len as usize);
+                }
+            }
+            Digits::Long(n) => num(out, n),
+        }
+    }
+}
+
 fn key(out: &mut Vec<u8>, n: impl Into<u64>) {
     out.push(b'"');
     num(out, n);
@@ -97,6 +153,7 @@ impl Key {
         }
     }
 
+    #[inline]
     fn put(&self, out: &mut Vec<u8>) {
         match self {
             Key::Short(cell, len) => {
@@ -365,23 +422,27 @@ pub fn scores(
             [m[0].max(x[0]), m[1].max(x[1]), m[2].max(x[2])]
         });
         let [gpu, cpu, disk] = best.map(|b| b as u64 * bs);
+        // Most instances hold a prefix on one tier, or on every tier alike:
+        // render the device count once and copy it where the others equal it.
+        let gpu_text = Digits::of(gpu);
+        let text = |v: u64| if v == gpu { gpu_text } else { Digits::of(v) };
         lay.inst[group[0].0 as usize].put(&mut out);
         out.extend_from_slice(b"{\"longest_matched\":");
-        num(&mut out, gpu.max(cpu).max(disk));
+        text(gpu.max(cpu).max(disk)).put(&mut out);
         out.extend_from_slice(b",\"gpu\":");
-        num(&mut out, gpu);
+        gpu_text.put(&mut out);
         out.extend_from_slice(b",\"dp\":{");
         for (j, s) in group.iter().enumerate() {
             if j > 0 {
                 out.push(b',');
             }
             lay.dp[s.0 as usize].put(&mut out);
-            num(&mut out, matched(*s)[0] as u64 * bs);
+            text(matched(*s)[0] as u64 * bs).put(&mut out);
         }
         out.extend_from_slice(b"},\"cpu\":");
-        num(&mut out, cpu);
+        text(cpu).put(&mut out);
         out.extend_from_slice(b",\"disk\":");
-        num(&mut out, disk);
+        text(disk).put(&mut out);
         out.push(b'}');
     }
     out.push(b'}');
@@ -546,7 +607,7 @@ mod tests {
     use crate::types::IndexId;
 
     #[test]
-    fn num_writes_what_display_writes() {
+    fn num_and_digits_write_what_display_writes() {
         let mut rng = crate::testing::Xorshift::new(0x9E37_79B9_7F4A_7C15);
         let mut ns = vec![
             0,
@@ -572,6 +633,9 @@ mod tests {
             let mut out = b"[".to_vec();
             num(&mut out, n);
             assert_eq!(out, format!("[{n}").into_bytes());
+            let mut out = b"[".to_vec();
+            Digits::of(n).put(&mut out);
+            assert_eq!(out, format!("[{n}").into_bytes(), "{n} as Digits");
         }
     }
 
