@@ -70,7 +70,12 @@ impl HolderSlab {
         if let Some(off) = self.free[class as usize].pop() {
             return off;
         }
-        let off = self.words.len() as u32;
+        // A set names its chunk by a 31-bit offset (the top bit marks a spilled
+        // set): 8 GiB of holder words in one shard, far past any index's memory.
+        let off = u32::try_from(self.words.len())
+            .ok()
+            .filter(|o| o & SPILLED == 0)
+            .expect("holder slab past 2^31 words");
         // Header word carries the class in its top byte and the length below.
         self.words
             .resize(self.words.len() + 1 + (1usize << class), 0);
