@@ -3,10 +3,11 @@
 //! Events: hashing per 1k tokens, msgpack decode per block (vLLM, SGLang),
 //! shard apply per block. Queries: a 512-block prompt against 1M indexed
 //! blocks (lookup + gather, and with hashing), scatter/gather cost vs shard
-//! count, a 1k-token body's ids read, a 64-worker reply rendered. Cross-core: an op through an SPSC ring, a round trip over the executor
-//! mesh. Ceiling: raw hashbrown lookups on a 1M-entry table. Index structures:
-//! today's engine-hash map plus block table against the radix tree, per stored
-//! (block, worker) pair and per prompt looked up.
+//! count, a 1k-token body's ids read, a 64-worker reply rendered. Cross-core:
+//! an op through an SPSC ring, a round trip over the executor mesh. Ceiling:
+//! raw hashbrown lookups on a 1M-entry table. Index structures: today's
+//! engine-hash map plus block table against the radix tree, per stored (block,
+//! worker) pair and per prompt looked up.
 //! Run: `cargo bench --bench kvix` (add `-- <filter>` for one group).
 
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
@@ -356,7 +357,7 @@ fn bench_token_ids(c: &mut Criterion) {
 }
 
 /// A score reply rendered for 64 live workers (one dp rank each) whose matched
-/// prefixes differ: the JSON a shared-prefix query sends back (~7 KB).
+/// prefixes differ, much like the JSON a shared-prefix query gets back (~5.6 KB).
 fn bench_render(c: &mut Criterion) {
     use kvix::registry::{IndexInfo, SlotInfo, Snapshot};
     use std::sync::Arc;
