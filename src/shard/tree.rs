@@ -75,6 +75,8 @@ struct Node {
     holders: HolderSet,
 }
 
+const _: () = assert!(std::mem::size_of::<Node>() == 28);
+
 impl Node {
     #[inline]
     fn local(&self) -> BlockHash {
