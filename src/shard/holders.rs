@@ -102,6 +102,12 @@ impl HolderSlab {
         &self.words[off as usize + 1..off as usize + 1 + len]
     }
 
+    fn chunk_mut(&mut self, off: u32) -> &mut [u32] {
+        let hdr = self.words[off as usize];
+        let len = (hdr & 0xff_ffff) as usize;
+        &mut self.words[off as usize + 1..off as usize + 1 + len]
+    }
+
     /// Heap bytes, for memory accounting.
     pub fn capacity_bytes(&self) -> usize {
         self.words.capacity() * 4 + self.free.iter().map(|f| f.capacity() * 4).sum::<usize>()
@@ -148,52 +154,53 @@ impl HolderSet {
             .map_or(TierSet::NONE, |&h| TierSet(h as u8))
     }
 
+    /// [`Self::as_slice`], to change a holder's tiers in place.
+    #[inline]
+    fn as_mut_slice<'s>(&'s mut self, slab: &'s mut HolderSlab) -> &'s mut [u32] {
+        match self.spilled() {
+            Some(off) => slab.chunk_mut(off as u32),
+            None if self.w == EMPTY => &mut [],
+            None => std::slice::from_mut(&mut self.w),
+        }
+    }
+
     /// Add `tier` for `slot`. Returns the slot's tier bits before (0: it was not a
     /// holder).
     pub fn add(&mut self, slot: WorkerSlot, tier: Tier, slab: &mut HolderSlab) -> TierSet {
-        let bit = tier.bit().0 as u32;
         let key = slot.0;
+        if let Some(h) = self.as_mut_slice(slab).iter_mut().find(|h| **h >> 8 == key) {
+            let before = TierSet(*h as u8);
+            *h |= tier.bit().0 as u32;
+            return before;
+        }
         let new = Holder::new(slot, tier.bit()).0;
-        let Some(off) = self.spilled() else {
-            if self.w == EMPTY {
-                self.w = new;
-                return TierSet::NONE;
+        match self.spilled() {
+            None if self.w == EMPTY => self.w = new,
+            None => {
+                // Spill: the inline holder and the new one go to a slab chunk.
+                let off = slab.alloc(MIN_CLASS);
+                let base = off as usize;
+                slab.words[base] |= 2;
+                slab.words[base + 1] = self.w;
+                slab.words[base + 2] = new;
+                self.w = SPILLED | off;
             }
-            if self.w >> 8 == key {
-                let before = TierSet(self.w as u8);
-                self.w |= bit;
-                return before;
-            }
-            // Spill: the inline holder and the new one go to a slab chunk.
-            let off = slab.alloc(MIN_CLASS);
-            let base = off as usize;
-            slab.words[base] |= 2;
-            slab.words[base + 1] = self.w;
-            slab.words[base + 2] = new;
-            self.w = SPILLED | off;
-            return TierSet::NONE;
-        };
-        let hdr = slab.words[off];
-        let len = (hdr & 0xff_ffff) as usize;
-        for h in &mut slab.words[off + 1..off + 1 + len] {
-            if *h >> 8 == key {
-                let before = TierSet(*h as u8);
-                *h |= bit;
-                return before;
+            Some(off) => {
+                let hdr = slab.words[off];
+                let (class, len) = (hdr >> 24, (hdr & 0xff_ffff) as usize);
+                if len < (1usize << class) {
+                    slab.words[off + 1 + len] = new;
+                    slab.words[off] = hdr + 1;
+                } else {
+                    let noff = slab.alloc(class + 1) as usize;
+                    slab.words.copy_within(off + 1..off + 1 + len, noff + 1);
+                    slab.words[noff + 1 + len] = new;
+                    slab.words[noff] = ((class + 1) << 24) | (len as u32 + 1);
+                    slab.release(off as u32);
+                    self.w = SPILLED | noff as u32;
+                }
             }
         }
-        let class = hdr >> 24;
-        if len < (1usize << class) {
-            slab.words[off + 1 + len] = new;
-            slab.words[off] = hdr + 1;
-            return TierSet::NONE;
-        }
-        let noff = slab.alloc(class + 1) as usize;
-        slab.words.copy_within(off + 1..off + 1 + len, noff + 1);
-        slab.words[noff + 1 + len] = new;
-        slab.words[noff] = ((class + 1) << 24) | (len as u32 + 1);
-        slab.release(off as u32);
-        self.w = SPILLED | noff as u32;
         TierSet::NONE
     }
 
@@ -207,33 +214,23 @@ impl HolderSet {
     ) -> (TierSet, bool) {
         let key = slot.0;
         let tier_mask = tiers.0;
-        let Some(off) = self.spilled() else {
-            if self.w == EMPTY || self.w >> 8 != key {
-                return (TierSet::NONE, false);
-            }
-            let removed = TierSet(self.w as u8 & tier_mask);
-            self.w &= !(tier_mask as u32);
-            if self.w & 0xff == 0 {
-                self.w = EMPTY;
-                return (removed, true);
-            }
-            return (removed, false);
-        };
-        let hdr = slab.words[off];
-        let len = (hdr & 0xff_ffff) as usize;
-        let Some(pos) = slab.words[off + 1..off + 1 + len]
-            .iter()
-            .position(|h| h >> 8 == key)
-        else {
+        let held = self.as_mut_slice(slab);
+        let Some(pos) = held.iter().position(|h| h >> 8 == key) else {
             return (TierSet::NONE, false);
         };
-        let h = &mut slab.words[off + 1 + pos];
+        let h = &mut held[pos];
         let removed = TierSet(*h as u8 & tier_mask);
         *h &= !(tier_mask as u32);
         if *h & 0xff != 0 {
             return (removed, false);
         }
+        let Some(off) = self.spilled() else {
+            self.w = EMPTY;
+            return (removed, true);
+        };
         // Keep insertion order: shift the tail left.
+        let hdr = slab.words[off];
+        let len = (hdr & 0xff_ffff) as usize;
         slab.words
             .copy_within(off + 2 + pos..off + 1 + len, off + 1 + pos);
         let len = len - 1;

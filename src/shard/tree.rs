@@ -7,12 +7,13 @@
 //! is rare: a prompt's blocks form one chain, so branching is where prompts part).
 //! A chain of blocks is filed by appends to the arena and walks from nodes that
 //! are already in cache, and a sequence hash is never stored: it is computed on
-//! the way down ([`Tree::dump`], [`Tree::lookup`] by sequence hash). A store resolves its parent and a removal its block through
-//! the slot's engine map, so the ingest side needs no map of its own. A slot that
-//! names a block by the engine hash its node holds (engines that agree on hashes,
-//! and every block one worker stores first) files a 4-byte reference to the node,
-//! keyed by the node's hash; another name (engines seeded apart, a second name for
-//! the same content) files the hash beside the reference (12 bytes).
+//! the way down ([`Tree::dump`], [`Tree::lookup`] by sequence hash). A store
+//! resolves its parent and a removal its block through the slot's engine map, so
+//! the ingest side needs no map of its own. A slot that names a block by the
+//! engine hash its node holds (engines that agree on hashes, and every block one
+//! worker stores first) files a 4-byte reference to the node, keyed by the node's
+//! hash; another name (engines seeded apart, a second name for the same content)
+//! files the hash beside the reference (12 bytes).
 //!
 //! Invariants: a node lives while it has holders or children (one without holders
 //! but with children stays as the path to them, and answers as not held), and its
