@@ -24,6 +24,9 @@ struct Args {
     host: String,
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    /// Pad the answer to this many bytes (a real reply's size); 0: the bare answer.
+    #[arg(long, default_value_t = 0)]
+    body_bytes: usize,
 }
 
 const ANSWER: &[u8] = br#"{"scores":{"1":{"0":16}},"frequencies":[1],"tree_sizes":{"1":{"0":1}}}"#;
@@ -35,22 +38,29 @@ fn main() {
         .expect("--host/--port form a socket address");
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = a.threads.clamp(1, cores);
+    let answer = padded(ANSWER, a.body_bytes);
     LocalExecutorPoolBuilder::new(PoolPlacement::MaxSpread(threads, None))
         .on_all_shards(move || async move {
+            let answer = answer.clone();
             let listener = TcpListener::bind(addr).expect("bind");
             loop {
                 let Ok(stream) = listener.accept().await else {
                     continue;
                 };
                 let _ = stream.set_nodelay(true);
+                let answer = answer.clone();
                 glommio::spawn_local(async move {
                     let service = hyper::service::service_fn(
-                        |req: hyper::Request<hyper::body::Incoming>| async {
-                            let body = req.into_body().collect().await.map(|b| b.to_bytes().len());
-                            let reply = Response::builder()
-                                .header("content-type", "application/json")
-                                .body(Full::new(Bytes::from_static(ANSWER)));
-                            body.map(|_| reply.expect("static response"))
+                        move |req: hyper::Request<hyper::body::Incoming>| {
+                            let answer = answer.clone();
+                            async move {
+                                let body =
+                                    req.into_body().collect().await.map(|b| b.to_bytes().len());
+                                let reply = Response::builder()
+                                    .header("content-type", "application/json")
+                                    .body(Full::new(answer));
+                                body.map(|_| reply.expect("static response"))
+                            }
                         },
                     );
                     let _ = hyper::server::conn::http1::Builder::new()
@@ -62,4 +72,13 @@ fn main() {
         })
         .expect("start executors")
         .join_all();
+}
+
+/// `answer` with spaces inserted before its closing brace up to `bytes` (JSON
+/// whitespace, so it stays the same document).
+fn padded(answer: &[u8], bytes: usize) -> Bytes {
+    let mut v = answer[..answer.len() - 1].to_vec();
+    v.resize(bytes.max(answer.len()) - 1, b' ');
+    v.push(b'}');
+    Bytes::from(v)
 }
