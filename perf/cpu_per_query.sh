@@ -1,28 +1,38 @@
 #!/usr/bin/env bash
-# Server CPU per query: a fresh kvix (or kvix-hello) holding the 16-worker index, one
-# closed-loop 16-connection phase of 1k-token /query, and the server's utime+stime
-# (from /proc/PID/stat) divided by the queries answered.
+# Server CPU per query: a fresh kvix holding a compare.sh workload's index (or a
+# hello server), one closed-loop 16-connection phase of 1k-token /query, and the
+# server's utime+stime (from /proc/PID/stat) divided by the queries answered.
 #
-#   perf/cpu_per_query.sh [kvix|kvix-hello] [--threads N] [other kvix flags]
+#   perf/cpu_per_query.sh [kvix|kvix-hello|tokio-hello] [--threads N] [other server flags]
+#
+# WORKLOAD=trace (default) or shared-prefix picks the index and the prompts, as in
+# perf/compare.sh. The hello servers answer a constant; pass `--body-bytes N` (kvix's
+# reply size, e.g. 7195 on shared-prefix) to send as many bytes as kvix does.
+# tokio-hello comes from scripts/dynamo_peer (built by perf/compare.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . perf/lib.sh
 pick_trace
 SERVER=${1:-kvix}
 shift || true
+WORKLOAD=${WORKLOAD:-trace}
 build_release
+SERVER_BIN=$BIN
+[ "$SERVER" = tokio-hello ] && SERVER_BIN=scripts/dynamo_peer/target/release
 PORT=$(free_port)
-"$BIN/$SERVER" --host 127.0.0.1 --port "$PORT" "$@" 2>/dev/null &
+"$SERVER_BIN/$SERVER" --host 127.0.0.1 --port "$PORT" "$@" 2>/dev/null &
 PID=$!
 trap 'kill $PID 2>/dev/null; wait 2>/dev/null || true' EXIT
 wait_health "$PORT"
-COMMON=(--url "http://127.0.0.1:$PORT" --trace "$TRACE" --requests 6000 --quiet)
+read -r -a wl <<<"$(workload_args "$WORKLOAD")"
+COMMON=(--url "http://127.0.0.1:$PORT" "${wl[@]}" --quiet)
 if [ "$SERVER" = kvix ]; then
-    "$BIN/kvix-load" events "${COMMON[@]}" --workers-count 16 --keep >/dev/null
+    read -r -a ev <<<"$(worker_args "$WORKLOAD")"
+    "$BIN/kvix-load" events "${COMMON[@]}" "${ev[@]}" --pid "$PID" --keep >/dev/null
 fi
 cpu() { awk '{print $14 + $15}' "/proc/$PID/stat"; }
 c0=$(cpu)
-"$BIN/kvix-load" query "${COMMON[@]}" --connections 16 --duration 8 --json >"${TMPDIR:-/tmp}/cpu_per_query.json"
+"$BIN/kvix-load" query "${COMMON[@]}" --connections 16 --prompt-tokens 1024 --duration 8 --json >"${TMPDIR:-/tmp}/cpu_per_query.json"
 c1=$(cpu)
 python3 - "$c0" "$c1" "${TMPDIR:-/tmp}/cpu_per_query.json" <<'PY'
 import json, os, sys
