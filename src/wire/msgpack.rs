@@ -72,6 +72,125 @@ fn word_id(w: u64) -> Option<(u32, u32)> {
     })
 }
 
+/// Input a window of [`pairs_avx2`] reads: ids start in its first [`PAIR_WINDOW`]
+/// bytes, a pair's second id at most 5 bytes later, and an id's word is 8 bytes.
+#[cfg(target_arch = "x86_64")]
+const PAIR_INPUT: usize = 96;
+/// Bytes of a window where pairs of ids may start.
+#[cfg(target_arch = "x86_64")]
+const PAIR_WINDOW: usize = 64;
+
+/// Ids read two at a time, as [`word_id`] reads each, into `spare` from its start;
+/// returns how many and the position after them. Per window of input, the length an
+/// id would have if it started at each byte (1, 2, 3 or 5; 0 for a marker
+/// [`word_id`] refuses) is computed for every byte at once, and from those the
+/// length of the pair of ids starting at each byte. The walk from one pair to the
+/// next is then one read of that table and an add, where reading ids one by one
+/// waits on each id's width before the next id's marker. Stops at a pair with a
+/// marker it does not read, when fewer than two slots are left, or where fewer than
+/// [`PAIR_INPUT`] bytes are; the caller reads the rest.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn pairs_avx2(
+    buf: &[u8],
+    mut pos: usize,
+    spare: &mut [std::mem::MaybeUninit<u32>],
+) -> (usize, usize) {
+    use std::arch::x86_64::*;
+    let mut done = 0;
+    let mut len = [0u8; PAIR_WINDOW];
+    let mut pair = [0u8; PAIR_WINDOW];
+    let splat = |b: u8| _mm256_set1_epi8(b as i8);
+    // The length of an id starting at each of the 32 bytes from `win[k]`.
+    let lens = |win: &[u8], k: usize| {
+        let b = win[k..k + 32].as_ptr();
+        // SAFETY: the 32 bytes from `b` are `win[k..k + 32]`.
+        let b = unsafe { _mm256_loadu_si256(b.cast()) };
+        // A fixint is a byte below 0x80: above -1 as a signed byte.
+        let fix = _mm256_and_si256(_mm256_cmpgt_epi8(b, splat(0xff)), splat(1));
+        let u8_ = _mm256_and_si256(_mm256_cmpeq_epi8(b, splat(0xcc)), splat(2));
+        let u16_ = _mm256_and_si256(_mm256_cmpeq_epi8(b, splat(0xcd)), splat(3));
+        let u32_ = _mm256_and_si256(_mm256_cmpeq_epi8(b, splat(0xce)), splat(5));
+        _mm256_or_si256(_mm256_or_si256(fix, u8_), _mm256_or_si256(u16_, u32_))
+    };
+    while done + 2 <= spare.len() {
+        let Some(win) = buf.get(pos..pos + PAIR_INPUT) else {
+            break;
+        };
+        let by_byte = [lens(win, 0), lens(win, 32), lens(win, 64)];
+        for h in 0..PAIR_WINDOW / 32 {
+            let (l, next) = (by_byte[h], by_byte[h + 1]);
+            // `l` shifted down by D bytes, `next`'s first bytes shifted in: the
+            // lengths of ids starting D bytes further on.
+            let straddle = _mm256_permute2x128_si256::<0x21>(l, next);
+            let pick =
+                |w: u8, later: __m256i| _mm256_and_si256(_mm256_cmpeq_epi8(l, splat(w)), later);
+            // The second id's length (0 where the first's marker is refused, since no
+            // lane of `l` then matches).
+            let second = _mm256_or_si256(
+                _mm256_or_si256(
+                    pick(1, _mm256_alignr_epi8::<1>(straddle, l)),
+                    pick(2, _mm256_alignr_epi8::<2>(straddle, l)),
+                ),
+                _mm256_or_si256(
+                    pick(3, _mm256_alignr_epi8::<3>(straddle, l)),
+                    pick(5, _mm256_alignr_epi8::<5>(straddle, l)),
+                ),
+            );
+            // A pair's length where both markers are read, else 0.
+            let missing = _mm256_cmpeq_epi8(second, _mm256_setzero_si256());
+            let both = _mm256_andnot_si256(missing, _mm256_add_epi8(l, second));
+            // SAFETY: 32 * h + 32 <= PAIR_WINDOW, the length of `len` and `pair`.
+            unsafe {
+                _mm256_storeu_si256(len.as_mut_ptr().add(32 * h).cast(), l);
+                _mm256_storeu_si256(pair.as_mut_ptr().add(32 * h).cast(), both);
+            }
+        }
+        // Pairs this window may write: the slots left, rounded down to pairs.
+        let room = (spare.len() - done) & !1;
+        let out = spare[done..].as_mut_ptr().cast::<u32>();
+        let (mut p, mut k) = (0, 0);
+        while p < PAIR_WINDOW && k < room {
+            let j = pair[p] as usize;
+            if j == 0 {
+                break;
+            }
+            let l = len[p] as usize;
+            // SAFETY: ids start before PAIR_WINDOW + 5, so their words end inside
+            // `win` (PAIR_INPUT bytes); k + 1 < room <= the slots from `out`.
+            unsafe {
+                out.add(k).write(id_at(win.as_ptr().add(p), l));
+                out.add(k + 1).write(id_at(win.as_ptr().add(p + l), j - l));
+            }
+            k += 2;
+            p += j;
+        }
+        done += k;
+        pos += p;
+        if p < PAIR_WINDOW {
+            break;
+        }
+    }
+    (done, pos)
+}
+
+/// The id of length `l` (1, 2, 3 or 5, marker included) whose marker is at `at`, as
+/// [`word_id`] reads it: the top `l` bytes of the big-endian word read from `at`,
+/// less the marker unless it is the id.
+///
+/// # Safety
+/// Eight bytes from `at` must be readable.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn id_at(at: *const u8, l: usize) -> u32 {
+    /// The value bits of an id of each length.
+    const VALUE: [u32; 8] = [0, 0xff, 0xff, 0xffff, 0, u32::MAX, 0, 0];
+    // SAFETY: the caller guarantees eight readable bytes.
+    let w = unsafe { at.cast::<u64>().read_unaligned() }.swap_bytes();
+    // 1 <= l <= 5: the shift stays below 64.
+    (w >> (64 - 8 * l)) as u32 & VALUE[l & 7]
+}
+
 impl<'a> Cursor<'a> {
     pub fn new(buf: &'a [u8]) -> Self {
         Cursor { buf, pos: 0 }
@@ -191,10 +310,11 @@ impl<'a> Cursor<'a> {
 
     /// `n` flat token ids appended to `out`, as [`Self::token`] reads each. Token
     /// ids of a real vocabulary come as u16 and u32 (and a few u8 and fixints) in no
-    /// pattern a branch predictor can learn; while eight bytes are left to read, an
-    /// id is decoded from one word, its width computed from its marker without a
-    /// branch between the `uint` widths. Anything else (another marker, the frame's
-    /// last bytes) goes through [`Self::token`].
+    /// pattern a branch predictor can learn. Where the CPU has AVX2, runs of ids are
+    /// read two at a time ([`pairs_avx2`]); then, while eight bytes are left to
+    /// read, an id is decoded from one word, its width computed from its marker
+    /// without a branch between the `uint` widths. Anything else (another marker,
+    /// the frame's last bytes) goes through [`Self::token`].
     pub fn tokens_into(
         &mut self,
         n: usize,
@@ -226,6 +346,11 @@ impl<'a> Cursor<'a> {
         let (buf, mut pos) = (self.buf, self.pos);
         let spare = &mut out.spare_capacity_mut()[..room];
         let mut done = 0;
+        #[cfg(target_arch = "x86_64")]
+        if room >= 2 && std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2, checked just above.
+            (done, pos) = unsafe { pairs_avx2(buf, pos, spare) };
+        }
         // While sixteen bytes are left from the position, the next id's eight bytes
         // are the current word shifted, topped up from a load whose address is known
         // before this id's width: the chain from one id to the next is a width and a
@@ -525,6 +650,62 @@ mod tests {
                 fast,
                 ids[..take].iter().map(|&t| t as u32).collect::<Vec<_>>()
             );
+        }
+    }
+
+    /// One id as an engine might write it: the value and how (0: canonical, 1:
+    /// u64, 2: i64, 3: u32 marker however small, 4: i32).
+    fn write_id(buf: &mut Vec<u8>, v: u32, how: u8) {
+        match how {
+            0 => rmp::encode::write_uint(buf, v as u64).map(|_| ()),
+            1 => rmp::encode::write_u64(buf, v as u64),
+            2 => rmp::encode::write_i64(buf, v as i64),
+            3 => rmp::encode::write_u32(buf, v),
+            _ => rmp::encode::write_i32(buf, v as i32),
+        }
+        .unwrap();
+    }
+
+    proptest::proptest! {
+        /// Long runs of ids (which the AVX2 path reads in pairs) read as `token`
+        /// reads them one by one, whatever their widths, wherever a marker the fast
+        /// paths refuse falls (first or second of a pair, across a window's edge),
+        /// and whatever the count asked for, odd or even.
+        #[test]
+        fn long_runs_read_as_token_does(
+            ids in proptest::collection::vec(
+                (
+                    proptest::prop_oneof![
+                        0u32..128,
+                        128u32..256,
+                        256u32..65_536,
+                        65_536u32..=u32::MAX,
+                        0u32..=(i32::MAX as u32),
+                    ],
+                    proptest::prop_oneof![8 => proptest::strategy::Just(0u8), 1 => 1u8..5],
+                ),
+                0..400,
+            ),
+            cut in 0usize..=400,
+            lead in 0usize..8,
+        ) {
+            let mut buf = vec![0x90; lead];
+            for &(v, how) in &ids {
+                // i32 holds only the ids below 2^31.
+                write_id(&mut buf, v, if how == 4 && v > i32::MAX as u32 { 0 } else { how });
+            }
+            let take = cut.min(ids.len());
+            let mut fast = Vec::new();
+            let mut c = Cursor::new(&buf);
+            c.pos = lead;
+            c.tokens_into(take, &mut fast, "token_ids").unwrap();
+            let mut d = Cursor::new(&buf);
+            d.pos = lead;
+            let slow: Vec<u32> = (0..take).map(|_| d.token("token_ids").unwrap()).collect();
+            proptest::prop_assert_eq!(&fast, &slow);
+            proptest::prop_assert_eq!(c.pos, d.pos);
+            let want: Vec<u32> = ids[..take].iter().map(|&(v, _)| v).collect();
+            proptest::prop_assert_eq!(fast, want);
         }
     }
 
