@@ -381,7 +381,8 @@ impl<'a> Cursor<'a> {
             pos += len as usize;
             done += 1;
         }
-        // SAFETY: the loop wrote the first `done` slots of the spare capacity, in order.
+        // SAFETY: the pairs and the loops above wrote the first `done` slots of the
+        // spare capacity, in order.
         unsafe { out.set_len(out.len() + done) };
         self.pos = pos;
         done
