@@ -54,6 +54,9 @@ pub struct HolderSet {
     w: u32,
 }
 
+/// A chunk header's holder count; its class is the top byte.
+const LEN_MASK: u32 = 0xff_ffff;
+
 /// Per-shard arena for spilled holder sets. Chunk layout: `[len, h0, h1, ...]`
 /// with capacity `1 << class`.
 #[derive(Default)]
@@ -96,16 +99,20 @@ impl HolderSlab {
         self.free[class as usize].push(off);
     }
 
+    /// Where chunk `off`'s holders are in `words`: after its header, as many as
+    /// the header counts.
+    fn span(&self, off: u32) -> std::ops::Range<usize> {
+        let start = off as usize + 1;
+        start..start + (self.words[off as usize] & LEN_MASK) as usize
+    }
+
     fn chunk(&self, off: u32) -> &[u32] {
-        let hdr = self.words[off as usize];
-        let len = (hdr & 0xff_ffff) as usize;
-        &self.words[off as usize + 1..off as usize + 1 + len]
+        &self.words[self.span(off)]
     }
 
     fn chunk_mut(&mut self, off: u32) -> &mut [u32] {
-        let hdr = self.words[off as usize];
-        let len = (hdr & 0xff_ffff) as usize;
-        &mut self.words[off as usize + 1..off as usize + 1 + len]
+        let span = self.span(off);
+        &mut self.words[span]
     }
 
     /// Heap bytes, for memory accounting.
@@ -187,7 +194,7 @@ impl HolderSet {
             }
             Some(off) => {
                 let hdr = slab.words[off];
-                let (class, len) = (hdr >> 24, (hdr & 0xff_ffff) as usize);
+                let (class, len) = (hdr >> 24, (hdr & LEN_MASK) as usize);
                 if len < (1usize << class) {
                     slab.words[off + 1 + len] = new;
                     slab.words[off] = hdr + 1;
@@ -230,11 +237,11 @@ impl HolderSet {
         };
         // Keep insertion order: shift the tail left.
         let hdr = slab.words[off];
-        let len = (hdr & 0xff_ffff) as usize;
+        let len = (hdr & LEN_MASK) as usize;
         slab.words
             .copy_within(off + 2 + pos..off + 1 + len, off + 1 + pos);
         let len = len - 1;
-        slab.words[off] = (hdr & 0xff00_0000) | len as u32;
+        slab.words[off] = (hdr & !LEN_MASK) | len as u32;
         if len == 1 {
             let one = slab.words[off + 1];
             slab.release(off as u32);
