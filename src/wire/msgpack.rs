@@ -59,17 +59,24 @@ fn word_id(w: u64) -> Option<(u32, u32)> {
     if !(fixint || (0xcc..=0xce).contains(&marker)) {
         return None;
     }
-    // u8, u16, u32 (markers 0xcc..=0xce) take 1, 2, 4 bytes after the marker; read
-    // first byte highest, a uN's big-endian value sits in the top N bits. A fixint is
-    // its marker.
-    let bytes = 1u32 << (marker.wrapping_sub(0xcc) & 3);
-    let be = (w >> 8).swap_bytes();
-    let wide = be.wrapping_shr(64 - 8 * bytes) as u32;
-    Some(if fixint {
-        (marker as u32, 1)
+    // u8, u16, u32 (markers 0xcc..=0xce) take 1, 2, 4 bytes after the marker.
+    let len = if fixint {
+        1
     } else {
-        (wide, 1 + bytes)
-    })
+        1 + (1u32 << (marker.wrapping_sub(0xcc) & 3))
+    };
+    Some((id_of(w, len), len))
+}
+
+/// The id of length `l` (1, 2, 3 or 5 bytes, marker included) that opens `w` (the
+/// frame's next eight bytes, little-endian): the first `l` bytes read big-endian,
+/// less the marker unless it is the id (a fixint).
+#[inline(always)]
+fn id_of(w: u64, l: u32) -> u32 {
+    /// The value bits of an id of each length.
+    const VALUE: [u32; 8] = [0, 0xff, 0xff, 0xffff, 0, u32::MAX, 0, 0];
+    // 1 <= l <= 5: the shift stays below 64.
+    (w.swap_bytes() >> (64 - 8 * l)) as u32 & VALUE[(l & 7) as usize]
 }
 
 /// Input a window of [`pairs_avx2`] reads: ids start in its first [`PAIR_WINDOW`]
@@ -174,21 +181,17 @@ fn pairs_avx2(
     (done, pos)
 }
 
-/// The id of length `l` (1, 2, 3 or 5, marker included) whose marker is at `at`, as
-/// [`word_id`] reads it: the top `l` bytes of the big-endian word read from `at`,
-/// less the marker unless it is the id.
+/// The id of length `l` (1, 2, 3 or 5, marker included) whose marker is at `at`
+/// ([`id_of`] of the eight bytes there).
 ///
 /// # Safety
 /// Eight bytes from `at` must be readable.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn id_at(at: *const u8, l: usize) -> u32 {
-    /// The value bits of an id of each length.
-    const VALUE: [u32; 8] = [0, 0xff, 0xff, 0xffff, 0, u32::MAX, 0, 0];
     // SAFETY: the caller guarantees eight readable bytes.
-    let w = unsafe { at.cast::<u64>().read_unaligned() }.swap_bytes();
-    // 1 <= l <= 5: the shift stays below 64.
-    (w >> (64 - 8 * l)) as u32 & VALUE[l & 7]
+    let w = u64::from_le(unsafe { at.cast::<u64>().read_unaligned() });
+    id_of(w, l as u32)
 }
 
 impl<'a> Cursor<'a> {
