@@ -7,11 +7,14 @@ use futures_lite::{AsyncRead, AsyncWrite};
 use glommio::net::TcpStream;
 use hyper::rt::ReadBufCursor;
 use std::io;
+use std::os::fd::AsRawFd;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-/// Largest slice handed to one read.
-const READ_WINDOW: usize = 16 * 1024;
+/// Largest slice handed to glommio's read, which runs only when no bytes were
+/// waiting: it is zeroed first, so it is kept small. Bytes that arrive later are
+/// read by `recv` into hyper's whole spare room.
+const WAIT_WINDOW: usize = 1024;
 
 pub struct HyperStream(pub TcpStream);
 
@@ -21,12 +24,38 @@ impl hyper::rt::Read for HyperStream {
         cx: &mut Context<'_>,
         mut buf: ReadBufCursor<'_>,
     ) -> Poll<io::Result<()>> {
+        // Most reads find bytes waiting: `recv` writes them straight into hyper's
+        // uninitialized spare room. Only a read that would wait goes through
+        // glommio (which wants an initialized slice) to register for readiness.
+        // SAFETY: `recv` is given the spare room's own pointer and length, so the
+        // kernel writes inside it, and `advance(n)` covers exactly the `n` bytes
+        // it wrote. No `&[u8]` over uninitialized bytes is made on this path.
+        let n = unsafe {
+            let spare = buf.as_mut();
+            libc::recv(
+                self.0.as_raw_fd(),
+                spare.as_mut_ptr().cast(),
+                spare.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if n >= 0 {
+            // SAFETY: as above, the kernel wrote `n` bytes from the start.
+            unsafe { buf.advance(n as usize) };
+            return Poll::Ready(Ok(()));
+        }
+        let e = io::Error::last_os_error();
+        if !matches!(
+            e.kind(),
+            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+        ) {
+            return Poll::Ready(Err(e));
+        }
         // SAFETY: we only write initialized bytes: the uninit region is zeroed before it is
         // viewed as `&mut [u8]`, and `advance(n)` covers exactly the `n` bytes the read filled.
         unsafe {
             let uninit = buf.as_mut();
-            // Zeroing costs per byte; a bounded window keeps large adaptive buffers cheap.
-            let len = uninit.len().min(READ_WINDOW);
+            let len = uninit.len().min(WAIT_WINDOW);
             let uninit = &mut uninit[..len];
             for b in uninit.iter_mut() {
                 b.write(0);
