@@ -23,8 +23,9 @@
 # for both systems: batches carry the (nil) dp-rank element, and a block has the
 # same engine hash on every worker (under per-worker hashes Dynamo's indexer drops
 # stores whose parent another worker also holds; the log counts such failures).
-# Systems alternate which goes first from one repeat to the next, so the machine's
-# drift does not favour one. Everything runs on this machine, client included.
+# A discarded warm-up (each system, each workload's event load) comes first. Systems
+# alternate which goes first from one repeat to the next, so the machine's drift
+# does not favour one. Everything runs on this machine, client included.
 #
 # Output: DIR/run-R/<workload>/<system>-t<threads>-{events,query}.json (kvix-load
 # --json reports) and .log (the server's stderr), DIR/run-R/results.json (the
@@ -125,6 +126,28 @@ run_system() { # run_system RUNDIR WORKLOAD SYSTEM THREADS
         >"$dir/$name-query.json"
     stop
 }
+
+# Warm-up, discarded: each system takes each workload's event load once before the
+# first run. Without it the first loads of a comparison could read half the rate of
+# later ones, and the load tool's own publishing slowed with them: the machine, not
+# the system under test, was warming up.
+warm_up() {
+    local dir="$OUT/warm-up" workload system wl ev
+    for workload in $WORKLOADS; do
+        mkdir -p "$dir/$workload"
+        read -r -a wl <<<"$(workload_args "$workload")"
+        read -r -a ev <<<"$(worker_args "$workload")"
+        for system in kvix dynamo; do
+            [[ " $SYSTEMS " == *" $system "* ]] || continue
+            say "warm-up, $workload: $system"
+            start "$system" 1 "$dir/$workload/$system.log"
+            load events --url "http://127.0.0.1:$PORT" --quiet --json "${wl[@]}" "${ev[@]}" \
+                >"$dir/$workload/$system-events.json"
+            stop
+        done
+    done
+}
+warm_up
 
 for r in $(seq 1 "$REPEAT"); do
     for workload in $WORKLOADS; do
