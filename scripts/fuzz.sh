@@ -8,8 +8,9 @@
 #   SECONDS_PER_TARGET defaults to 60, --ci is 20; no TARGET means every target.
 #   --sanitizer none (or FUZZ_SANITIZER=none) builds without AddressSanitizer: a
 #   cheaper build and faster runs. kvix's decoders are safe Rust except two token-id
-#   paths: /query's (atoi_simd, unsafe inside) and the events' AVX2 pairs (raw reads
-#   in wire/msgpack.rs): fuzz api_query and decode with the default sanitizer too. A
+#   paths: /query's (atoi_simd, unsafe inside, and the AVX2 window reads in
+#   http/token_ids.rs) and the events' AVX2 pairs (raw reads in wire/msgpack.rs):
+#   fuzz api_query and decode with the default sanitizer too. A
 #   panic is caught either way. Each sanitizer builds in its own
 #   target directory, so switching does not rebuild the other's.
 #   FUZZ_ARGS adds libFuzzer flags, e.g. FUZZ_ARGS=-runs=10000000 with a long time.

@@ -13,6 +13,8 @@
 //! with serde_json, which names the offending field.
 
 use memchr::memmem;
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::{__m128i, __m256i};
 
 const KEY: &[u8] = b"\"token_ids\"";
 
@@ -73,46 +75,42 @@ fn compact_run(s: &[u8], i: usize, out: &mut Vec<u32>) -> usize {
         // SAFETY: the CPU has AVX2, checked just above.
         unsafe { compact_run_avx2(s, i, out) }
     } else {
-        compact_run_with::<false>(s, i, out)
+        compact_run_words(s, i, out)
     }
 }
 
-/// [`compact_run_with`] compiled for AVX2, which converts four ids at a time.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn compact_run_avx2(s: &[u8], i: usize, out: &mut Vec<u32>) -> usize {
-    compact_run_with::<true>(s, i, out)
-}
-
-/// [`compact_run`]'s loop; `AVX2`: convert with [`four_ids`], which the caller
-/// must have checked the CPU can run.
+/// The commas of the 64-byte window `s[i..i + 64]`, whose byte 0 starts an id,
+/// when the window can be read whole: digits and commas only, at least one
+/// comma, no empty id, no leading zero, no id of nine digits or more. `None`
+/// otherwise, and past the text's last 64 bytes.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn compact_run_with<const AVX2: bool>(s: &[u8], mut i: usize, out: &mut Vec<u32>) -> usize {
+fn compact_window(s: &[u8], i: usize) -> Option<u64> {
+    let window = s.get(i..i + 64)?;
+    let (commas, digits, zeros) = classify(window.first_chunk::<64>().expect("64 bytes"));
+    // Starts of ids: byte 0 and each byte after a comma.
+    let starts = commas << 1 | 1;
+    // Nine digits in a row end at bit k: bit k of the and of the masks shifted 0..=8.
+    let nine = (1..9).fold(digits, |m, k| m & digits >> k);
+    let whole = commas | digits == u64::MAX
+        && commas != 0
+        // An empty id (a comma first or after a comma).
+        && commas & starts == 0
+        // A leading zero: a '0' starting an id and followed by a digit.
+        && zeros & starts & digits >> 1 == 0
+        && nine == 0;
+    whole.then_some(commas)
+}
+
+/// [`compact_run`] one id at a time, each converted from its word by
+/// [`eight_digits`].
+#[cfg(target_arch = "x86_64")]
+fn compact_run_words(s: &[u8], mut i: usize, out: &mut Vec<u32>) -> usize {
     // An id's word is the eight bytes ending at its comma: at least eight before.
     if i < 8 {
         return i;
     }
-    // A window's ids as words and the bits before each word's digits, for
-    // conversion four at a time; lanes past a window's last id convert
-    // whatever was left there, into spare slots that are never counted.
-    let (mut words, mut shifts) = ([0u64; 32], [0u64; 32]);
-    while let Some(window) = s.get(i..i + 64) {
-        let (commas, digits, zeros) = classify(window.first_chunk::<64>().expect("64 bytes"));
-        // Starts of ids: byte 0 and each byte after a comma.
-        let starts = commas << 1 | 1;
-        // Nine digits in a row end at bit k: bit k of the and of the masks shifted 0..=8.
-        let nine = (1..9).fold(digits, |m, k| m & digits >> k);
-        if commas | digits != u64::MAX
-            || commas == 0
-            // An empty id (a comma first or after a comma).
-            || commas & starts != 0
-            // A leading zero: a '0' starting an id and followed by a digit.
-            || zeros & starts & digits >> 1 != 0
-            || nine != 0
-        {
-            break;
-        }
+    while let Some(commas) = compact_window(s, i) {
         // At most 32 ids end in a window (an id and its comma take two bytes).
         out.reserve(32);
         let spare = &mut out.spare_capacity_mut()[..32];
@@ -120,61 +118,98 @@ fn compact_run_with<const AVX2: bool>(s: &[u8], mut i: usize, out: &mut Vec<u32>
         let mut m = commas;
         while m != 0 {
             let end = m.trailing_zeros() as usize;
-            // 1..=8 digits: the masks above ruled out empty and longer ids.
+            // 1..=8 digits: the window's checks ruled out empty and longer ids.
             let len = end - start;
             let word = s[i + end - 8..i + end].first_chunk::<8>().expect("8 bytes");
-            let word = u64::from_le_bytes(*word);
-            if AVX2 {
-                words[n] = word;
-                shifts[n] = 8 * (8 - len) as u64;
-            } else {
-                spare[n].write(eight_digits(word, len));
-            }
+            spare[n].write(eight_digits(u64::from_le_bytes(*word), len));
             n += 1;
             start = end + 1;
             m &= m - 1;
         }
-        if AVX2 {
-            for k in (0..n).step_by(4) {
-                let (w, sh) = (&words[k..k + 4], &shifts[k..k + 4]);
-                // SAFETY: `AVX2` callers run on a CPU with AVX2. Four words and shifts
-                // are read from `k` and four ids written from `k`: k < n <= 32, and
-                // a multiple of 4, so k + 4 <= 32, the length of all three.
-                unsafe { four_ids(w.as_ptr(), sh.as_ptr(), spare[k..k + 4].as_mut_ptr().cast()) };
-            }
-        }
-        // SAFETY: the loops above wrote the first `n` (<= 32) spare slots, in order.
+        // SAFETY: the loop above wrote the first `n` (<= 32) spare slots, in order.
         unsafe { out.set_len(out.len() + n) };
         i += start;
     }
     i
 }
 
-/// Four ids from four words as [`eight_digits`] reads one: a word's digits are its
-/// top bytes, and its `shifts` lane is eight bits for each byte before them. The
-/// eight digit values of a lane (leading zeros for the bytes cleared) are summed in
-/// pairs, quads and halves by multiply-adds. Reads four u64 from each of `words`
-/// and `shifts`, writes four u32 to `out`.
-///
-/// # Safety
-/// The CPU must have AVX2; `words` and `shifts` must be readable and `out`
-/// writable for four elements.
+/// [`compact_run`] four ids at a time: their four words and the byte offsets of
+/// their commas are gathered straight into vectors (no trip through memory, where
+/// a wide load of four narrow stores would wait for all of them), and converted
+/// by [`four_ids`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn four_ids(words: *const u64, shifts: *const u64, out: *mut u32) {
+fn compact_run_avx2(s: &[u8], mut i: usize, out: &mut Vec<u32>) -> usize {
     use std::arch::x86_64::*;
-    // SAFETY: the caller guarantees four readable u64 at `words` and `shifts` and
-    // four writable u32 at `out` (unaligned loads and stores allowed).
-    let (w, sh) = unsafe {
-        (
-            _mm256_loadu_si256(words.cast()),
-            _mm256_loadu_si256(shifts.cast()),
-        )
-    };
+    if i < 8 {
+        return i;
+    }
+    while let Some(commas) = compact_window(s, i) {
+        let count = commas.count_ones() as usize;
+        out.reserve(32);
+        let spare = out.spare_capacity_mut()[..32].as_mut_ptr().cast::<u32>();
+        // The word of an id whose comma is window byte `end` starts at `words + end`.
+        // Past the window's last comma `end` reads 64: the window's last word,
+        // converted into a spare slot that is never counted.
+        let words = s[i - 8..i + 64].as_ptr();
+        // SAFETY: `words` starts 72 readable bytes and `end` <= 64, so each
+        // unaligned eight-byte read ends inside them.
+        let word = |end: u32| unsafe { words.add(end as usize).cast::<u64>().read_unaligned() };
+        let mut m = commas;
+        let mut next = || {
+            let end = m.trailing_zeros();
+            m &= m.wrapping_sub(1);
+            end
+        };
+        // The comma before the window's first id, as if at byte -1.
+        let mut prev = -1i64;
+        for k in (0..count).step_by(4) {
+            let (e0, e1, e2, e3) = (next(), next(), next(), next());
+            let w = _mm256_set_epi64x(
+                word(e3) as i64,
+                word(e2) as i64,
+                word(e1) as i64,
+                word(e0) as i64,
+            );
+            let ends = _mm256_set_epi64x(e3 as i64, e2 as i64, e1 as i64, e0 as i64);
+            // Each lane's previous comma: the lanes shifted up by one, `prev` first.
+            let prevs = _mm256_blend_epi32::<0b0000_0011>(
+                _mm256_permute4x64_epi64::<0b10_01_00_00>(ends),
+                _mm256_set1_epi64x(prev),
+            );
+            // Bits before an id's digits: 8 * (8 - len), len = end - prev - 1. Lanes
+            // past the last comma come out negative or over 64, so shift all out.
+            let shifts = _mm256_slli_epi64::<3>(_mm256_sub_epi64(
+                _mm256_add_epi64(prevs, _mm256_set1_epi64x(9)),
+                ends,
+            ));
+            // SAFETY: k < count <= 32 and k is a multiple of 4, so the four slots
+            // from `k` are among the 32 spare ones reserved above.
+            unsafe { _mm_storeu_si128(spare.add(k).cast(), four_ids(w, shifts)) };
+            prev = e3 as i64;
+        }
+        // SAFETY: the loop above wrote the first `count` (<= 32) spare slots, in
+        // order (and perhaps up to three more, not counted).
+        unsafe { out.set_len(out.len() + count) };
+        // Past the window's last comma.
+        i += 64 - commas.leading_zeros() as usize;
+    }
+    i
+}
+
+/// Four ids from four words as [`eight_digits`] reads one: a word's digits are its
+/// top bytes, and its `shifts` lane is eight bits for each byte before them (64
+/// or more: none of them). The eight digit values of a lane (leading zeros for
+/// the bytes cleared) are summed in pairs, quads and halves by multiply-adds.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+fn four_ids(words: __m256i, shifts: __m256i) -> __m128i {
+    use std::arch::x86_64::*;
     // The bytes before the id's digits cleared, then digit values (cleared bytes
     // stay zero).
-    let keep = _mm256_sllv_epi64(_mm256_set1_epi64x(-1), sh);
-    let d = _mm256_subs_epu8(_mm256_and_si256(w, keep), _mm256_set1_epi8(b'0' as i8));
+    let keep = _mm256_sllv_epi64(_mm256_set1_epi64x(-1), shifts);
+    let d = _mm256_subs_epu8(_mm256_and_si256(words, keep), _mm256_set1_epi8(b'0' as i8));
     // Per 16 bits: 10 * the earlier digit + the later one.
     let pairs = _mm256_maddubs_epi16(d, _mm256_set1_epi16(0x010A));
     // Per 32 bits: 100 * the earlier pair + the later one.
@@ -185,8 +220,7 @@ unsafe fn four_ids(words: *const u64, shifts: *const u64, out: *mut u32) {
         _mm256_srli_epi64(quads, 32),
     );
     let packed = _mm256_permutevar8x32_epi32(ids, _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6));
-    // SAFETY: as above.
-    unsafe { _mm_storeu_si128(out.cast(), _mm256_castsi256_si128(packed)) };
+    _mm256_castsi256_si128(packed)
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -358,7 +392,7 @@ mod tests {
             text.extend_from_slice(list.join(",").as_bytes());
             text.push(b']');
             let mut words = Vec::new();
-            let end = compact_run_with::<false>(&text, first, &mut words);
+            let end = compact_run_words(&text, first, &mut words);
             assert_eq!(words, ids[..words.len()]);
             read += words.len();
             if std::arch::is_x86_feature_detected!("avx2") {
