@@ -109,7 +109,7 @@ pub struct PublishResult {
     pub indexer_tree_sizes_sum: Option<u64>,
 }
 
-fn send(p: &mut Publisher, payload: &[u8]) -> Result<(), String> {
+fn send(p: &mut Publisher, payload: zmq::Message) -> Result<(), String> {
     let seq = p.seq.to_be_bytes();
     p.seq += 1;
     (|| {
@@ -146,7 +146,14 @@ pub fn publish(
     for &(w, f) in &frames.order {
         orders[w as usize % threads].push((w / threads as u32, f));
     }
-    let frames = Arc::new(frames.per_worker);
+    // Each frame is sent once: made a message before the clock starts, libzmq takes
+    // its buffer as it is. A send from a slice would copy it into a fresh message,
+    // which costs this load tool CPU the indexer under test would otherwise get.
+    let mut frames: Vec<Vec<Option<zmq::Message>>> = frames
+        .per_worker
+        .into_iter()
+        .map(|w| w.into_iter().map(|f| Some(zmq::Message::from(f))).collect())
+        .collect();
     let sentinels: Vec<Vec<u8>> = (0..n)
         .map(|w| {
             let mut ev = Vec::new();
@@ -162,24 +169,36 @@ pub fn publish(
             enc_batch(1.7e9, 1, &ev, batch_dp_rank)
         })
         .collect();
-    let sentinels = Arc::new(sentinels);
+    // Per thread, the frames and sentinels of its workers, in its group's order.
+    let mut own: Vec<Vec<(Vec<Option<zmq::Message>>, zmq::Message)>> = groups
+        .iter()
+        .map(|group| {
+            group
+                .iter()
+                .map(|(w, _)| {
+                    let f = std::mem::take(&mut frames[*w]);
+                    (f, zmq::Message::from(&sentinels[*w][..]))
+                })
+                .collect()
+        })
+        .collect();
 
     let start = Instant::now();
     let handles: Vec<_> = groups
         .into_iter()
         .zip(orders)
-        .map(|(mut group, order)| {
-            let frames = frames.clone();
-            let sentinels = sentinels.clone();
+        .zip(own.drain(..))
+        .map(|((mut group, order), mut own)| {
             let sent = sent.clone();
             std::thread::spawn(move || -> Result<Vec<(usize, Publisher)>, String> {
                 for (local, f) in order {
-                    let (w, p) = &mut group[local as usize];
-                    send(p, &frames[*w][f as usize])?;
+                    let (_, p) = &mut group[local as usize];
+                    let frame = own[local as usize].0[f as usize].take();
+                    send(p, frame.ok_or("a frame published twice")?)?;
                     sent.fetch_add(1, Ordering::Relaxed);
                 }
-                for (w, p) in group.iter_mut() {
-                    send(p, &sentinels[*w])?;
+                for ((_, p), (_, sentinel)) in group.iter_mut().zip(own) {
+                    send(p, sentinel)?;
                 }
                 Ok(group)
             })
