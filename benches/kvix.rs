@@ -91,7 +91,7 @@ fn bench_decode(c: &mut Criterion) {
         let mut batch = Batch::default();
         g.throughput(Throughput::Elements(32));
         g.bench_function(BenchmarkId::new(name, "32_blocks_bs16"), |b| {
-            b.iter(|| wire::vllm::decode(black_box(&p), &mut batch).unwrap())
+            b.iter(|| wire::decode(black_box(&p), &mut batch).unwrap())
         });
     }
     // An engine's frame of a long prefill: token ids of mixed widths in no
@@ -101,7 +101,7 @@ fn bench_decode(c: &mut Criterion) {
     let mut batch = Batch::default();
     g.throughput(Throughput::Elements(4096));
     g.bench_function(BenchmarkId::new("vllm", "4096_blocks_bs16"), |b| {
-        b.iter(|| wire::vllm::decode(black_box(&p), &mut batch).unwrap())
+        b.iter(|| wire::decode(black_box(&p), &mut batch).unwrap())
     });
     g.finish();
 }

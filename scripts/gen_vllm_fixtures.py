@@ -454,7 +454,7 @@ fx["mc_rfc_map_batch"] = RfcMapBatch(
 
 
 class LegacyBatch(msgspec.Struct, array_like=True, gc=False):
-    """Seed 001's EventBatch { events }: no timestamp."""
+    """The conductor spec's EventBatch { events }: no timestamp."""
 
     events: list[Any]
 
@@ -471,7 +471,7 @@ class LegacyEvent(msgspec.Struct, array_like=True, gc=False, tag=True):
 
 
 class BlockStoreEvent(LegacyEvent):
-    """Seed 001 layout."""
+    """The conductor spec's layout."""
 
     ts: float
     mooncake_key: str
@@ -533,10 +533,10 @@ class MRemoveAllEvent(MapLegacyEvent, tag="RemoveAllEvent"):
     pass
 
 
-# mc_legacy_seed: seed-001 layout, batch without timestamp: a root block (parent 0 =
+# mc_legacy_conductor: the conductor spec's layout, batch without timestamp: a root block (parent 0 =
 # none) with 2 replicas, a child block with lora "sql"/id 3, an update of the first
 # key to 1 replica, then RemoveAllEvent.
-fx["mc_legacy_seed"] = LegacyBatch(
+fx["mc_legacy_conductor"] = LegacyBatch(
     [
         BlockStoreEvent(1732300000.5, "key-a", ["10.0.0.1:6000", "10.0.0.2:6000"], 0xA1, 0, [101, 15], 2, "deepseek", "", 0),
         BlockStoreEvent(1732300000.5, "key-b", ["10.0.0.1:6000"], 0xA2, 0xA1, [100, 55], 2, "deepseek", "sql", 3),
@@ -557,7 +557,7 @@ fx["mc_legacy_store"] = LegacyTsBatch(
         StoreBlockUpdateEvent("key_12345", [["memory", "tcp://192.168.1.10:6000"]]),
     ],
 )
-# mc_legacy_map: map-form legacy events: a BlockStoreEvent with the seed's field
+# mc_legacy_map: map-form legacy events: a BlockStoreEvent with the conductor spec's field
 # names, then RemoveAllEvent; in a [ts, [events], dp_rank 0] batch.
 fx["mc_legacy_map"] = EventBatch(
     TS,
@@ -568,7 +568,7 @@ fx["mc_legacy_map"] = EventBatch(
     0,
 )
 
-# --- seed 001 worked example ------------------------------------------------------------
+# --- the conductor spec's worked example ------------------------------------------------------------
 # Instance "vllm-1", block size 2, tokens [101, 15, 100, 55, 89, 63] -> blocks H1..H3,
 # dp2. Target state: H1 on GPU dp0 + GPU dp1 + CPU + DISK; H2 on GPU dp0 + CPU; H3 on
 # DISK. Expected /query for those tokens: longest_matched 6, GPU 4, DP {0: 4, 1: 2},
@@ -589,29 +589,29 @@ def chain(parent, local):
     return xxhash.xxh3_64_intdigest(parent.to_bytes(8, "little") + local.to_bytes(8, "little"), seed=SEED)
 
 
-SEED_TOKENS = [101, 15, 100, 55, 89, 63]
+EXAMPLE_TOKENS = [101, 15, 100, 55, 89, 63]
 SEQ = []
 for i in range(0, 6, 2):
-    SEQ.append(chain(SEQ[-1] if SEQ else None, local_hash(SEED_TOKENS[i : i + 2])))
+    SEQ.append(chain(SEQ[-1] if SEQ else None, local_hash(EXAMPLE_TOKENS[i : i + 2])))
 # vLLM engine hashes are private to the engine; any stable values do.
 E1, E2 = 0x5EED0001, 0x5EED0002
-# seed001_gpu_dp0: vLLM dp 0 stores H1, H2 on GPU (tokens carried).
-fx["seed001_gpu_dp0"] = EventBatch(TS, [BlockStored([E1, E2], None, SEED_TOKENS[:4], 2, None, "GPU")], 0)
-# seed001_gpu_dp1: vLLM dp 1 stores H1 on GPU.
-fx["seed001_gpu_dp1"] = EventBatch(TS, [BlockStored([E1], None, SEED_TOKENS[:2], 2, None, "GPU")], 1)
-# seed001_cpu_dp0: vLLM dp 0 CPU offload of H1, H2 (same engine hashes, medium CPU).
-fx["seed001_cpu_dp0"] = EventBatch(TS, [BlockStored([E1, E2], None, SEED_TOKENS[:4], 2, None, "CPU")], 0)
-# seed001_disk_rfc: Mooncake master (RFC #1527) stores H1 and H3 on disk, by kvix seq
+# conductor_gpu_dp0: vLLM dp 0 stores H1, H2 on GPU (tokens carried).
+fx["conductor_gpu_dp0"] = EventBatch(TS, [BlockStored([E1, E2], None, EXAMPLE_TOKENS[:4], 2, None, "GPU")], 0)
+# conductor_gpu_dp1: vLLM dp 1 stores H1 on GPU.
+fx["conductor_gpu_dp1"] = EventBatch(TS, [BlockStored([E1], None, EXAMPLE_TOKENS[:2], 2, None, "GPU")], 1)
+# conductor_cpu_dp0: vLLM dp 0 CPU offload of H1, H2 (same engine hashes, medium CPU).
+fx["conductor_cpu_dp0"] = EventBatch(TS, [BlockStored([E1, E2], None, EXAMPLE_TOKENS[:4], 2, None, "CPU")], 0)
+# conductor_disk_rfc: Mooncake master (RFC #1527) stores H1 and H3 on disk, by kvix seq
 # hash, without tokens: H1 as seq_hashes [S1] at base 0 (object_key = its hex), H3 as
 # object_key-only (decimal S3) at base 2 with parent_hash S2. Batch dp trailer 0.
-fx["seed001_disk_rfc"] = RfcBatch(
+fx["conductor_disk_rfc"] = RfcBatch(
     TS,
     [
         RfcEvent(1, MS, "stored", None, None, None, None, "default", "mooncake-daemon-0", "disk", None, [SEQ[0]], 0, None, None, f"0x{SEQ[0]:016x}"),
         RfcEvent(2, MS, "stored", None, None, None, None, "default", "mooncake-daemon-0", "disk", None, [], 2, SEQ[1], None, str(SEQ[2])),
     ],
 )
-print("seed001 seq hashes:", [f"{h:#018x}" for h in SEQ])
+print("conductor example seq hashes:", [f"{h:#018x}" for h in SEQ])
 
 
 # --- black-box scenario of tests/e2e_dialects.rs (block size 4, prompt tokens 1..16) --
@@ -641,7 +641,7 @@ fx["e2e_rfc_cleared_disk"] = RfcBatch(
 fx["e2e_rfc_other_tenant"] = RfcBatch(
     TS, [RfcEvent(4, MS, "stored", "m", 4, None, None, "tenant-x", "w", "gpu", 0, [801], 0, None, tokens(1, 4))]
 )
-# Legacy Mooncake Store (seed 001 layout): blocks 1..8 in the host pool, then RemoveAll.
+# Legacy Mooncake Store (the conductor spec's layout): blocks 1..8 in the host pool, then RemoveAll.
 fx["e2e_legacy_store"] = LegacyBatch(
     [
         BlockStoreEvent(1732300000.5, "k1", ["10.0.0.1:6000"], 0xB1, 0, tokens(1, 4), 4, "m", "", 0),

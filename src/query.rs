@@ -484,7 +484,7 @@ mod tests {
         assert!(o.frequencies.is_empty());
     }
 
-    /// Seed 001's worked example: block size 2, dp2; H1 on GPU (dp0, dp1), CPU
+    /// The conductor spec's worked example: block size 2, dp2; H1 on GPU (dp0, dp1), CPU
     /// and DISK; H2 on GPU (dp0) and CPU; H3 on DISK.
     #[test]
     fn conductor_seed_001() {
@@ -503,7 +503,7 @@ mod tests {
         );
     }
 
-    /// Seed 004's three pods over blocks B0..B4: A holds B0..B3, B holds B0, B1
+    /// llm-d's indexer docs' three pods over blocks B0..B4: A holds B0..B3, B holds B0, B1
     /// (and B3), C holds B3 and B4 only: scores 4, 2, 0.
     #[test]
     fn llmd_three_pods() {

@@ -1,7 +1,7 @@
 //! End to end over real ZMQ and HTTP: every event dialect (SGLang, Mooncake RFC
 //! #1527, legacy Mooncake Store, tiers, LoRA, tenants) answered in both API
-//! shapes (Dynamo's and Mooncake's conductor), seed 001's worked example, and
-//! seed 004's three pods with llm-d scoring.
+//! shapes (Dynamo's and Mooncake's conductor), the conductor spec's worked example, and
+//! llm-d's three pods with llm-d scoring.
 
 mod common;
 
@@ -162,7 +162,7 @@ fn every_dialect_in_both_shapes() {
     assert!(!log.contains("malformed"), "{log}");
 }
 
-/// Seed 001: block size 2, dp2; H1 on GPU (dp0, dp1), CPU and DISK; H2 on GPU
+/// The conductor spec's worked example: block size 2, dp2; H1 on GPU (dp0, dp1), CPU and DISK; H2 on GPU
 /// (dp0) and CPU; H3 on DISK → longest_matched 6, GPU 4, DP {0: 4, 1: 2}, CPU 4, DISK 4.
 #[test]
 fn seed_001_worked_example_over_the_conductor_api() {
@@ -185,10 +185,10 @@ fn seed_001_worked_example_over_the_conductor_api() {
     };
     reg(&engine, "vLLM");
     reg(&store, "Mooncake");
-    engine.send(&fixture("seed001_gpu_dp0"));
-    engine.send(&fixture("seed001_gpu_dp1"));
-    engine.send(&fixture("seed001_cpu_dp0"));
-    store.send(&fixture("seed001_disk_rfc"));
+    engine.send(&fixture("conductor_gpu_dp0"));
+    engine.send(&fixture("conductor_gpu_dp1"));
+    engine.send(&fixture("conductor_cpu_dp0"));
+    store.send(&fixture("conductor_disk_rfc"));
     let want = json!({"default": {"vllm-1": {
         "longest_matched": 6, "GPU": 4, "DP": {"0": 4, "1": 2}, "CPU": 4, "DISK": 4
     }}});
@@ -254,7 +254,7 @@ fn vllm_batch(events: &[Ev<'_>]) -> Vec<u8> {
     b
 }
 
-/// Seed 004: blocks B0..B4; pod A holds B0..B3, pod B holds B0, B1 (and B3 after
+/// llm-d's indexer docs' three pods: blocks B0..B4; pod A holds B0..B3, pod B holds B0, B1 (and B3 after
 /// losing B2), pod C holds only B3, B4 → llm-d scores 4, 2, 0, normalized 1, 0.5, 0.
 #[test]
 fn seed_004_three_pods_llm_d_scoring() {

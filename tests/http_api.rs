@@ -1,4 +1,4 @@
-//! The HTTP API as Dynamo's standalone-indexer docs show it (seed 000), curl
+//! The HTTP API as Dynamo's standalone-indexer docs show it, curl
 //! example by curl example, plus every kind of bad input the routes must refuse.
 
 mod common;

@@ -2,7 +2,7 @@
 //! single-threaded model, for 1, 2 and 4 shards.
 //!
 //! The sharded side is kvix's real event path minus the sockets: msgpack
-//! frames (vLLM positional encoding) → `wire::vllm::decode` → `WorkerFeed`
+//! frames (vLLM positional encoding) → `wire::decode` → `WorkerFeed`
 //! → SPSC rings → per-shard `Shard::apply`; queries go `hash` → `query::split`
 //! → `query::answer` per shard → `query::gather`. The model knows nothing of
 //! hashes or shards: each worker holds a set of token prefixes with tiers, and a
@@ -215,7 +215,7 @@ impl Sharded {
     }
 
     fn publish(&mut self, inst: u64, payload: &[u8]) {
-        wire::vllm::decode(payload, &mut self.batch).expect("test frames are valid");
+        wire::decode(payload, &mut self.batch).expect("test frames are valid");
         self.feeds[inst as usize].apply(&self.batch, payload, &self.registry, &mut self.sink);
         self.drain();
     }

@@ -40,7 +40,7 @@ impl From<ControlError> for ApiError {
     }
 }
 
-/// `tenant_id` (kvix, seed 000) or `routing_group` (Dynamo 1.6.1) selects the index.
+/// `tenant_id` (kvix's name) or `routing_group` (Dynamo 1.6.1's) selects the index.
 fn tenant(tenant_id: Option<String>, routing_group: Option<String>) -> Option<String> {
     tenant_id.or(routing_group)
 }

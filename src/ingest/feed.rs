@@ -394,7 +394,7 @@ pub fn lora_from_id(id: Option<i64>) -> Option<String> {
     id.filter(|n| *n > 0).map(|n| n.to_string())
 }
 
-// ---- Recovery (issue 5): seeding a feed from a peer's dump or a local snapshot. ----
+// ---- Recovery: seeding a feed from a peer's dump or a local snapshot. ----
 
 /// One block to seed, as a dump or snapshot records it for one (instance, dp rank).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,6 +1,6 @@
 //! Parse a `/dump` (kvix's or Dynamo's `dynamo-kv-indexer`) into recovered [`State`].
 //!
-//! Shape (seed 000): `{"model:tenant": {"block_size": N, "events": [RouterEvent]}}`,
+//! Shape (Dynamo's standalone-indexer docs): `{"model:tenant": {"block_size": N, "events": [RouterEvent]}}`,
 //! a RouterEvent being `{"worker_id", "storage_tier", "event": {"event_id", "data":
 //! {"stored": {"parent_hash", "blocks": [{"block_hash", "tokens_hash"}]}}, "dp_rank"}}`.
 //! `block_hash`/`parent_hash` are the worker's engine hashes, `tokens_hash` the Dynamo

@@ -2,7 +2,7 @@
 //!
 //! Two layouts are in the wild; the type of the field after the tag tells them apart.
 //!
-//! * Conductor indexer spec (seed 001), field 1 a number (the timestamp):
+//! * Conductor indexer spec, field 1 a number (the timestamp):
 //!   `["BlockStoreEvent", ts, mooncake_key, [addr, ...], block_hash,
 //!   parent_block_hash, [token_id, ...], block_size, model_name, lora_name,
 //!   lora_id]`, `["BlockUpdateEvent", ts, mooncake_key, [addr, ...]]`,
@@ -112,7 +112,7 @@ pub(super) fn event_array(
         f.skip_rest(c)?;
         return Ok(ev);
     }
-    // Seed-001 layout starts with the timestamp; the store's own with the key.
+    // The conductor spec's layout starts with the timestamp; the store's own with the key.
     let seed_layout = left > 0 && c.peek_class()? != Class::Str;
     if seed_layout {
         f.next(true, "ts")?;

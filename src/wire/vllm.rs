@@ -20,7 +20,7 @@
 //!
 //! Current vLLM and SGLang encode events as tagged *maps* inside a positional
 //! batch; those are decoded by [`super::map`]. The batch envelope is in
-//! `batch.rs`; [`decode`] here is the crate-wide entry point under its old name.
+//! `batch.rs`, and [`super::decode`] is the entry point for every dialect.
 
 use super::batch::{
     Fields, aux_group, check_stored, extra_keys, hashes, lenient_str, lenient_u32, lora_id,
@@ -28,11 +28,6 @@ use super::batch::{
 };
 use super::msgpack::Cursor;
 use super::{Batch, EventOp, EventRec, WireError};
-
-/// Decode one payload into `out`: the same as [`super::decode`] (every dialect).
-pub fn decode(payload: &[u8], out: &mut Batch) -> Result<(), WireError> {
-    super::decode(payload, out)
-}
 
 /// The operation of a vLLM/SGLang event tag.
 pub(super) fn tag_op(tag: &[u8]) -> Option<EventOp> {
@@ -124,7 +119,7 @@ pub(super) fn event_array(
 mod tests {
     use super::*;
     use crate::types::EngineHash;
-    use crate::wire::{Event, EventOp};
+    use crate::wire::{Event, EventOp, decode};
 
     /// Payloads encoded by msgspec exactly as the engines encode them (scripts/gen_vllm_fixtures.py).
     pub fn fixture(name: &str) -> Vec<u8> {

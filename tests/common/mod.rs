@@ -358,7 +358,7 @@ pub fn fixture(name: &str) -> Vec<u8> {
         .collect()
 }
 
-// ---- Recovery harness (issue 5): engines with a replay ROUTER, workloads, dumps. ----
+// ---- Recovery harness: engines with a replay ROUTER, workloads, dumps. ----
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
