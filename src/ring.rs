@@ -3,7 +3,7 @@
 //! Owns one bounded SPSC ring (`crossbeam_queue::ArrayQueue`, used with one
 //! producer and one consumer) per (ingest thread, shard) pair. Ops travel in
 //! chunks of up to [`CHUNK`]: a ring operation costs a cross-core cache miss on
-//! each side, which per op was ~9% of the event path (perf: `push_to` + `drain`).
+//! each side, too much to pay per op on the event path.
 //! Emptied chunks go back to their producer on a second ring, so the steady
 //! state allocates nothing. Producers never drop an op: a full ring is waited
 //! out and counted as a stall. A producer must [`RingSink::flush`] before it

@@ -2,8 +2,8 @@
 //!
 //! Owns the fast path for the one large field of a query. A body is mostly a
 //! thousand or more token ids; scanning them with serde_json (to delimit the
-//! value) and then converting them was the largest kvix-side cost of `/query`
-//! (perf, 16 connections: ~18% of server CPU). Here each id is read once: in
+//! value) and then converting them was the largest kvix-side cost of `/query`.
+//! Here each id is read once: in
 //! compact runs (`1,22,333,`) 64-byte windows at a time, every id converted from
 //! one word, four words at a time where the CPU has AVX2 (`compact_run`); anything
 //! else id by id (`atoi_simd`).
