@@ -16,31 +16,95 @@ use std::task::{Context, Poll};
 /// read by `recv` into hyper's whole spare room.
 const WAIT_WINDOW: usize = 1024;
 
-pub struct HyperStream(pub TcpStream);
+/// A connection's socket as hyper's transport.
+///
+/// Fairness rests on one rule: once a read found the socket empty, the connection
+/// is served again only after the reactor reports it readable. A connection task
+/// is often polled again without its socket becoming readable (hyper wakes it
+/// after a response); if that poll read the socket directly, a connection whose
+/// client answered quickly would be served on every such wake, the executor's
+/// run queue would never drain, and glommio polls its rings (submitting the other
+/// connections' readiness polls) only when the queue drains or its preempt timer
+/// fires: those connections would wait for the timer. Through the reactor, every
+/// connection that became readable is woken in the same reap and served in turn.
+pub struct HyperStream {
+    stream: TcpStream,
+    /// A read found the socket empty and glommio has not yet reported it readable.
+    waiting: bool,
+}
+
+impl HyperStream {
+    pub fn new(stream: TcpStream) -> Self {
+        HyperStream {
+            stream,
+            waiting: false,
+        }
+    }
+
+    /// Read through glommio, which registers for readiness when nothing is
+    /// waiting, into at most [`WAIT_WINDOW`] bytes of hyper's spare room.
+    fn poll_read_glommio(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBufCursor<'_>,
+    ) -> Poll<io::Result<()>> {
+        // SAFETY: `buf.as_mut()` is hyper's spare room, possibly uninitialized;
+        // the window is zeroed through `MaybeUninit::write` before it is viewed as
+        // `&mut [u8]`, so no uninitialized byte is ever read.
+        let window = unsafe {
+            let spare = buf.as_mut();
+            let len = spare.len().min(WAIT_WINDOW);
+            for b in &mut spare[..len] {
+                b.write(0);
+            }
+            std::slice::from_raw_parts_mut(spare.as_mut_ptr().cast::<u8>(), len)
+        };
+        match Pin::new(&mut self.stream).poll_read(cx, window) {
+            Poll::Ready(Ok(n)) => {
+                self.waiting = false;
+                // SAFETY: glommio filled the first `n` bytes of the window, which
+                // starts at the spare room's start.
+                unsafe { buf.advance(n) };
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(e)) => {
+                self.waiting = false;
+                Poll::Ready(Err(e))
+            }
+            Poll::Pending => {
+                self.waiting = true;
+                Poll::Pending
+            }
+        }
+    }
+}
 
 impl hyper::rt::Read for HyperStream {
     fn poll_read(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         mut buf: ReadBufCursor<'_>,
     ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.waiting {
+            return this.poll_read_glommio(cx, &mut buf);
+        }
         // Most reads find bytes waiting: `recv` writes them straight into hyper's
         // uninitialized spare room. Only a read that would wait goes through
         // glommio (which wants an initialized slice) to register for readiness.
         // SAFETY: `recv` is given the spare room's own pointer and length, so the
-        // kernel writes inside it, and `advance(n)` covers exactly the `n` bytes
-        // it wrote. No `&[u8]` over uninitialized bytes is made on this path.
+        // kernel writes inside it; no `&[u8]` over uninitialized bytes is made.
         let n = unsafe {
             let spare = buf.as_mut();
             libc::recv(
-                self.0.as_raw_fd(),
+                this.stream.as_raw_fd(),
                 spare.as_mut_ptr().cast(),
                 spare.len(),
                 libc::MSG_DONTWAIT,
             )
         };
         if n >= 0 {
-            // SAFETY: as above, the kernel wrote `n` bytes from the start.
+            // SAFETY: the kernel wrote `n` bytes from the spare room's start.
             unsafe { buf.advance(n as usize) };
             return Poll::Ready(Ok(()));
         }
@@ -51,26 +115,7 @@ impl hyper::rt::Read for HyperStream {
         ) {
             return Poll::Ready(Err(e));
         }
-        // SAFETY: we only write initialized bytes: the uninit region is zeroed before it is
-        // viewed as `&mut [u8]`, and `advance(n)` covers exactly the `n` bytes the read filled.
-        unsafe {
-            let uninit = buf.as_mut();
-            let len = uninit.len().min(WAIT_WINDOW);
-            let uninit = &mut uninit[..len];
-            for b in uninit.iter_mut() {
-                b.write(0);
-            }
-            let slice =
-                std::slice::from_raw_parts_mut(uninit.as_mut_ptr().cast::<u8>(), uninit.len());
-            match Pin::new(&mut self.0).poll_read(cx, slice) {
-                Poll::Ready(Ok(n)) => {
-                    buf.advance(n);
-                    Poll::Ready(Ok(()))
-                }
-                Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-                Poll::Pending => Poll::Pending,
-            }
-        }
+        this.poll_read_glommio(cx, &mut buf)
     }
 }
 
@@ -80,15 +125,15 @@ impl hyper::rt::Write for HyperStream {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
+        Pin::new(&mut self.stream).poll_write(cx, buf)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
+        Pin::new(&mut self.stream).poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_close(cx)
+        Pin::new(&mut self.stream).poll_close(cx)
     }
 }
 
@@ -127,3 +172,57 @@ impl std::future::Future for LocalSleep {
 }
 
 impl hyper::rt::Sleep for LocalSleep {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hyper::rt::{Read, ReadBuf};
+    use std::io::Write as _;
+    use std::task::Waker;
+    use std::time::Duration;
+
+    /// Poll `stream` once for a read: the bytes it read, or `None` if it waits.
+    fn poll_once(stream: &mut HyperStream) -> Option<Vec<u8>> {
+        let mut storage = [0u8; 64];
+        let mut buf = ReadBuf::new(&mut storage);
+        let mut cx = Context::from_waker(Waker::noop());
+        match Pin::new(&mut *stream).poll_read(&mut cx, buf.unfilled()) {
+            Poll::Ready(Ok(())) => Some(buf.filled().to_vec()),
+            Poll::Ready(Err(e)) => panic!("read failed: {e}"),
+            Poll::Pending => None,
+        }
+    }
+
+    #[test]
+    fn a_connection_that_waited_is_read_only_once_the_reactor_reports_it_readable() {
+        glommio::LocalExecutorBuilder::default()
+            .spawn(|| async {
+                let listener = glommio::net::TcpListener::bind("127.0.0.1:0").unwrap();
+                let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap())
+                    .expect("connect to the test listener");
+                let mut stream = HyperStream::new(listener.accept().await.unwrap());
+                let settle = || glommio::timer::sleep(Duration::from_millis(20));
+
+                client.write_all(b"first").unwrap();
+                settle().await;
+                assert_eq!(poll_once(&mut stream).as_deref(), Some(&b"first"[..]));
+                assert_eq!(poll_once(&mut stream), None, "nothing waiting: it waits");
+
+                client.write_all(b"second").unwrap();
+                std::thread::sleep(Duration::from_millis(20));
+                // Polled again before the reactor ran, as a wake from elsewhere
+                // would poll it: the bytes are there, but it waits its turn.
+                assert_eq!(poll_once(&mut stream), None, "read out of turn");
+                settle().await;
+                assert_eq!(poll_once(&mut stream).as_deref(), Some(&b"second"[..]));
+
+                // Back on the direct path: bytes already waiting are read at once.
+                client.write_all(b"third").unwrap();
+                std::thread::sleep(Duration::from_millis(20));
+                assert_eq!(poll_once(&mut stream).as_deref(), Some(&b"third"[..]));
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+    }
+}

@@ -163,7 +163,7 @@ pub(super) async fn accept_loop(core: Rc<Core>, opts: &ServeOptions) -> std::io:
                 .half_close(true)
                 .timer(LocalTimer)
                 .header_read_timeout(header_timeout)
-                .serve_connection(HyperStream(stream), service)
+                .serve_connection(HyperStream::new(stream), service)
                 .await
             {
                 tracing::debug!("connection closed: {e}");
