@@ -7,6 +7,7 @@
 
 mod events;
 mod http;
+mod mux;
 mod plot;
 mod query;
 mod report;
@@ -214,7 +215,7 @@ struct QueryArgs {
     /// Prompt lengths in tokens (trace prompts truncated or padded), comma-separated
     #[arg(long, value_delimiter = ',', default_value = "1024")]
     prompt_tokens: Vec<usize>,
-    /// Connection counts (one thread each), comma-separated; one phase per value
+    /// Connection counts (all driven from one client thread), comma-separated; one phase per value
     #[arg(long, value_delimiter = ',', default_value = "1,16")]
     connections: Vec<usize>,
     /// Arrival rates in req/s over all connections, comma-separated; 0 = closed loop (max throughput)

@@ -1,11 +1,13 @@
 //! The query phase: open-loop (fixed arrival rate) or closed-loop load on
-//! `/query` or `/query_by_hash`, one thread and one keep-alive connection each.
+//! `/query` or `/query_by_hash` over keep-alive connections, all driven from one
+//! thread ([`crate::mux`]).
 //!
 //! Owns the schedule and the latency histograms. Open-loop latency is measured
 //! from each request's intended send time, so a stalled server is charged for
 //! the requests it delayed (no coordinated omission).
 
-use crate::http::{Conn, Target};
+use crate::http::Target;
+use crate::mux;
 use crate::requests::Requests;
 use crate::trace;
 use hdrhistogram::Histogram;
@@ -13,7 +15,7 @@ use kvix::hash;
 use std::io::Write;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -64,6 +66,10 @@ pub struct PhaseResult {
     pub p999_us: f64,
     pub max_us: f64,
     pub mean_us: f64,
+    /// The p99 of the median connection and of the slowest one: how evenly the
+    /// server shares itself between connections.
+    pub conn_p99_median_us: f64,
+    pub conn_p99_max_us: f64,
     /// Mean body size of the successful replies, in bytes.
     pub reply_bytes_mean: f64,
 }
@@ -136,16 +142,6 @@ fn has_scores(body: &[u8]) -> bool {
     it.next() == Some(b'{') && it.next() != Some(b'}')
 }
 
-struct ThreadOut {
-    hist: Histogram<u64>,
-    completed: u64,
-    errors: u64,
-    hits: u64,
-    unsent: u64,
-    reply_bytes: u64,
-    finished: Instant,
-}
-
 /// Run one phase. `done` counts completed requests for the progress bar.
 pub fn run(
     target: &Target,
@@ -153,115 +149,51 @@ pub fn run(
     bodies: Arc<Vec<Vec<u8>>>,
     done: Arc<AtomicU64>,
 ) -> PhaseResult {
-    let c = phase.connections.max(1);
-    // Connect everyone first, then start all schedules at one shared instant.
-    let barrier = Arc::new(std::sync::Barrier::new(c + 1));
-    let start_cell = Arc::new(std::sync::OnceLock::<Instant>::new());
-    let handles: Vec<_> = (0..c)
-        .map(|ci| {
-            let (target, bodies, done) = (target.clone(), bodies.clone(), done.clone());
-            let (barrier, start_cell) = (barrier.clone(), start_cell.clone());
-            let (rate, dur) = (phase.rate, Duration::from_secs_f64(phase.duration_secs));
-            std::thread::spawn(move || {
-                let mut conn = Conn::new(&target);
-                let _ = conn.connect();
-                barrier.wait();
-                let start = *start_cell.get().unwrap();
-                let end = start + dur;
-                let mut out = ThreadOut {
-                    hist: Histogram::new_with_bounds(1, 600_000_000, 3).unwrap(),
-                    completed: 0,
-                    errors: 0,
-                    hits: 0,
-                    unsent: 0,
-                    reply_bytes: 0,
-                    finished: start,
-                };
-                let mut k = ci as u64;
-                loop {
-                    let measure_from = if rate > 0.0 {
-                        let intended = start + Duration::from_secs_f64(k as f64 / rate);
-                        if intended >= end {
-                            break;
-                        }
-                        let now = Instant::now();
-                        if intended > now {
-                            std::thread::sleep(intended - now);
-                        } else if now >= end + dur {
-                            // Overloaded past a grace of one more duration: stop, and
-                            // count what was never sent rather than run on unboundedly.
-                            let total = (dur.as_secs_f64() * rate).ceil() as u64;
-                            out.unsent = total.saturating_sub(k).div_ceil(c as u64);
-                            break;
-                        }
-                        intended
-                    } else {
-                        let now = Instant::now();
-                        if now >= end {
-                            break;
-                        }
-                        now
-                    };
-                    let raw = &bodies[(k as usize) % bodies.len()];
-                    match conn.send(raw) {
-                        Ok(s) if (200..300).contains(&s) => {
-                            let lat = measure_from.elapsed().as_micros() as u64;
-                            out.hist.saturating_record(lat.max(1));
-                            out.completed += 1;
-                            out.hits += has_scores(conn.body()) as u64;
-                            out.reply_bytes += conn.body().len() as u64;
-                            done.fetch_add(1, Ordering::Relaxed);
-                        }
-                        _ => out.errors += 1,
-                    }
-                    k += c as u64;
-                }
-                out.finished = Instant::now();
-                out
-            })
-        })
-        .collect();
-    start_cell
-        .set(Instant::now() + Duration::from_millis(20))
-        .unwrap();
-    barrier.wait();
-    let start = *start_cell.get().unwrap();
-    let mut hist: Histogram<u64> = Histogram::new_with_bounds(1, 600_000_000, 3).unwrap();
-    let (mut completed, mut errors, mut hits, mut unsent, mut finished) = (0, 0, 0, 0, start);
-    let mut reply_bytes = 0;
-    for h in handles {
-        let o = h.join().expect("query thread panicked");
-        hist.add(&o.hist).unwrap();
-        completed += o.completed;
-        errors += o.errors;
-        hits += o.hits;
-        unsent += o.unsent;
-        reply_bytes += o.reply_bytes;
-        finished = finished.max(o.finished);
-    }
-    let elapsed = finished.duration_since(start).as_secs_f64().max(1e-9);
-    let q = |p: f64| {
-        if hist.is_empty() {
+    let o = mux::run(
+        &target.addr,
+        phase.connections.max(1),
+        phase.rate,
+        Duration::from_secs_f64(phase.duration_secs),
+        &bodies,
+        has_scores,
+        || {
+            done.fetch_add(1, Ordering::Relaxed);
+        },
+    );
+    let hist = &o.hist;
+    let elapsed = o.finished.duration_since(o.started).as_secs_f64().max(1e-9);
+    let q = |h: &Histogram<u64>, p: f64| {
+        if h.is_empty() {
             0.0
         } else {
-            hist.value_at_quantile(p) as f64
+            h.value_at_quantile(p) as f64
         }
     };
+    // Each connection's p99, sorted: the median connection's and the slowest's.
+    let mut conn_p99: Vec<f64> = o
+        .per_conn
+        .iter()
+        .filter(|h| !h.is_empty())
+        .map(|h| q(h, 0.99))
+        .collect();
+    conn_p99.sort_by(f64::total_cmp);
     PhaseResult {
         phase: phase.clone(),
-        completed,
-        errors,
-        hits,
-        unsent,
+        completed: o.completed,
+        errors: o.errors,
+        hits: o.hits,
+        unsent: o.unsent,
         elapsed_secs: elapsed,
-        achieved_rps: completed as f64 / elapsed,
-        p50_us: q(0.50),
-        p90_us: q(0.90),
-        p99_us: q(0.99),
-        p999_us: q(0.999),
+        achieved_rps: o.completed as f64 / elapsed,
+        p50_us: q(hist, 0.50),
+        p90_us: q(hist, 0.90),
+        p99_us: q(hist, 0.99),
+        p999_us: q(hist, 0.999),
         max_us: hist.max() as f64,
         mean_us: hist.mean(),
-        reply_bytes_mean: reply_bytes as f64 / completed.max(1) as f64,
+        conn_p99_median_us: conn_p99.get(conn_p99.len() / 2).copied().unwrap_or(0.0),
+        conn_p99_max_us: conn_p99.last().copied().unwrap_or(0.0),
+        reply_bytes_mean: o.reply_bytes as f64 / o.completed.max(1) as f64,
     }
 }
 

@@ -1,0 +1,296 @@
+//! The query phase's client: every connection of a phase driven from one thread
+//! with non-blocking sockets and `poll(2)`, as wrk does, so that the client costs
+//! one core however many connections it holds and never adds its own thread
+//! scheduling to a connection's latency.
+//!
+//! Owns the per-connection state machines and latency histograms. Closed loop: a
+//! connection sends its next request as soon as its answer is in. Open loop: the
+//! k-th request is due at `start + k / rate` and goes out on the first idle
+//! connection; latency is measured from the due time, so requests that waited for
+//! a connection are charged for it (no coordinated omission).
+
+use hdrhistogram::Histogram;
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+/// What a phase measured, per connection and overall.
+pub struct MuxOut {
+    pub hist: Histogram<u64>,
+    /// Each connection's own latencies.
+    pub per_conn: Vec<Histogram<u64>>,
+    pub completed: u64,
+    pub errors: u64,
+    pub hits: u64,
+    pub unsent: u64,
+    pub reply_bytes: u64,
+    pub started: Instant,
+    pub finished: Instant,
+}
+
+pub fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 600_000_000, 3).expect("histogram bounds")
+}
+
+enum State {
+    Idle,
+    /// Request `body` written up to `sent`; latency counts from `from`.
+    Busy { body: usize, sent: usize, from: Instant },
+}
+
+struct Conn {
+    stream: TcpStream,
+    state: State,
+    buf: Vec<u8>,
+}
+
+/// A complete response at the start of `buf`: (status, body range, bytes used).
+fn parse(buf: &[u8]) -> io::Result<Option<(u16, std::ops::Range<usize>, usize)>> {
+    let Some(head) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return Ok(None);
+    };
+    let head_end = head + 4;
+    let text = std::str::from_utf8(&buf[..head]).map_err(|_| bad("response head is not UTF-8"))?;
+    let mut lines = text.split("\r\n");
+    let status = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| bad("bad status line"))?;
+    let mut len = None;
+    for l in lines {
+        if let Some((k, v)) = l.split_once(':') {
+            if k.eq_ignore_ascii_case("content-length") {
+                len = v.trim().parse::<usize>().ok();
+            } else if k.eq_ignore_ascii_case("transfer-encoding") {
+                return Err(bad("chunked responses are not supported by the poll client"));
+            }
+        }
+    }
+    let len = len.ok_or_else(|| bad("response has no Content-Length"))?;
+    if buf.len() < head_end + len {
+        return Ok(None);
+    }
+    Ok(Some((status, head_end..head_end + len, head_end + len)))
+}
+
+fn bad(msg: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, msg.to_string())
+}
+
+fn connect(addr: &str) -> io::Result<TcpStream> {
+    let s = TcpStream::connect(addr)?;
+    s.set_nodelay(true)?;
+    s.set_nonblocking(true)?;
+    Ok(s)
+}
+
+/// Drive `connections` connections to `addr` for `dur` (closed loop when `rate`
+/// is 0), cycling through the pre-serialized `bodies`. `on_done` is called once
+/// per completed request (the progress bar). `has_scores` classifies a reply.
+pub fn run(
+    addr: &str,
+    connections: usize,
+    rate: f64,
+    dur: Duration,
+    bodies: &[Vec<u8>],
+    has_scores: impl Fn(&[u8]) -> bool,
+    on_done: impl Fn(),
+) -> MuxOut {
+    let mut out = MuxOut {
+        hist: histogram(),
+        per_conn: (0..connections).map(|_| histogram()).collect(),
+        completed: 0,
+        errors: 0,
+        hits: 0,
+        unsent: 0,
+        reply_bytes: 0,
+        started: Instant::now(),
+        finished: Instant::now(),
+    };
+    let mut conns: Vec<Option<Conn>> = (0..connections)
+        .map(|_| {
+            connect(addr).ok().map(|stream| Conn {
+                stream,
+                state: State::Idle,
+                buf: Vec::with_capacity(64 * 1024),
+            })
+        })
+        .collect();
+    let start = Instant::now();
+    out.started = start;
+    let end = start + dur;
+    // The next request's index (its body, and in open loop its due time).
+    let mut k: u64 = 0;
+    let total = (dur.as_secs_f64() * rate).ceil() as u64;
+    let due = |k: u64| start + Duration::from_secs_f64(k as f64 / rate);
+    let mut fds: Vec<libc::pollfd> = Vec::with_capacity(connections);
+    let mut chunk = vec![0u8; 64 * 1024];
+    loop {
+        let now = Instant::now();
+        // Hand out requests to idle connections.
+        let mut open_done = false;
+        for slot in conns.iter_mut() {
+            if slot.is_none() {
+                // A connection that failed is dialled again for its next request.
+                match connect(addr) {
+                    Ok(stream) => {
+                        *slot = Some(Conn {
+                            stream,
+                            state: State::Idle,
+                            buf: Vec::with_capacity(64 * 1024),
+                        })
+                    }
+                    Err(_) => {
+                        out.errors += 1;
+                        continue;
+                    }
+                }
+            }
+            let c = slot.as_mut().expect("connected above");
+            if !matches!(c.state, State::Idle) {
+                continue;
+            }
+            let from = if rate > 0.0 {
+                if k >= total {
+                    open_done = true;
+                    break;
+                }
+                let at = due(k);
+                if at > now {
+                    break;
+                }
+                if now >= end + dur {
+                    // Overloaded past a grace of one more duration: stop, and count
+                    // what was never sent rather than run on unboundedly.
+                    out.unsent = total - k;
+                    open_done = true;
+                    break;
+                }
+                at
+            } else {
+                if now >= end {
+                    break;
+                }
+                now
+            };
+            c.state = State::Busy {
+                body: (k as usize) % bodies.len(),
+                sent: 0,
+                from,
+            };
+            k += 1;
+        }
+        let busy = conns
+            .iter()
+            .flatten()
+            .filter(|c| matches!(c.state, State::Busy { .. }))
+            .count();
+        let finished = if rate > 0.0 {
+            open_done || (k >= total)
+        } else {
+            now >= end
+        };
+        if busy == 0 && finished {
+            break;
+        }
+        // Write what can be written, then wait for replies (or the next due time).
+        fds.clear();
+        for c in conns.iter_mut().flatten() {
+            let mut events = 0;
+            if let State::Busy { body, sent, .. } = &mut c.state {
+                let b = &bodies[*body];
+                while *sent < b.len() {
+                    match c.stream.write(&b[*sent..]) {
+                        Ok(n) => *sent += n,
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(_) => break,
+                    }
+                }
+                events = libc::POLLIN | if *sent < b.len() { libc::POLLOUT } else { 0 };
+            }
+            fds.push(libc::pollfd {
+                fd: c.stream.as_raw_fd(),
+                events,
+                revents: 0,
+            });
+        }
+        let wait_ms = if rate > 0.0 && k < total {
+            let at = due(k);
+            at.saturating_duration_since(Instant::now()).as_millis() as i32
+        } else {
+            100
+        };
+        // SAFETY: `fds` is a live, initialized slice of `pollfd`s and its length
+        // is passed with it; poll only writes their `revents`.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, wait_ms) };
+        if n <= 0 {
+            continue;
+        }
+        let mut i = 0;
+        for (ci, slot) in conns.iter_mut().enumerate() {
+            let Some(c) = slot.as_mut() else { continue };
+            let revents = fds[i].revents;
+            i += 1;
+            if revents & (libc::POLLIN | libc::POLLERR | libc::POLLHUP) == 0 {
+                continue;
+            }
+            let mut failed = false;
+            loop {
+                match c.stream.read(&mut chunk) {
+                    Ok(0) => {
+                        failed = true;
+                        break;
+                    }
+                    Ok(n) => c.buf.extend_from_slice(&chunk[..n]),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(_) => {
+                        failed = true;
+                        break;
+                    }
+                }
+            }
+            match parse(&c.buf) {
+                Ok(Some((status, body, used))) => {
+                    if let State::Busy { from, .. } = c.state {
+                        if (200..300).contains(&status) {
+                            let lat = (from.elapsed().as_micros() as u64).max(1);
+                            out.hist.saturating_record(lat);
+                            out.per_conn[ci].saturating_record(lat);
+                            out.completed += 1;
+                            out.hits += has_scores(&c.buf[body.clone()]) as u64;
+                            out.reply_bytes += body.len() as u64;
+                            on_done();
+                        } else {
+                            out.errors += 1;
+                        }
+                    }
+                    c.buf.drain(..used);
+                    c.state = State::Idle;
+                }
+                Ok(None) if !failed => {}
+                _ => {
+                    out.errors += 1;
+                    *slot = None;
+                }
+            }
+        }
+    }
+    out.finished = Instant::now();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_response_is_complete_only_with_its_whole_body() {
+        let r = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello";
+        assert_eq!(parse(&r[..r.len() - 1]).unwrap(), None);
+        let (status, body, used) = parse(r).unwrap().unwrap();
+        assert_eq!((status, &r[body], used), (200, &b"hello"[..], r.len()));
+        assert!(parse(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n").is_err());
+    }
+}
