@@ -32,11 +32,13 @@ pub trait ShardMesh {
     /// This executor's HTTP figures (executor-local, gathered on scrape).
     fn http_stats(&self) -> &RefCell<HttpStats>;
 
-    /// Every shard's holders of the prompt's blocks (its slots'), one reply per
-    /// shard.
+    /// The holders of the prompt's blocks, one reply per shard that can hold one
+    /// of the index's first `slots` slots ([`crate::partition::holds_any`]): the
+    /// others are not asked.
     fn lookup(
         &self,
         index: IndexId,
+        slots: usize,
         prompt: Arc<PromptBlocks>,
     ) -> impl Future<Output = Result<Vec<ShardReply>, ShardUnavailable>>;
 

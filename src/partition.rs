@@ -14,9 +14,35 @@ pub fn shard_of(index: IndexId, slot: WorkerSlot, shards: usize) -> ShardId {
     ShardId((slot.0 as usize + index.0 as usize) % shards)
 }
 
+/// Can `shard` hold any of the first `slots` slots of `index`? A query asks only
+/// those shards: with fewer slots than shards, the others hold nothing of it.
+#[inline]
+pub fn holds_any(index: IndexId, slots: usize, shard: ShardId, shards: usize) -> bool {
+    slots >= shards || (shard.0 + shards - index.0 as usize % shards) % shards < slots
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_shard_holds_some_slot_exactly_when_one_is_assigned_to_it() {
+        for shards in 1..6 {
+            for index in 0..7 {
+                for slots in 0..8usize {
+                    for shard in 0..shards {
+                        let owns = (0..slots as u32)
+                            .any(|s| shard_of(IndexId(index), WorkerSlot(s), shards).0 == shard);
+                        assert_eq!(
+                            holds_any(IndexId(index), slots, ShardId(shard), shards),
+                            owns,
+                            "index {index}, {slots} slots, shard {shard} of {shards}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn slots_take_turns_and_indexes_start_apart() {

@@ -557,7 +557,7 @@ async fn score<M: ShardMesh>(
     prompt: PromptBlocks,
 ) -> Result<Reply, ApiError> {
     let ix = &t.ix;
-    let merged = query::merge(mesh.lookup(ix.id, Arc::new(prompt)).await?);
+    let merged = query::merge(mesh.lookup(ix.id, ix.slots.len(), Arc::new(prompt)).await?);
     let live = |s: WorkerSlot| {
         let info = ix.slot(s);
         info.live && t.only.is_none_or(|i| i == info.instance)

@@ -253,11 +253,13 @@ impl ShardMesh for Core {
     async fn lookup(
         &self,
         index: IndexId,
+        slots: usize,
         prompt: Arc<PromptBlocks>,
     ) -> Result<Vec<ShardReply>, ShardUnavailable> {
+        let asked = |i: usize| crate::partition::holds_any(index, slots, ShardId(i), self.shards);
         let reqs = (0..self.shards)
-            .map(|_| {
-                Some(Req::Lookup {
+            .map(|i| {
+                asked(i).then(|| Req::Lookup {
                     index,
                     prompt: prompt.clone(),
                 })
@@ -267,6 +269,7 @@ impl ShardMesh for Core {
         for (i, r) in self.scatter(reqs).await?.into_iter().enumerate() {
             match r {
                 Some(Rep::Lookup(r)) => out.push(r),
+                None if !asked(i) => {}
                 _ => return Err(ShardUnavailable(ShardId(i))),
             }
         }
@@ -652,6 +655,10 @@ pub fn serve(app: Arc<App>, opts: ServeOptions) -> std::io::Result<()> {
         // executors read and write no files, so the minimum.
         .io_memory(IO_MEMORY)
         .preempt_timer(PREEMPT_TIMER)
+        // Blocking work (tokenization, snapshot encoding) runs where the kernel
+        // finds room, not pinned beside the executor it was offloaded from: a
+        // pinned executor keeps its core busy while queries come.
+        .blocking_thread_pool_placement(PoolPlacement::Unbound(1))
         .spin_before_park(awake::idle_spin(window))
         .on_all_shards(move || {
             let (app, mesh, opts) = (app.clone(), mesh.clone(), opts.clone());
