@@ -2,8 +2,10 @@
 """The tables of perf/compare.sh.
 
   compare.py run RUNDIR   figures of one run (RUNDIR/<workload>/<system>-t<n>-*.json) as JSON
-  compare.py table OUT    markdown over OUT/run-*/results.json: per workload, each system at
-                          its best thread count per metric, ratios as median (min-max) over runs
+  compare.py table OUT    markdown over OUT/run-*/results.json: per workload and thread count,
+                          every system's latency (closed and open loop); throughput, events
+                          and memory at each system's best thread count; ratios as median
+                          (min-max) over runs
   compare.py scale OUT    markdown over OUT/size-*/run-*/results.json (perf/scale.sh): one row
                           per index size, kvix and Dynamo at their best thread count, ratios
   compare.py scale-series OUT
@@ -35,9 +37,28 @@ def load(path):
         return None
 
 
-def phase(report, connections):
+# The table's figures taken at each system's best thread count: rates and memory.
+BEST_OF = ("applied", "q16_rps", "bpp")
+# Latency at one thread count, never best-of: (key, label, systems).
+LATENCY = [
+    ("q16_p50", "closed loop, 16 conns: p50 µs", ("kvix", "dynamo", "hello")),
+    ("q16_p99", "closed loop, 16 conns: p99 µs", ("kvix", "dynamo", "hello")),
+    ("q16_rps", "closed loop, 16 conns: req/s", ("kvix", "dynamo", "hello")),
+    ("q1_p50", "closed loop, 1 conn: p50 µs", ("kvix", "dynamo", "hello")),
+    ("q1_p99", "closed loop, 1 conn: p99 µs", ("kvix", "dynamo", "hello")),
+    ("o_p50", "open loop: p50 µs", ("kvix", "dynamo", "hello")),
+    ("o_p99", "open loop: p99 µs", ("kvix", "dynamo", "hello")),
+    ("o_p999", "open loop: p99.9 µs", ("kvix", "dynamo", "hello")),
+    ("conn_p99_max", "16 conns: slowest connection's p99 µs", ("kvix", "dynamo", "hello")),
+    ("conn_spread", "16 conns: slowest ÷ median connection's p99", ("kvix", "dynamo", "hello")),
+]
+# Where the tail targets apply: kvix ÷ Dynamo at most this, at each thread count.
+TAIL_TARGET = {"q16_p99": 0.5, "o_p99": 0.5}
+
+
+def phase(report, connections, open_loop=False):
     for q in (report or {}).get("queries", []):
-        if q["connections"] == connections and q["rate"] == 0:
+        if q["connections"] == connections and (q["rate"] > 0) == open_loop:
             return q
     return None
 
@@ -55,7 +76,7 @@ def lost_events(log):
         return None
 
 
-def one_config(events, query, log):
+def one_config(events, query, log, open_report=None):
     """The figures of one (system, threads) in one run; None where not measured."""
     out = {"log_failures": lost_events(log)}
     if events and events.get("events"):
@@ -77,9 +98,26 @@ def one_config(events, query, log):
         out["hit_rate"] = q16["hits"] / q16["completed"] if q16["completed"] else None
         out["reply_bytes"] = q16.get("reply_bytes_mean")
         out["errors"] = q16["errors"]
+    if q16 and q16["completed"]:
+        out["q16_p50"] = q16["p50_us"]
+        if q16.get("conn_p99_max_us"):
+            out["conn_p99_max"] = q16["conn_p99_max_us"]
+            med = q16.get("conn_p99_median_us")
+            out["conn_spread"] = q16["conn_p99_max_us"] / med if med else None
     if q1:
         out["q1_p50"] = q1["p50_us"] if q1["completed"] else None
+        out["q1_p99"] = q1["p99_us"] if q1["completed"] else None
         out["errors"] = out.get("errors", 0) + q1["errors"]
+    o = phase(open_report, 16, open_loop=True)
+    if o:
+        # A rate the system did not keep up with (requests never sent) has no tail
+        # to compare: its latency would be that of a queue that only grows.
+        kept_up = o["completed"] and not o.get("unsent")
+        out["o_rate"] = o["rate"]
+        out["o_rps"] = o["achieved_rps"]
+        for key, src in (("o_p50", "p50_us"), ("o_p99", "p99_us"), ("o_p999", "p999_us")):
+            out[key] = o[src] if kept_up else None
+        out["errors"] = out.get("errors", 0) + o["errors"]
     return out
 
 
@@ -94,7 +132,12 @@ def run(rundir):
                 continue
             name = f"{m.group(1)}-t{m.group(2)}"
             ev = load(os.path.join(wdir, f"{name}-events.json"))
-            configs[name] = one_config(ev, load(qf), os.path.join(wdir, f"{name}.log"))
+            configs[name] = one_config(
+                ev,
+                load(qf),
+                os.path.join(wdir, f"{name}.log"),
+                load(os.path.join(wdir, f"{name}-open.json")),
+            )
         res["workloads"][wl] = configs
     return res
 
@@ -114,6 +157,8 @@ def best(configs, system, key, higher):
 def fmt(key, v):
     if v is None:
         return "—"
+    if key == "conn_spread":
+        return f"{v:.2f}×"
     if key in ("applied", "q16_rps"):
         return f"{v / 1e6:.2f}M" if v >= 1e6 else f"{v / 1e3:.1f}k"
     if key == "bpp":
@@ -129,6 +174,52 @@ def spread(xs, fn=lambda x: f"{x:.2f}×"):
     if len(xs) == 1:
         return f"**{fn(med)}**"
     return f"**{fn(med)}** ({fn(min(xs))}–{fn(max(xs))})"
+
+
+def threads_of(per_run):
+    return sorted({int(n.rsplit("-t", 1)[1]) for c in per_run for n in c})
+
+
+def latency_tables(per_run):
+    """Per thread count: each system's latency figures (median over runs, range),
+    kvix ÷ Dynamo and kvix ÷ tokio-hello per run, and whether the tail targets held
+    in every run."""
+    lines = []
+    for t in threads_of(per_run):
+        lines += [
+            f"### --threads {t}",
+            "",
+            "| metric | kvix | Dynamo 1.6.1 | tokio-hello | kvix / Dynamo | kvix / tokio-hello |",
+            "|---|---|---|---|---|---|",
+        ]
+        for key, label, systems in LATENCY:
+            vals = {}
+            cells = []
+            for s in ("kvix", "dynamo", "hello"):
+                v = [c.get(f"{s}-t{t}", {}).get(key) for c in per_run]
+                vals[s] = v
+                got = [x for x in v if x is not None]
+                if s not in systems or not got:
+                    cells.append("—")
+                    continue
+                med = statistics.median(got)
+                rng = f" ({fmt(key, min(got))}–{fmt(key, max(got))})" if len(got) > 1 else ""
+                cells.append(f"{fmt(key, med)}{rng}")
+            ratios = []
+            for other in ("dynamo", "hello"):
+                rs = [k / o if k is not None and o else None for k, o in zip(vals["kvix"], vals[other])]
+                cell = spread(rs)
+                target = TAIL_TARGET.get(key)
+                if other == "dynamo" and target is not None and any(r is not None for r in rs):
+                    held = all(r is not None and r <= target for r in rs)
+                    cell += f" {'✓' if held else '✗'} ≤ {target}× in every run"
+                ratios.append(cell)
+            lines.append(f"| {label} | " + " | ".join(cells + ratios) + " |")
+        rates = sorted({c.get(f"kvix-t{t}", {}).get("o_rate") for c in per_run} - {None})
+        if rates:
+            lines += ["", f"Open loop: {', '.join(f'{r:,.0f}' for r in rates)} req/s over 16 connections, latency from each request's intended send time."]
+        lines.append("")
+    return lines
 
 
 def read_machine(out):
@@ -153,7 +244,8 @@ def table(out):
         machine,
         "```",
         "",
-        f"{len(runs)} run(s). Each cell: median over runs (range); each system at its best "
+        f"{len(runs)} run(s). Each cell: median over runs (range). Latency is reported per "
+        "thread count, never best-of; throughput, events and memory at each system's best "
         "thread count (1 or 2) for that metric in that run, the count chosen after the value "
         "(`t1`, `t2`). Ratios are kvix ÷ the other, per run: above 1 is better for kvix on "
         "rates, below 1 on latency and memory. Event streams are vLLM's wire with a nil dp-rank "
@@ -165,11 +257,19 @@ def table(out):
     for wl in workloads:
         per_run = [r["workloads"].get(wl, {}) for r in runs]
         lines += ["", f"## {wl}", ""]
+        lines += latency_tables(per_run)
+        lines += [
+            "",
+            "Throughput, events and memory, each system at its best thread count:",
+            "",
+        ]
         lines += [
             "| metric | kvix | Dynamo 1.6.1 | tokio-hello | kvix / Dynamo | kvix / tokio-hello |",
             "|---|---|---|---|---|---|",
         ]
         for key, label, higher, systems in METRICS:
+            if key not in BEST_OF:
+                continue
             cells, bests = [], {}
             for s in ("kvix", "dynamo", "hello"):
                 if s not in systems:

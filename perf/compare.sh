@@ -4,7 +4,7 @@
 #
 #   perf/compare.sh [--repeat N] [--quick] [--out DIR] [--no-build]
 #                   [--requests N] [--duration S] [--workloads "trace shared-prefix"]
-#                   [--systems "kvix dynamo hello"] [--threads "1 2"]
+#                   [--systems "kvix dynamo hello"] [--threads "1 2"] [--rate R]
 #
 # Builds kvix (release) and scripts/dynamo_peer (dynamo-peer: the published crate
 # dynamo-kv-router 1.6.1 run by its own run_server; tokio-hello: tokio + hyper
@@ -17,7 +17,9 @@
 # and for each system at --threads 1 and 2 (kvix: executors; Dynamo: indexer threads
 # and as many tokio workers): a fresh server, the event load (blocks applied/s,
 # settled RSS per live (block, worker)), then closed-loop /query with 1k-token
-# prompts at 16 connections and at 1; tokio-hello takes the same query phases,
+# prompts at 16 connections and at 1, then open loop at --rate req/s (default 6000,
+# a rate every system sustains here) over 16 connections, latency from each
+# request's intended send time; tokio-hello takes the same query phases,
 # answering a constant body of the mean size of kvix's replies in that workload.
 # The event streams are vLLM's wire format with two choices Dynamo 1.6.1 needs, made
 # for both systems: batches carry the (nil) dp-rank element, and a block has the
@@ -29,15 +31,17 @@
 #
 # Output: DIR/run-R/<workload>/<system>-t<threads>-{events,query}.json (kvix-load
 # --json reports) and .log (the server's stderr), DIR/run-R/results.json (the
-# figures of that run), and DIR/compare.md: per workload, each system at its best
-# thread count, ratios as median and range over the runs. DIR/compare.log: progress.
+# figures of that run), and DIR/compare.md: per workload and thread count, every
+# system's latency (closed and open loop, never best-of) with kvix's ratios as median
+# and range over the runs; throughput, events and memory at each system's best
+# thread count. DIR/compare.log: progress.
 #
 # Builds run under `nice -n 10`; set CARGO_BUILD_JOBS to bound their parallelism.
 # Needs a C/C++ compiler (libzmq and ring are built from source), python3, curl.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-REPEAT=3 QUICK=0 BUILD=1 REQUESTS=6000 DURATION=10
+REPEAT=3 QUICK=0 BUILD=1 REQUESTS=6000 DURATION=10 RATE=6000
 WORKLOADS="trace shared-prefix" SYSTEMS="kvix dynamo hello" THREADS="1 2"
 OUT="perf/out/compare-$(date +%Y%m%d-%H%M%S)"
 while [ $# -gt 0 ]; do
@@ -48,6 +52,7 @@ while [ $# -gt 0 ]; do
         --no-build) BUILD=0; shift ;;
         --requests) REQUESTS="$2"; shift 2 ;;
         --duration) DURATION="$2"; shift 2 ;;
+        --rate) RATE="$2"; shift 2 ;;
         --workloads) WORKLOADS="$2"; shift 2 ;;
         --systems) SYSTEMS="$2"; shift 2 ;;
         --threads) THREADS="$2"; shift 2 ;;
@@ -76,7 +81,7 @@ for b in "$BIN/kvix" "$BIN/kvix-load" "$PEER_BIN/dynamo-peer" "$PEER_BIN/tokio-h
     [ -x "$b" ] || { say "missing $b (run without --no-build)"; exit 1; }
 done
 describe_machine "$OUT/machine.txt" "repeat: $REPEAT requests: $REQUESTS duration: $DURATION trace: $TRACE
-workloads: $WORKLOADS systems: $SYSTEMS threads: $THREADS
+workloads: $WORKLOADS systems: $SYSTEMS threads: $THREADS open-loop rate: $RATE/s
 dynamo: dynamo-kv-router 1.6.1 (scripts/dynamo_peer/Cargo.lock)
 load: $(uptime)"
 
@@ -124,6 +129,8 @@ run_system() { # run_system RUNDIR WORKLOAD SYSTEM THREADS
     fi
     load query "${common[@]}" --connections 16,1 --prompt-tokens 1024 --duration "$DURATION" \
         >"$dir/$name-query.json"
+    load query "${common[@]}" --connections 16 --rate "$RATE" --prompt-tokens 1024 \
+        --duration "$DURATION" >"$dir/$name-open.json"
     stop
 }
 

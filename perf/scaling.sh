@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# How kvix and Dynamo's standalone indexer scale with threads: the compare.sh
+# workload at 1, 2, 4, 8 and 16 threads (kvix: executors, that is shards; Dynamo:
+# indexer threads and as many tokio workers), each in a fresh server, and per
+# thread count: blocks applied/s, closed-loop /query at 16 connections (req/s,
+# p50, p99), open-loop p99 at --rate, and the server's CPU per query.
+#
+#   perf/scaling.sh [--no-build] [--threads "1 2 4 8 16"] [--workload trace|shared-prefix]
+#                   [--duration S] [--rate R] [--requests N] [--out DIR] [--bin DIR]
+#                   [--peer-bin DIR]
+#
+# A query visits every shard that can hold one of the index's slots (a shard owns
+# whole slots, partition.rs): with W workers and S shards it is min(W, S) shard
+# lookups of the whole prompt plus one gather, so the CPU a query costs grows
+# with the shard count until every slot has a shard of its own, and stays flat
+# beyond. Run it where there are at least as many cores as the largest thread
+# count plus one for the client; on fewer cores the table measures
+# oversubscription (machine.txt records nproc). --bin / --peer-bin take prebuilt
+# binaries (kvix, kvix-load; dynamo-peer), e.g. stripped ones carried to a larger
+# machine; with --no-build and no dynamo-peer, kvix runs alone.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+BUILD=1 THREADS="1 2 4 8 16" WORKLOAD=trace DURATION=8 RATE=6000 REQUESTS=6000
+BIN=target/release PEER_BIN=scripts/dynamo_peer/target/release
+OUT="perf/out/scaling-$(date +%Y%m%d-%H%M%S)"
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --no-build) BUILD=0; shift ;;
+        --threads) THREADS="$2"; shift 2 ;;
+        --workload) WORKLOAD="$2"; shift 2 ;;
+        --duration) DURATION="$2"; shift 2 ;;
+        --rate) RATE="$2"; shift 2 ;;
+        --requests) REQUESTS="$2"; shift 2 ;;
+        --out) OUT="$2"; shift 2 ;;
+        --bin) BIN="$2"; shift 2 ;;
+        --peer-bin) PEER_BIN="$2"; shift 2 ;;
+        *) echo "unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+. perf/lib.sh
+pick_trace
+mkdir -p "$OUT"
+if [ "$BUILD" = 1 ]; then
+    cargo build --release --locked --bin kvix --bin kvix-load
+    cargo build --release --locked --manifest-path scripts/dynamo_peer/Cargo.toml
+fi
+SYSTEMS="kvix"
+[ -x "$PEER_BIN/dynamo-peer" ] && SYSTEMS="kvix dynamo"
+describe_machine "$OUT/machine.txt" "threads: $THREADS workload: $WORKLOAD duration: $DURATION rate: $RATE
+systems: $SYSTEMS"
+
+PID=""
+cleanup() { [ -n "$PID" ] && kill "$PID" 2>/dev/null; wait 2>/dev/null || true; }
+trap cleanup EXIT
+cpu() { awk '{print $14 + $15}' "/proc/$PID/stat"; }
+read -r -a wl <<<"$(workload_args "$WORKLOAD")"
+read -r -a ev <<<"$(worker_args "$WORKLOAD")"
+for t in $THREADS; do
+    for system in $SYSTEMS; do
+        PORT=$(free_port)
+        case "$system" in
+            kvix) "$BIN/kvix" --host 127.0.0.1 --port "$PORT" --threads "$t" 2>"$OUT/$system-t$t.log" & ;;
+            dynamo) "$PEER_BIN/dynamo-peer" --port "$PORT" --threads "$t" --runtime-threads "$t" \
+                2>"$OUT/$system-t$t.log" & ;;
+        esac
+        PID=$!
+        wait_health "$PORT" || { echo "$system did not answer /health" >&2; exit 1; }
+        common=(--url "http://127.0.0.1:$PORT" --quiet --json "${wl[@]}")
+        "$BIN/kvix-load" events "${common[@]}" "${ev[@]}" --pid "$PID" --keep \
+            >"$OUT/$system-t$t-events.json" || [ $? = 2 ]
+        c0=$(cpu)
+        "$BIN/kvix-load" query "${common[@]}" --connections 16 --prompt-tokens 1024 \
+            --duration "$DURATION" >"$OUT/$system-t$t-query.json" || [ $? = 2 ]
+        c1=$(cpu)
+        echo "{\"cpu_ticks\": $((c1 - c0)), \"tick_hz\": $(getconf CLK_TCK)}" >"$OUT/$system-t$t-cpu.json"
+        "$BIN/kvix-load" query "${common[@]}" --connections 16 --rate "$RATE" --prompt-tokens 1024 \
+            --duration "$DURATION" >"$OUT/$system-t$t-open.json" || [ $? = 2 ]
+        kill "$PID"; wait "$PID" 2>/dev/null || true; PID=""
+    done
+done
+
+python3 - "$OUT" "$THREADS" "$SYSTEMS" >"$OUT/scaling.md" <<'EOF'
+import json, sys
+out, threads, systems = sys.argv[1], sys.argv[2].split(), sys.argv[3].split()
+def load(p):
+    try:
+        return json.load(open(p))
+    except (OSError, ValueError):
+        return None
+print("# Scaling with threads (perf/scaling.sh)\n")
+print("```\n" + open(f"{out}/machine.txt").read().strip() + "\n```\n")
+print("| system | threads | blocks applied/s | 16c req/s | 16c p50 µs | 16c p99 µs "
+      "| server CPU µs / query | open-loop p99 µs |")
+print("|---|---|---|---|---|---|---|---|")
+for s in systems:
+    for t in threads:
+        ev = load(f"{out}/{s}-t{t}-events.json") or {}
+        q = ((load(f"{out}/{s}-t{t}-query.json") or {}).get("queries") or [None])[0]
+        o = ((load(f"{out}/{s}-t{t}-open.json") or {}).get("queries") or [None])[0]
+        cpu = load(f"{out}/{s}-t{t}-cpu.json")
+        e = ev.get("events") or {}
+        applied = e.get("blocks_applied_per_sec")
+        cells = [
+            f"{applied / 1e6:.2f}M" if applied else "—",
+            f"{q['achieved_rps']:.0f}" if q and q["completed"] else "—",
+            f"{q['p50_us']:.0f}" if q and q["completed"] else "—",
+            f"{q['p99_us']:.0f}" if q and q["completed"] else "—",
+            f"{cpu['cpu_ticks'] / cpu['tick_hz'] / q['completed'] * 1e6:.1f}" if cpu and q and q["completed"] else "—",
+            f"{o['p99_us']:.0f}" if o and o["completed"] and not o.get("unsent") else "—",
+        ]
+        print(f"| {s} | {t} | " + " | ".join(cells) + " |")
+EOF
+cat "$OUT/scaling.md"
