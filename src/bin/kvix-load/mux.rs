@@ -195,6 +195,12 @@ pub fn run(
         if busy == 0 && finished {
             break;
         }
+        if now >= end + dur.max(Duration::from_secs(10)) {
+            // Answers still missing well past the end: a stalled server. What is
+            // outstanding counts as errors rather than hold the phase forever.
+            out.errors += busy as u64;
+            break;
+        }
         // Write what can be written, then wait for replies (or the next due time).
         fds.clear();
         for c in conns.iter_mut().flatten() {
