@@ -3,7 +3,7 @@
 //! Owns, for every (model, tenant) index, what the worker slots the partition
 //! function gives this shard hold ([`crate::partition::shard_of`]): a radix tree of
 //! their blocks with each slot's engine-hash map ([`tree::Tree`]), and beside it a
-//! table keyed by sequence hash ([`blocks::Blocks`]) for blocks published by
+//! table keyed by sequence hash ([`keyed::KeyedBlocks`]) for blocks published by
 //! rolling hash alone, without tokens (they name no parent a tree could hang them
 //! from). Changes arrive as [`ShardOp`]s through [`Shard::apply`] (live events,
 //! replay, dumps and snapshots alike) and as predictions through
@@ -14,21 +14,22 @@
 //! recently stored or matched. A shard never touches another shard's memory and
 //! never blocks.
 
-pub mod blocks;
 pub mod holders;
+pub mod keyed;
 pub mod predict;
 pub mod table;
 pub mod tree;
 
 use crate::hash;
 use crate::types::{BlockHash, EngineHash, IndexId, SeqHash, Tier, TierSet, WorkerSlot};
-use blocks::{Blocks, EVICT_TURNS, Hand, Walk};
 use hashbrown::HashMap;
-use holders::{Holder, HolderSet, HolderSlab};
+use holders::Holder;
+use keyed::{EVICT_TURNS, KeyedBlocks};
 use predict::Tick;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 pub use table::SeqHasherBuilder;
+use table::Cursor;
 use tree::{DumpWalk, Seed, Stored, Tree};
 
 /// In a lookup's output, a block held exactly as the block before it; never a
@@ -284,7 +285,7 @@ struct Clearing {
     tree_slot: usize,
     tree_at: tree::NamesAt,
     /// Where the walk of the keyed table is, once the tree's is done.
-    keyed_at: Walk,
+    keyed_at: Cursor,
     /// The walk has taken a step (later clears wait for the next walk).
     began: bool,
     /// Per slot, the tiers cleared after the walk began: the next walk's.
@@ -443,10 +444,7 @@ pub struct ExportAt {
 pub struct IndexShard {
     tree: Tree,
     /// Blocks stored by rolling hash alone, and their holders.
-    keyed: Blocks,
-    slab: HolderSlab,
-    /// Blocks of `keyed` held per slot (any tier), for `tree_sizes`.
-    keyed_per_slot: Vec<u32>,
+    keyed: KeyedBlocks,
     prune: Option<PruneBound>,
     /// Slots being cleared, if any.
     clearing: Option<Box<Clearing>>,
@@ -455,14 +453,6 @@ pub struct IndexShard {
 }
 
 impl IndexShard {
-    fn count_keyed(&mut self, slot: WorkerSlot, delta: i32) {
-        let i = slot.0 as usize;
-        if self.keyed_per_slot.len() <= i {
-            self.keyed_per_slot.resize(i + 1, 0);
-        }
-        self.keyed_per_slot[i] = self.keyed_per_slot[i].wrapping_add_signed(delta);
-    }
-
     /// Blocks (and paths to them) in this index shard.
     pub fn len(&self) -> usize {
         self.tree.len() + self.keyed.len()
@@ -477,7 +467,7 @@ impl IndexShard {
     /// walk passes them, the blocks it held only on those.
     pub fn tree_sizes_into(&self, out: &mut Vec<u32>) {
         let at = out.len();
-        let (tree, keyed) = (self.tree.per_slot(), &self.keyed_per_slot);
+        let (tree, keyed) = (self.tree.per_slot(), self.keyed.per_slot());
         out.extend(
             (0..tree.len().max(keyed.len()))
                 .map(|i| tree.get(i).copied().unwrap_or(0) + keyed.get(i).copied().unwrap_or(0)),
@@ -514,11 +504,7 @@ impl IndexShard {
 
     /// Approximate heap bytes owned by this index shard.
     pub fn heap_bytes(&self) -> usize {
-        self.tree.heap_bytes()
-            + self.keyed.allocation_size()
-            + self.slab.capacity_bytes()
-            + self.keyed_per_slot.capacity() * 4
-            + self.seeding.allocation_size()
+        self.tree.heap_bytes() + self.keyed.heap_bytes() + self.seeding.allocation_size()
     }
 }
 
@@ -528,9 +514,6 @@ pub struct Shard {
     indexes: Vec<IndexShard>,
     /// Ops applied since start, for metrics.
     pub applied: u64,
-    /// (block, holder) pairs per tier of the keyed tables, kept as ops apply (the
-    /// trees keep their own) so that metrics never walk the blocks.
-    keyed_pairs: [u64; Tier::COUNT],
     pub predictions: PredictionCounts,
     /// Stores skipped because their slot names no such parent, and removals of
     /// blocks the slot does not hold, since start.
@@ -542,7 +525,7 @@ pub struct Shard {
     counted: usize,
     /// Blocks evicted to stay within the budget, since start.
     pub evicted: u64,
-    /// The eviction turn (index × hand: its tree, then its keyed tables) next.
+    /// The eviction turn (index × its tree, then its keyed table) next.
     evict_from: usize,
     /// Indexes with slots being cleared, oldest first (see [`Clearing`]).
     clearing: Vec<IndexId>,
@@ -557,8 +540,8 @@ pub struct Shard {
     seqs: Vec<SeqHash>,
 }
 
-/// Eviction turns per index: its tree, then each of its keyed tables' hands.
-const TURNS_PER_INDEX: usize = 1 + Hand::BOTH.len();
+/// Eviction turns per index: its tree, then its keyed table.
+const TURNS_PER_INDEX: usize = 2;
 
 /// The index shard of `index`, created if new (tracking use if the shard is
 /// bounded). A function of the vector alone, so the caller can still update the
@@ -758,20 +741,12 @@ impl Shard {
             }
             return;
         }
-        let (walking, mut at) = (std::mem::take(&mut d.walking), d.keyed_at);
-        if !ix.keyed.is_empty() {
-            self.clear_keyed_step(index, &walking, &mut at, budget);
+        if ix.keyed.is_empty() {
+            d.keyed_at = Cursor::done();
         } else {
-            at = Walk::done();
+            ix.keyed.clear_step(&d.walking, &mut d.keyed_at, budget);
         }
-        let ix = &mut self.indexes[index.0 as usize];
-        let d = ix
-            .clearing
-            .as_mut()
-            .expect("only clear_walk_step ends a clear");
-        d.walking = walking;
-        d.keyed_at = at;
-        if !at.is_done() {
+        if !d.keyed_at.is_done() {
             return;
         }
         let waited = std::mem::take(&mut d.deferred);
@@ -786,59 +761,6 @@ impl Shard {
             self.clearing.retain(|&i| i != index);
         }
         self.apply_staged(&waited);
-    }
-
-    /// Take `losing[slot]` off every holder of the keyed blocks of `index` among
-    /// `budget` buckets from `at` (see [`Blocks::retain_step`]; a block seen again
-    /// has nothing more to lose).
-    fn clear_keyed_step(
-        &mut self,
-        index: IndexId,
-        losing: &[TierSet],
-        at: &mut Walk,
-        budget: usize,
-    ) {
-        let ix = index_mut(&mut self.indexes, index, self.budget.is_some());
-        let IndexShard {
-            keyed,
-            slab,
-            keyed_per_slot,
-            ..
-        } = ix;
-        let mut removed = vec![0u32; losing.len()];
-        let mut per_tier = [0u64; Tier::COUNT];
-        let mut hit: Vec<(WorkerSlot, TierSet)> = Vec::new();
-        keyed.retain_step(at, budget, |node| {
-            hit.clear();
-            hit.extend(node.holders.as_slice(slab).iter().filter_map(|&h| {
-                let slot = Holder(h).slot();
-                let tiers = losing.get(slot.0 as usize).copied()?;
-                (!tiers.is_empty()).then_some((slot, tiers))
-            }));
-            for &(slot, tiers) in &hit {
-                let (bits, gone) = node.holders.remove(slot, tiers, slab);
-                for t in bits.iter() {
-                    per_tier[t.0 as usize] += 1;
-                }
-                if gone {
-                    removed[slot.0 as usize] += 1;
-                }
-            }
-            if node.holders.is_empty() {
-                node.holders.free(slab);
-                false
-            } else {
-                true
-            }
-        });
-        for (slot, n) in removed.into_iter().enumerate() {
-            if let Some(c) = keyed_per_slot.get_mut(slot) {
-                *c -= n;
-            }
-        }
-        for (t, n) in per_tier.into_iter().enumerate() {
-            self.keyed_pairs[t] -= n;
-        }
     }
 
     /// Files a run of stores (see [`ShardOp::Store`]).
@@ -908,20 +830,7 @@ impl Shard {
             } => {
                 self.applied += 1;
                 let ix = index_mut(&mut self.indexes, index, bounded);
-                let first = HolderSet::of(Holder::new(slot, tier.bit()));
-                let (node, grew) = ix.keyed.get_or_insert(seq, parent, BlockHash(0), first);
-                let before = if grew {
-                    TierSet::NONE
-                } else {
-                    node.holders.add(slot, tier, &mut ix.slab)
-                };
-                if before.is_empty() {
-                    ix.count_keyed(slot, 1);
-                }
-                if !before.contains(tier) {
-                    self.keyed_pairs[tier.0 as usize] += 1;
-                }
-                if grew {
+                if ix.keyed.store(slot, tier, seq, parent) {
                     self.keep_budget();
                 }
             }
@@ -965,22 +874,8 @@ impl Shard {
                     ix.shrink_if_empty();
                     return;
                 }
-                let seq = SeqHash(block.0);
-                let Some(node) = ix.keyed.get_mut(&seq) else {
+                if !ix.keyed.remove(slot, SeqHash(block.0), tiers) {
                     self.unknown_removed += 1;
-                    return;
-                };
-                let (removed, gone) =
-                    node.holders
-                        .remove(slot, tiers & TierSet::MEDIA, &mut ix.slab);
-                if gone {
-                    if node.holders.is_empty() {
-                        ix.keyed.remove(&seq);
-                    }
-                    ix.count_keyed(slot, -1);
-                }
-                for t in removed.iter() {
-                    self.keyed_pairs[t.0 as usize] -= 1;
                 }
             }
             ShardOp::ClearSlot { index, slot, tiers } => {
@@ -1065,7 +960,7 @@ impl Shard {
     }
 
     /// Evict until every shard together is within the budget (or this one has
-    /// nothing left to evict). Every index's tree and keyed tables take turns; one
+    /// nothing left to evict). Every index's tree and keyed table take turns; one
     /// that finds nothing passes the turn on.
     fn keep_budget(&mut self) {
         let Some(max) = self.budget.as_ref().map(|b| b.max) else {
@@ -1081,21 +976,7 @@ impl Shard {
             let ix = &mut self.indexes[turn / TURNS_PER_INDEX];
             let evicted = match turn % TURNS_PER_INDEX {
                 0 => ix.tree.evict().is_some(),
-                hand => match ix.keyed.evict(Hand::BOTH[hand - 1]) {
-                    Some((_, node)) => {
-                        for &h in node.holders.as_slice(&ix.slab) {
-                            let h = Holder(h);
-                            ix.keyed_per_slot[h.slot().0 as usize] -= 1;
-                            for t in h.tiers().iter() {
-                                self.keyed_pairs[t.0 as usize] -= 1;
-                            }
-                        }
-                        let mut holders = node.holders;
-                        holders.free(&mut ix.slab);
-                        true
-                    }
-                    None => false,
-                },
+                _ => ix.keyed.evict(),
             };
             if !evicted {
                 misses += 1;
@@ -1172,13 +1053,8 @@ impl Shard {
             if let Some((hs, _)) = tree_lists.next() {
                 out.extend(hs.iter().filter_map(|&h| keep(h)));
             }
-            if let Some(node) = seqs.get(i).and_then(|s| ix.keyed.get_matched(s)) {
-                out.extend(
-                    node.holders
-                        .as_slice(&ix.slab)
-                        .iter()
-                        .filter_map(|&h| keep(h)),
-                );
+            if let Some(hs) = seqs.get(i).and_then(|s| ix.keyed.matched(s)) {
+                out.extend(hs.iter().filter_map(|&h| keep(h)));
             }
             let n = out.len() - head - 1;
             out[head] = n as u32;
@@ -1228,17 +1104,7 @@ impl Shard {
             let bits = *at
                 .keyed_bits
                 .get_or_insert_with(|| ix.keyed.part_bits(EXPORT_BITS_MAX).unwrap_or(0));
-            for (seq, parent, node) in ix.keyed.iter_part(at.keyed_part, bits) {
-                for &h in node.holders.as_slice(&ix.slab) {
-                    out.push(DumpedBlock {
-                        seq,
-                        parent,
-                        local: node.local(),
-                        holder: Holder(h),
-                        node: NO_NODE,
-                    });
-                }
-            }
+            ix.keyed.export_part(at.keyed_part, bits, out);
             at.keyed_part += 1;
             at.keyed_done = at.keyed_part >= 1 << bits;
         } else {
@@ -1290,10 +1156,11 @@ impl Shard {
     /// metrics: counters kept as ops apply, O(indexes).
     pub fn tier_counts(&self) -> (u64, [u64; Tier::COUNT]) {
         let blocks = self.indexes.iter().map(|ix| ix.len() as u64).sum();
-        let mut pairs = self.keyed_pairs;
+        let mut pairs = [0; Tier::COUNT];
         for ix in &self.indexes {
-            for (p, t) in pairs.iter_mut().zip(ix.tree.tier_pairs()) {
-                *p += t;
+            let (tree, keyed) = (ix.tree.tier_pairs(), ix.keyed.tier_pairs());
+            for ((p, t), k) in pairs.iter_mut().zip(tree).zip(keyed) {
+                *p += t + k;
             }
         }
         (blocks, pairs)
