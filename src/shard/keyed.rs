@@ -260,7 +260,11 @@ mod tests {
             exported(&k),
             vec![
                 (SeqHash(7), None, held(a, DEV.bit())),
-                (SeqHash(42), Some(SeqHash(7)), held(a, DEV.bit() | HOST.bit())),
+                (
+                    SeqHash(42),
+                    Some(SeqHash(7)),
+                    held(a, DEV.bit() | HOST.bit())
+                ),
                 (SeqHash(42), Some(SeqHash(7)), held(b, HOST.bit())),
             ]
         );
