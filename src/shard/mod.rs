@@ -76,7 +76,7 @@ pub struct IndexShard {
     /// Slots being cleared, if any.
     clearing: Option<Box<Clearing>>,
     /// Sequence hash → node of the blocks an import filed, until it ends.
-    seeding: HashMap<SeqHash, u32>,
+    seeding: HashMap<SeqHash, tree::NodeId>,
 }
 
 impl IndexShard {

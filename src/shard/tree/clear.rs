@@ -2,7 +2,7 @@
 //! whole index, between which the executor serves.
 
 use super::Tree;
-use super::arena::{FREE, ID_MASK, Node, at_mut};
+use super::arena::{Node, NodeRef, at_mut};
 use super::names::{NamesAt, forget_names};
 use crate::types::{Tier, TierSet, WorkerSlot};
 
@@ -36,8 +36,8 @@ impl Tree {
             let Tree { chunks, slab, .. } = self;
             // Whether the slot still holds the block `reference` names once its
             // `tiers` are taken off (the name then stays).
-            let mut keep = |chunks: &mut [Vec<Node>], reference: u32| {
-                let id = reference & ID_MASK;
+            let mut keep = |chunks: &mut [Vec<Node>], reference: NodeRef| {
+                let id = reference.id();
                 let n = at_mut(chunks, id);
                 if !n.named_by(reference, slot, slab) {
                     // It names a block evicted since, or an alias of one whose hold
@@ -68,12 +68,12 @@ impl Tree {
         }
         for &node in &ended {
             self.count(slot, -1);
-            if let Some(names) = self.aliases.remove(&(slot.0, node)) {
+            if let Some(names) = self.aliases.remove(&(slot, node)) {
                 forget_names(&mut map, names, node, None, &self.chunks);
             }
             // A node whose child went before it may have gone with that child.
             let n = self.node(node);
-            if n.parent() != FREE && n.holders.is_empty() {
+            if !n.is_free() && n.holders.is_empty() {
                 self.emptied(node);
             }
         }

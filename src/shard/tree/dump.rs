@@ -4,7 +4,7 @@
 //! where it got to by local hash, since nodes come and go meanwhile.
 
 use super::Tree;
-use super::arena::{FREE, NIL};
+use super::arena::NodeId;
 use crate::hash;
 use crate::shard::DumpedBlock;
 use crate::shard::holders::Holder;
@@ -34,7 +34,7 @@ pub struct DumpWalk {
     /// The roots as the walk found them, sorted by local hash once (a tree may have
     /// a root per conversation): each is checked to be that root still when its
     /// turn comes, and a root filed since is not seen.
-    roots: Vec<u32>,
+    roots: Vec<NodeId>,
     root_locals: Vec<BlockHash>,
     started: bool,
     done: bool,
@@ -55,12 +55,12 @@ struct Frame {
 #[derive(Default)]
 struct Walking {
     frames: Vec<Frame>,
-    kids: Vec<u32>,
+    kids: Vec<NodeId>,
 }
 
 impl Walking {
     /// Pushes a level below the roots: `id`'s children, sorted by local hash.
-    fn push(&mut self, tree: &Tree, id: u32, seq: Option<SeqHash>) {
+    fn push(&mut self, tree: &Tree, id: NodeId, seq: Option<SeqHash>) {
         let start = self.kids.len();
         tree.children(id, &mut self.kids);
         self.kids[start..].sort_unstable_by_key(|&k| tree.node(k).local().0);
@@ -104,7 +104,7 @@ impl Tree {
             return true;
         }
         if !walk.started {
-            let mut roots: Vec<(BlockHash, u32)> = self
+            let mut roots: Vec<(BlockHash, NodeId)> = self
                 .roots
                 .iter()
                 .map(|&r| (self.node(r).local(), r))
@@ -128,7 +128,7 @@ impl Tree {
             if stack.frames.len() == 1 {
                 let i = stack.frames[0].next - 1;
                 let n = self.node(id);
-                if n.parent() != NIL || n.local() != walk.root_locals[i] {
+                if !n.is_root() || n.local() != walk.root_locals[i] {
                     // A root that went since the walk began.
                     continue;
                 }
@@ -146,7 +146,7 @@ impl Tree {
                         parent,
                         local,
                         holder: Holder::new(h.slot(), tiers),
-                        node: id,
+                        node: id.index(),
                     });
                 }
             }
@@ -180,7 +180,7 @@ impl Tree {
     /// there (a node goes only with its subtree).
     fn resume(&self, walk: &mut DumpWalk) -> Walking {
         let mut stack = Walking::default();
-        let (mut parent, mut seq) = (NIL, None);
+        let (mut parent, mut seq) = (None, None);
         let levels = walk.at.len().max(1);
         for level in 0..levels {
             let last = walk.at.get(level).copied().flatten();
@@ -199,11 +199,10 @@ impl Tree {
                 let into = last
                     .filter(|l| next > 0 && locals[next - 1] == *l)
                     .map(|_| stack.kids[next - 1])
-                    .filter(|&r| {
-                        self.node(r).parent() == NIL && Some(self.node(r).local()) == last
-                    });
+                    .filter(|&r| self.node(r).is_root() && Some(self.node(r).local()) == last);
                 (next, into)
             } else {
+                let parent = parent.expect("a level below the roots has its parent");
                 stack.push(self, parent, seq);
                 let f = stack.frames.last().expect("just pushed");
                 let kids = &stack.kids[f.start..f.end];
@@ -220,7 +219,7 @@ impl Tree {
             match (into, level + 1 < levels) {
                 (Some(c), true) => {
                     seq = Some(hash::chain(seq, self.node(c).local()));
-                    parent = c;
+                    parent = Some(c);
                 }
                 _ => break,
             }
@@ -229,14 +228,14 @@ impl Tree {
     }
 
     /// The sequence hash of `id`: its local hashes from the root down, chained.
-    pub(super) fn seq_of(&self, id: u32, path: &mut Vec<BlockHash>) -> SeqHash {
+    pub(super) fn seq_of(&self, id: NodeId, path: &mut Vec<BlockHash>) -> SeqHash {
         path.clear();
         let mut n = id;
         loop {
             path.push(self.node(n).local());
             match self.node(n).parent() {
-                NIL => break,
-                p => n = p,
+                None => break,
+                Some(p) => n = p,
             }
         }
         path.iter()
@@ -251,7 +250,7 @@ impl Tree {
     /// the import's own map, dropped when it is done), or else a root standing for
     /// that sequence hash. Returns false, filing nothing, if the parent is named by
     /// an engine hash alone and it names nothing.
-    pub fn seed(&mut self, b: &Seed, filed: &mut HashMap<SeqHash, u32>) -> bool {
+    pub fn seed(&mut self, b: &Seed, filed: &mut HashMap<SeqHash, NodeId>) -> bool {
         let Seed {
             slot,
             tier,
@@ -262,16 +261,16 @@ impl Tree {
         } = *b;
         let by_engine = parent_engine.and_then(|p| self.named(slot, p));
         let parent = match (by_engine, parent_seq) {
-            (Some(id), _) => id,
-            (None, None) if parent_engine.is_none() => NIL,
+            (Some(id), _) => Some(id),
+            (None, None) if parent_engine.is_none() => None,
             (None, Some(seq)) => match filed.get(&seq) {
-                Some(&id) if self.node(id).parent() != FREE => id,
+                Some(&id) if !self.node(id).is_free() => Some(id),
                 // A parent the dump names by sequence hash alone (nobody held it): a
                 // root standing for it, whose sequence hash is that one (a first
                 // block's is its local hash), holding nothing. Lookups stop there, as
                 // they stop at the parent in the tree the dump came from.
-                _ => match self.child_or_insert(NIL, BlockHash(seq.0), EngineHash(0)) {
-                    Some(id) => id,
+                _ => match self.child_or_insert(None, BlockHash(seq.0), EngineHash(0)) {
+                    Some(id) => Some(id),
                     None => return false,
                 },
             },
@@ -283,7 +282,7 @@ impl Tree {
             return false;
         };
         let seq = match (parent, parent_seq) {
-            (NIL, _) => hash::chain(None, local),
+            (None, _) => hash::chain(None, local),
             (_, Some(p)) => hash::chain(Some(p), local),
             _ => self.seq_of(id, &mut Vec::new()),
         };

@@ -3,7 +3,7 @@
 //! budget does), and takes only leaves, so that what it evicts is freed.
 
 use super::Tree;
-use super::arena::{FREE, NIL, at_mut};
+use super::arena::{NodeId, at_mut};
 use crate::shard::holders::Holder;
 use crate::types::Tier;
 
@@ -19,9 +19,9 @@ impl Tree {
 
     /// A store, prediction or match of `id` now.
     #[inline]
-    pub(super) fn mark(&mut self, id: u32) {
+    pub(super) fn mark(&mut self, id: NodeId) {
         if self.tracking {
-            let i = id as usize;
+            let i = id.index() as usize;
             if self.used.len() <= i {
                 self.used.resize((i + 1).next_power_of_two(), 0);
             }
@@ -52,7 +52,7 @@ impl Tree {
     /// The oldest of the next [`EVICT_SAMPLE`] leaves from the hand (one lap at
     /// most); the hand moves on to just past it, so the leaves it passed over are
     /// sampled again by the next eviction.
-    pub(super) fn next_victim(&mut self) -> Option<u32> {
+    pub(super) fn next_victim(&mut self) -> Option<NodeId> {
         let end = self.filed() as u32;
         if end == 0 {
             return None;
@@ -60,8 +60,8 @@ impl Tree {
         let (mut best, mut best_age, mut seen) = (None, 0u32, 0);
         let mut id = self.hand.min(end - 1);
         for _ in 0..end {
-            let n = self.node(id);
-            if n.parent() != FREE && n.first_child == NIL {
+            let n = self.node(NodeId::at_index(id));
+            if !n.is_free() && n.is_leaf() {
                 let last = self.used.get(id as usize).copied().unwrap_or(0);
                 let age = self.clock.wrapping_sub(last);
                 if best.is_none() || age > best_age {
@@ -76,10 +76,10 @@ impl Tree {
         }
         let victim = best?;
         self.hand = if victim + 1 >= end { 0 } else { victim + 1 };
-        Some(victim)
+        Some(NodeId::at_index(victim))
     }
 
-    pub(super) fn evict_node(&mut self, id: u32) -> usize {
+    pub(super) fn evict_node(&mut self, id: NodeId) -> usize {
         let mut holders = std::mem::take(&mut self.scratch);
         holders.clear();
         holders.extend_from_slice(self.node(id).holders.as_slice(&self.slab));
@@ -98,7 +98,7 @@ impl Tree {
             if let Some(names) = engine.get_mut(h.slot().0 as usize) {
                 names.forget(eh, id, chunks);
             }
-            self.aliases.remove(&(h.slot().0, id));
+            self.aliases.remove(&(h.slot(), id));
         }
         let Tree { chunks, slab, .. } = self;
         at_mut(chunks, id).holders.free(slab);

@@ -3,7 +3,7 @@
 //! use marks a bounded index evicts by.
 
 use super::Tree;
-use super::arena::{NIL, WIDE};
+use super::arena::{Kids, NodeId};
 use crate::hash;
 use crate::shard::holders::Holder;
 use crate::shard::{Prompt, SAME_HOLDERS};
@@ -31,11 +31,11 @@ impl Tree {
     fn walk(
         &mut self,
         n: usize,
-        find: impl Fn(&Self, u32, usize) -> Option<u32>,
+        find: impl Fn(&Self, Option<NodeId>, usize) -> Option<NodeId>,
         out: &mut Vec<u32>,
     ) {
         self.tick();
-        let mut p = NIL;
+        let mut p = None;
         // Where the last holder list written is in `out`.
         let mut last = 0..0;
         for i in 0..n {
@@ -47,7 +47,7 @@ impl Tree {
             let hs = self.node(id).holders.as_slice(&self.slab);
             if hs.len() > 1 && self.predictions.is_empty() && out.get(last.clone()) == Some(hs) {
                 out.push(SAME_HOLDERS);
-                p = id;
+                p = Some(id);
                 continue;
             }
             out.push(hs.len() as u32);
@@ -62,23 +62,28 @@ impl Tree {
                 return;
             }
             last = at..out.len();
-            p = id;
+            p = Some(id);
         }
     }
 
     /// The child of `p` (whose sequence hash is `parent`) with sequence hash `seq`:
     /// every candidate's chain link is computed, since a node keeps only its local
     /// hash.
-    fn child_by_seq(&self, p: u32, parent: Option<SeqHash>, seq: SeqHash) -> Option<u32> {
-        if p == NIL {
+    fn child_by_seq(
+        &self,
+        p: Option<NodeId>,
+        parent: Option<SeqHash>,
+        seq: SeqHash,
+    ) -> Option<NodeId> {
+        let Some(p) = p else {
             // A first block's sequence hash is its local hash.
-            return self.child(NIL, BlockHash(seq.0));
-        }
-        let is = |c: &u32| hash::chain(parent, self.node(*c).local()) == seq;
-        match self.node(p).first_child {
-            NIL => None,
-            WIDE => self.wide[&p].iter().find(|c| is(c)).copied(),
-            c => is(&c).then_some(c),
+            return self.child(None, BlockHash(seq.0));
+        };
+        let is = |c: &NodeId| hash::chain(parent, self.node(*c).local()) == seq;
+        match self.node(p).kids() {
+            Kids::None => None,
+            Kids::Wide => self.wide[&p].iter().find(|c| is(c)).copied(),
+            Kids::One(c) => is(&c).then_some(c),
         }
     }
 }

@@ -40,6 +40,7 @@ mod lookup;
 mod names;
 mod predicted;
 
+pub use arena::NodeId;
 pub use dump::{DumpWalk, Seed};
 pub use names::NamesAt;
 pub use predicted::{NodeKey, PredictCounts};
@@ -47,7 +48,7 @@ pub use predicted::{NodeKey, PredictCounts};
 use crate::shard::holders::HolderSlab;
 use crate::shard::predict::Predictions;
 use crate::types::{BlockHash, EngineHash, Tier, TierSet, WorkerSlot};
-use arena::{NIL, Node, at_mut};
+use arena::{Node, at_mut};
 use hashbrown::{HashMap, HashTable};
 use names::{Names, forget_names};
 
@@ -74,24 +75,24 @@ pub enum Stored {
 #[derive(Default)]
 pub struct Tree {
     chunks: Vec<Vec<Node>>,
-    /// Head of the free list through `first_child`.
-    free: Option<u32>,
+    /// Head of the free list (the nodes chain it through their child word).
+    free: Option<NodeId>,
     live: usize,
     /// First blocks, by local hash.
-    roots: HashTable<u32>,
+    roots: HashTable<NodeId>,
     /// Child tables of parents with more than one child.
-    wide: HashMap<u32, HashTable<u32>>,
+    wide: HashMap<NodeId, HashTable<NodeId>>,
     slab: HolderSlab,
     /// Per slot, engine hash → node.
     engine: Vec<Names>,
     /// (slot, node) pairs that a second engine hash of the slot names (an engine that
     /// files the same content under two hashes): every engine hash of such a pair is
     /// listed, so that all go when the slot stops holding the node. Usually empty.
-    aliases: HashMap<(u32, u32), Vec<EngineHash>>,
+    aliases: HashMap<(WorkerSlot, NodeId), Vec<EngineHash>>,
     /// Blocks held per slot (any tier).
     per_slot: Vec<u32>,
     /// Nodes whose hold a clear step ended (scratch, empty between calls).
-    ended: Vec<u32>,
+    ended: Vec<NodeId>,
     /// An evicted block's holders (scratch).
     scratch: Vec<u32>,
     /// Deadlines of the predicted holders (empty unless a router predicted).
@@ -105,7 +106,7 @@ pub struct Tree {
     /// compared as differences).
     clock: u32,
     tracking: bool,
-    /// Where the eviction hand is, as a node id.
+    /// Where the eviction hand is, as an arena position.
     hand: u32,
     /// At most this many nodes (`None`: as many as ids can name); tests set less.
     node_limit: Option<u32>,
@@ -156,21 +157,23 @@ impl Tree {
         blocks: &[(EngineHash, BlockHash)],
     ) -> Stored {
         let p = match parent {
-            None => NIL,
-            Some(eh) => match self.named(slot, eh) {
-                Some(id) => id,
-                None => return Stored::UnknownParent,
-            },
+            None => None,
+            Some(eh) => {
+                let Some(id) = self.named(slot, eh) else {
+                    return Stored::UnknownParent;
+                };
+                Some(id)
+            }
         };
         self.file_run(slot, tier, p, blocks)
     }
 
-    /// Files `blocks` as a store does, the first a child of node `p` (NIL: a root).
+    /// Files `blocks` as a store does, the first a child of node `p` (`None`: a root).
     pub(super) fn file_run(
         &mut self,
         slot: WorkerSlot,
         tier: Tier,
-        mut p: u32,
+        mut p: Option<NodeId>,
         blocks: &[(EngineHash, BlockHash)],
     ) -> Stored {
         self.tick();
@@ -237,7 +240,7 @@ impl Tree {
                     }
                 }
             }
-            p = id;
+            p = Some(id);
         }
         Stored::Filed {
             new_holders,
@@ -262,8 +265,8 @@ impl Tree {
 
     /// `id` holds nothing any more: references taken to it end, and it goes if
     /// nothing hangs from it.
-    pub(super) fn emptied(&mut self, id: u32) {
-        if self.node(id).first_child == NIL {
+    pub(super) fn emptied(&mut self, id: NodeId) {
+        if self.node(id).is_leaf() {
             self.release(id);
         } else {
             self.node_mut(id).next_generation();
@@ -276,7 +279,7 @@ impl Tree {
     pub(super) fn unhold(
         &mut self,
         slot: WorkerSlot,
-        node: u32,
+        node: NodeId,
         tiers: TierSet,
         keep: Option<EngineHash>,
     ) {
@@ -289,7 +292,7 @@ impl Tree {
             return;
         }
         self.count(slot, -1);
-        if let Some(names) = self.aliases.remove(&(slot.0, node)) {
+        if let Some(names) = self.aliases.remove(&(slot, node)) {
             let Tree { engine, chunks, .. } = self;
             forget_names(&mut engine[slot.0 as usize], names, node, keep, chunks);
         }

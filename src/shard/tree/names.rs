@@ -11,7 +11,7 @@
 //! node (the entry would be filed under a key it no longer has).
 
 use super::Tree;
-use super::arena::{ID_MASK, Node, at};
+use super::arena::{Node, NodeId, NodeRef, at};
 use crate::shard::table::{self, BlockTable, Cursor, Filed, Keyed};
 #[cfg(test)]
 use crate::types::SeqHash;
@@ -24,32 +24,39 @@ const ENGINE_PART_BITS_MAX: u32 = 12;
 /// A name of a block that is its node's own engine hash: a reference to the node
 /// (generation and id), whose `engine` is the key.
 #[derive(Clone, Copy)]
-pub(super) struct Named(pub(super) u32);
+pub(super) struct Named(pub(super) NodeRef);
 
 impl Filed for Named {
     type Key = EngineHash;
     type Ctx = [Vec<Node>];
     #[inline]
     fn key_in(&self, chunks: &[Vec<Node>]) -> EngineHash {
-        at(chunks, self.0 & ID_MASK).engine()
+        at(chunks, self.0.id()).engine()
     }
     #[inline]
     fn prefetch_key(&self, chunks: &[Vec<Node>]) {
-        table::prefetch(std::ptr::from_ref(&at(chunks, self.0 & ID_MASK).engine) as usize);
+        table::prefetch(std::ptr::from_ref(&at(chunks, self.0.id()).engine) as usize);
     }
 }
 
-/// An engine hash and the node it names: 12 bytes (three halves, 4-byte aligned).
+/// An engine hash and the node it names: 12 bytes (the hash in halves, so that
+/// the entry is 4-byte aligned).
 #[derive(Clone, Copy)]
-pub(super) struct EngineEntry([u32; 3]);
+pub(super) struct EngineEntry {
+    key: [u32; 2],
+    node: NodeRef,
+}
 
 impl EngineEntry {
-    fn new(eh: EngineHash, node: u32) -> Self {
-        EngineEntry([eh.0 as u32, (eh.0 >> 32) as u32, node])
+    fn new(eh: EngineHash, node: NodeRef) -> Self {
+        EngineEntry {
+            key: [eh.0 as u32, (eh.0 >> 32) as u32],
+            node,
+        }
     }
     /// A reference to the node (generation and id).
-    pub(super) fn node(&self) -> u32 {
-        self.0[2]
+    pub(super) fn node(&self) -> NodeRef {
+        self.node
     }
 }
 
@@ -57,7 +64,7 @@ impl Keyed for EngineEntry {
     type Key = EngineHash;
     #[inline]
     fn key(&self) -> EngineHash {
-        EngineHash(self.0[0] as u64 | (self.0[1] as u64) << 32)
+        EngineHash(self.key[0] as u64 | (self.key[1] as u64) << 32)
     }
 }
 
@@ -96,7 +103,7 @@ impl NamesAt {
 impl Names {
     /// The reference `eh` names (checked by the caller: it may name nothing now).
     #[inline]
-    pub(super) fn get(&self, eh: EngineHash, chunks: &[Vec<Node>]) -> Option<u32> {
+    pub(super) fn get(&self, eh: EngineHash, chunks: &[Vec<Node>]) -> Option<NodeRef> {
         match self.other.get(&eh) {
             Some(e) => Some(e.node()),
             None => self.own.get_in(&eh, chunks).map(|n| n.0),
@@ -108,10 +115,10 @@ impl Names {
     pub(super) fn set(
         &mut self,
         eh: EngineHash,
-        reference: u32,
+        reference: NodeRef,
         chunks: &[Vec<Node>],
-    ) -> Option<u32> {
-        if at(chunks, reference & ID_MASK).engine() == eh {
+    ) -> Option<NodeRef> {
+        if at(chunks, reference.id()).engine() == eh {
             let before = self.other.remove(&eh).map(|e| e.node());
             let replaced = self.own.insert_in(eh, chunks, Named(reference));
             replaced.map(|n| n.0).or(before)
@@ -131,8 +138,8 @@ impl Names {
     }
 
     /// Takes `eh` out if it names node `id` (any generation).
-    pub(super) fn forget(&mut self, eh: EngineHash, id: u32, chunks: &[Vec<Node>]) {
-        if self.get(eh, chunks).is_some_and(|r| r & ID_MASK == id) {
+    pub(super) fn forget(&mut self, eh: EngineHash, id: NodeId, chunks: &[Vec<Node>]) {
+        if self.get(eh, chunks).is_some_and(|r| r.id() == id) {
             self.remove(eh, chunks);
         }
     }
@@ -148,7 +155,7 @@ impl Names {
         part: usize,
         bits: u32,
         chunks: &'a [Vec<Node>],
-    ) -> impl Iterator<Item = (EngineHash, u32)> + 'a {
+    ) -> impl Iterator<Item = (EngineHash, NodeRef)> + 'a {
         self.own
             .iter_part_in(part, bits, chunks)
             .map(move |n| (n.key_in(chunks), n.0))
@@ -172,7 +179,7 @@ impl Names {
 pub(super) fn forget_names(
     map: &mut Names,
     names: Vec<EngineHash>,
-    node: u32,
+    node: NodeId,
     keep: Option<EngineHash>,
     chunks: &[Vec<Node>],
 ) {
@@ -191,23 +198,23 @@ impl Tree {
     }
 
     /// The node `slot`'s engine hash `eh` names, if it names one the slot holds.
-    pub(super) fn named(&self, slot: WorkerSlot, eh: EngineHash) -> Option<u32> {
+    pub(super) fn named(&self, slot: WorkerSlot, eh: EngineHash) -> Option<NodeId> {
         let reference = self.engine.get(slot.0 as usize)?.get(eh, &self.chunks)?;
         self.resolve(slot, reference)
     }
 
     /// The node a reference names, if it is still that node (same generation) and
     /// `slot` holds it.
-    pub(super) fn resolve(&self, slot: WorkerSlot, reference: u32) -> Option<u32> {
-        let id = reference & ID_MASK;
+    pub(super) fn resolve(&self, slot: WorkerSlot, reference: NodeRef) -> Option<NodeId> {
+        let id = reference.id();
         self.node(id)
             .named_by(reference, slot, &self.slab)
             .then_some(id)
     }
 
     /// Records a second engine hash of `slot` for `node`.
-    pub(super) fn alias(&mut self, slot: WorkerSlot, node: u32, eh: EngineHash) {
-        if !self.aliases.contains_key(&(slot.0, node)) {
+    pub(super) fn alias(&mut self, slot: WorkerSlot, node: NodeId, eh: EngineHash) {
+        if !self.aliases.contains_key(&(slot, node)) {
             // The first engine hash: the entry that names the node besides `eh`, the
             // node's own or another (a walk of the slot's other names; engines name
             // a block once, so this is rare).
@@ -228,9 +235,9 @@ impl Tree {
                         .map(Keyed::key),
                 )
                 .collect();
-            self.aliases.insert((slot.0, node), first);
+            self.aliases.insert((slot, node), first);
         }
-        self.aliases.entry((slot.0, node)).or_default().push(eh);
+        self.aliases.entry((slot, node)).or_default().push(eh);
     }
 
     /// Every (slot, sequence hash, engine hash) the engine maps hold for blocks
@@ -290,7 +297,7 @@ impl Tree {
         if let Some(map) = self.engine.get(slot.0 as usize) {
             out.extend(
                 map.part(part, bits, &self.chunks)
-                    .filter_map(|(eh, r)| Some((slot, self.resolve(slot, r)?, eh))),
+                    .filter_map(|(eh, r)| Some((slot, self.resolve(slot, r)?.index(), eh))),
             );
         }
     }

@@ -6,7 +6,7 @@
 //! never dumped.
 
 use super::Tree;
-use super::arena::{CHUNK, CHUNK_BITS, FREE, NIL, at_mut};
+use super::arena::{NodeId, at_mut, get};
 use crate::shard::predict::{Predicted, PredictedBlock, Predictions, Tick};
 use crate::types::{BlockHash, EngineHash, Tier, TierSet, WorkerSlot};
 
@@ -14,17 +14,17 @@ use crate::types::{BlockHash, EngineHash, Tier, TierSet, WorkerSlot};
 /// so that a prediction left behind by a clear never ends another block's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NodeKey {
-    id: u32,
+    id: NodeId,
     check: u32,
 }
 
 impl PredictedBlock for NodeKey {
     fn to_bits(self) -> u64 {
-        self.id as u64 | (self.check as u64) << 32
+        self.id.index() as u64 | (self.check as u64) << 32
     }
     fn from_bits(bits: u64) -> Self {
         NodeKey {
-            id: bits as u32,
+            id: NodeId::at_index(bits as u32),
             check: (bits >> 32) as u32,
         }
     }
@@ -38,10 +38,10 @@ pub struct PredictCounts {
 }
 
 impl Tree {
-    pub(super) fn key(&self, id: u32) -> NodeKey {
+    pub(super) fn key(&self, id: NodeId) -> NodeKey {
         NodeKey {
             id,
-            check: self.node(id).local[0],
+            check: self.node(id).check(),
         }
     }
 
@@ -57,13 +57,13 @@ impl Tree {
     ) -> PredictCounts {
         self.tick();
         let mut counts = PredictCounts::default();
-        let mut p = NIL;
+        let mut p = None;
         for &local in locals {
             let Some(id) = self.child_or_insert(p, local, EngineHash(0)) else {
                 break;
             };
             self.mark(id);
-            p = id;
+            p = Some(id);
             let tiers = self.node(id).holders.tiers_of(slot, &self.slab);
             if !(tiers & TierSet::MEDIA).is_empty() {
                 continue;
@@ -117,15 +117,11 @@ impl Tree {
     /// is still that block and still predicted; the node goes once nothing holds it
     /// or hangs from it. Returns whether the bit was there.
     fn unpredict(&mut self, key: NodeKey, slot: WorkerSlot) -> bool {
-        let Some(n) = self
-            .chunks
-            .get((key.id >> CHUNK_BITS) as usize)
-            .and_then(|c| c.get(key.id as usize & (CHUNK - 1)))
-        else {
+        let Some(n) = get(&self.chunks, key.id) else {
             return false;
         };
-        if n.parent() == FREE
-            || n.local[0] != key.check
+        if n.is_free()
+            || n.check() != key.check
             || !n
                 .holders
                 .tiers_of(slot, &self.slab)

@@ -1,7 +1,7 @@
 //! The tree's examples, and a property test against a plain model of holders
 //! and names.
 
-use super::arena::NIL;
+use super::arena::NodeId;
 use super::*;
 use crate::hash;
 use crate::shard::HolderLists;
@@ -205,10 +205,7 @@ fn a_wide_parent_keeps_its_children_in_a_table() {
     }
     assert!(t.wide.is_empty());
     assert_eq!(t.len(), 1);
-    assert_eq!(
-        t.node(t.roots.iter().copied().next().unwrap()).first_child,
-        NIL
-    );
+    assert!(t.node(t.roots.iter().copied().next().unwrap()).is_leaf());
 }
 
 #[test]
@@ -337,10 +334,10 @@ fn a_clear_walks_only_its_slot_in_steps() {
 
 impl Tree {
     /// The local hashes from the root down to `id`.
-    fn path(&self, mut id: u32) -> Vec<u64> {
+    fn path(&self, mut id: NodeId) -> Vec<u64> {
         let mut path = vec![self.node(id).local().0];
-        while self.node(id).parent() != NIL {
-            id = self.node(id).parent();
+        while let Some(p) = self.node(id).parent() {
+            id = p;
             path.push(self.node(id).local().0);
         }
         path.reverse();
