@@ -8,7 +8,7 @@
 //! eviction hand. A block is filed with the parent its first store names, which
 //! never changes while it is filed; it never reaches into the tree beside it.
 
-use super::holders::{Holder, HolderSet, HolderSlab};
+use super::holders::{HeldCounts, Holder, HolderSet, HolderSlab};
 use super::table::{BlockTable, Cursor};
 use super::{DumpedBlock, NO_NODE};
 use crate::types::{BlockHash, SeqHash, Tier, TierSet, WorkerSlot};
@@ -33,10 +33,7 @@ const EVICT_STEPS: usize = 16;
 pub struct KeyedBlocks {
     table: BlockTable<(SeqHash, Block)>,
     slab: HolderSlab,
-    /// Blocks held per slot (any tier), for `tree_sizes`.
-    per_slot: Vec<u32>,
-    /// (block, holder) pairs per tier bit.
-    pairs: [u64; Tier::COUNT],
+    held: HeldCounts,
 }
 
 impl KeyedBlocks {
@@ -50,25 +47,17 @@ impl KeyedBlocks {
 
     /// Blocks held per slot (any tier), indexed by slot.
     pub fn per_slot(&self) -> &[u32] {
-        &self.per_slot
+        self.held.per_slot()
     }
 
     /// (block, holder) pairs per tier.
     pub fn tier_pairs(&self) -> &[u64; Tier::COUNT] {
-        &self.pairs
+        self.held.tier_pairs()
     }
 
     /// Note stores and matches from now on, for [`Self::evict`].
     pub fn track_use(&mut self) {
         self.table.track_use();
-    }
-
-    fn count(&mut self, slot: WorkerSlot, delta: i32) {
-        let i = slot.0 as usize;
-        if self.per_slot.len() <= i {
-            self.per_slot.resize(i + 1, 0);
-        }
-        self.per_slot[i] = self.per_slot[i].wrapping_add_signed(delta);
     }
 
     /// `slot` holds the block `seq` on `tier`, a child of `parent` (`None`: a first
@@ -95,10 +84,10 @@ impl KeyedBlocks {
             block.holders.add(slot, tier, &mut self.slab)
         };
         if before.is_empty() {
-            self.count(slot, 1);
+            self.held.slot(slot, 1);
         }
         if !before.contains(tier) {
-            self.pairs[tier.0 as usize] += 1;
+            self.held.add(tier);
         }
         grew
     }
@@ -117,11 +106,9 @@ impl KeyedBlocks {
             if block.holders.is_empty() {
                 self.table.remove(&seq);
             }
-            self.count(slot, -1);
+            self.held.slot(slot, -1);
         }
-        for t in removed.iter() {
-            self.pairs[t.0 as usize] -= 1;
-        }
+        self.held.remove(removed);
         true
     }
 
@@ -136,12 +123,7 @@ impl KeyedBlocks {
     /// (see [`BlockTable::retain_step`]; a block seen again has nothing more to
     /// lose), and the blocks left with no holder.
     pub fn clear_step(&mut self, losing: &[TierSet], at: &mut Cursor, budget: usize) {
-        let KeyedBlocks {
-            table,
-            slab,
-            per_slot,
-            pairs,
-        } = self;
+        let KeyedBlocks { table, slab, held } = self;
         let mut removed = vec![0u32; losing.len()];
         let mut hit: Vec<(WorkerSlot, TierSet)> = Vec::new();
         table.retain_step(at, budget, |(_, block)| {
@@ -153,9 +135,7 @@ impl KeyedBlocks {
             }));
             for &(slot, tiers) in &hit {
                 let (bits, gone) = block.holders.remove(slot, tiers, slab);
-                for t in bits.iter() {
-                    pairs[t.0 as usize] -= 1;
-                }
+                held.remove(bits);
                 if gone {
                     removed[slot.0 as usize] += 1;
                 }
@@ -168,8 +148,8 @@ impl KeyedBlocks {
             }
         });
         for (slot, n) in removed.into_iter().enumerate() {
-            if let Some(c) = per_slot.get_mut(slot) {
-                *c -= n;
+            if n > 0 {
+                held.slot(WorkerSlot(slot as u32), -(n as i32));
             }
         }
     }
@@ -184,10 +164,8 @@ impl KeyedBlocks {
         };
         for &h in block.holders.as_slice(&self.slab) {
             let h = Holder(h);
-            self.per_slot[h.slot().0 as usize] -= 1;
-            for t in h.tiers().iter() {
-                self.pairs[t.0 as usize] -= 1;
-            }
+            self.held.slot(h.slot(), -1);
+            self.held.remove(h.tiers());
         }
         block.holders.free(&mut self.slab);
         true
@@ -220,7 +198,7 @@ impl KeyedBlocks {
 
     /// Heap bytes owned by the keyed blocks.
     pub fn heap_bytes(&self) -> usize {
-        self.table.allocation_size() + self.slab.capacity_bytes() + self.per_slot.capacity() * 4
+        self.table.allocation_size() + self.slab.capacity_bytes() + self.held.heap_bytes()
     }
 }
 

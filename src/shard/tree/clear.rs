@@ -63,11 +63,9 @@ impl Tree {
                     .retain_step(&mut at.other, budget, |e| keep(chunks, e.node()));
             }
         }
-        for (pairs, removed) in self.pairs.iter_mut().zip(removed) {
-            *pairs -= removed;
-        }
+        self.held.remove_pairs(&removed);
         for &node in &ended {
-            self.count(slot, -1);
+            self.held.slot(slot, -1);
             if let Some(names) = self.aliases.remove(&(slot, node)) {
                 forget_names(&mut map, names, node, None, &self.chunks);
             }

@@ -85,8 +85,8 @@ impl Tree {
         holders.extend_from_slice(self.node(id).holders.as_slice(&self.slab));
         for &h in &holders {
             let h = Holder(h);
-            self.count(h.slot(), -1);
-            self.uncount(h.tiers());
+            self.held.slot(h.slot(), -1);
+            self.held.remove(h.tiers());
             if h.has(Tier::PREDICTED) {
                 let key = self.key(id);
                 self.predictions.forget(key, h.slot());

@@ -45,7 +45,7 @@ pub use dump::{DumpWalk, Seed};
 pub use names::NamesAt;
 pub use predicted::{NodeKey, PredictCounts};
 
-use crate::shard::holders::HolderSlab;
+use crate::shard::holders::{HeldCounts, HolderSlab};
 use crate::shard::predict::Predictions;
 use crate::types::{BlockHash, EngineHash, Tier, TierSet, WorkerSlot};
 use arena::{Node, at_mut};
@@ -89,16 +89,13 @@ pub struct Tree {
     /// files the same content under two hashes): every engine hash of such a pair is
     /// listed, so that all go when the slot stops holding the node. Usually empty.
     aliases: HashMap<(WorkerSlot, NodeId), Vec<EngineHash>>,
-    /// Blocks held per slot (any tier).
-    per_slot: Vec<u32>,
     /// Nodes whose hold a clear step ended (scratch, empty between calls).
     ended: Vec<NodeId>,
     /// An evicted block's holders (scratch).
     scratch: Vec<u32>,
     /// Deadlines of the predicted holders (empty unless a router predicted).
     predictions: Predictions<NodeKey>,
-    /// (block, holder) pairs per tier bit.
-    pairs: [u64; Tier::COUNT],
+    held: HeldCounts,
     /// A bounded index's last use per node id: the `clock` of the store,
     /// prediction or match that last touched it. Empty unless tracking.
     used: Vec<u32>,
@@ -124,26 +121,12 @@ impl Tree {
 
     /// Blocks held per slot (any tier), indexed by slot.
     pub fn per_slot(&self) -> &[u32] {
-        &self.per_slot
+        self.held.per_slot()
     }
 
     /// (block, holder) pairs per tier; [`Tier::PREDICTED`]'s are the live predictions.
     pub fn tier_pairs(&self) -> &[u64; Tier::COUNT] {
-        &self.pairs
-    }
-
-    pub(super) fn uncount(&mut self, removed: TierSet) {
-        for t in removed.iter() {
-            self.pairs[t.0 as usize] -= 1;
-        }
-    }
-
-    pub(super) fn count(&mut self, slot: WorkerSlot, delta: i32) {
-        let i = slot.0 as usize;
-        if self.per_slot.len() <= i {
-            self.per_slot.resize(i + 1, 0);
-        }
-        self.per_slot[i] = self.per_slot[i].wrapping_add_signed(delta);
+        self.held.tier_pairs()
     }
 
     /// `slot` stores `blocks` (engine hash, local hash) on `tier`, in chain order,
@@ -202,10 +185,10 @@ impl Tree {
             };
             if before.is_empty() {
                 new_holders += 1;
-                self.count(slot, 1);
+                self.held.slot(slot, 1);
             }
             if !before.contains(tier) {
-                self.pairs[tier.0 as usize] += 1;
+                self.held.add(tier);
             }
             if before.contains(Tier::PREDICTED) {
                 // The worker stored what it was predicted to: an ordinary holder now.
@@ -215,7 +198,7 @@ impl Tree {
                     .remove(slot, Tier::PREDICTED.bit(), slab);
                 let key = self.key(id);
                 self.predictions.forget(key, slot);
-                self.pairs[Tier::PREDICTED.0 as usize] -= 1;
+                self.held.remove(Tier::PREDICTED.bit());
                 confirmed += 1;
             }
             // Once the slot holds it, its engine hash names it as it is now: one
@@ -287,11 +270,11 @@ impl Tree {
             let Tree { chunks, slab, .. } = self;
             at_mut(chunks, node).holders.remove(slot, tiers, slab)
         };
-        self.uncount(removed);
+        self.held.remove(removed);
         if !gone {
             return;
         }
-        self.count(slot, -1);
+        self.held.slot(slot, -1);
         if let Some(names) = self.aliases.remove(&(slot, node)) {
             let Tree { engine, chunks, .. } = self;
             forget_names(&mut engine[slot.0 as usize], names, node, keep, chunks);
@@ -349,7 +332,7 @@ impl Tree {
             + self.slab.capacity_bytes()
             + self.predictions.heap_bytes()
             + self.engine_heap_bytes()
-            + self.per_slot.capacity() * 4
+            + self.held.heap_bytes()
             + self.used.capacity() * 4
     }
 }

@@ -71,8 +71,8 @@ impl Tree {
             if tiers.is_empty() {
                 let Tree { chunks, slab, .. } = self;
                 at_mut(chunks, id).holders.add(slot, Tier::PREDICTED, slab);
-                self.count(slot, 1);
-                self.pairs[Tier::PREDICTED.0 as usize] += 1;
+                self.held.slot(slot, 1);
+                self.held.add(Tier::PREDICTED);
             }
             let key = self.key(id);
             match self.predictions.predict(key, slot, deadline) {
