@@ -12,7 +12,7 @@ use ipnet::IpNet;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use subtle::ConstantTimeEq;
 
-/// What a route asks of its caller.
+/// What a route asks of its caller (each route's is in the HTTP route table).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Need {
     /// Liveness and readiness: always open (load balancers, Kubernetes probes).
@@ -21,16 +21,6 @@ pub enum Need {
     Read,
     /// Changes to who is listened to.
     Admin,
-}
-
-/// The class of a route (without its `/conductor` prefix).
-pub fn need(route: &str) -> Need {
-    match route {
-        "/register" | "/unregister" | "/register_peer" | "/deregister_peer" => Need::Admin,
-        "/query" | "/query_by_hash" | "/speculate" | "/dump" | "/workers" | "/peers"
-        | "/metrics" => Need::Read,
-        _ => Need::Open,
-    }
 }
 
 /// A bearer token, as loaded from its file.
@@ -381,12 +371,6 @@ mod tests {
 
     #[test]
     fn routes_take_their_tokens() {
-        assert_eq!(need("/register"), Need::Admin);
-        assert_eq!(need("/deregister_peer"), Need::Admin);
-        assert_eq!(need("/metrics"), Need::Read);
-        assert_eq!(need("/workers"), Need::Read);
-        assert_eq!(need("/health"), Need::Open);
-        assert_eq!(need("/ready"), Need::Open);
         let open = Access::default();
         for n in [Need::Open, Need::Read, Need::Admin] {
             assert_eq!(open.authorize(n, None), Ok(()));

@@ -13,6 +13,8 @@
 //! [`registry`] holds the control plane (models, tenants, workers); [`runtime`] is the
 //! only module that knows glommio.
 
+#![warn(clippy::undocumented_unsafe_blocks)]
+
 pub mod access;
 pub mod cli;
 pub mod hash;

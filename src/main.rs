@@ -1,6 +1,8 @@
 //! The `kvix` binary: validate flags, load tokenizers, claim the port, start ingest,
 //! register `--workers`, start recovery, serve.
 
+#![warn(clippy::undocumented_unsafe_blocks)]
+
 use clap::Parser;
 use kvix::cli::{Args, parse_peers, parse_workers};
 use kvix::recovery::{Options, bootstrap};
@@ -408,14 +410,12 @@ mod tests {
         if std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
             return;
         }
-        // SAFETY: reads and sets a process-wide integer option (see above).
-        unsafe {
-            assert_eq!(libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY), 1000);
-            return_freed_memory_promptly();
-            assert_eq!(
-                libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY),
-                PURGE_DELAY_MS
-            );
-        }
+        // SAFETY: reads a process-wide integer option (see above).
+        let before = unsafe { libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY) };
+        assert_eq!(before, 1000);
+        return_freed_memory_promptly();
+        // SAFETY: as above.
+        let after = unsafe { libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY) };
+        assert_eq!(after, PURGE_DELAY_MS);
     }
 }

@@ -424,26 +424,26 @@ fn token_content(v: &serde_json::Value) -> Option<String> {
 fn strftime_now(format: String) -> Result<String, minijinja::Error> {
     let bad = |msg: &str| minijinja::Error::new(ErrorKind::InvalidOperation, msg.to_string());
     let fmt = std::ffi::CString::new(format).map_err(|_| bad("strftime_now: NUL in format"))?;
-    // SAFETY: `time` with a null pointer only returns the time; `localtime_r` writes
-    // only the `tm` we pass; `strftime` writes at most `buf.len()` bytes into `buf`
-    // and reads the NUL-terminated format and the `tm` filled above.
-    unsafe {
-        let now = libc::time(std::ptr::null_mut());
-        let mut tm: libc::tm = std::mem::zeroed();
-        if libc::localtime_r(&now, &mut tm).is_null() {
-            return Err(bad("strftime_now: no local time"));
+    // SAFETY: `time` with a null pointer only returns the time.
+    let now = unsafe { libc::time(std::ptr::null_mut()) };
+    // SAFETY: `tm` is integers and a pointer, for which all zeros are valid.
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    // SAFETY: `localtime_r` reads `now` and writes only the `tm` we pass.
+    if unsafe { libc::localtime_r(&now, &mut tm) }.is_null() {
+        return Err(bad("strftime_now: no local time"));
+    }
+    // 0 is both "empty result" and "too small": grow a few times, then accept it.
+    let mut cap = 64 + 4 * fmt.as_bytes().len();
+    for _ in 0..4 {
+        let mut buf = vec![0u8; cap];
+        // SAFETY: `strftime` writes at most `buf.len()` bytes into `buf` and reads
+        // the NUL-terminated format and the `tm` filled above.
+        let n = unsafe { libc::strftime(buf.as_mut_ptr().cast(), buf.len(), fmt.as_ptr(), &tm) };
+        if n > 0 || fmt.as_bytes().is_empty() {
+            buf.truncate(n);
+            return String::from_utf8(buf).map_err(|_| bad("strftime_now: not UTF-8"));
         }
-        // 0 is both "empty result" and "too small": grow a few times, then accept it.
-        let mut cap = 64 + 4 * fmt.as_bytes().len();
-        for _ in 0..4 {
-            let mut buf = vec![0u8; cap];
-            let n = libc::strftime(buf.as_mut_ptr().cast(), buf.len(), fmt.as_ptr(), &tm);
-            if n > 0 || fmt.as_bytes().is_empty() {
-                buf.truncate(n);
-                return String::from_utf8(buf).map_err(|_| bad("strftime_now: not UTF-8"));
-            }
-            cap *= 4;
-        }
+        cap *= 4;
     }
     Ok(String::new())
 }

@@ -5,17 +5,9 @@
 
 mod common;
 
-use common::{Publisher, Server, fixture};
+use common::{Publisher, Server, fixture, register};
 use kvix::hash::{block_seed, chain, local_hash};
 use serde_json::{Value, json};
-
-fn register(s: &Server, instance: u64, p: &Publisher) {
-    s.post_ok(
-        "/register",
-        &json!({"instance_id": instance, "endpoint": p.endpoint, "model_name": "m", "block_size": 4}),
-    );
-    p.wait_subscriber();
-}
 
 fn toks(a: u32, b: u32) -> Vec<u32> {
     (a..=b).collect()
@@ -31,10 +23,10 @@ fn every_dialect_in_both_shapes() {
         Publisher::bind(&ctx),
         Publisher::bind(&ctx),
     );
-    register(&s, 1, &sglang);
-    register(&s, 2, &rfc);
-    register(&s, 3, &master);
-    register(&s, 4, &legacy);
+    register(&s, "m", 1, &sglang);
+    register(&s, "m", 2, &rfc);
+    register(&s, "m", 3, &master);
+    register(&s, "m", 4, &legacy);
 
     sglang.send(&fixture("e2e_sglang_store")); // attn_dp_rank 1, GPU
     sglang.send(&fixture("e2e_sglang_offload")); // the same blocks on CPU_PINNED
@@ -262,7 +254,7 @@ fn seed_004_three_pods_llm_d_scoring() {
     let ctx = zmq::Context::new();
     let mut pods: Vec<Publisher> = (0..4).map(|_| Publisher::bind(&ctx)).collect();
     for (i, p) in pods.iter().enumerate() {
-        register(&s, 10 + i as u64, p);
+        register(&s, "m", 10 + i as u64, p);
     }
     let t = toks(1, 20);
     let all: Vec<u32> = t.clone();
@@ -329,7 +321,7 @@ fn malformed_dialect_frames_are_skipped() {
     let s = Server::start(&["--threads", "1"]);
     let ctx = zmq::Context::new();
     let mut p = Publisher::bind(&ctx);
-    register(&s, 1, &p);
+    register(&s, "m", 1, &p);
     let mut bad_rfc = fixture("e2e_rfc_seq_disk");
     let at = bad_rfc.windows(6).position(|w| w == b"stored").unwrap();
     bad_rfc[at..at + 6].copy_from_slice(b"storex");
@@ -363,8 +355,8 @@ fn multimodal_extra_keys_fold_into_block_hashes() {
     let ctx = zmq::Context::new();
     let mut a = Publisher::bind(&ctx);
     let mut b = Publisher::bind(&ctx);
-    register(&s, 1, &a);
-    register(&s, 2, &b);
+    register(&s, "m", 1, &a);
+    register(&s, "m", 2, &b);
     a.send(&fixture("e2e_vllm_mm"));
     b.send(&fixture("e2e_vllm_mm_pairs"));
     let image = json!({"token_ids": toks(1, 12), "model_name": "m",

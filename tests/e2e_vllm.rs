@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Publisher, Row, Server, dump_rows, fixture};
+use common::{Publisher, Row, Server, dump_rows, fixture, register, register_with};
 use kvix::hash::{block_seed, local_hash};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
@@ -16,20 +16,6 @@ fn tokens(a: u32, b: u32) -> Vec<u32> {
 
 fn local(t: &[u32]) -> u64 {
     local_hash(t, block_seed(None, None)).0
-}
-
-fn register(s: &Server, instance: u64, dp: Option<u32>, p: &Publisher) {
-    let mut body = json!({
-        "instance_id": instance,
-        "endpoint": p.endpoint,
-        "model_name": MODEL,
-        "block_size": 4,
-    });
-    if let Some(dp) = dp {
-        body["dp_rank"] = json!(dp);
-    }
-    assert_eq!(s.post_ok("/register", &body), json!({"status": "ok"}));
-    p.wait_subscriber();
 }
 
 fn query(t: &[u32]) -> Value {
@@ -48,9 +34,15 @@ fn vllm_events_to_dynamo_queries() {
     let mut w1 = Publisher::bind(&ctx);
     let mut w2d0 = Publisher::bind(&ctx);
     let mut w2d1 = Publisher::bind(&ctx);
-    register(&s, 1, None, &w1);
-    register(&s, 2, Some(0), &w2d0);
-    register(&s, 2, Some(1), &w2d1);
+    assert_eq!(register(&s, MODEL, 1, &w1), json!({"status": "ok"}));
+    assert_eq!(
+        register_with(&s, MODEL, 2, &w2d0, json!({"dp_rank": 0})),
+        json!({"status": "ok"})
+    );
+    assert_eq!(
+        register_with(&s, MODEL, 2, &w2d1, json!({"dp_rank": 1})),
+        json!({"status": "ok"})
+    );
 
     // Worker 1: positional vLLM; 3 blocks, then a child of the third.
     w1.send(&fixture("w1_s0_store"));
@@ -200,7 +192,7 @@ fn malformed_frames_are_counted_logged_and_skipped() {
     let s = Server::start(&["--threads", "2"]);
     let ctx = zmq::Context::new();
     let mut p = Publisher::bind(&ctx);
-    register(&s, 7, None, &p);
+    assert_eq!(register(&s, MODEL, 7, &p), json!({"status": "ok"}));
 
     let good = fixture("w1_s0_store");
     let mut unknown_tag = good.clone();

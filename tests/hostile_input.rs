@@ -182,7 +182,7 @@ fn run_kvix(args: &[&str], wait: Duration) -> (Option<i32>, String) {
         std::process::id(),
         common::free_port()
     ));
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kvix"))
+    let mut child = std::process::Command::new(common::kvix_bin())
         .args([
             "--host",
             "127.0.0.1",

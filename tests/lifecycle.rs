@@ -4,21 +4,13 @@
 
 mod common;
 
-use common::{Publisher, Server, cleared_on, fixture, stored_on};
+use common::{Publisher, Server, cleared_on, fixture, register, stored_on};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 const MODEL: &str = "m";
-
-fn register(s: &Server, instance: u64, p: &Publisher) {
-    s.post_ok(
-        "/register",
-        &json!({"instance_id": instance, "endpoint": p.endpoint, "model_name": MODEL, "block_size": 4}),
-    );
-    p.wait_subscriber();
-}
 
 /// A fresh chain of `n` blocks (block size 4) starting at token `base`.
 fn chain_batch(base: u32, first_hash: u64, n: usize) -> (Vec<u8>, Vec<u32>) {
@@ -61,7 +53,7 @@ fn control_calls_stay_fast_during_an_event_flood_with_tiny_rings() {
     let s = Server::start(&["--threads", "2", "--ring-capacity", "256"]);
     let ctx = zmq::Context::new();
     let mut flood = Publisher::bind(&ctx);
-    register(&s, 1, &flood);
+    register(&s, MODEL, 1, &flood);
     // Enough to keep a tiny ring full for a while, even in a debug build.
     let batches = 600usize;
     let payloads: Vec<(Vec<u8>, Vec<u32>)> = (0..batches)
@@ -128,8 +120,8 @@ fn control_calls_stay_fast_during_an_event_flood_with_tiny_rings() {
 fn two_workers(ctx: &zmq::Context) -> (Server, Publisher, Publisher) {
     let s = Server::start(&["--threads", "1"]);
     let (one, two) = (Publisher::bind(ctx), Publisher::bind(ctx));
-    register(&s, 1, &one);
-    register(&s, 2, &two);
+    register(&s, MODEL, 1, &one);
+    register(&s, MODEL, 2, &two);
     (s, one, two)
 }
 
@@ -340,7 +332,7 @@ fn a_replica_given_only_peers_adopts_the_workers_and_stays_live() {
     let ctx = zmq::Context::new();
     let mut engine = Publisher::bind(&ctx);
     let a = Server::start(&["--threads", "2"]);
-    register(&a, 7, &engine);
+    register(&a, MODEL, 7, &engine);
     let (batch, prompt) = chain_batch(1, 100, 8);
     engine.send(&batch);
     let q = json!({"token_ids": prompt, "model_name": MODEL});
@@ -470,7 +462,7 @@ fn event_data_cannot_grow_the_registry_past_its_caps() {
     let s = Server::start(&["--threads", "2", "--max-event-slots", "4"]);
     let ctx = zmq::Context::new();
     let mut p = Publisher::bind(&ctx);
-    register(&s, 1, &p);
+    register(&s, MODEL, 1, &p);
     // vLLM's batch envelope with a third element, the batch's dp rank.
     for dp in 1..=20u8 {
         let (mut batch, _) = chain_batch(100 * dp as u32, 1000 * dp as u64, 1);
@@ -508,7 +500,7 @@ fn million_block_dump_under_queries() {
     let mut p = Publisher::bind(&ctx);
     let threads = common::env_u64("KVIX_DUMP_THREADS", 2).to_string();
     let s = Server::start(&["--threads", &threads]);
-    register(&s, 1, &p);
+    register(&s, MODEL, 1, &p);
     let chains = common::env_u64("KVIX_DUMP_CHAINS", 10_000);
     const LEN: usize = 100;
     let mut prompt = Vec::new();
@@ -604,7 +596,7 @@ fn memory_a_burst_grew_goes_back_once_idle() {
     let s = Server::start(&["--threads", "1"]);
     let ctx = zmq::Context::new();
     let mut p = Publisher::bind(&ctx);
-    register(&s, 1, &p);
+    register(&s, MODEL, 1, &p);
     let rss0 = common::rss_mib(s.pid());
     // 400k blocks in chains of 100.
     let (chains, n) = (4_000u64, 100usize);

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Publisher, Server, dump_rows, stored};
+use common::{Publisher, Server, dump_rows, register, stored};
 use kvix::hash::{block_seed, local_hash};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
@@ -14,22 +14,11 @@ fn tokens(a: u32, b: u32) -> Vec<u32> {
     (a..=b).collect()
 }
 
-fn register(s: &Server, instance: u64, p: &Publisher) {
-    let body = json!({
-        "instance_id": instance,
-        "endpoint": p.endpoint,
-        "model_name": MODEL,
-        "block_size": 4,
-    });
-    s.post_ok("/register", &body);
-    p.wait_subscriber();
-}
-
 /// A server on `threads` executors with worker 1 registered for `MODEL`.
 fn serve_with_worker(threads: &str) -> (Server, Publisher) {
     let s = Server::start(&["--threads", threads]);
     let w1 = Publisher::bind(&zmq::Context::new());
-    register(&s, 1, &w1);
+    register(&s, MODEL, 1, &w1);
     (s, w1)
 }
 

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{Publisher, Server, kvix_bin, stored};
+use common::{Publisher, Server, kvix_bin, register, stored};
 use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -78,14 +78,6 @@ fn dir_with(tag: &str, files: &[(&str, String)]) -> PathBuf {
         std::fs::write(d.join(name), text).unwrap();
     }
     d
-}
-
-fn register(s: &Server, model: &str, instance: u64, p: &Publisher) {
-    s.post_ok(
-        "/register",
-        &json!({"instance_id": instance, "endpoint": p.endpoint, "model_name": model, "block_size": 4}),
-    );
-    p.wait_subscriber();
 }
 
 /// The error's `(status, field, message)`.

@@ -4,25 +4,13 @@
 
 mod common;
 
-use common::{Engine, Server, Workload, dump_set, same_answers, wait_same_dump};
+use common::{
+    Engine, Server, Workload, dump_set, register, register_with, same_answers, wait_same_dump,
+};
 use serde_json::json;
 use std::time::Duration;
 
 const MODEL: &str = "m";
-
-fn register(s: &Server, e: &Engine, replay: bool) {
-    let mut body = json!({
-        "instance_id": 1,
-        "endpoint": e.endpoint(),
-        "model_name": MODEL,
-        "block_size": 4,
-    });
-    if replay {
-        body["replay_endpoint"] = json!(e.replay_endpoint);
-    }
-    s.post_ok("/register", &body);
-    e.publisher.wait_subscriber();
-}
 
 #[test]
 fn dropped_batches_are_replayed_and_answers_match_a_lossless_run() {
@@ -31,8 +19,9 @@ fn dropped_batches_are_replayed_and_answers_match_a_lossless_run() {
     let lossless = Server::start(&["--threads", "2"]);
     let mut e_lossy = Engine::start(&ctx);
     let mut e_ok = Engine::start(&ctx);
-    register(&lossy, &e_lossy, true);
-    register(&lossless, &e_ok, false);
+    let replay = json!({"replay_endpoint": e_lossy.replay_endpoint});
+    register_with(&lossy, MODEL, 1, &e_lossy.publisher, replay);
+    register(&lossless, MODEL, 1, &e_ok.publisher);
     // Dropped: two single frames, a run of three, and frames just before a replay-slow
     // window so live frames arrive while the replay is in flight.
     e_lossy.drop = [3, 10, 11, 12, 25, 40].into_iter().collect();
@@ -95,8 +84,9 @@ fn dropped_batches_are_replayed_and_answers_match_a_lossless_run() {
         e_lossy.lose(p);
     }
     let gaps = lossy.metric("kvix_sequence_gaps_total", &[]);
-    register(&lossy, &e_lossy, true);
-    register(&lossless, &e_ok, false);
+    let replay = json!({"replay_endpoint": e_lossy.replay_endpoint});
+    register_with(&lossy, MODEL, 1, &e_lossy.publisher, replay);
+    register(&lossless, MODEL, 1, &e_ok.publisher);
     for p in &lost {
         e_ok.publish(p);
     }
@@ -138,5 +128,4 @@ fn an_engine_that_never_answers_leaves_the_gap_counted_not_recovered() {
     assert!(s.log().contains("gap not recovered"));
     let (rows, _) = dump_set(&s, MODEL);
     assert!(!rows.is_empty());
-    let _ = Duration::ZERO;
 }

@@ -5,12 +5,17 @@
 
 mod common;
 
-use common::{Engine, Server, Workload, dump_set, same_answers, wait_same_dump};
+use common::{Engine, Server, Workload, dump_set, register_with, same_answers, wait_same_dump};
 use serde_json::json;
 use std::path::PathBuf;
 use std::time::Duration;
 
 const MODEL: &str = "m";
+
+/// The registration fields that point kvix at `e`'s replay ROUTER.
+fn replay(e: &Engine) -> serde_json::Value {
+    json!({"replay_endpoint": e.replay_endpoint})
+}
 
 fn snap_path(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("kvix-snap-test-{}", std::process::id()));
@@ -18,17 +23,6 @@ fn snap_path(name: &str) -> PathBuf {
     let p = dir.join(name);
     let _ = std::fs::remove_file(&p);
     p
-}
-
-fn register(s: &Server, e: &Engine) {
-    s.post_ok(
-        "/register",
-        &json!({
-            "instance_id": 1, "endpoint": e.endpoint(), "model_name": MODEL, "block_size": 4,
-            "replay_endpoint": e.replay_endpoint,
-        }),
-    );
-    e.publisher.wait_subscriber();
 }
 
 fn snapshots(s: &Server) -> f64 {
@@ -50,8 +44,8 @@ fn kill_9_then_restart_from_snapshot_plus_replay() {
         "--snapshot-interval",
         "0.2",
     ]);
-    register(&reference, &e);
-    register(&s, &e);
+    register_with(&reference, MODEL, 1, &e.publisher, replay(&e));
+    register_with(&s, MODEL, 1, &e.publisher, replay(&e));
     let mut w = Workload::new(11, 0);
     for _ in 0..200 {
         e.publish(&w.next());
@@ -139,7 +133,7 @@ fn corrupt_or_truncated_snapshots_are_rejected_whole() {
         "--snapshot-interval",
         "0",
     ]);
-    register(&s, &e);
+    register_with(&s, MODEL, 1, &e.publisher, replay(&e));
     let mut w = Workload::new(5, 0);
     for _ in 0..50 {
         e.publish(&w.next());
@@ -208,7 +202,7 @@ fn million_blocks_write_and_warm_restart() {
         "--snapshot-interval",
         "0",
     ]);
-    register(&s, &e);
+    register_with(&s, MODEL, 1, &e.publisher, replay(&e));
     const CHAINS: u64 = 10_000;
     const LEN: u64 = 100;
     for c in 0..CHAINS {

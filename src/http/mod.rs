@@ -2,7 +2,8 @@
 //!
 //! Owns request routing, the access gate (one [`crate::access`] check per request,
 //! before dispatch), the lifecycle gate (data routes answer only once the service is
-//! Ready), body limits and timeouts, and the error → response mapping.
+//! Ready), body limits and timeouts, and the error → response mapping. Which route
+//! needs what is one table ([`routes`]) that the gates and dispatch all read.
 //! The handlers ([`api`]) parse, hash, scatter through [`ShardMesh`] and render
 //! JSON ([`json`]). Never touches shard memory and never blocks the executor:
 //! control calls go through [`ShardMesh::offload`].
@@ -10,16 +11,18 @@
 pub mod api;
 pub mod error;
 pub mod json;
+pub mod routes;
 pub mod speculate;
 pub mod token_ids;
 
-use crate::access::Access;
+use crate::access::{Access, Need};
 use crate::mesh::ShardMesh;
 use bytes::Bytes;
 use error::ApiError;
 use http_body_util::{BodyExt, Either, Full, Limited};
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
+use routes::Route;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -86,22 +89,6 @@ async fn body<M: ShardMesh>(
     futures_lite::future::or(collect, timeout).await
 }
 
-/// Routes that read or change the index: they answer only once the service is Ready.
-fn gated(route: &str) -> bool {
-    matches!(
-        route,
-        "/query"
-            | "/query_by_hash"
-            | "/speculate"
-            | "/dump"
-            | "/workers"
-            | "/register"
-            | "/unregister"
-            | "/register_peer"
-            | "/deregister_peer"
-    )
-}
-
 async fn route<M: ShardMesh>(mesh: &M, opts: &Options, req: Request<Incoming>) -> Reply {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
@@ -117,40 +104,27 @@ async fn route<M: ShardMesh>(mesh: &M, opts: &Options, req: Request<Incoming>) -
         .headers()
         .get(hyper::header::AUTHORIZATION)
         .map(|v| v.as_bytes());
-    let result = if let Err(denied) = opts.access.authorize(crate::access::need(route), auth) {
+    let spec = routes::find(route);
+    // A path kvix does not serve has nothing to guard: it answers 404.
+    let need = spec.map_or(Need::Open, |s| s.need);
+    let result = if let Err(denied) = opts.access.authorize(need, auth) {
         Err(ApiError::from(denied))
-    } else if gated(route) && !phase.serves_data() {
+    } else if spec.is_some_and(|s| s.gated) && !phase.serves_data() {
         Err(ApiError::NotReady(phase.name()))
     } else {
-        match (method, route) {
-            (Method::GET, "/health") => Ok(json::empty(StatusCode::OK)),
-            (Method::GET, "/ready") => Ok(ready(phase)),
-            (Method::GET, "/workers") => api::workers(mesh, &query),
-            (Method::GET, "/dump") => api::dump(mesh).await,
-            (Method::GET, "/peers") => api::peers(mesh),
-            (Method::GET, "/metrics") => metrics(mesh).await,
-            (Method::POST, r) => match body(mesh, opts, req).await {
-                Err(e) => Err(e),
-                Ok(b) => match r {
-                    "/register" => api::register(mesh, &opts.access, b, forced).await,
-                    "/unregister" => api::unregister(mesh, b, forced).await,
-                    "/query" => api::query(mesh, &b, forced).await,
-                    "/query_by_hash" => api::query_by_hash(mesh, &b, forced).await,
-                    "/speculate" => speculate::speculate(mesh, &b).await,
-                    "/register_peer" => api::register_peer(mesh, &b).await,
-                    "/deregister_peer" => api::deregister_peer(mesh, &b).await,
-                    _ => Err(ApiError::NoRoute(path.clone())),
-                },
-            },
-            (_, "/health" | "/ready" | "/workers" | "/dump" | "/peers" | "/metrics") => {
-                Err(ApiError::Method)
+        match spec {
+            Some(s) if s.method == method => {
+                dispatch(mesh, opts, s, req, &query, phase, forced).await
             }
-            (
-                _,
-                "/register" | "/unregister" | "/query" | "/query_by_hash" | "/speculate"
-                | "/register_peer" | "/deregister_peer",
-            ) => Err(ApiError::Method),
-            _ => Err(ApiError::NoRoute(path.clone())),
+            // A POST's body is read before anything else answers it: a POST to a
+            // path kvix does not serve, or to a GET route, is a 404 once its body is
+            // in (a body too large or too slow answers as such first).
+            _ if method == Method::POST => match body(mesh, opts, req).await {
+                Err(e) => Err(e),
+                Ok(_) => Err(ApiError::NoRoute(path.clone())),
+            },
+            Some(_) => Err(ApiError::Method),
+            None => Err(ApiError::NoRoute(path.clone())),
         }
     };
     result.unwrap_or_else(|e| {
@@ -169,6 +143,39 @@ async fn route<M: ShardMesh>(mesh: &M, opts: &Options, req: Request<Incoming>) -
         }
         r
     })
+}
+
+/// Answers a request for `spec`'s route with its method; a POST's body is read
+/// first (the handler parses it).
+async fn dispatch<M: ShardMesh>(
+    mesh: &M,
+    opts: &Options,
+    spec: &routes::Spec,
+    req: Request<Incoming>,
+    query: &str,
+    phase: crate::lifecycle::Phase,
+    forced: Option<api::Shape>,
+) -> Result<Reply, ApiError> {
+    let b = if spec.method == Method::POST {
+        body(mesh, opts, req).await?
+    } else {
+        Bytes::new()
+    };
+    match spec.route {
+        Route::Health => Ok(json::empty(StatusCode::OK)),
+        Route::Ready => Ok(ready(phase)),
+        Route::Workers => api::workers(mesh, query),
+        Route::Dump => api::dump(mesh).await,
+        Route::Peers => api::peers(mesh),
+        Route::Metrics => metrics(mesh).await,
+        Route::Register => api::register(mesh, &opts.access, b, forced).await,
+        Route::Unregister => api::unregister(mesh, b, forced).await,
+        Route::Query => api::query(mesh, &b, forced).await,
+        Route::QueryByHash => api::query_by_hash(mesh, &b, forced).await,
+        Route::Speculate => speculate::speculate(mesh, &b).await,
+        Route::RegisterPeer => api::register_peer(mesh, &b).await,
+        Route::DeregisterPeer => api::deregister_peer(mesh, &b).await,
+    }
 }
 
 /// `GET /ready`: 200 only when Ready (for load balancers and Kubernetes readiness).

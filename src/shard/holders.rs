@@ -259,6 +259,59 @@ impl HolderSet {
     }
 }
 
+/// What a store of blocks holds, counted as it changes so that metrics and
+/// `tree_sizes` never walk the blocks: blocks held per slot (on any tier), and
+/// (block, holder) pairs per tier.
+#[derive(Debug, Default)]
+pub struct HeldCounts {
+    per_slot: Vec<u32>,
+    pairs: [u64; Tier::COUNT],
+}
+
+impl HeldCounts {
+    /// Blocks held per slot (any tier), indexed by slot.
+    pub fn per_slot(&self) -> &[u32] {
+        &self.per_slot
+    }
+
+    /// (block, holder) pairs per tier.
+    pub fn tier_pairs(&self) -> &[u64; Tier::COUNT] {
+        &self.pairs
+    }
+
+    /// `slot` holds `delta` blocks more (or fewer).
+    pub fn slot(&mut self, slot: WorkerSlot, delta: i32) {
+        let i = slot.0 as usize;
+        if self.per_slot.len() <= i {
+            self.per_slot.resize(i + 1, 0);
+        }
+        self.per_slot[i] = self.per_slot[i].wrapping_add_signed(delta);
+    }
+
+    /// A holder took on `tier` for a block.
+    pub fn add(&mut self, tier: Tier) {
+        self.pairs[tier.0 as usize] += 1;
+    }
+
+    /// A holder lost `tiers` for a block.
+    pub fn remove(&mut self, tiers: TierSet) {
+        for t in tiers.iter() {
+            self.pairs[t.0 as usize] -= 1;
+        }
+    }
+
+    /// Holders lost `removed[t]` pairs of each tier `t`.
+    pub fn remove_pairs(&mut self, removed: &[u64; Tier::COUNT]) {
+        for (pairs, removed) in self.pairs.iter_mut().zip(removed) {
+            *pairs -= removed;
+        }
+    }
+
+    pub fn heap_bytes(&self) -> usize {
+        self.per_slot.capacity() * 4
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

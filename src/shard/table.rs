@@ -2,10 +2,10 @@
 //! filed by sequence hash) and each worker slot's engine-hash map in a tree (filed
 //! by engine hash, [`TableKey`]).
 //!
-//! An entry says its own key ([`Keyed`]): stored beside the value, or computed
-//! from it, so a table need not spend eight bytes a block on a hash it can derive;
-//! or it says it given a context the table's owner passes in ([`Filed`]: an engine
-//! map's entry is a reference to a tree node, which holds the hash).
+//! An entry says its own key ([`Keyed`]: stored beside the value), or says it
+//! given a context the table's owner passes in ([`Filed`]: an engine map's entry
+//! is a reference to a tree node, which holds the hash), so that a table need not
+//! spend eight bytes a block on a hash it can read elsewhere.
 //! [`BlockTable::prefetch`] loads where a key would be filed, so a caller that
 //! knows its next keys overlaps their cache misses.
 //!
@@ -487,7 +487,7 @@ impl<E: Filed + Copy> BlockTable<E> {
             Segment::with_capacity(old.len()),
             Segment::with_capacity(old.len()),
         );
-        // One key per entry: a chained entry computes its key with a hash.
+        // One key per entry: an entry filed by context reads its key from there.
         for (e, k) in keyed(&old, ctx) {
             let half = if k.spread() & bit == 0 {
                 &mut low
@@ -713,16 +713,6 @@ impl<E: Filed<Ctx = ()> + Copy> BlockTable<E> {
         self.get_or_insert_with_in(seq, &(), make)
     }
 
-    /// See [`Self::get_or_try_insert_in`].
-    #[inline]
-    pub fn get_or_try_insert<R>(
-        &mut self,
-        seq: E::Key,
-        make: impl FnOnce() -> Result<E, R>,
-    ) -> Result<&mut E, R> {
-        self.get_or_try_insert_in(seq, &(), make)
-    }
-
     pub fn remove(&mut self, seq: &E::Key) -> Option<E> {
         self.remove_in(seq, &())
     }
@@ -782,22 +772,6 @@ impl<E: Filed<Ctx = ()> + Copy> BlockTable<E> {
     /// See [`Self::iter_part_in`].
     pub fn iter_part(&self, part: usize, bits: u32) -> impl Iterator<Item = &E> {
         self.iter_part_in(part, bits, &())
-    }
-
-    /// Entries in [`Self::iter_part`]'s `part`.
-    pub fn len_part(&self, part: usize, bits: u32) -> usize {
-        self.segs
-            .iter()
-            .zip(&self.reach)
-            .filter(|(_, r)| overlaps(r, part, bits))
-            .map(|(seg, r)| match r.depth < bits {
-                false => seg.len(),
-                true => seg
-                    .iter()
-                    .filter(|e| top(e.key_in(&()).spread(), bits) == part as u64)
-                    .count(),
-            })
-            .sum()
     }
 }
 
@@ -996,10 +970,6 @@ mod tests {
             let parts = 1 << bits;
             let mut seen: Vec<_> = (0..parts).flat_map(|p| t.iter_part(p, bits)).collect();
             assert_eq!(seen.len(), model.len(), "bits={bits}");
-            assert_eq!(
-                (0..parts).map(|p| t.len_part(p, bits)).sum::<usize>(),
-                model.len()
-            );
             seen.sort_by_key(|e| e.0);
             seen.dedup_by_key(|e| e.0);
             assert_eq!(seen.len(), model.len());

@@ -30,6 +30,29 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// Registers worker `instance` of `model` (block size 4) at `p`'s endpoint and
+/// waits until `p` has a subscriber. Returns the answer.
+pub fn register(s: &Server, model: &str, instance: u64, p: &Publisher) -> Value {
+    register_with(s, model, instance, p, serde_json::json!({}))
+}
+
+/// [`register`] with `extra`'s fields (`dp_rank`, `replay_endpoint`, ...) added to
+/// the body.
+pub fn register_with(s: &Server, model: &str, instance: u64, p: &Publisher, extra: Value) -> Value {
+    let mut body = serde_json::json!({
+        "instance_id": instance,
+        "endpoint": p.endpoint,
+        "model_name": model,
+        "block_size": 4,
+    });
+    if let (Some(body), Value::Object(extra)) = (body.as_object_mut(), extra) {
+        body.extend(extra);
+    }
+    let answer = s.post_ok("/register", &body);
+    p.wait_subscriber();
+    answer
+}
+
 /// The binary under test: this build's, or `KVIX_TEST_BIN` (to run the same tests
 /// against another build, e.g. an earlier commit's).
 pub fn kvix_bin() -> String {

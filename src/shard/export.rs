@@ -1,0 +1,123 @@
+//! An index shard read out in steps, for `/dump` and snapshots: the keyed table a
+//! part at a time, then the tree depth first, then each slot's engine names. A
+//! step never changes the index; predictions (the router's guesses, not the
+//! engines' state) are never exported.
+
+use super::Shard;
+use super::holders::Holder;
+use super::tree::DumpWalk;
+use crate::types::{BlockHash, EngineHash, IndexId, SeqHash, TierSet, WorkerSlot};
+
+/// An export of a keyed table splits it into at most `1 << EXPORT_BITS_MAX`
+/// parts, one step each.
+const EXPORT_BITS_MAX: u32 = 12;
+
+/// Blocks of a tree an export step reads: a fraction of a millisecond.
+const EXPORT_STEP_BLOCKS: usize = 1 << 14;
+
+/// A block as the dump sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DumpedBlock {
+    pub seq: SeqHash,
+    pub parent: Option<SeqHash>,
+    pub local: BlockHash,
+    pub holder: Holder,
+    /// The block's node in its shard's tree (its slot's engine hashes name it:
+    /// [`Shard::engine_names`]); [`NO_NODE`] for a block of the keyed table.
+    pub node: u32,
+}
+
+/// A [`DumpedBlock`]'s node when it is not in a tree.
+pub const NO_NODE: u32 = u32::MAX;
+
+/// Where an export of one index shard ([`Shard::export_step`]) has got to; the
+/// default starts one. The keyed table goes first, a hash part a step, then the
+/// tree, depth first, then each slot's engine map, a part a step.
+#[derive(Clone, Debug, Default)]
+pub struct ExportAt {
+    keyed_part: usize,
+    keyed_bits: Option<u32>,
+    keyed_done: bool,
+    tree: DumpWalk,
+    tree_done: bool,
+    names_slot: usize,
+    names_part: usize,
+    names_bits: Option<u32>,
+}
+
+impl Shard {
+    /// A step of an export of `index` (at most a keyed table's part,
+    /// [`EXPORT_STEP_BLOCKS`] of the tree's blocks, or a part of one slot's engine
+    /// map), appending every (block, holder) it reads to `blocks` and the names
+    /// the slots give their blocks ([`tree::Tree::engine_names_part`]) to `names`;
+    /// returns whether the export is done. Together the steps cover every block
+    /// held throughout, once, however the index changes between them; a block
+    /// whose slot's name for it went meanwhile is named by nobody. Predictions are
+    /// the router's guesses, not the engines' state: never exported.
+    pub fn export_step(
+        &self,
+        index: IndexId,
+        at: &mut ExportAt,
+        blocks: &mut Vec<DumpedBlock>,
+        names: &mut Vec<(WorkerSlot, u32, EngineHash)>,
+    ) -> bool {
+        let Some(ix) = self.index(index) else {
+            return true;
+        };
+        if at.tree_done {
+            let tree = &ix.tree;
+            if at.names_slot < tree.engine_slots() {
+                let slot = WorkerSlot(at.names_slot as u32);
+                let bits = *at
+                    .names_bits
+                    .get_or_insert_with(|| tree.engine_part_bits(slot));
+                tree.engine_names_part(slot, at.names_part, bits, names);
+                at.names_part += 1;
+                if at.names_part >= 1 << bits {
+                    (at.names_slot, at.names_part, at.names_bits) = (at.names_slot + 1, 0, None);
+                }
+            }
+            return at.names_slot >= tree.engine_slots();
+        }
+        let out = blocks;
+        let from = out.len();
+        if !at.keyed_done {
+            let bits = *at
+                .keyed_bits
+                .get_or_insert_with(|| ix.keyed.part_bits(EXPORT_BITS_MAX).unwrap_or(0));
+            ix.keyed.export_part(at.keyed_part, bits, out);
+            at.keyed_part += 1;
+            at.keyed_done = at.keyed_part >= 1 << bits;
+        } else {
+            at.tree_done = ix.tree.dump_step(&mut at.tree, EXPORT_STEP_BLOCKS, out);
+        }
+        let clearing = ix.clearing.as_deref();
+        let mut k = from;
+        for i in from..out.len() {
+            // As if the clears under way were done, and on media only.
+            let h = match clearing {
+                None => Some(out[i].holder),
+                Some(d) => d.after(out[i].holder),
+            };
+            let Some(h) = h else { continue };
+            let tiers = h.tiers() & TierSet::MEDIA;
+            if !tiers.is_empty() {
+                out[k] = DumpedBlock {
+                    holder: Holder::new(h.slot(), tiers),
+                    ..out[i]
+                };
+                k += 1;
+            }
+        }
+        out.truncate(k);
+        false
+    }
+
+    /// Every (slot, node, engine hash) by which this shard's slots name the blocks
+    /// of `index` they hold, in one go (an export reads them in steps).
+    pub fn engine_names(&self, index: IndexId, out: &mut Vec<(WorkerSlot, u32, EngineHash)>) {
+        if let Some(ix) = self.index(index) {
+            ix.tree.engine_names(out);
+        }
+    }
+}

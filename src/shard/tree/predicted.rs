@@ -1,0 +1,135 @@
+//! Holders a router predicted: counted as held on the device until their
+//! deadline or a store by the slot that confirms them. The deadlines live in
+//! [`Predictions`]; each names its node and a check of the node's local hash, so
+//! that one left behind by a clear never ends another block's. A prediction is
+//! the router's guess, never the engines' state: it has no engine hash and is
+//! never dumped.
+
+use super::Tree;
+use super::arena::{NodeId, at_mut, get};
+use crate::shard::predict::{Predicted, PredictedBlock, Predictions, Tick};
+use crate::types::{BlockHash, EngineHash, Tier, TierSet, WorkerSlot};
+
+/// A block as a prediction names it: its node, and the low half of its local hash
+/// so that a prediction left behind by a clear never ends another block's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodeKey {
+    id: NodeId,
+    check: u32,
+}
+
+impl PredictedBlock for NodeKey {
+    fn to_bits(self) -> u64 {
+        self.id.index() as u64 | (self.check as u64) << 32
+    }
+    fn from_bits(bits: u64) -> Self {
+        NodeKey {
+            id: NodeId::at_index(bits as u32),
+            check: (bits >> 32) as u32,
+        }
+    }
+}
+
+/// What a prediction did, for the shard's counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PredictCounts {
+    pub created: usize,
+    pub refreshed: usize,
+}
+
+impl Tree {
+    pub(super) fn key(&self, id: NodeId) -> NodeKey {
+        NodeKey {
+            id,
+            check: self.node(id).check(),
+        }
+    }
+
+    /// `slot` is expected to hold the prompt's blocks `locals` (from its first) on
+    /// the device until `deadline`: they count as held there until then, or until a
+    /// store of the block by the slot confirms it. Blocks the slot holds already
+    /// stay as they are.
+    pub fn predict(
+        &mut self,
+        slot: WorkerSlot,
+        locals: &[BlockHash],
+        deadline: Tick,
+    ) -> PredictCounts {
+        self.tick();
+        let mut counts = PredictCounts::default();
+        let mut p = None;
+        for &local in locals {
+            let Some(id) = self.child_or_insert(p, local, EngineHash(0)) else {
+                break;
+            };
+            self.mark(id);
+            p = Some(id);
+            let tiers = self.node(id).holders.tiers_of(slot, &self.slab);
+            if !(tiers & TierSet::MEDIA).is_empty() {
+                continue;
+            }
+            if tiers.is_empty() {
+                let Tree { chunks, slab, .. } = self;
+                at_mut(chunks, id).holders.add(slot, Tier::PREDICTED, slab);
+                self.held.slot(slot, 1);
+                self.held.add(Tier::PREDICTED);
+            }
+            let key = self.key(id);
+            match self.predictions.predict(key, slot, deadline) {
+                Predicted::Created => counts.created += 1,
+                Predicted::Refreshed => counts.refreshed += 1,
+            }
+        }
+        counts
+    }
+
+    /// Ends the predictions due at or before `now`; returns how many ended.
+    pub fn expire(&mut self, now: Tick) -> usize {
+        self.end_predictions(|p, end| p.expire(now, end))
+    }
+
+    /// Ends `n` predictions early, those due soonest first (approximate mode's
+    /// pruning); returns how many ended.
+    pub fn prune(&mut self, n: usize) -> usize {
+        self.end_predictions(|p, end| p.prune(n, end))
+    }
+
+    /// Ends the predictions `pick` hands to the function it is given; returns how
+    /// many ended (a pair whose block went meanwhile has nothing to end).
+    pub(super) fn end_predictions(
+        &mut self,
+        pick: impl FnOnce(&mut Predictions<NodeKey>, &mut dyn FnMut(NodeKey, WorkerSlot)),
+    ) -> usize {
+        let mut predictions = std::mem::take(&mut self.predictions);
+        let mut ended = 0;
+        pick(&mut predictions, &mut |key, slot| {
+            ended += self.unpredict(key, slot) as usize
+        });
+        self.predictions = predictions;
+        ended
+    }
+
+    pub fn has_predictions(&self) -> bool {
+        !self.predictions.is_empty()
+    }
+
+    /// Takes the predicted bit off `slot`'s holder of the block `key` names, if it
+    /// is still that block and still predicted; the node goes once nothing holds it
+    /// or hangs from it. Returns whether the bit was there.
+    fn unpredict(&mut self, key: NodeKey, slot: WorkerSlot) -> bool {
+        let Some(n) = get(&self.chunks, key.id) else {
+            return false;
+        };
+        if n.is_free()
+            || n.check() != key.check
+            || !n
+                .holders
+                .tiers_of(slot, &self.slab)
+                .contains(Tier::PREDICTED)
+        {
+            return false;
+        }
+        self.unhold(slot, key.id, Tier::PREDICTED.bit(), None);
+        true
+    }
+}

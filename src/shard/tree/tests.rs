@@ -1,0 +1,949 @@
+//! The tree's examples, and a property test against a plain model of holders
+//! and names.
+
+use super::arena::NodeId;
+use super::*;
+use crate::hash;
+use crate::shard::HolderLists;
+use crate::shard::holders::Holder;
+use crate::shard::predict::Tick;
+use crate::shard::{DumpedBlock, Prompt};
+use crate::types::SeqHash;
+use proptest::prelude::*;
+use std::collections::{BTreeMap, BTreeSet, HashMap as StdMap};
+
+const DEV: Tier = Tier::DEVICE;
+
+fn eh(x: u64) -> EngineHash {
+    EngineHash(x)
+}
+
+fn chain(slot: u32, from: u64, locals: &[u64]) -> Vec<(EngineHash, BlockHash)> {
+    locals
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| (eh(slot as u64 * 1000 + from + i as u64), BlockHash(l)))
+        .collect()
+}
+
+/// A lookup's output with [`SAME_HOLDERS`] spelled out.
+fn spelled(out: &[u32]) -> Vec<u32> {
+    HolderLists::new(out)
+        .flat_map(|(hs, _)| std::iter::once(hs.len() as u32).chain(hs.iter().copied()))
+        .collect()
+}
+
+fn lookup(t: &mut Tree, locals: &[u64]) -> Vec<u32> {
+    let mut out = Vec::new();
+    let locals: Vec<BlockHash> = locals.iter().map(|&l| BlockHash(l)).collect();
+    t.lookup(Prompt::Locals(&locals), &mut out);
+    spelled(&out)
+}
+
+fn held(slot: u32, tier: Tier) -> u32 {
+    Holder::new(WorkerSlot(slot), tier.bit()).0
+}
+
+#[test]
+fn a_chain_is_filed_once_and_shared_by_its_holders() {
+    let mut t = Tree::default();
+    let s = |x| WorkerSlot(x);
+    assert_eq!(
+        t.store(s(1), DEV, None, &chain(1, 0, &[10, 11, 12])),
+        Stored::Filed {
+            new_holders: 3,
+            confirmed: 0,
+            unfiled: 0
+        }
+    );
+    assert_eq!(
+        t.store(s(2), DEV, None, &chain(2, 0, &[10, 11])),
+        Stored::Filed {
+            new_holders: 2,
+            confirmed: 0,
+            unfiled: 0
+        }
+    );
+    assert_eq!(t.len(), 3);
+    let (a, b) = (held(1, DEV), held(2, DEV));
+    assert_eq!(
+        lookup(&mut t, &[10, 11, 12, 13]),
+        [2, a, b, 2, a, b, 1, a, 0]
+    );
+    // A continuation names its parent by the slot's own engine hash.
+    assert_eq!(
+        t.store(s(2), Tier::HOST, Some(eh(2001)), &chain(2, 2, &[12])),
+        Stored::Filed {
+            new_holders: 1,
+            confirmed: 0,
+            unfiled: 0
+        }
+    );
+    let b_host = Holder::new(WorkerSlot(2), Tier::HOST.bit()).0;
+    assert_eq!(
+        lookup(&mut t, &[10, 11, 12]),
+        [2, a, b, 2, a, b, 2, a, b_host]
+    );
+    assert_eq!(
+        t.store(s(3), DEV, Some(eh(7)), &chain(3, 0, &[10])),
+        Stored::UnknownParent
+    );
+    assert_eq!(t.per_slot(), [0, 3, 3]);
+}
+
+#[test]
+fn a_dump_in_steps_skips_a_root_that_went_and_whose_node_was_reused() {
+    let mut t = Tree::default();
+    let s1 = WorkerSlot(1);
+    for r in 0..100u64 {
+        t.store(s1, DEV, None, &[(eh(r), BlockHash(1000 + r))]);
+    }
+    let mut out = Vec::new();
+    let mut walk = DumpWalk::default();
+    let mut gone = BTreeSet::new();
+    let mut step = 0;
+    while !t.dump_step(&mut walk, 10, &mut out) {
+        // A root the walk has not reached goes, and its node is filed again as
+        // a new root (the free list hands the freed node out first).
+        let r = 99 - step;
+        assert!(t.remove(s1, eh(r), TierSet::ALL));
+        gone.insert(1000 + r);
+        t.store(s1, DEV, None, &[(eh(500 + r), BlockHash(5000 + r))]);
+        step += 1;
+    }
+    let dumped: Vec<u64> = out.iter().map(|d| d.local.0).collect();
+    let unique: BTreeSet<u64> = dumped.iter().copied().collect();
+    assert_eq!(unique.len(), dumped.len(), "a block dumped twice");
+    // Every root held throughout is dumped; one that went may have been dumped
+    // before it went.
+    for l in (1000..1100).filter(|l| !gone.contains(l)) {
+        assert!(unique.contains(&l), "{l}");
+    }
+    assert!(gone.iter().any(|l| !unique.contains(l)));
+    assert!(
+        unique.iter().all(|&l| l < 5000),
+        "a root filed during the walk"
+    );
+}
+
+#[test]
+fn a_full_arena_files_what_fits_and_says_what_it_did_not() {
+    let mut t = Tree {
+        node_limit: Some(4),
+        ..Tree::default()
+    };
+    let s1 = WorkerSlot(1);
+    assert_eq!(
+        t.store(s1, DEV, None, &chain(1, 0, &[10, 11, 12, 13, 14, 15])),
+        Stored::Filed {
+            new_holders: 4,
+            confirmed: 0,
+            unfiled: 2
+        }
+    );
+    assert_eq!(lookup(&mut t, &[10, 11, 12, 13, 14]).len(), 9);
+    // Space freed is used again.
+    assert!(t.remove(s1, eh(1003), TierSet::ALL));
+    t.predict(WorkerSlot(2), &[BlockHash(20), BlockHash(21)], 5);
+    assert_eq!(t.len(), 4);
+    assert_eq!(t.tier_pairs()[Tier::PREDICTED.0 as usize], 1);
+}
+
+#[test]
+fn a_removed_leaf_goes_and_a_held_path_stays() {
+    let mut t = Tree::default();
+    let s1 = WorkerSlot(1);
+    t.store(s1, DEV, None, &chain(1, 0, &[10, 11, 12]));
+    // The middle block goes: its node stays as the path to the last.
+    assert!(t.remove(s1, eh(1001), TierSet::ALL));
+    assert_eq!(t.len(), 3);
+    assert_eq!(lookup(&mut t, &[10, 11, 12]), [1, held(1, DEV), 0]);
+    // The last goes: it and the path above it that nobody holds are freed.
+    assert!(t.remove(s1, eh(1002), TierSet::ALL));
+    assert_eq!(t.len(), 1);
+    assert!(!t.remove(s1, eh(1002), TierSet::ALL));
+    // Freed nodes are reused.
+    t.store(s1, DEV, Some(eh(1000)), &chain(1, 1, &[21, 22]));
+    assert_eq!(t.len(), 3);
+    assert_eq!(t.chunks[0].len(), 3);
+    t.clear_slot(s1, TierSet::ALL);
+    assert!(t.is_empty());
+    assert_eq!(lookup(&mut t, &[10]), [0]);
+}
+
+#[test]
+fn a_wide_parent_keeps_its_children_in_a_table() {
+    let mut t = Tree::default();
+    let s = WorkerSlot(1);
+    t.store(s, DEV, None, &[(eh(1), BlockHash(1))]);
+    let n = 24;
+    for i in 0..n {
+        t.store(
+            s,
+            DEV,
+            Some(eh(1)),
+            &[
+                (eh(100 + i), BlockHash(100 + i)),
+                (eh(500 + i), BlockHash(7)),
+            ],
+        );
+    }
+    assert_eq!(t.wide.len(), 1);
+    for i in 0..n {
+        assert_eq!(lookup(&mut t, &[1, 100 + i, 7]).len(), 6);
+        let seqs = [
+            hash::chain(None, BlockHash(1)),
+            hash::chain(Some(hash::chain(None, BlockHash(1))), BlockHash(100 + i)),
+        ];
+        let mut out = Vec::new();
+        t.lookup(Prompt::Seqs(&seqs), &mut out);
+        assert_eq!(spelled(&out).len(), 4);
+    }
+    for i in 0..n {
+        assert!(t.remove(s, eh(500 + i), TierSet::ALL));
+        assert!(t.remove(s, eh(100 + i), TierSet::ALL));
+    }
+    assert!(t.wide.is_empty());
+    assert_eq!(t.len(), 1);
+    assert!(t.node(t.roots.iter().copied().next().unwrap()).is_leaf());
+}
+
+#[test]
+fn a_second_engine_hash_for_a_block_goes_with_the_first() {
+    let mut t = Tree::default();
+    let s = WorkerSlot(1);
+    t.store(s, DEV, None, &[(eh(1), BlockHash(10))]);
+    t.store(s, DEV, None, &[(eh(2), BlockHash(10))]);
+    assert_eq!(t.per_slot(), [0, 1]);
+    assert!(t.remove(s, eh(2), TierSet::ALL));
+    assert!(t.is_empty());
+    // Neither name is left to remove a block filed in the freed node.
+    t.store(s, DEV, None, &[(eh(3), BlockHash(20))]);
+    assert!(!t.remove(s, eh(1), TierSet::ALL));
+    assert_eq!(lookup(&mut t, &[20]), [1, held(1, DEV)]);
+}
+
+/// Slots whose engines agree on hashes name a block by its node's own hash
+/// (4 bytes a name); a slot seeded apart names it beside (12 bytes). Either
+/// name resolves, removes and clears as before, and an evicted block's own
+/// names go with it.
+#[test]
+fn agreeing_engines_share_the_nodes_hash_and_others_name_it_beside() {
+    let mut t = Tree::default();
+    let (a, b, apart) = (WorkerSlot(0), WorkerSlot(1), WorkerSlot(2));
+    let shared = chain(0, 0, &[1, 2, 3]);
+    t.store(a, DEV, None, &shared);
+    t.store(b, DEV, None, &shared);
+    t.store(apart, DEV, None, &chain(2, 0, &[1, 2, 3]));
+    // (own names, other names) of a slot.
+    let names = |t: &Tree, s: WorkerSlot| {
+        let n = &t.engine[s.0 as usize];
+        (n.own.len(), n.other.len())
+    };
+    assert_eq!(names(&t, a), (3, 0));
+    assert_eq!(names(&t, b), (3, 0));
+    assert_eq!(names(&t, apart), (0, 3));
+    assert!(t.remove(b, shared[2].0, TierSet::ALL));
+    assert!(t.remove(apart, eh(2002), TierSet::ALL));
+    assert_eq!(
+        lookup(&mut t, &[1, 2, 3]),
+        [
+            3,
+            held(0, DEV),
+            held(1, DEV),
+            held(2, DEV),
+            3,
+            held(0, DEV),
+            held(1, DEV),
+            held(2, DEV),
+            1,
+            held(0, DEV)
+        ]
+    );
+    t.clear_slot(apart, TierSet::ALL);
+    assert_eq!(names(&t, apart), (0, 0));
+    t.track_use();
+    while t.evict().is_some() {}
+    assert!(t.is_empty());
+    assert_eq!((names(&t, a), names(&t, b)), ((0, 0), (0, 0)));
+}
+
+/// Engines that count their block hashes (the same hash, other content on each
+/// worker) stay exact: each slot's names are its own, whichever node holds the
+/// hash as its own.
+#[test]
+fn engines_counting_their_hashes_name_other_content_by_the_same_hash() {
+    let mut t = Tree::default();
+    let (a, b) = (WorkerSlot(0), WorkerSlot(1));
+    t.store(a, DEV, None, &[(eh(5), BlockHash(10))]);
+    t.store(b, DEV, None, &[(eh(5), BlockHash(20))]);
+    t.store(b, DEV, None, &[(eh(7), BlockHash(10))]);
+    assert_eq!(lookup(&mut t, &[10]), [2, held(0, DEV), held(1, DEV)]);
+    assert_eq!(lookup(&mut t, &[20]), [1, held(1, DEV)]);
+    assert!(t.remove(b, eh(5), TierSet::ALL));
+    assert_eq!(lookup(&mut t, &[20]), [0]);
+    assert_eq!(lookup(&mut t, &[10]), [2, held(0, DEV), held(1, DEV)]);
+    assert!(t.remove(a, eh(5), TierSet::ALL));
+    assert!(!t.remove(a, eh(7), TierSet::ALL));
+    assert_eq!(lookup(&mut t, &[10]), [1, held(1, DEV)]);
+    assert!(t.remove(b, eh(7), TierSet::ALL));
+    assert!(t.is_empty());
+}
+
+/// A store confirming a prediction names the block once: a predicted holder
+/// has no engine hash, so the store is no second name (which would walk the
+/// slot's engine map for the first).
+#[test]
+fn a_store_confirming_a_prediction_is_not_a_second_name() {
+    let mut t = Tree::default();
+    let s = WorkerSlot(1);
+    t.predict(s, &[BlockHash(10), BlockHash(11)], 100);
+    t.store(s, DEV, None, &chain(1, 10, &[10, 11]));
+    assert!(t.aliases.is_empty());
+    assert!(t.remove(s, eh(1011), TierSet::ALL));
+    assert!(t.remove(s, eh(1010), TierSet::ALL));
+    assert!(t.is_empty());
+}
+
+#[test]
+fn a_clear_walks_only_its_slot_in_steps() {
+    let mut t = Tree::default();
+    let locals: Vec<u64> = (1..=20_000).collect();
+    t.store(WorkerSlot(1), DEV, None, &chain(1, 0, &locals));
+    t.store(WorkerSlot(2), DEV, None, &chain(2, 0, &locals[..10]));
+    let mut at = NamesAt::default();
+    let mut steps = 1;
+    while !t.clear_step(WorkerSlot(1), TierSet::ALL, &mut at, 1024) {
+        steps += 1;
+        // Between steps the tree answers and the other slot is untouched.
+        let answer = lookup(&mut t, &locals[..10]);
+        assert_eq!(answer.iter().filter(|&&h| h == held(2, DEV)).count(), 10);
+    }
+    assert!(steps > 10, "{steps} steps");
+    assert_eq!(t.len(), 10);
+    assert_eq!(t.per_slot(), [0, 0, 10]);
+    assert_eq!(
+        lookup(&mut t, &locals[..11]),
+        [1, held(2, DEV)]
+            .repeat(10)
+            .into_iter()
+            .chain([0])
+            .collect::<Vec<_>>()
+    );
+}
+
+impl Tree {
+    /// The local hashes from the root down to `id`.
+    fn path(&self, mut id: NodeId) -> Vec<u64> {
+        let mut path = vec![self.node(id).local().0];
+        while let Some(p) = self.node(id).parent() {
+            id = p;
+            path.push(self.node(id).local().0);
+        }
+        path.reverse();
+        path
+    }
+}
+
+#[test]
+fn eviction_takes_the_least_recently_used_leaf() {
+    let mut t = Tree::default();
+    t.track_use();
+    let s1 = WorkerSlot(1);
+    t.store(s1, DEV, None, &chain(1, 0, &[10, 11, 12]));
+    t.store(s1, DEV, None, &chain(1, 10, &[20, 21]));
+    // The older store's leaf goes first.
+    let v = t.next_victim().unwrap();
+    assert_eq!(t.path(v), [10, 11, 12]);
+    assert_eq!(t.evict_node(v), 1);
+    // A match keeps a block: 20 and 21 are matched, so 11, a leaf now, goes.
+    assert_eq!(lookup(&mut t, &[20, 21]).len(), 4);
+    let v = t.next_victim().unwrap();
+    assert_eq!(t.path(v), [10, 11]);
+    t.evict_node(v);
+    assert_eq!(t.len(), 3);
+    assert_eq!(lookup(&mut t, &[10, 11]), [1, held(1, DEV), 0]);
+    // The evicted block's engine hash names nothing, even once its node is
+    // filed again with another block.
+    assert!(!t.remove(s1, eh(1001), TierSet::ALL));
+    t.store(s1, DEV, Some(eh(1000)), &chain(1, 20, &[30]));
+    assert_eq!(
+        t.store(s1, DEV, Some(eh(1002)), &chain(1, 30, &[31])),
+        Stored::UnknownParent
+    );
+    assert_eq!(t.per_slot(), [0, 4]);
+    assert_eq!(t.tier_pairs()[0], 4);
+    // An empty tree has nothing to evict.
+    assert_eq!(Tree::default().evict(), None);
+}
+
+/// A prompt matched after every other store outlasts prompts stored after it
+/// and matched once, though it comes first in the arena; the newest store
+/// stays.
+#[test]
+fn a_hot_prompt_and_the_newest_store_outlast_older_ones() {
+    let mut t = Tree::default();
+    t.track_use();
+    let s1 = WorkerSlot(1);
+    let prompt = |p: u64| -> Vec<u64> { (0..4).map(|b| 100 * (p + 1) + b).collect() };
+    let locals = |p: u64| -> Vec<BlockHash> { prompt(p).into_iter().map(BlockHash).collect() };
+    for p in 0..6 {
+        t.store(s1, DEV, None, &chain(1, 1000 * p, &prompt(p)));
+        t.lookup(Prompt::Locals(&locals(p)), &mut Vec::new());
+        t.lookup(Prompt::Locals(&locals(0)), &mut Vec::new());
+    }
+    t.store(s1, DEV, None, &chain(1, 9000, &prompt(6)));
+    for _ in 0..8 {
+        t.evict();
+    }
+    let held = |t: &mut Tree, p: u64| {
+        let mut out = Vec::new();
+        t.lookup(Prompt::Locals(&locals(p)), &mut out);
+        spelled(&out).iter().filter(|&&n| n == 1).count()
+    };
+    assert_eq!(held(&mut t, 0), 4);
+    assert_eq!(held(&mut t, 6), 4);
+    assert_eq!(held(&mut t, 1) + held(&mut t, 2), 0);
+}
+
+/// A replica filed from a tree's dump and engine hashes: `seed` in dump order,
+/// every (block, holder) once per tier and once per engine hash naming it.
+fn replica(t: &Tree) -> Tree {
+    let mut dumped = Vec::new();
+    t.dump(&mut dumped);
+    let mut names: BTreeMap<(u32, u64), Vec<EngineHash>> = BTreeMap::new();
+    let mut ehs = Vec::new();
+    t.engine_hashes(&mut ehs);
+    for (slot, seq, eh) in ehs {
+        names.entry((slot.0, seq.0)).or_default().push(eh);
+    }
+    let mut r = Tree::default();
+    let mut filed = HashMap::new();
+    for d in &dumped {
+        let slot = d.holder.slot();
+        let parent_engine = d
+            .parent
+            .and_then(|p| names.get(&(slot.0, p.0)))
+            .map(|n| n[0]);
+        for tier in d.holder.tiers().iter() {
+            for &eh in &names[&(slot.0, d.seq.0)] {
+                let seed = Seed {
+                    slot,
+                    tier,
+                    engine: eh,
+                    local: d.local,
+                    parent_engine,
+                    parent_seq: d.parent,
+                };
+                r.seed(&seed, &mut filed);
+            }
+        }
+    }
+    r
+}
+
+#[test]
+fn a_replica_filed_from_a_dump_answers_as_the_tree_does() {
+    let mut t = Tree::default();
+    for c in 0..40u64 {
+        let slot = WorkerSlot((c % 3) as u32);
+        let tier = Tier((c % 2) as u8);
+        // Conversations share their first two blocks, some extend another's.
+        let locals: Vec<u64> = [1, 2]
+            .into_iter()
+            .chain((0..(c % 7 + 1)).map(|i| 100 * c + i))
+            .collect();
+        t.store(slot, tier, None, &chain(slot.0, 10_000 * c, &locals));
+        if c % 5 == 0 {
+            // A second name for the same blocks.
+            t.store(
+                slot,
+                tier,
+                None,
+                &chain(slot.0, 10_000 * c + 5_000, &locals),
+            );
+        }
+    }
+    let mut r = replica(&t);
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    t.dump(&mut a);
+    r.dump(&mut b);
+    assert_eq!(sorted(&a), sorted(&b));
+    let (mut ea, mut eb) = (Vec::new(), Vec::new());
+    t.engine_hashes(&mut ea);
+    r.engine_hashes(&mut eb);
+    ea.sort_by_key(|&(s, q, e)| (s.0, q.0, e.0));
+    eb.sort_by_key(|&(s, q, e)| (s.0, q.0, e.0));
+    assert_eq!(ea, eb);
+    assert_eq!(t.per_slot(), r.per_slot());
+    assert_eq!(t.tier_pairs(), r.tier_pairs());
+    // The engines' later events resolve on the replica as on the tree.
+    for c in [3u64, 10] {
+        let slot = WorkerSlot((c % 3) as u32);
+        let last = eh(slot.0 as u64 * 1000 + 10_000 * c + 2 + c % 7);
+        assert!(t.remove(slot, last, TierSet::ALL));
+        assert!(r.remove(slot, last, TierSet::ALL));
+    }
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    t.dump(&mut a);
+    r.dump(&mut b);
+    assert_eq!(sorted(&a), sorted(&b));
+    // Seeding a block whose parent is named by an engine hash alone that names
+    // nothing files nothing.
+    let mut filed = HashMap::new();
+    let orphan = Seed {
+        slot: WorkerSlot(1),
+        tier: DEV,
+        engine: eh(9),
+        local: BlockHash(9),
+        parent_engine: Some(eh(77)),
+        parent_seq: None,
+    };
+    assert!(!r.seed(&orphan, &mut filed));
+    // One whose parent is named by a sequence hash nobody's block has hangs from
+    // a root standing for it: dumped with that parent, and its later events
+    // resolve.
+    let orphan = Seed {
+        parent_engine: None,
+        parent_seq: Some(SeqHash(77)),
+        ..orphan
+    };
+    assert!(r.seed(&orphan, &mut filed));
+    let mut d = Vec::new();
+    r.dump(&mut d);
+    let b = d.iter().find(|b| b.local == BlockHash(9)).unwrap();
+    assert_eq!(b.parent, Some(SeqHash(77)));
+    assert_eq!(b.seq, hash::chain(Some(SeqHash(77)), BlockHash(9)));
+    assert!(r.remove(WorkerSlot(1), eh(9), TierSet::ALL));
+    let mut after = Vec::new();
+    r.dump(&mut after);
+    assert_eq!(after.len(), d.len() - 1);
+}
+
+/// The tree's rules written plainly: blocks are paths of local hashes.
+#[derive(Default)]
+struct Model {
+    names: StdMap<(u32, u64), Vec<u64>>,
+    holders: BTreeMap<Vec<u64>, BTreeMap<u32, u8>>,
+    /// Deadlines of predicted (block, slot) pairs.
+    predicted: BTreeMap<(Vec<u64>, u32), Tick>,
+    now: Tick,
+}
+
+const PREDICTED: u8 = Tier::PREDICTED.bit().0;
+
+impl Model {
+    fn unhold(&mut self, slot: u32, path: &[u64], tiers: u8) {
+        let hs = self.holders.get_mut(path).unwrap();
+        let left = hs[&slot] & !tiers;
+        if left != 0 {
+            hs.insert(slot, left);
+            return;
+        }
+        hs.remove(&slot);
+        if hs.is_empty() {
+            self.holders.remove(path);
+        }
+        self.names.retain(|(s, _), p| !(*s == slot && p == path));
+    }
+
+    fn store(&mut self, slot: u32, tier: Tier, parent: Option<u64>, blocks: &[(u64, u64)]) {
+        let mut path = match parent {
+            None => Vec::new(),
+            Some(p) => match self.names.get(&(slot, p)) {
+                Some(path) => path.clone(),
+                None => return,
+            },
+        };
+        for &(e, l) in blocks {
+            path.push(l);
+            let held = self
+                .holders
+                .entry(path.clone())
+                .or_default()
+                .entry(slot)
+                .or_default();
+            *held |= tier.bit().0;
+            if *held & PREDICTED != 0 {
+                *held &= !PREDICTED;
+                self.predicted.remove(&(path.clone(), slot));
+            }
+            match self.names.insert((slot, e), path.clone()) {
+                Some(old) if old != path => {
+                    self.unhold(slot, &old, 0xff);
+                    self.names.insert((slot, e), path.clone());
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn remove(&mut self, slot: u32, e: u64, tiers: u8) {
+        if let Some(path) = self.names.get(&(slot, e)).cloned() {
+            self.unhold(slot, &path, tiers & !PREDICTED);
+        }
+    }
+
+    fn predict(&mut self, slot: u32, path: &[u64], deadline: Tick) {
+        for i in 1..=path.len() {
+            let p = path[..i].to_vec();
+            let held = self
+                .holders
+                .entry(p.clone())
+                .or_default()
+                .entry(slot)
+                .or_default();
+            if *held & !PREDICTED != 0 {
+                continue;
+            }
+            *held |= PREDICTED;
+            let d = self.predicted.entry((p, slot)).or_default();
+            *d = (*d).max(deadline);
+        }
+    }
+
+    fn evict(&mut self, path: &[u64]) {
+        let slots: Vec<u32> = self.holders[path].keys().copied().collect();
+        for slot in slots {
+            self.unhold(slot, path, 0xff);
+            self.predicted.remove(&(path.to_vec(), slot));
+        }
+    }
+
+    fn expire(&mut self, now: Tick) {
+        self.now = now;
+        let due: Vec<(Vec<u64>, u32)> = self
+            .predicted
+            .iter()
+            .filter(|(_, d)| **d <= now)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for (p, slot) in due {
+            self.predicted.remove(&(p.clone(), slot));
+            self.unhold(slot, &p, PREDICTED);
+        }
+    }
+
+    fn clear(&mut self, slot: u32, tiers: u8) {
+        let held: Vec<Vec<u64>> = self
+            .holders
+            .iter()
+            .filter(|(_, hs)| hs.contains_key(&slot))
+            .map(|(p, _)| p.clone())
+            .collect();
+        for p in held {
+            self.unhold(slot, &p, tiers);
+        }
+        if tiers & PREDICTED != 0 {
+            self.predicted.retain(|(_, s), _| *s != slot);
+        }
+    }
+
+    fn lookup(&self, locals: &[u64]) -> Vec<Vec<u32>> {
+        let mut out = Vec::new();
+        for i in 0..locals.len() {
+            let hs: Vec<u32> = self.holders.get(&locals[..=i]).map_or(Vec::new(), |hs| {
+                hs.iter()
+                    .map(|(&s, &t)| Holder::new(WorkerSlot(s), TierSet(t)).as_scored().0)
+                    .collect()
+            });
+            let stop = hs.is_empty();
+            out.push(hs);
+            if stop {
+                break;
+            }
+        }
+        out
+    }
+
+    fn nodes(&self) -> usize {
+        let paths: BTreeSet<&[u64]> = self
+            .holders
+            .keys()
+            .flat_map(|p| (1..=p.len()).map(move |i| &p[..i]))
+            .collect();
+        paths.len()
+    }
+}
+
+fn sorted(d: &[DumpedBlock]) -> Vec<(u64, u32)> {
+    let mut v: Vec<(u64, u32)> = d.iter().map(|d| (d.seq.0, d.holder.0)).collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn a_dump_in_steps_passes_every_block_held_throughout_once() {
+    let mut t = Tree::default();
+    let s1 = WorkerSlot(1);
+    // Conversations sharing a first block, branching below it.
+    for c in 0..50u64 {
+        let locals: Vec<u64> = std::iter::once(1)
+            .chain((0..20).map(|i| 1000 * c + 10 + i))
+            .collect();
+        let parent = (c > 0).then(|| eh(1000 * 1000));
+        let from = if c == 0 { 0 } else { 1 };
+        let blocks: Vec<_> = locals[from..]
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| {
+                (
+                    eh(if from + i == 0 {
+                        1000 * 1000
+                    } else {
+                        1000 * 1000 + 100 * c + i as u64 + 1
+                    }),
+                    BlockHash(l),
+                )
+            })
+            .collect();
+        assert!(matches!(
+            t.store(s1, DEV, parent, &blocks),
+            Stored::Filed { .. }
+        ));
+    }
+    let mut whole = Vec::new();
+    t.dump(&mut whole);
+    assert_eq!(whole.len(), 1 + 50 * 20);
+    // Between steps, odd conversations lose their tails and new ones come.
+    let mut out = Vec::new();
+    let mut walk = DumpWalk::default();
+    let mut step = 0u64;
+    while !t.dump_step(&mut walk, 37, &mut out) {
+        step += 1;
+        let c = 2 * step + 1;
+        if c < 50 {
+            assert!(t.remove(s1, eh(1000 * 1000 + 100 * c + 20), TierSet::ALL));
+        }
+        t.store(
+            s1,
+            DEV,
+            None,
+            &[(eh(5_000_000 + step), BlockHash(7_000_000 + step))],
+        );
+    }
+    let seqs: Vec<u64> = out.iter().map(|d| d.seq.0).collect();
+    let unique: BTreeSet<u64> = seqs.iter().copied().collect();
+    assert_eq!(unique.len(), seqs.len(), "a block dumped twice");
+    // A block of the first dump still held at the end was held throughout.
+    let mut after = Vec::new();
+    t.dump(&mut after);
+    assert_eq!(after.len(), whole.len() - 24 + step as usize);
+    let first: BTreeSet<u64> = whole.iter().map(|d| d.seq.0).collect();
+    for d in after.iter().filter(|d| first.contains(&d.seq.0)) {
+        assert!(
+            unique.contains(&d.seq.0),
+            "a block held throughout was missed"
+        );
+    }
+}
+
+/// `[n, holder..]` per block, each block's holders sorted.
+fn blocks_of(out: &[u32]) -> Vec<Vec<u32>> {
+    HolderLists::new(out)
+        .map(|(hs, _)| {
+            let mut hs = hs.to_vec();
+            hs.sort();
+            hs
+        })
+        .collect()
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Store {
+        slot: u32,
+        tier: u8,
+        from: Vec<u64>,
+        locals: Vec<u64>,
+        alias: bool,
+    },
+    Remove {
+        slot: u32,
+        path: Vec<u64>,
+        alias: bool,
+        tiers: u8,
+    },
+    Predict {
+        slot: u32,
+        path: Vec<u64>,
+        ttl: Tick,
+    },
+    Expire {
+        advance: Tick,
+    },
+    Evict,
+    /// A clear walked in steps of `step` buckets (all at once if none).
+    Clear {
+        slot: u32,
+        tiers: u8,
+        step: Option<usize>,
+    },
+}
+
+/// A slot's engine hash for a path, or a second name. Slots 0 and 1 agree on
+/// hashes (so a block has one engine hash, its node's), slot 2 is seeded apart.
+fn name(slot: u32, path: &[u64], alias: bool) -> u64 {
+    let mut x = (slot / 2) as u64 * 31 + alias as u64 * 7;
+    for &l in path {
+        x = x.wrapping_mul(1_000_003).wrapping_add(l);
+    }
+    x
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let locals = || proptest::collection::vec(1u64..3, 0..3);
+    let tiers = prop_oneof![Just(0xffu8), 1u8..8];
+    prop_oneof![
+        6 => (0u32..3, 0u8..3, locals(), proptest::collection::vec(1u64..4, 1..4), proptest::bool::weighted(0.2))
+            .prop_map(|(slot, tier, from, locals, alias)| Op::Store { slot, tier, from, locals, alias }),
+        3 => (0u32..3, proptest::collection::vec(1u64..4, 1..3), proptest::bool::weighted(0.3), tiers.clone())
+            .prop_map(|(slot, path, alias, tiers)| Op::Remove { slot, path, alias, tiers }),
+        1 => (0u32..3, tiers, proptest::option::of(1usize..4))
+            .prop_map(|(slot, tiers, step)| Op::Clear { slot, tiers, step }),
+        2 => (0u32..3, proptest::collection::vec(1u64..4, 1..4), 1 as Tick..6)
+            .prop_map(|(slot, path, ttl)| Op::Predict { slot, path, ttl }),
+        1 => (1 as Tick..4).prop_map(|advance| Op::Expire { advance }),
+        1 => Just(Op::Evict),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2048))]
+    #[test]
+    fn prop_tree_vs_model(ops in proptest::collection::vec(op(), 1..60), dump_step in 1usize..4, track: bool) {
+        let mut t = Tree::default();
+        if track {
+            t.track_use();
+        }
+        let mut m = Model::default();
+        for op in &ops {
+            match op {
+                Op::Store { slot, tier, from, locals, alias } => {
+                    let parent = (!from.is_empty()).then(|| name(*slot, from, false));
+                    let mut path = from.clone();
+                    let blocks: Vec<(u64, u64)> = locals.iter().map(|&l| {
+                        path.push(l);
+                        (name(*slot, &path, *alias), l)
+                    }).collect();
+                    let tier = Tier(*tier);
+                    m.store(*slot, tier, parent, &blocks);
+                    let blocks: Vec<_> = blocks.iter().map(|&(e, l)| (eh(e), BlockHash(l))).collect();
+                    t.store(WorkerSlot(*slot), tier, parent.map(eh), &blocks);
+                }
+                Op::Remove { slot, path, alias, tiers } => {
+                    let e = name(*slot, path, *alias);
+                    m.remove(*slot, e, *tiers);
+                    t.remove(WorkerSlot(*slot), eh(e), TierSet(*tiers));
+                }
+                Op::Predict { slot, path, ttl } => {
+                    let deadline = m.now + ttl;
+                    m.predict(*slot, path, deadline);
+                    let locals: Vec<BlockHash> = path.iter().map(|&l| BlockHash(l)).collect();
+                    t.predict(WorkerSlot(*slot), &locals, deadline);
+                }
+                Op::Evict => {
+                    if let Some(id) = t.next_victim() {
+                        m.evict(&t.path(id));
+                        t.evict_node(id);
+                    }
+                }
+                Op::Expire { advance } => {
+                    let now = m.now + advance;
+                    m.expire(now);
+                    t.expire(now);
+                }
+                Op::Clear { slot, tiers, step } => {
+                    m.clear(*slot, *tiers);
+                    let (slot, tiers) = (WorkerSlot(*slot), TierSet(*tiers));
+                    match step {
+                        None => t.clear_slot(slot, tiers),
+                        Some(b) => {
+                            let mut at = NamesAt::default();
+                            while !t.clear_step(slot, tiers, &mut at, *b) {}
+                        }
+                    }
+                }
+            }
+            prop_assert_eq!(t.len(), m.nodes());
+            // A 4-byte name lives exactly as long as its hold: its key is read
+            // from a node that a reuse would change.
+            for (i, names) in t.engine.iter().enumerate() {
+                for n in names.own.iter() {
+                    prop_assert!(t.resolve(WorkerSlot(i as u32), n.0).is_some());
+                }
+            }
+        }
+        let mut paths: Vec<Vec<u64>> = m.holders.keys().cloned().collect();
+        paths.push(vec![1, 2, 3, 1]);
+        for p in &paths {
+            let locals: Vec<BlockHash> = p.iter().map(|&l| BlockHash(l)).collect();
+            let mut out = Vec::new();
+            t.lookup(Prompt::Locals(&locals), &mut out);
+            prop_assert_eq!(blocks_of(&out), m.lookup(p));
+            let mut seqs = Vec::new();
+            hash::seq_hashes_for_locals(&locals, &mut seqs);
+            out.clear();
+            t.lookup(Prompt::Seqs(&seqs), &mut out);
+            prop_assert_eq!(blocks_of(&out), m.lookup(p));
+        }
+        let mut dumped = Vec::new();
+        t.dump(&mut dumped);
+        // In steps, with nothing changing between them: the same blocks, parents
+        // first.
+        let mut stepped = Vec::new();
+        let mut walk = DumpWalk::default();
+        while !t.dump_step(&mut walk, dump_step, &mut stepped) {}
+        let mut seen = BTreeSet::new();
+        for d in &stepped {
+            if let Some(p) = d.parent {
+                prop_assert!(seen.contains(&p) || !stepped.iter().any(|x| x.seq == p));
+            }
+            seen.insert(d.seq);
+        }
+        prop_assert_eq!(stepped.len(), dumped.len());
+        prop_assert_eq!(sorted(&stepped), sorted(&dumped));
+        // A replica carries every block held on a medium (one below a block
+        // nobody holds hangs from a root standing for that block), and no
+        // prediction.
+        let mut copied = Vec::new();
+        replica(&t).dump(&mut copied);
+        prop_assert_eq!(sorted(&copied), sorted(&dumped));
+        let mut got: Vec<(u64, Option<u64>, u64, u32)> =
+            dumped.iter().map(|d| (d.seq.0, d.parent.map(|p| p.0), d.local.0, d.holder.0)).collect();
+        got.sort();
+        let mut want = Vec::new();
+        for (path, hs) in &m.holders {
+            let locals: Vec<BlockHash> = path.iter().map(|&l| BlockHash(l)).collect();
+            let mut seqs = Vec::new();
+            hash::seq_hashes_for_locals(&locals, &mut seqs);
+            let parent = (seqs.len() > 1).then(|| seqs[seqs.len() - 2].0);
+            for (&s, &tiers) in hs {
+                let tiers = tiers & TierSet::MEDIA.0;
+                if tiers != 0 {
+                    want.push((seqs.last().unwrap().0, parent, *path.last().unwrap(), Holder::new(WorkerSlot(s), TierSet(tiers)).0));
+                }
+            }
+        }
+        want.sort();
+        prop_assert_eq!(got, want);
+        let mut per_slot = vec![0u32; 3];
+        for hs in m.holders.values() {
+            for &s in hs.keys() {
+                per_slot[s as usize] += 1;
+            }
+        }
+        let mut have = t.per_slot().to_vec();
+        have.resize(3, 0);
+        prop_assert_eq!(have, per_slot);
+        let mut pairs = [0u64; Tier::COUNT];
+        for hs in m.holders.values() {
+            for &tiers in hs.values() {
+                for tier in TierSet(tiers).iter() {
+                    pairs[tier.0 as usize] += 1;
+                }
+            }
+        }
+        prop_assert_eq!(t.tier_pairs(), &pairs);
+    }
+}
