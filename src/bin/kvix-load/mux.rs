@@ -222,15 +222,31 @@ pub fn run(
                 revents: 0,
             });
         }
-        let wait_ms = if rate > 0.0 && k < total {
-            let at = due(k);
-            at.saturating_duration_since(Instant::now()).as_millis() as i32
+        // Wake for the next due request only if a connection is free to send it;
+        // otherwise only a reply can change anything. Nanosecond timeouts (ppoll):
+        // a millisecond one would send requests up to a millisecond late.
+        let idle = conns
+            .iter()
+            .any(|c| c.as_ref().is_none_or(|c| matches!(c.state, State::Idle)));
+        let wait = if rate > 0.0 && k < total && idle {
+            due(k).saturating_duration_since(Instant::now())
         } else {
-            100
+            Duration::from_millis(100)
         };
-        // SAFETY: `fds` is a live, initialized slice of `pollfd`s and its length
-        // is passed with it; poll only writes their `revents`.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, wait_ms) };
+        let timeout = libc::timespec {
+            tv_sec: wait.as_secs() as libc::time_t,
+            tv_nsec: wait.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: `fds` is a live, initialized slice of `pollfd`s passed with its
+        // length, and `timeout` a live timespec; ppoll only writes the `revents`.
+        let n = unsafe {
+            libc::ppoll(
+                fds.as_mut_ptr(),
+                fds.len() as libc::nfds_t,
+                &timeout,
+                std::ptr::null(),
+            )
+        };
         if n <= 0 {
             continue;
         }
