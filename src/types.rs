@@ -153,7 +153,8 @@ impl std::ops::BitAnd for TierSet {
     }
 }
 
-/// Index of one executor's shard of the block-hash space.
+/// Index of one executor's shard: the blocks of the worker slots it owns
+/// ([`crate::partition::shard_of`]).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct ShardId(pub usize);
 

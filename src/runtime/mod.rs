@@ -655,10 +655,6 @@ pub fn serve(app: Arc<App>, opts: ServeOptions) -> std::io::Result<()> {
         // executors read and write no files, so the minimum.
         .io_memory(IO_MEMORY)
         .preempt_timer(PREEMPT_TIMER)
-        // Blocking work (tokenization, snapshot encoding) runs where the kernel
-        // finds room, not pinned beside the executor it was offloaded from: a
-        // pinned executor keeps its core busy while queries come.
-        .blocking_thread_pool_placement(PoolPlacement::Unbound(1))
         .spin_before_park(awake::idle_spin(window))
         .on_all_shards(move || {
             let (app, mesh, opts) = (app.clone(), mesh.clone(), opts.clone());
