@@ -35,14 +35,17 @@ pub(super) struct KeepAwake {
     tick: Duration,
     /// When a query (or a peer's request) last arrived.
     last: Cell<Instant>,
+    /// Executors occupy every core: yield the core at each turn of polling.
+    polite: bool,
     /// The keeper's waker while it is dormant.
     dormant: RefCell<Option<Waker>>,
 }
 
 impl KeepAwake {
     /// Poll for `window` after each [`Self::note`] (the executor's spin before
-    /// park must be [`idle_spin`] of the same window).
-    pub(super) fn new(window: Duration) -> Rc<Self> {
+    /// park must be [`idle_spin`] of the same window); `polite` when executors
+    /// occupy every core.
+    pub(super) fn new(window: Duration, polite: bool) -> Rc<Self> {
         let now = Instant::now();
         Rc::new(KeepAwake {
             window,
@@ -50,6 +53,7 @@ impl KeepAwake {
             // Quiet from the start (or busy for one window, so early after boot
             // that the clock cannot go back that far: harmless).
             last: Cell::new(now.checked_sub(window).unwrap_or(now)),
+            polite,
             dormant: RefCell::new(None),
         })
     }
@@ -87,6 +91,15 @@ impl KeepAwake {
             })
             .await;
             while self.busy() {
+                // With an executor on every core, a thread that needs a core (an
+                // ingest thread, a client on the same machine) would wait for the
+                // scheduler's tick, milliseconds, behind a polling executor.
+                // Yielding each turn hands the core over at once; with nobody
+                // waiting it costs a syscall. With a core to spare, the scheduler
+                // puts such threads there and yielding only delays this executor.
+                if self.polite {
+                    std::thread::yield_now();
+                }
                 glommio::timer::sleep(self.tick).await;
             }
         }
@@ -103,7 +116,7 @@ mod tests {
         glommio::LocalExecutorBuilder::default()
             .spin_before_park(idle_spin(window))
             .spawn(move || async move {
-                let k = KeepAwake::new(window);
+                let k = KeepAwake::new(window, false);
                 glommio::spawn_local(k.clone().run()).detach();
                 glommio::timer::sleep(Duration::from_millis(5)).await;
                 assert!(k.dormant.borrow().is_some(), "dormant before any query");
@@ -126,7 +139,7 @@ mod tests {
     fn its_timer_always_falls_due_within_the_spin() {
         for us in [1, 5, 10, 20, 200, 1_000_000] {
             let window = Duration::from_micros(us);
-            let k = KeepAwake::new(window);
+            let k = KeepAwake::new(window, false);
             assert!(!k.tick.is_zero() && k.tick < idle_spin(window), "{us} µs");
         }
         assert!(idle_spin(Duration::ZERO).is_zero());
