@@ -1,6 +1,6 @@
 //! `kvix-hello`: the HTTP ceiling. The same runtime as kvix (pinned glommio
-//! executors with its preempt timer, hyper 1.x over the same I/O adapter, one
-//! `SO_REUSEPORT` listener per core) but every request only has its body read and gets a constant
+//! executors, hyper 1.x over the same I/O adapter, one `SO_REUSEPORT` listener
+//! per core) but every request only has its body read and gets a constant
 //! score answer. Whatever kvix does beyond this is the cost of indexing.
 
 use bytes::Bytes;
@@ -40,7 +40,6 @@ fn main() {
     let threads = a.threads.clamp(1, cores);
     let answer = padded(ANSWER, a.body_bytes);
     LocalExecutorPoolBuilder::new(PoolPlacement::MaxSpread(threads, None))
-        .preempt_timer(kvix::runtime::PREEMPT_TIMER)
         .on_all_shards(move || async move {
             let answer = answer.clone();
             let listener = TcpListener::bind(addr).expect("bind");

@@ -9,7 +9,9 @@
 //! need. So glommio's own spin stays short ([`idle_spin`]), and while queries
 //! come (for `window` after the last one) a keeper task sleeps in steps shorter
 //! than that spin: the executor's idle loop then always has a timer due before its
-//! spin ends, and never parks. Owned by one executor; never shared.
+//! spin ends, and never parks. With an executor on every core, the keeper also
+//! yields the core at each step, so that no other thread waits behind the polling.
+//! Owned by one executor; never shared.
 
 use std::cell::{Cell, RefCell};
 use std::future::poll_fn;

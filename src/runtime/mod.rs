@@ -631,13 +631,6 @@ async fn heartbeat_loop(core: Rc<Core>) {
     }
 }
 
-/// glommio's preempt timer: the longest an executor runs tasks back to back
-/// before it polls its rings (submits readiness polls, reaps completions, fires
-/// timers). Between those polls no connection that is waiting for its socket is
-/// woken, so under a saturating load this bounds how long a runnable task can
-/// keep the others waiting; glommio's default, 100 ms, showed as a 100 ms tail.
-pub const PREEMPT_TIMER: Duration = Duration::from_micros(500);
-
 /// glommio's floor for an executor's registered storage I/O memory.
 const IO_MEMORY: usize = 64 * 1024;
 
@@ -656,7 +649,6 @@ pub fn serve(app: Arc<App>, opts: ServeOptions) -> std::io::Result<()> {
         // Storage I/O memory (glommio's DMA file buffers, 10 MiB a core by default):
         // executors read and write no files, so the minimum.
         .io_memory(IO_MEMORY)
-        .preempt_timer(PREEMPT_TIMER)
         .spin_before_park(awake::idle_spin(window))
         .on_all_shards(move || {
             let (app, mesh, opts) = (app.clone(), mesh.clone(), opts.clone());
