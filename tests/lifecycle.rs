@@ -610,7 +610,9 @@ fn memory_a_burst_grew_goes_back_once_idle() {
         (b == want).then_some(()).ok_or(format!("{b} of {want}"))
     });
     let grown = common::rss_mib(s.pid()) - rss0;
-    assert!(grown > 20.0, "the index grew only {grown:.1} MiB");
+    // 400k blocks take about 16 MiB of nodes and engine names (less in a release
+    // build): enough growth that a quarter of it left over is a real finding.
+    assert!(grown > 10.0, "the index grew only {grown:.1} MiB");
     s.post_ok(
         "/unregister",
         &json!({"instance_id": 1, "model_name": MODEL}),
