@@ -153,8 +153,7 @@ impl std::ops::BitAnd for TierSet {
     }
 }
 
-/// Index of one executor's shard: the blocks of the worker slots it owns
-/// ([`crate::partition::shard_of`]).
+/// Index of one executor's shard: the blocks of the worker slots it owns.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct ShardId(pub usize);
 
