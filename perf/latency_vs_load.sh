@@ -41,14 +41,7 @@ read -r -a ev <<<"$(worker_args trace)"
 series=()
 for t in $THREADS; do
     for system in kvix dynamo; do
-        PORT=$(free_port)
-        case "$system" in
-            kvix) "$BIN/kvix" --host 127.0.0.1 --port "$PORT" --threads "$t" 2>"$OUT/$system-t$t.log" & ;;
-            dynamo) "$PEER_BIN/dynamo-peer" --port "$PORT" --threads "$t" --runtime-threads "$t" \
-                2>"$OUT/$system-t$t.log" & ;;
-        esac
-        PID=$!
-        wait_health "$PORT" || { echo "$system did not answer /health" >&2; exit 1; }
+        start_indexer "$system" "$t" "$OUT/$system-t$t.log"
         common=(--url "http://127.0.0.1:$PORT" --quiet --json "${wl[@]}")
         "$BIN/kvix-load" events "${common[@]}" "${ev[@]}" --keep >/dev/null || [ $? = 2 ]
         "$BIN/kvix-load" query "${common[@]}" --connections 16 --rate "$RATES" \

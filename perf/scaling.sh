@@ -14,8 +14,9 @@
 # lookups of the whole prompt plus one gather, so the CPU a query costs grows
 # with the shard count until every slot has a shard of its own, and stays flat
 # beyond. Run it where there are at least as many cores as the largest thread
-# count plus one for the client; on fewer cores the table measures
-# oversubscription (machine.txt records nproc). --bin / --peer-bin take prebuilt
+# count plus one for the client: kvix clamps --threads to the cores it may use
+# (its log's `shards=`), so on fewer cores its larger counts repeat the largest
+# that fits, while Dynamo's threads oversubscribe (machine.txt records nproc). --bin / --peer-bin take prebuilt
 # binaries (kvix, kvix-load; dynamo-peer), e.g. stripped ones carried to a larger
 # machine; with --no-build and no dynamo-peer, kvix runs alone.
 set -euo pipefail
@@ -58,14 +59,7 @@ read -r -a wl <<<"$(workload_args "$WORKLOAD")"
 read -r -a ev <<<"$(worker_args "$WORKLOAD")"
 for t in $THREADS; do
     for system in $SYSTEMS; do
-        PORT=$(free_port)
-        case "$system" in
-            kvix) "$BIN/kvix" --host 127.0.0.1 --port "$PORT" --threads "$t" 2>"$OUT/$system-t$t.log" & ;;
-            dynamo) "$PEER_BIN/dynamo-peer" --port "$PORT" --threads "$t" --runtime-threads "$t" \
-                2>"$OUT/$system-t$t.log" & ;;
-        esac
-        PID=$!
-        wait_health "$PORT" || { echo "$system did not answer /health" >&2; exit 1; }
+        start_indexer "$system" "$t" "$OUT/$system-t$t.log"
         common=(--url "http://127.0.0.1:$PORT" --quiet --json "${wl[@]}")
         "$BIN/kvix-load" events "${common[@]}" "${ev[@]}" --pid "$PID" --keep \
             >"$OUT/$system-t$t-events.json" || [ $? = 2 ]
