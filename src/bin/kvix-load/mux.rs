@@ -36,7 +36,11 @@ pub fn histogram() -> Histogram<u64> {
 enum State {
     Idle,
     /// Request `body` written up to `sent`; latency counts from `from`.
-    Busy { body: usize, sent: usize, from: Instant },
+    Busy {
+        body: usize,
+        sent: usize,
+        from: Instant,
+    },
 }
 
 struct Conn {
@@ -64,7 +68,9 @@ fn parse(buf: &[u8]) -> io::Result<Option<(u16, std::ops::Range<usize>, usize)>>
             if k.eq_ignore_ascii_case("content-length") {
                 len = v.trim().parse::<usize>().ok();
             } else if k.eq_ignore_ascii_case("transfer-encoding") {
-                return Err(bad("chunked responses are not supported by the poll client"));
+                return Err(bad(
+                    "chunked responses are not supported by the poll client",
+                ));
             }
         }
     }
