@@ -166,6 +166,13 @@ def fmt(key, v):
     return f"{v:,.0f}"
 
 
+def median_range(key, xs):
+    """A cell: the median of the runs' figures, then their range if several."""
+    med = statistics.median(xs)
+    rng = f" ({fmt(key, min(xs))}–{fmt(key, max(xs))})" if len(xs) > 1 else ""
+    return f"{fmt(key, med)}{rng}"
+
+
 def spread(xs, fn=lambda x: f"{x:.2f}×"):
     xs = [x for x in xs if x is not None]
     if not xs:
@@ -202,9 +209,7 @@ def latency_tables(per_run):
                 if s not in systems or not got:
                     cells.append("—")
                     continue
-                med = statistics.median(got)
-                rng = f" ({fmt(key, min(got))}–{fmt(key, max(got))})" if len(got) > 1 else ""
-                cells.append(f"{fmt(key, med)}{rng}")
+                cells.append(median_range(key, got))
             ratios = []
             for other in ("dynamo", "hello"):
                 rs = [k / o if k is not None and o else None for k, o in zip(vals["kvix"], vals[other])]
@@ -282,9 +287,7 @@ def table(out):
                 if not vals:
                     cells.append("—")
                     continue
-                med = statistics.median(vals)
-                rng = f" ({fmt(key, min(vals))}–{fmt(key, max(vals))})" if len(vals) > 1 else ""
-                cells.append(f"{fmt(key, med)}{rng} {'/'.join(threads)}")
+                cells.append(f"{median_range(key, vals)} {'/'.join(threads)}")
             ratios = []
             for other in ("dynamo", "hello"):
                 if other not in bests:

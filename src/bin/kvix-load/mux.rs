@@ -85,11 +85,18 @@ fn bad(msg: &str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg.to_string())
 }
 
-fn connect(addr: &str) -> io::Result<TcpStream> {
-    let s = TcpStream::connect(addr)?;
-    s.set_nodelay(true)?;
-    s.set_nonblocking(true)?;
-    Ok(s)
+impl Conn {
+    /// A new idle, non-blocking connection to `addr`.
+    fn open(addr: &str) -> io::Result<Conn> {
+        let stream = TcpStream::connect(addr)?;
+        stream.set_nodelay(true)?;
+        stream.set_nonblocking(true)?;
+        Ok(Conn {
+            stream,
+            state: State::Idle,
+            buf: Vec::with_capacity(64 * 1024),
+        })
+    }
 }
 
 /// Drive `connections` connections to `addr` for `dur` (closed loop when `rate`
@@ -115,15 +122,7 @@ pub fn run(
         started: Instant::now(),
         finished: Instant::now(),
     };
-    let mut conns: Vec<Option<Conn>> = (0..connections)
-        .map(|_| {
-            connect(addr).ok().map(|stream| Conn {
-                stream,
-                state: State::Idle,
-                buf: Vec::with_capacity(64 * 1024),
-            })
-        })
-        .collect();
+    let mut conns: Vec<Option<Conn>> = (0..connections).map(|_| Conn::open(addr).ok()).collect();
     let start = Instant::now();
     out.started = start;
     let end = start + dur;
@@ -140,14 +139,8 @@ pub fn run(
         for slot in conns.iter_mut() {
             if slot.is_none() {
                 // A connection that failed is dialled again for its next request.
-                match connect(addr) {
-                    Ok(stream) => {
-                        *slot = Some(Conn {
-                            stream,
-                            state: State::Idle,
-                            buf: Vec::with_capacity(64 * 1024),
-                        })
-                    }
+                match Conn::open(addr) {
+                    Ok(c) => *slot = Some(c),
                     Err(_) => {
                         out.errors += 1;
                         continue;
