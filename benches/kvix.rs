@@ -21,6 +21,17 @@ use std::hint::black_box;
 
 const BS: usize = 16;
 
+/// `n` when measuring (`cargo bench` passes `--bench`), a small fraction of it when
+/// `cargo test` runs each bench once as a smoke test in a debug build, so the test
+/// suite checks that every bench runs without building million-block indexes.
+fn sized(n: usize) -> usize {
+    if std::env::args().any(|a| a == "--bench") {
+        n
+    } else {
+        (n / 256).max(64)
+    }
+}
+
 /// Deterministic pseudo-random tokens (splitmix64).
 fn tokens(n: usize, seed: u64) -> Vec<u32> {
     let mut x = seed;
@@ -165,7 +176,7 @@ fn remove(b: &Block, slot: u32) -> ShardOp {
 }
 
 fn bench_apply(c: &mut Criterion) {
-    let n = 100_000;
+    let n = sized(100_000);
     let s = chain(n, 3);
     let mut g = c.benchmark_group("shard_apply");
     g.throughput(Throughput::Elements(n as u64));
@@ -200,7 +211,7 @@ fn bench_apply(c: &mut Criterion) {
     // A table far larger than the caches, as a live index is: every store misses.
     // The ring hands the shard chunks of ops; `apply_all` loads the buckets of the
     // ops a few places ahead, `apply` one op at a time does not.
-    let n = 2_000_000;
+    let n = sized(2_000_000);
     let big: Vec<ShardOp> = chain(n, 3).iter().map(|q| store(q, 0)).collect();
     let mut g = c.benchmark_group("shard_apply_2m_blocks");
     g.sample_size(10);
@@ -235,7 +246,7 @@ fn bench_apply(c: &mut Criterion) {
 /// What `/speculate` costs a shard: a prompt of new blocks predicted, a prediction
 /// on blocks others hold confirmed by the worker's store, and expiry.
 fn bench_predict(c: &mut Criterion) {
-    let n = 100_000;
+    let n = sized(100_000);
     let s = chain(n, 5);
     let locals: Vec<BlockHash> = s.iter().map(|b| b.local).collect();
     let mut g = c.benchmark_group("predict");
@@ -292,7 +303,7 @@ fn bench_predict(c: &mut Criterion) {
 /// A shard bounded at 100k blocks and full, storing 100k new ones: each store evicts
 /// one, against the same stores into an unbounded shard.
 fn bench_evict(c: &mut Criterion) {
-    let n = 100_000;
+    let n = sized(100_000);
     let old = chain(n, 7);
     let new = chain(n, 8);
     let mut g = c.benchmark_group("evict");
@@ -399,7 +410,7 @@ fn bench_render(c: &mut Criterion) {
 fn bench_query(c: &mut Criterion) {
     let mut g = c.benchmark_group("query_512_blocks_1M_indexed");
     for n in [1usize, 2, 4] {
-        let (mut shards, chains) = indexed(n, 2048);
+        let (mut shards, chains) = indexed(n, sized(2048));
         g.throughput(Throughput::Elements(1));
         g.bench_function(BenchmarkId::new("answer_merge_gather", n), |b| {
             let mut i = 0;
@@ -561,7 +572,7 @@ fn bench_ingest(c: &mut Criterion) {
 
 /// The index ceiling: one hashbrown probe per block, nothing else.
 fn bench_ceiling(c: &mut Criterion) {
-    let keys = seqs(1 << 20, 5);
+    let keys = seqs(sized(1 << 20), 5);
     let mut map: hashbrown::HashMap<SeqHash, u64, SeqHasherBuilder> = Default::default();
     for (i, k) in keys.iter().enumerate() {
         map.insert(*k, i as u64);
@@ -744,10 +755,7 @@ fn conversations(convs: usize, len: usize) -> Vec<Run> {
 /// stored pairs; then 64-block prompts looked up in each.
 fn bench_index(c: &mut Criterion) {
     use kvix::shard::tree::Tree;
-    // `cargo test` runs each bench once as a smoke test (no `--bench`): a small
-    // index keeps that quick in a debug build.
-    let measured = std::env::args().any(|a| a == "--bench");
-    let (convs, len) = if measured { (32_768, 64) } else { (256, 64) };
+    let (convs, len) = (sized(32_768), 64);
     let runs = conversations(convs, len);
     let pairs = (convs * len) as u64;
     let today = |runs: &[Run]| {
