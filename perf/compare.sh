@@ -25,6 +25,8 @@
 # for both systems: batches carry the (nil) dp-rank element, and a block has the
 # same engine hash on every worker (under per-worker hashes Dynamo's indexer drops
 # stores whose parent another worker also holds; the log counts such failures).
+# Then, on a fresh server, the same event load with one engine hash per worker
+# (engines seeding their hashes apart, vLLM's default): <system>-t<n>-events-apart.
 # A discarded warm-up (each system, each workload's event load) comes first. Systems
 # alternate which goes first from one repeat to the next, so the machine's drift
 # does not favour one. Everything runs on this machine, client included.
@@ -132,6 +134,16 @@ run_system() { # run_system RUNDIR WORKLOAD SYSTEM THREADS
     load query "${common[@]}" --connections 16 --rate "$RATE" --prompt-tokens 1024 \
         --duration "$DURATION" >"$dir/$name-open.json"
     stop
+    # The same event load from engines that seed their hashes apart (vLLM's default),
+    # on a fresh server: every engine names a block its own way.
+    if [ "$system" != hello ]; then
+        local apart=() a
+        for a in "${ev[@]}"; do [ "$a" = --shared-engine-hashes ] || apart+=("$a"); done
+        start "$system" "$threads" "$dir/$name-apart.log"
+        load events --url "http://127.0.0.1:$PORT" --quiet --json "${wl[@]}" "${apart[@]}" \
+            --pid "$PID" >"$dir/$name-events-apart.json"
+        stop
+    fi
 }
 
 # Warm-up, discarded: each system takes each workload's event load once before the
