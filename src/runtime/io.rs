@@ -7,74 +7,44 @@ use futures_lite::{AsyncRead, AsyncWrite};
 use glommio::net::TcpStream;
 use hyper::rt::ReadBufCursor;
 use std::io;
-use std::os::fd::AsRawFd;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-/// Largest slice handed to glommio's read, which runs only when no bytes were
-/// waiting: it is zeroed first, so it is kept small. Bytes that arrive later are
-/// read by `recv` into hyper's whole spare room.
-const WAIT_WINDOW: usize = 1024;
+/// A connection's own read buffer. A request that fits is read by one `recv`; a
+/// larger body comes in several, each of which fills it.
+const READ_BUF: usize = 16 * 1024;
 
 /// A connection's socket as hyper's transport.
 ///
-/// Fairness rests on one rule: once a read found the socket empty, the connection
-/// is served again only after the reactor reports it readable. A connection task
-/// is often polled again without its socket becoming readable (hyper wakes it
-/// after a response); if that poll read the socket directly, a connection whose
-/// client answered quickly would be served on every such wake, the executor's
-/// run queue would never drain, and glommio polls its rings (submitting the other
+/// Reads go through glommio's stream, whose rule makes executors fair: after a
+/// read that did not fill the buffer, the next read waits until the reactor
+/// reports the socket readable, even if bytes arrived meanwhile. A connection task
+/// is often polled again without its socket becoming readable (hyper wakes it after
+/// a response); if that poll read the socket directly, a connection whose client
+/// answered quickly would be served on every such wake, the executor's run queue
+/// would never drain, and glommio polls its rings (submitting the other
 /// connections' readiness polls) only when the queue drains or its preempt timer
 /// fires: those connections would wait for the timer. Through the reactor, every
 /// connection that became readable is woken in the same reap and served in turn.
+///
+/// glommio reads into an initialized slice and hyper offers uninitialized room, so
+/// bytes land in the connection's buffer first and are copied to hyper: a copy
+/// costs less than the syscalls a direct read would add.
 pub struct HyperStream {
     stream: TcpStream,
-    /// A read found the socket empty and glommio has not yet reported it readable.
-    waiting: bool,
+    buf: Box<[u8]>,
+    /// `buf[start..end]`: read from the socket, not yet handed to hyper.
+    start: usize,
+    end: usize,
 }
 
 impl HyperStream {
     pub fn new(stream: TcpStream) -> Self {
         HyperStream {
             stream,
-            waiting: false,
-        }
-    }
-
-    /// Read through glommio, which registers for readiness when nothing is
-    /// waiting, into at most [`WAIT_WINDOW`] bytes of hyper's spare room.
-    fn poll_read_glommio(
-        &mut self,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBufCursor<'_>,
-    ) -> Poll<io::Result<()>> {
-        // SAFETY: `buf.as_mut()` is hyper's spare room, possibly uninitialized;
-        // the window is zeroed through `MaybeUninit::write` before it is viewed as
-        // `&mut [u8]`, so no uninitialized byte is ever read.
-        let window = unsafe {
-            let spare = buf.as_mut();
-            let len = spare.len().min(WAIT_WINDOW);
-            for b in &mut spare[..len] {
-                b.write(0);
-            }
-            std::slice::from_raw_parts_mut(spare.as_mut_ptr().cast::<u8>(), len)
-        };
-        match Pin::new(&mut self.stream).poll_read(cx, window) {
-            Poll::Ready(Ok(n)) => {
-                self.waiting = false;
-                // SAFETY: glommio filled the first `n` bytes of the window, which
-                // starts at the spare room's start.
-                unsafe { buf.advance(n) };
-                Poll::Ready(Ok(()))
-            }
-            Poll::Ready(Err(e)) => {
-                self.waiting = false;
-                Poll::Ready(Err(e))
-            }
-            Poll::Pending => {
-                self.waiting = true;
-                Poll::Pending
-            }
+            buf: vec![0; READ_BUF].into_boxed_slice(),
+            start: 0,
+            end: 0,
         }
     }
 }
@@ -86,36 +56,18 @@ impl hyper::rt::Read for HyperStream {
         mut buf: ReadBufCursor<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if this.waiting {
-            return this.poll_read_glommio(cx, &mut buf);
+        if this.start == this.end {
+            match Pin::new(&mut this.stream).poll_read(cx, &mut this.buf) {
+                Poll::Ready(Ok(n)) => (this.start, this.end) = (0, n),
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
         }
-        // Most reads find bytes waiting: `recv` writes them straight into hyper's
-        // uninitialized spare room. Only a read that would wait goes through
-        // glommio (which wants an initialized slice) to register for readiness.
-        // SAFETY: `recv` is given the spare room's own pointer and length, so the
-        // kernel writes inside it; no `&[u8]` over uninitialized bytes is made.
-        let n = unsafe {
-            let spare = buf.as_mut();
-            libc::recv(
-                this.stream.as_raw_fd(),
-                spare.as_mut_ptr().cast(),
-                spare.len(),
-                libc::MSG_DONTWAIT,
-            )
-        };
-        if n >= 0 {
-            // SAFETY: the kernel wrote `n` bytes from the spare room's start.
-            unsafe { buf.advance(n as usize) };
-            return Poll::Ready(Ok(()));
-        }
-        let e = io::Error::last_os_error();
-        if !matches!(
-            e.kind(),
-            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-        ) {
-            return Poll::Ready(Err(e));
-        }
-        this.poll_read_glommio(cx, &mut buf)
+        // Nothing read (end of stream) hands hyper nothing, which it takes as EOF.
+        let n = (this.end - this.start).min(buf.remaining());
+        buf.put_slice(&this.buf[this.start..this.start + n]);
+        this.start += n;
+        Poll::Ready(Ok(()))
     }
 }
 
@@ -181,9 +133,10 @@ mod tests {
     use std::task::Waker;
     use std::time::Duration;
 
-    /// Poll `stream` once for a read: the bytes it read, or `None` if it waits.
-    fn poll_once(stream: &mut HyperStream) -> Option<Vec<u8>> {
-        let mut storage = [0u8; 64];
+    /// Poll `stream` once for a read into `room` bytes of hyper's spare room: the
+    /// bytes it read, or `None` if it waits.
+    fn poll_once(stream: &mut HyperStream, room: usize) -> Option<Vec<u8>> {
+        let mut storage = vec![0u8; room];
         let mut buf = ReadBuf::new(&mut storage);
         let mut cx = Context::from_waker(Waker::noop());
         match Pin::new(&mut *stream).poll_read(&mut cx, buf.unfilled()) {
@@ -194,7 +147,7 @@ mod tests {
     }
 
     #[test]
-    fn a_connection_that_waited_is_read_only_once_the_reactor_reports_it_readable() {
+    fn a_connection_is_read_again_only_once_the_reactor_reports_it_readable() {
         glommio::LocalExecutorBuilder::default()
             .spawn(|| async {
                 let listener = glommio::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -205,21 +158,38 @@ mod tests {
 
                 client.write_all(b"first").unwrap();
                 settle().await;
-                assert_eq!(poll_once(&mut stream).as_deref(), Some(&b"first"[..]));
-                assert_eq!(poll_once(&mut stream), None, "nothing waiting: it waits");
+                assert_eq!(poll_once(&mut stream, 64).as_deref(), Some(&b"first"[..]));
+                assert_eq!(
+                    poll_once(&mut stream, 64),
+                    None,
+                    "nothing waiting: it waits"
+                );
 
-                client.write_all(b"second").unwrap();
-                std::thread::sleep(Duration::from_millis(20));
-                // Polled again before the reactor ran, as a wake from elsewhere
-                // would poll it: the bytes are there, but it waits its turn.
-                assert_eq!(poll_once(&mut stream), None, "read out of turn");
+                for turn in [&b"second"[..], b"third"] {
+                    client.write_all(turn).unwrap();
+                    std::thread::sleep(Duration::from_millis(20));
+                    // Polled again before the reactor ran, as a wake from elsewhere
+                    // would poll it: the bytes are there, but it waits its turn.
+                    assert_eq!(poll_once(&mut stream, 64), None, "read out of turn");
+                    settle().await;
+                    assert_eq!(poll_once(&mut stream, 64).as_deref(), Some(turn));
+                }
+
+                // Bytes read but not yet taken are handed over without the socket.
+                client.write_all(b"0123456789").unwrap();
                 settle().await;
-                assert_eq!(poll_once(&mut stream).as_deref(), Some(&b"second"[..]));
+                assert_eq!(poll_once(&mut stream, 4).as_deref(), Some(&b"0123"[..]));
+                assert_eq!(poll_once(&mut stream, 4).as_deref(), Some(&b"4567"[..]));
+                assert_eq!(poll_once(&mut stream, 4).as_deref(), Some(&b"89"[..]));
+                assert_eq!(poll_once(&mut stream, 4), None, "all taken: it waits");
 
-                // Back on the direct path: bytes already waiting are read at once.
-                client.write_all(b"third").unwrap();
-                std::thread::sleep(Duration::from_millis(20));
-                assert_eq!(poll_once(&mut stream).as_deref(), Some(&b"third"[..]));
+                drop(client);
+                settle().await;
+                assert_eq!(
+                    poll_once(&mut stream, 4).as_deref(),
+                    Some(&b""[..]),
+                    "end of stream"
+                );
             })
             .unwrap()
             .join()
