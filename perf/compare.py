@@ -18,7 +18,12 @@ import re
 import statistics
 import sys
 
-SYSTEMS = {"kvix": "kvix", "dynamo": "Dynamo 1.6.1", "hello": "tokio-hello"}
+SYSTEMS = {
+    "kvix": "kvix",
+    "dynamo": "Dynamo 1.6.1",
+    "hello": "tokio-hello",
+    "before": "kvix before (--before)",
+}
 # (key, label, higher is better, systems it applies to)
 METRICS = [
     ("applied", "events: blocks applied/s", True, ("kvix", "dynamo")),
@@ -237,6 +242,43 @@ def latency_tables(per_run):
     return lines
 
 
+# The before-and-after table (compare.sh --before): what a change may not move.
+BEFORE_AFTER = [
+    ("applied", "events: blocks applied/s"),
+    ("applied_apart", "events, engine hashes apart: blocks applied/s"),
+    ("bpp", "settled RSS bytes / live (block, worker)"),
+    ("q16_rps", "closed loop, 16 conns: req/s"),
+    ("q16_p99", "closed loop, 16 conns: p99 µs"),
+    ("q1_p50", "closed loop, 1 conn: p50 µs"),
+    ("o_p99", "open loop: p99 µs"),
+]
+
+
+def before_after(per_run):
+    """Per thread count: kvix against the --before build, same runs, ratio per run."""
+    lines = []
+    for t in threads_of(per_run):
+        if not any(f"before-t{t}" in c for c in per_run):
+            continue
+        lines += [
+            f"#### --threads {t}: before and after",
+            "",
+            "| metric | after (kvix) | before | after / before |",
+            "|---|---|---|---|",
+        ]
+        for key, label in BEFORE_AFTER:
+            after = [c.get(f"kvix-t{t}", {}).get(key) for c in per_run]
+            before = [c.get(f"before-t{t}", {}).get(key) for c in per_run]
+            cells = [
+                median_range(key, got) if got else "—"
+                for got in ([x for x in after if x is not None], [x for x in before if x is not None])
+            ]
+            ratio = spread([a / b if a is not None and b else None for a, b in zip(after, before)])
+            lines.append(f"| {label} | {cells[0]} | {cells[1]} | {ratio} |")
+        lines.append("")
+    return lines
+
+
 def read_machine(out):
     """OUT/machine.txt (perf/lib.sh describe_machine), or nothing."""
     mf = os.path.join(out, "machine.txt")
@@ -357,6 +399,9 @@ def table(out):
                 f"| {'—' if hit is None else f'{100 * hit:.0f}'} | {'—' if rb is None else f'{rb:.0f}'} "
                 f"| {', '.join(checks) or 'ok'} |"
             )
+        ba = before_after(per_run)
+        if ba:
+            lines += ["", "### Before and after (`--before`), each run's pair side by side", ""] + ba
         lp = [c.get("live_pairs") for r in per_run for c in r.values() if c.get("live_pairs")]
         bl = [c.get("blocks") for r in per_run for c in r.values() if c.get("blocks")]
         if lp and bl:

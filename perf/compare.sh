@@ -5,6 +5,7 @@
 #   perf/compare.sh [--repeat N] [--quick] [--out DIR] [--no-build]
 #                   [--requests N] [--duration S] [--workloads "trace shared-prefix"]
 #                   [--systems "kvix dynamo hello"] [--threads "1 2"] [--rate R]
+#                   [--before DIR]
 #
 # Builds kvix (release) and scripts/dynamo_peer (dynamo-peer: the published crate
 # dynamo-kv-router 1.6.1 run by its own run_server; tokio-hello: tokio + hyper
@@ -31,6 +32,10 @@
 # alternate which goes first from one repeat to the next, so the machine's drift
 # does not favour one. Everything runs on this machine, client included.
 #
+# --before DIR adds a system `before`: DIR/kvix (another build, e.g. a worktree's
+# target/release) taking every phase kvix takes, in the same run, for a before-and-
+# after table (compare.md's last section).
+#
 # Output: DIR/run-R/<workload>/<system>-t<threads>-{events,query}.json (kvix-load
 # --json reports) and .log (the server's stderr), DIR/run-R/results.json (the
 # figures of that run), and DIR/compare.md: per workload and thread count, every
@@ -43,7 +48,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-REPEAT=3 QUICK=0 BUILD=1 REQUESTS=6000 DURATION=10 RATE=6000
+REPEAT=3 QUICK=0 BUILD=1 REQUESTS=6000 DURATION=10 RATE=6000 BEFORE_BIN=""
 WORKLOADS="trace shared-prefix" SYSTEMS="kvix dynamo hello" THREADS="1 2"
 OUT="perf/out/compare-$(date +%Y%m%d-%H%M%S)"
 while [ $# -gt 0 ]; do
@@ -58,6 +63,7 @@ while [ $# -gt 0 ]; do
         --workloads) WORKLOADS="$2"; shift 2 ;;
         --systems) SYSTEMS="$2"; shift 2 ;;
         --threads) THREADS="$2"; shift 2 ;;
+        --before) BEFORE_BIN="$2"; shift 2 ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -79,12 +85,15 @@ if [ "$BUILD" = 1 ]; then
     fi
 fi
 BIN=target/release
-for b in "$BIN/kvix" "$BIN/kvix-load" "$PEER_BIN/dynamo-peer" "$PEER_BIN/tokio-hello"; do
+[ -n "$BEFORE_BIN" ] && SYSTEMS="$SYSTEMS before"
+for b in "$BIN/kvix" "$BIN/kvix-load" "$PEER_BIN/dynamo-peer" "$PEER_BIN/tokio-hello" \
+    ${BEFORE_BIN:+"$BEFORE_BIN/kvix"}; do
     [ -x "$b" ] || { say "missing $b (run without --no-build)"; exit 1; }
 done
 describe_machine "$OUT/machine.txt" "repeat: $REPEAT requests: $REQUESTS duration: $DURATION trace: $TRACE
 workloads: $WORKLOADS systems: $SYSTEMS threads: $THREADS open-loop rate: $RATE/s
-dynamo: dynamo-kv-router 1.6.1 (scripts/dynamo_peer/Cargo.lock)
+dynamo: dynamo-kv-router 1.6.1 (scripts/dynamo_peer/Cargo.lock)${BEFORE_BIN:+
+before: $BEFORE_BIN/kvix}
 load: $(uptime)"
 
 PID=""
@@ -95,6 +104,7 @@ start() { # start SYSTEM THREADS LOG [HELLO BODY BYTES] → sets PID and PORT
     PORT=$(free_port)
     case "$system" in
         kvix) cmd=("$BIN/kvix" --host 127.0.0.1 --port "$PORT" --threads "$threads") ;;
+        before) cmd=("$BEFORE_BIN/kvix" --host 127.0.0.1 --port "$PORT" --threads "$threads") ;;
         dynamo) cmd=("$PEER_BIN/dynamo-peer" --port "$PORT" --threads "$threads"
             --runtime-threads "$threads") ;;
         hello) cmd=("$PEER_BIN/tokio-hello" --host 127.0.0.1 --port "$PORT" --threads "$threads"
@@ -156,7 +166,7 @@ warm_up() {
         mkdir -p "$dir/$workload"
         read -r -a wl <<<"$(workload_args "$workload")"
         read -r -a ev <<<"$(worker_args "$workload")"
-        for system in kvix dynamo; do
+        for system in kvix before dynamo; do
             [[ " $SYSTEMS " == *" $system "* ]] || continue
             say "warm-up, $workload: $system"
             start "$system" 1 "$dir/$workload/$system.log"
@@ -172,8 +182,8 @@ for r in $(seq 1 "$REPEAT"); do
     for workload in $WORKLOADS; do
         dir="$OUT/run-$r/$workload"
         mkdir -p "$dir"
-        order=(kvix dynamo hello)
-        [ $((r % 2)) = 0 ] && order=(dynamo kvix hello)
+        order=(kvix before dynamo hello)
+        [ $((r % 2)) = 0 ] && order=(dynamo before kvix hello)
         for system in "${order[@]}"; do
             [[ " $SYSTEMS " == *" $system "* ]] || continue
             for threads in $THREADS; do
