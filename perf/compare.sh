@@ -77,7 +77,7 @@ PEER_DIR=scripts/dynamo_peer
 PEER_BIN=$PEER_DIR/target/release
 if [ "$BUILD" = 1 ]; then
     say "building kvix and kvix-load (release)"
-    nice -n 10 cargo build --release --locked --bin kvix --bin kvix-load >&2
+    nice -n 10 cargo build --release --locked --workspace --bin kvix --bin kvix-load >&2
     say "building dynamo-peer and tokio-hello (dynamo-kv-router 1.6.1; slow the first time)"
     if ! nice -n 10 cargo build --release --locked --manifest-path "$PEER_DIR/Cargo.toml" >&2; then
         say "building $PEER_DIR failed (see $OUT/compare.log); it needs a C/C++ compiler: apt-get install build-essential"

@@ -41,7 +41,7 @@ pick_trace
 mkdir -p "$OUT"
 BIN=target/release
 SERVERS=${SERVERS:-$BIN}
-[ "$BUILD" = 1 ] && cargo build --release --locked --bin kvix --bin kvix-load --bin kvix-hello
+[ "$BUILD" = 1 ] && cargo build --release --locked --workspace --bin kvix --bin kvix-load --bin kvix-hello
 describe_machine "$OUT/machine.txt" "duration: $DURATION connections: $CONNECTIONS servers: $SERVERS"
 
 # The client on the last CPU, the executor wherever glommio pins it (the first).

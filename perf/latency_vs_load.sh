@@ -28,7 +28,7 @@ pick_trace
 mkdir -p "$OUT"
 BIN=target/release PEER_BIN=scripts/dynamo_peer/target/release
 if [ "$BUILD" = 1 ]; then
-    cargo build --release --locked --bin kvix --bin kvix-load
+    cargo build --release --locked --workspace --bin kvix --bin kvix-load
     cargo build --release --locked --manifest-path scripts/dynamo_peer/Cargo.toml
 fi
 describe_machine "$OUT/machine.txt" "threads: $THREADS rates: $RATES duration: $DURATION"

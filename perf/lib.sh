@@ -9,7 +9,7 @@ pick_trace() {
 }
 
 build_release() {
-    cargo build --release --bin kvix --bin kvix-load --bin kvix-hello
+    cargo build --release --workspace --bin kvix --bin kvix-load --bin kvix-hello
     BIN=target/release
 }
 

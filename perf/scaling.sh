@@ -43,7 +43,7 @@ done
 pick_trace
 mkdir -p "$OUT"
 if [ "$BUILD" = 1 ]; then
-    cargo build --release --locked --bin kvix --bin kvix-load
+    cargo build --release --locked --workspace --bin kvix --bin kvix-load
     cargo build --release --locked --manifest-path scripts/dynamo_peer/Cargo.toml
 fi
 SYSTEMS="kvix"

@@ -54,9 +54,29 @@ pub fn register_with(s: &Server, model: &str, instance: u64, p: &Publisher, extr
 }
 
 /// The binary under test: this build's, or `KVIX_TEST_BIN` (to run the same tests
-/// against another build, e.g. an earlier commit's).
+/// against another build, e.g. an earlier commit's). Another workspace member's
+/// tests (kvix-load's) get the `kvix` this build put beside them: cargo builds it
+/// before any test runs when the whole workspace is tested.
 pub fn kvix_bin() -> String {
-    std::env::var("KVIX_TEST_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_kvix").to_string())
+    if let Ok(bin) = std::env::var("KVIX_TEST_BIN") {
+        return bin;
+    }
+    if let Some(bin) = option_env!("CARGO_BIN_EXE_kvix") {
+        return bin.to_string();
+    }
+    // target/<profile>/deps/<test> -> target/<profile>/kvix
+    let exe = std::env::current_exe().expect("test executable path");
+    let bin = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target dir")
+        .join("kvix");
+    assert!(
+        bin.exists(),
+        "no kvix at {}: test the workspace (`cargo test --workspace`) or set KVIX_TEST_BIN",
+        bin.display()
+    );
+    bin.display().to_string()
 }
 
 static LAUNCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);

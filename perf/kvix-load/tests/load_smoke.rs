@@ -3,6 +3,8 @@
 //! indexer's tree sizes agree with its simulation) and get answers to every
 //! query. No timing is enforced here; figures come from `perf/run.sh`.
 
+// The service's black-box harness (server on a free port, its log).
+#[path = "../../../tests/common/mod.rs"]
 mod common;
 
 use common::Server;
@@ -14,7 +16,7 @@ fn kvix_load_bench_runs_against_kvix() {
     let s = Server::start(&["--threads", "2"]);
     let trace = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/tests/data/mooncake_trace_head500.jsonl"
+        "/../../tests/data/mooncake_trace_head500.jsonl"
     );
     let out = Command::new(env!("CARGO_BIN_EXE_kvix-load"))
         .args(["bench", "--url", &s.base, "--trace", trace])
