@@ -6,7 +6,10 @@
 //! over the mesh, adds the ingest threads' counters, and encodes the lot with
 //! `prometheus-client` through a one-shot collector.
 
-use crate::service::App;
+use crate::ingest::feed::FeedStats;
+use crate::ingest::{ListenerStats, ReplayStats};
+use crate::registry::Snapshot;
+use crate::service::{App, RecoveryStats};
 use crate::types::Tier;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -14,7 +17,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// Upper bounds (seconds) of the latency histograms' buckets.
@@ -255,74 +258,146 @@ fn tier_label(t: usize) -> String {
     }
 }
 
-/// Render the Prometheus text for `app` and the shards' figures.
+/// Render the Prometheus text for `app` and the shards' figures: family by family,
+/// in a fixed order (HTTP, registry, ingest, shards, query latency).
 pub fn render(app: &App, shards: &[ShardStats]) -> String {
     let mut g = Gathered::default();
-    // HTTP, merged over cores.
-    let mut routes: BTreeMap<(&str, &str), RouteStats> = BTreeMap::new();
-    for s in shards {
-        for (k, r) in &s.http.routes {
-            let m = routes.entry(*k).or_default();
-            m.requests += r.requests;
+    let http = HttpTotals::merged(shards);
+    http.families(&mut g, shards);
+    let snap = app.registry().snapshot();
+    registry_families(&mut g, &snap);
+    let scrape = Scrape {
+        app,
+        shards,
+        // Every listener ever started (stats outlive their listener).
+        listeners: app
+            .ingest()
+            .listeners
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone(),
+    };
+    for (name, help, total) in TOTALS {
+        g.add(name, help, MetricType::Counter)
+            .with(&[], Value::Counter(total(&scrape)));
+    }
+    scrape.last_sequences(&mut g, &snap);
+    shard_families(&mut g, shards);
+    http.query_latency(&mut g);
+    encode(g)
+}
+
+fn encode(g: Gathered) -> String {
+    let mut reg = prometheus_client::registry::Registry::default();
+    reg.register_collector(Box::new(g));
+    let mut out = String::new();
+    if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &reg) {
+        tracing::error!("cannot encode metrics: {e}");
+    }
+    out
+}
+
+/// The HTTP figures merged over cores: per (endpoint, method), and per endpoint.
+struct HttpTotals<'a> {
+    routes: BTreeMap<(&'a str, &'a str), RouteStats>,
+    by_endpoint: BTreeMap<&'a str, RouteStats>,
+}
+
+impl<'a> HttpTotals<'a> {
+    fn merged(shards: &'a [ShardStats]) -> Self {
+        let mut routes: BTreeMap<(&str, &str), RouteStats> = BTreeMap::new();
+        for s in shards {
+            for (k, r) in &s.http.routes {
+                let m = routes.entry(*k).or_default();
+                m.requests += r.requests;
+                m.errors_4xx += r.errors_4xx;
+                m.errors_5xx += r.errors_5xx;
+                m.latency.merge(&r.latency);
+            }
+        }
+        let mut by_endpoint: BTreeMap<&str, RouteStats> = BTreeMap::new();
+        for ((ep, _), r) in &routes {
+            let m = by_endpoint.entry(ep).or_default();
             m.errors_4xx += r.errors_4xx;
             m.errors_5xx += r.errors_5xx;
             m.latency.merge(&r.latency);
         }
+        HttpTotals {
+            routes,
+            by_endpoint,
+        }
     }
-    let mut by_endpoint: BTreeMap<&str, RouteStats> = BTreeMap::new();
-    for ((ep, _), r) in &routes {
-        let m = by_endpoint.entry(ep).or_default();
-        m.errors_4xx += r.errors_4xx;
-        m.errors_5xx += r.errors_5xx;
-        m.latency.merge(&r.latency);
-    }
-    let f = g.add(
-        "dynamo_kvindexer_request_duration_seconds",
-        "HTTP request latency",
-        MetricType::Histogram,
-    );
-    for (ep, r) in &by_endpoint {
-        f.with(
-            &[("endpoint", ep.to_string())],
-            Value::Hist(r.latency.clone()),
+
+    /// Dynamo's request families, and the requests a shard failed.
+    fn families(&self, g: &mut Gathered, shards: &[ShardStats]) {
+        let f = g.add(
+            "dynamo_kvindexer_request_duration_seconds",
+            "HTTP request latency",
+            MetricType::Histogram,
+        );
+        for (ep, r) in &self.by_endpoint {
+            f.with(
+                &[("endpoint", ep.to_string())],
+                Value::Hist(r.latency.clone()),
+            );
+        }
+        let f = g.add(
+            "dynamo_kvindexer_requests",
+            "Total HTTP requests",
+            MetricType::Counter,
+        );
+        for ((ep, m), r) in &self.routes {
+            f.with(
+                &[("endpoint", ep.to_string()), ("method", m.to_string())],
+                Value::Counter(r.requests),
+            );
+        }
+        let f = g.add(
+            "dynamo_kvindexer_errors",
+            "HTTP error responses (4xx/5xx)",
+            MetricType::Counter,
+        );
+        for (ep, r) in &self.by_endpoint {
+            for (class, n) in [("4xx", r.errors_4xx), ("5xx", r.errors_5xx)] {
+                if n > 0 {
+                    f.with(
+                        &[("endpoint", ep.to_string()), ("status_class", class.into())],
+                        Value::Counter(n),
+                    );
+                }
+            }
+        }
+        g.add(
+            "kvix_shard_unavailable",
+            "Requests failed with 503 because a shard did not answer its part",
+            MetricType::Counter,
+        )
+        .with(
+            &[],
+            Value::Counter(shards.iter().map(|s| s.http.shard_failures).sum()),
         );
     }
-    let f = g.add(
-        "dynamo_kvindexer_requests",
-        "Total HTTP requests",
-        MetricType::Counter,
-    );
-    for ((ep, m), r) in &routes {
-        f.with(
-            &[("endpoint", ep.to_string()), ("method", m.to_string())],
-            Value::Counter(r.requests),
+
+    /// The latency of the query routes alone.
+    fn query_latency(&self, g: &mut Gathered) {
+        let f = g.add(
+            "kvix_query_duration_seconds",
+            "Latency of /query and /query_by_hash, parse to response",
+            MetricType::Histogram,
         );
-    }
-    let f = g.add(
-        "dynamo_kvindexer_errors",
-        "HTTP error responses (4xx/5xx)",
-        MetricType::Counter,
-    );
-    for (ep, r) in &by_endpoint {
-        for (class, n) in [("4xx", r.errors_4xx), ("5xx", r.errors_5xx)] {
-            if n > 0 {
+        for (ep, r) in &self.by_endpoint {
+            if ep.starts_with("/query") {
                 f.with(
-                    &[("endpoint", ep.to_string()), ("status_class", class.into())],
-                    Value::Counter(n),
+                    &[("endpoint", ep.to_string())],
+                    Value::Hist(r.latency.clone()),
                 );
             }
         }
     }
-    g.add(
-        "kvix_shard_unavailable",
-        "Requests failed with 503 because a shard did not answer its part",
-        MetricType::Counter,
-    )
-    .with(
-        &[],
-        Value::Counter(shards.iter().map(|s| s.http.shard_failures).sum()),
-    );
-    let snap = app.registry().snapshot();
+}
+
+/// Dynamo's model and worker counts.
+fn registry_families(g: &mut Gathered, snap: &Snapshot) {
     let live = snap.live_indexes();
     g.add(
         "dynamo_kvindexer_models",
@@ -340,171 +415,256 @@ pub fn render(app: &App, shards: &[ShardStats]) -> String {
         MetricType::Gauge,
     )
     .with(&[], Value::Gauge(workers.len() as i64));
+}
 
-    // Ingest, summed over every listener ever started (stats outlive their listener).
-    let listeners = app
-        .ingest()
-        .listeners
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone();
-    let sum = |f: fn(&crate::ingest::feed::FeedStats) -> u64| -> u64 {
-        listeners.iter().map(|l| f(&l.3)).sum()
-    };
-    let r = Ordering::Relaxed;
-    for (name, help, v) in [
-        (
-            "kvix_batches_received",
-            "Event batches received from engines",
-            sum(|s| s.batches.load(Ordering::Relaxed)),
-        ),
-        (
-            "kvix_events_applied",
-            "KV events applied (live and replayed)",
-            sum(|s| s.events.load(Ordering::Relaxed)),
-        ),
-        (
-            "kvix_blocks_stored",
-            "Blocks stored by BlockStored events",
-            sum(|s| s.blocks_stored.load(Ordering::Relaxed)),
-        ),
-        (
-            "kvix_blocks_removed",
-            "Blocks named by BlockRemoved events",
-            sum(|s| s.blocks_removed.load(Ordering::Relaxed)),
-        ),
-        (
-            "kvix_malformed_frames",
-            "Frames that failed to decode and were skipped",
-            sum(|s| s.malformed.load(Ordering::Relaxed)),
-        ),
-        (
-            "kvix_unknown_parent_blocks",
-            "Stores (runs of blocks) skipped because their worker names no such parent",
-            shards.iter().map(|s| s.unknown_parent).sum(),
-        ),
-        (
-            "kvix_unknown_removed_blocks",
-            "Removals of blocks their worker does not hold",
-            shards.iter().map(|s| s.unknown_removed).sum(),
-        ),
-        (
-            "kvix_block_size_mismatch",
-            "Stores skipped because their block size is not the registration's",
-            sum(|s| s.block_size_mismatch.load(Ordering::Relaxed)),
-        ),
-        (
-            "kvix_sequence_gaps",
-            "Sequence gaps detected (seq > last + 1)",
-            sum(|s| s.gaps.load(Ordering::Relaxed)),
-        ),
-        (
-            "kvix_sequence_gap_batches",
-            "Batches the sequence gaps left out, before replay",
-            sum(|s| s.gap_batches.load(Ordering::Relaxed)),
-        ),
-        (
-            "kvix_replay_requests",
-            "Replay requests sent to engines",
-            app.ingest().replay_stats.requests.load(r),
-        ),
-        (
-            "kvix_replay_failures",
-            "Replay requests that got no (valid) answer; the gap stays unrecovered",
-            app.ingest().replay_stats.failures.load(r),
-        ),
-        (
-            "kvix_replayed_batches",
-            "Batches applied from replays",
-            app.ingest().replay_stats.batches.load(r),
-        ),
-        (
-            "kvix_replay_unrecovered_batches",
-            "Missing batches a replay could not return (gone from the engine's buffer)",
-            app.ingest().replay_stats.unrecovered.load(r),
-        ),
-        (
-            "kvix_replay_duplicates",
-            "Live batches skipped because a replay already applied them",
-            app.ingest().replay_stats.duplicates.load(r),
-        ),
-        (
-            "kvix_event_refusals",
-            "Indexes or worker slots that event data asked for beyond --max-event-indexes / --max-event-slots",
-            app.registry().event_refusals.load(r),
-        ),
-        (
-            "kvix_snapshots_written",
-            "Local snapshots written",
-            app.recovery_stats().snapshots_written.load(r),
-        ),
-        (
-            "kvix_snapshot_failures",
-            "Local snapshots that could not be written",
-            app.recovery_stats().snapshot_failures.load(r),
-        ),
-        (
-            "kvix_bootstrap_blocks",
-            "Blocks seeded from a snapshot or a peer's dump",
-            app.recovery_stats().seeded_blocks.load(r),
-        ),
-    ] {
-        g.add(name, help, MetricType::Counter)
-            .with(&[], Value::Counter(v));
+/// What the process-wide totals are read from.
+struct Scrape<'a> {
+    app: &'a App,
+    shards: &'a [ShardStats],
+    listeners: Vec<ListenerStats>,
+}
+
+impl Scrape<'_> {
+    /// One ingest counter summed over every listener.
+    fn feed(&self, counter: fn(&FeedStats) -> &AtomicU64) -> u64 {
+        self.listeners
+            .iter()
+            .map(|l| counter(&l.3).load(Ordering::Relaxed))
+            .sum()
     }
 
-    // Per engine stream: the last batch sequence applied (compare with the engine's).
-    let mut last: BTreeMap<(String, u32), u64> = BTreeMap::new();
-    for l in &listeners {
-        let seq = l.3.last_seq.load(Ordering::Relaxed);
-        let e = last
-            .entry((snap.instance_key(l.1).to_string(), l.2))
-            .or_default();
-        *e = (*e).max(seq);
+    /// One shard figure summed over the shards.
+    fn shards(&self, figure: fn(&ShardStats) -> u64) -> u64 {
+        self.shards.iter().map(figure).sum()
     }
-    let f = g.add(
-        "kvix_listener_last_sequence",
-        "Last batch sequence number applied per (instance, dp rank)",
-        MetricType::Gauge,
-    );
-    for ((instance, dp), seq) in last {
-        f.with(
-            &[("instance", instance), ("dp", dp.to_string())],
-            Value::Gauge(seq as i64),
+
+    fn replay(&self, counter: fn(&ReplayStats) -> &AtomicU64) -> u64 {
+        counter(&self.app.ingest().replay_stats).load(Ordering::Relaxed)
+    }
+
+    fn recovery(&self, counter: fn(&RecoveryStats) -> &AtomicU64) -> u64 {
+        counter(self.app.recovery_stats()).load(Ordering::Relaxed)
+    }
+
+    /// Per engine stream: the last batch sequence applied (compare with the engine's).
+    fn last_sequences(&self, g: &mut Gathered, snap: &Snapshot) {
+        let mut last: BTreeMap<(String, u32), u64> = BTreeMap::new();
+        for l in &self.listeners {
+            let seq = l.3.last_seq.load(Ordering::Relaxed);
+            let e = last
+                .entry((snap.instance_key(l.1).to_string(), l.2))
+                .or_default();
+            *e = (*e).max(seq);
+        }
+        let f = g.add(
+            "kvix_listener_last_sequence",
+            "Last batch sequence number applied per (instance, dp rank)",
+            MetricType::Gauge,
         );
+        for ((instance, dp), seq) in last {
+            f.with(
+                &[("instance", instance), ("dp", dp.to_string())],
+                Value::Gauge(seq as i64),
+            );
+        }
     }
+}
 
-    // Per shard.
-    g.add(
+type Total = (&'static str, &'static str, fn(&Scrape) -> u64);
+
+/// The process-wide counters: ingest, replay, refusals, recovery.
+const TOTALS: [Total; 19] = [
+    (
+        "kvix_batches_received",
+        "Event batches received from engines",
+        |s| s.feed(|f| &f.batches),
+    ),
+    (
+        "kvix_events_applied",
+        "KV events applied (live and replayed)",
+        |s| s.feed(|f| &f.events),
+    ),
+    (
+        "kvix_blocks_stored",
+        "Blocks stored by BlockStored events",
+        |s| s.feed(|f| &f.blocks_stored),
+    ),
+    (
+        "kvix_blocks_removed",
+        "Blocks named by BlockRemoved events",
+        |s| s.feed(|f| &f.blocks_removed),
+    ),
+    (
+        "kvix_malformed_frames",
+        "Frames that failed to decode and were skipped",
+        |s| s.feed(|f| &f.malformed),
+    ),
+    (
+        "kvix_unknown_parent_blocks",
+        "Stores (runs of blocks) skipped because their worker names no such parent",
+        |s| s.shards(|s| s.unknown_parent),
+    ),
+    (
+        "kvix_unknown_removed_blocks",
+        "Removals of blocks their worker does not hold",
+        |s| s.shards(|s| s.unknown_removed),
+    ),
+    (
+        "kvix_block_size_mismatch",
+        "Stores skipped because their block size is not the registration's",
+        |s| s.feed(|f| &f.block_size_mismatch),
+    ),
+    (
+        "kvix_sequence_gaps",
+        "Sequence gaps detected (seq > last + 1)",
+        |s| s.feed(|f| &f.gaps),
+    ),
+    (
+        "kvix_sequence_gap_batches",
+        "Batches the sequence gaps left out, before replay",
+        |s| s.feed(|f| &f.gap_batches),
+    ),
+    (
+        "kvix_replay_requests",
+        "Replay requests sent to engines",
+        |s| s.replay(|r| &r.requests),
+    ),
+    (
+        "kvix_replay_failures",
+        "Replay requests that got no (valid) answer; the gap stays unrecovered",
+        |s| s.replay(|r| &r.failures),
+    ),
+    (
+        "kvix_replayed_batches",
+        "Batches applied from replays",
+        |s| s.replay(|r| &r.batches),
+    ),
+    (
+        "kvix_replay_unrecovered_batches",
+        "Missing batches a replay could not return (gone from the engine's buffer)",
+        |s| s.replay(|r| &r.unrecovered),
+    ),
+    (
+        "kvix_replay_duplicates",
+        "Live batches skipped because a replay already applied them",
+        |s| s.replay(|r| &r.duplicates),
+    ),
+    (
+        "kvix_event_refusals",
+        "Indexes or worker slots that event data asked for beyond --max-event-indexes / --max-event-slots",
+        |s| s.app.registry().event_refusals.load(Ordering::Relaxed),
+    ),
+    ("kvix_snapshots_written", "Local snapshots written", |s| {
+        s.recovery(|r| &r.snapshots_written)
+    }),
+    (
+        "kvix_snapshot_failures",
+        "Local snapshots that could not be written",
+        |s| s.recovery(|r| &r.snapshot_failures),
+    ),
+    (
+        "kvix_bootstrap_blocks",
+        "Blocks seeded from a snapshot or a peer's dump",
+        |s| s.recovery(|r| &r.seeded_blocks),
+    ),
+];
+
+type PerShard = (
+    &'static str,
+    &'static str,
+    MetricType,
+    fn(&ShardStats) -> Value,
+);
+
+/// Each shard's queues and size.
+const SHARD_QUEUES: [PerShard; 5] = [
+    (
         "kvix_shard_ops_applied",
         "Ring ops applied by each shard",
         MetricType::Counter,
-    )
-    .per_shard(shards, |s| Value::Counter(s.applied));
-    g.add(
+        |s| Value::Counter(s.applied),
+    ),
+    (
         "kvix_ring_pending",
         "Ops waiting on each shard's rings",
         MetricType::Gauge,
-    )
-    .per_shard(shards, |s| Value::Gauge(s.pending as i64));
-    g.add(
+        |s| Value::Gauge(s.pending as i64),
+    ),
+    (
         "kvix_ops_waiting_for_clear",
         "Ops held until the clear of their worker's tier is walked (they apply, in order, once it is)",
         MetricType::Gauge,
-    )
-        .per_shard(shards, |s| Value::Gauge(s.waiting as i64));
-    g.add(
+        |s| Value::Gauge(s.waiting as i64),
+    ),
+    (
         "kvix_ring_full_stalls",
         "Times an ingest thread found a shard's ring full and waited",
         MetricType::Counter,
-    )
-    .per_shard(shards, |s| Value::Counter(s.stalls));
-    g.add(
+        |s| Value::Counter(s.stalls),
+    ),
+    (
         "kvix_shard_blocks",
         "Blocks held by each shard",
         MetricType::Gauge,
-    )
-    .per_shard(shards, |s| Value::Gauge(s.blocks as i64));
+        |s| Value::Gauge(s.blocks as i64),
+    ),
+];
+
+/// Each shard's predictions (from `/speculate`) and evictions.
+const SHARD_PREDICTIONS: [PerShard; 7] = [
+    (
+        "kvix_predicted_blocks",
+        "Live predicted (block, worker) pairs per shard (from /speculate, not yet confirmed or expired)",
+        MetricType::Gauge,
+        |s| Value::Gauge(s.tier_blocks[Tier::PREDICTED.0 as usize] as i64),
+    ),
+    (
+        "kvix_predictions_created",
+        "Predicted (block, worker) pairs created by /speculate",
+        MetricType::Counter,
+        |s| Value::Counter(s.predictions.created),
+    ),
+    (
+        "kvix_predictions_refreshed",
+        "Predictions given a later deadline by another /speculate",
+        MetricType::Counter,
+        |s| Value::Counter(s.predictions.refreshed),
+    ),
+    (
+        "kvix_predictions_confirmed",
+        "Predictions confirmed by the worker's BlockStored (now ordinary holders)",
+        MetricType::Counter,
+        |s| Value::Counter(s.predictions.confirmed),
+    ),
+    (
+        "kvix_predictions_expired",
+        "Predictions that reached their TTL unconfirmed",
+        MetricType::Counter,
+        |s| Value::Counter(s.predictions.expired),
+    ),
+    (
+        "kvix_predictions_pruned",
+        "Predictions ended early to keep an approximate index under its maximum size",
+        MetricType::Counter,
+        |s| Value::Counter(s.predictions.pruned),
+    ),
+    (
+        "kvix_evicted_blocks",
+        "Blocks evicted (least recently stored or matched first) to keep the index within --max-blocks",
+        MetricType::Counter,
+        |s| Value::Counter(s.evicted),
+    ),
+];
+
+fn per_shard(g: &mut Gathered, shards: &[ShardStats], table: &[PerShard]) {
+    for &(name, help, kind, value) in table {
+        g.add(name, help, kind).per_shard(shards, value);
+    }
+}
+
+/// The shards' families: queues, blocks per tier, predictions, memory.
+fn shard_families(g: &mut Gathered, shards: &[ShardStats]) {
+    per_shard(g, shards, &SHARD_QUEUES);
     let f = g.add(
         "kvix_shard_tier_blocks",
         "(block, worker) pairs per shard and storage tier",
@@ -520,50 +680,7 @@ pub fn render(app: &App, shards: &[ShardStats]) -> String {
             }
         }
     }
-    g.add(
-        "kvix_predicted_blocks",
-        "Live predicted (block, worker) pairs per shard (from /speculate, not yet confirmed or expired)",
-        MetricType::Gauge,
-    )
-        .per_shard(shards, |s| Value::Gauge(s.tier_blocks[Tier::PREDICTED.0 as usize] as i64));
-    type Count = fn(&crate::shard::PredictionCounts) -> u64;
-    let counts: [(&'static str, &'static str, Count); 5] = [
-        (
-            "kvix_predictions_created",
-            "Predicted (block, worker) pairs created by /speculate",
-            |c| c.created,
-        ),
-        (
-            "kvix_predictions_refreshed",
-            "Predictions given a later deadline by another /speculate",
-            |c| c.refreshed,
-        ),
-        (
-            "kvix_predictions_confirmed",
-            "Predictions confirmed by the worker's BlockStored (now ordinary holders)",
-            |c| c.confirmed,
-        ),
-        (
-            "kvix_predictions_expired",
-            "Predictions that reached their TTL unconfirmed",
-            |c| c.expired,
-        ),
-        (
-            "kvix_predictions_pruned",
-            "Predictions ended early to keep an approximate index under its maximum size",
-            |c| c.pruned,
-        ),
-    ];
-    for (name, help, get) in counts {
-        g.add(name, help, MetricType::Counter)
-            .per_shard(shards, |s| Value::Counter(get(&s.predictions)));
-    }
-    g.add(
-        "kvix_evicted_blocks",
-        "Blocks evicted (least recently stored or matched first) to keep the index within --max-blocks",
-        MetricType::Counter,
-    )
-        .per_shard(shards, |s| Value::Counter(s.evicted));
+    per_shard(g, shards, &SHARD_PREDICTIONS);
     g.add(
         "kvix_engine_map_heap_bytes",
         "Heap bytes of the shards' engine-hash maps (one entry per live block and worker; part of kvix_shard_heap_bytes)",
@@ -579,25 +696,4 @@ pub fn render(app: &App, shards: &[ShardStats]) -> String {
         MetricType::Gauge,
     )
     .per_shard(shards, |s| Value::Gauge(s.heap_bytes as i64));
-    let f = g.add(
-        "kvix_query_duration_seconds",
-        "Latency of /query and /query_by_hash, parse to response",
-        MetricType::Histogram,
-    );
-    for (ep, r) in &by_endpoint {
-        if ep.starts_with("/query") {
-            f.with(
-                &[("endpoint", ep.to_string())],
-                Value::Hist(r.latency.clone()),
-            );
-        }
-    }
-
-    let mut reg = prometheus_client::registry::Registry::default();
-    reg.register_collector(Box::new(g));
-    let mut out = String::new();
-    if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &reg) {
-        tracing::error!("cannot encode metrics: {e}");
-    }
-    out
 }
