@@ -9,6 +9,7 @@ use kvix::recovery::{Options, bootstrap};
 use kvix::runtime::ServeOptions;
 use kvix::service::{App, Config, SnapshotConfig, registration};
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
 use std::time::Duration;
 
 #[global_allocator]
@@ -184,7 +185,45 @@ fn load_access(args: &Args) -> Result<kvix::access::Access, String> {
     Ok(access)
 }
 
+/// Check the flags, build the service, start it, and serve until it is told to stop.
 fn run(args: Args) -> Result<(), String> {
+    let (shards, cores) = shard_count(&args)?;
+    check_memlock(shards);
+    let workers = match &args.workers {
+        Some(w) => parse_workers(w)?,
+        None => Vec::new(),
+    };
+    check_flags(&args, &workers)?;
+    let access = load_access(&args)?;
+    let prompts =
+        kvix::prompt::Prompts::load(&args.tokenizer).map_err(|e| format!("--tokenizer {e}"))?;
+    if !args.tokenizer.is_empty() {
+        tracing::info!(models = ?prompts.names(), "tokenizers loaded");
+    }
+    let addr: SocketAddr = (args.host.as_str(), args.port)
+        .to_socket_addrs()
+        .map_err(|e| format!("bad --host/--port: {e}"))?
+        .next()
+        .ok_or("bad --host")?;
+    let (addr, _port_guard) = kvix::runtime::claim_port(addr)?;
+    let cfg = config(&args, shards, cores, prompts)?;
+    let app = App::new(&cfg);
+    start(&args, &app, addr, workers, &access)?;
+    let opts = serve_options(&args, shards, addr, access);
+    tracing::info!(
+        %addr,
+        shards,
+        ingest_threads = cfg.ingest_threads,
+        max_connections = opts.max_connections,
+        "starting"
+    );
+    kvix::runtime::serve(app, opts).map_err(|e| {
+        format!("cannot start the executors ({e}); kvix needs io_uring (Linux 5.8+, not disabled by seccomp or sysctl kernel.io_uring_disabled) and enough RLIMIT_MEMLOCK")
+    })
+}
+
+/// `(shards, cores)`: `--threads`, at most one shard per CPU this process may run on.
+fn shard_count(args: &Args) -> Result<(usize, usize), String> {
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
@@ -198,11 +237,11 @@ fn run(args: Args) -> Result<(), String> {
             args.threads
         );
     }
-    check_memlock(shards);
-    let workers = match &args.workers {
-        Some(w) => parse_workers(w)?,
-        None => Vec::new(),
-    };
+    Ok((shards, cores))
+}
+
+/// The flags that are wrong whatever they are combined with.
+fn check_flags(args: &Args, workers: &[kvix::cli::WorkerSpec]) -> Result<(), String> {
     if args.block_size == Some(0) {
         return Err("--block-size must be positive".into());
     }
@@ -212,18 +251,16 @@ fn run(args: Args) -> Result<(), String> {
     if !args.snapshot_interval.is_finite() || args.snapshot_interval < 0.0 {
         return Err("--snapshot-interval must be a number of seconds ≥ 0".into());
     }
-    let access = load_access(&args)?;
-    let prompts =
-        kvix::prompt::Prompts::load(&args.tokenizer).map_err(|e| format!("--tokenizer {e}"))?;
-    if !args.tokenizer.is_empty() {
-        tracing::info!(models = ?prompts.names(), "tokenizers loaded");
-    }
-    let addr: SocketAddr = (args.host.as_str(), args.port)
-        .to_socket_addrs()
-        .map_err(|e| format!("bad --host/--port: {e}"))?
-        .next()
-        .ok_or("bad --host")?;
-    let (addr, _port_guard) = kvix::runtime::claim_port(addr)?;
+    Ok(())
+}
+
+/// The service's configuration: every numeric flag clamped to what works.
+fn config(
+    args: &Args,
+    shards: usize,
+    cores: usize,
+    prompts: kvix::prompt::Prompts,
+) -> Result<Config, String> {
     // Each snapshot walks the whole index: a near-zero interval would write back to
     // back. Zero keeps its meaning (only on SIGTERM).
     let interval = match args.snapshot_interval {
@@ -243,7 +280,7 @@ fn run(args: Args) -> Result<(), String> {
     if !args.router_prune_target_ratio.is_finite() {
         return Err("--router-prune-target-ratio must be a number in [0, 1]".into());
     }
-    let cfg = Config {
+    Ok(Config {
         shards,
         ingest_threads,
         ring_capacity: clamp("ring-capacity", args.ring_capacity, 256, 1 << 24),
@@ -257,45 +294,60 @@ fn run(args: Args) -> Result<(), String> {
             // Below a few KiB no real batch fits; above 1 TiB is no limit at all.
             max_msg_bytes: clamp("zmq-max-msg-bytes", args.zmq_max_msg_bytes, 4096, 1 << 40) as i64,
         },
-        prompts: std::sync::Arc::new(prompts),
-        speculation: kvix::service::Speculation {
-            ttl: Duration::from_millis(clamp(
-                "speculative-ttl-ms",
-                args.speculative_ttl_ms,
-                1,
-                3_600_000,
-            )),
-            approximate: args
-                .approximate
-                .iter()
-                .filter(|m| !m.is_empty())
-                .cloned()
-                .collect(),
-            router_ttl: Duration::from_secs_f64(clamp(
-                "router-ttl-secs",
-                args.router_ttl_secs,
-                0.001,
-                3600.0,
-            )),
-            max_tree_size: clamp(
-                "router-max-tree-size",
-                args.router_max_tree_size,
-                1,
-                1 << 32,
-            ),
-            prune_target_ratio: clamp(
-                "router-prune-target-ratio",
-                args.router_prune_target_ratio,
-                0.0,
-                1.0,
-            ),
-        },
+        prompts: Arc::new(prompts),
+        speculation: speculation(args),
         // Each shard keeps at least one block, so fewer than one a shard cannot hold.
         max_blocks: args
             .max_blocks
             .map(|n| clamp("max-blocks", n, shards as u64, u64::MAX)),
-    };
-    let app = App::new(&cfg);
+    })
+}
+
+/// How `/speculate`'s predictions and `--approximate` indexes live.
+fn speculation(args: &Args) -> kvix::service::Speculation {
+    kvix::service::Speculation {
+        ttl: Duration::from_millis(clamp(
+            "speculative-ttl-ms",
+            args.speculative_ttl_ms,
+            1,
+            3_600_000,
+        )),
+        approximate: args
+            .approximate
+            .iter()
+            .filter(|m| !m.is_empty())
+            .cloned()
+            .collect(),
+        router_ttl: Duration::from_secs_f64(clamp(
+            "router-ttl-secs",
+            args.router_ttl_secs,
+            0.001,
+            3600.0,
+        )),
+        max_tree_size: clamp(
+            "router-max-tree-size",
+            args.router_max_tree_size,
+            1,
+            1 << 32,
+        ),
+        prune_target_ratio: clamp(
+            "router-prune-target-ratio",
+            args.router_prune_target_ratio,
+            0.0,
+            1.0,
+        ),
+    }
+}
+
+/// Everything before the executors: peers, signal handlers, `--workers`, and startup
+/// recovery on a thread of its own.
+fn start(
+    args: &Args,
+    app: &Arc<App>,
+    addr: SocketAddr,
+    workers: Vec<kvix::cli::WorkerSpec>,
+    access: &kvix::access::Access,
+) -> Result<(), String> {
     for p in parse_peers(args.peers.as_deref().unwrap_or("")) {
         match kvix::access::check_peer_url(&p, Some(addr)) {
             Ok(()) => app.control().add_peer(p),
@@ -338,42 +390,57 @@ fn run(args: Args) -> Result<(), String> {
             .map_err(|e| format!("--workers {}: {e}", w.endpoint))?;
     }
     if recover {
-        let (app, opts) = (
-            app.clone(),
-            Options {
-                snapshot_path: args.snapshot_path.clone(),
-                peer_wait: Duration::from_millis(clamp(
-                    "peer-wait-ms",
-                    args.peer_wait_ms,
-                    0,
-                    60_000,
-                )),
-                adopt_workers: args.adopt_workers,
-                // Only the read token: a peer has no business with our admin token.
-                peer_token: access.query.clone(),
-            },
-        );
-        // On a thread of its own: seeding needs the executors (started below) draining.
-        std::thread::Builder::new()
-            .name("kvix-recovery".into())
-            .spawn(move || {
-                bootstrap(
-                    app.control(),
-                    app.rings(),
-                    app.lifecycle(),
-                    app.recovery_stats(),
-                    opts,
-                )
-            })
-            .map_err(|e| e.to_string())?;
+        start_recovery(args, app, access)?;
     }
+    Ok(())
+}
+
+/// Seed the index from the snapshot and a peer, on a thread of its own: seeding
+/// needs the executors (started after this) draining.
+fn start_recovery(
+    args: &Args,
+    app: &Arc<App>,
+    access: &kvix::access::Access,
+) -> Result<(), String> {
+    let (app, opts) = (
+        app.clone(),
+        Options {
+            snapshot_path: args.snapshot_path.clone(),
+            peer_wait: Duration::from_millis(clamp("peer-wait-ms", args.peer_wait_ms, 0, 60_000)),
+            adopt_workers: args.adopt_workers,
+            // Only the read token: a peer has no business with our admin token.
+            peer_token: access.query.clone(),
+        },
+    );
+    std::thread::Builder::new()
+        .name("kvix-recovery".into())
+        .spawn(move || {
+            bootstrap(
+                app.control(),
+                app.rings(),
+                app.lifecycle(),
+                app.recovery_stats(),
+                opts,
+            )
+        })
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+/// How the executors serve HTTP.
+fn serve_options(
+    args: &Args,
+    shards: usize,
+    addr: SocketAddr,
+    access: kvix::access::Access,
+) -> ServeOptions {
     let max_connections = match args.max_connections {
         0 => default_max_connections(shards),
         // Each connection holds a file descriptor: beyond a million per core the
         // open-file limit refuses them anyway.
         n => clamp("max-connections", n, 1, 1 << 20),
     };
-    let opts = ServeOptions {
+    ServeOptions {
         addr,
         spin: Duration::from_micros(clamp("spin-us", args.spin_us, 0, 1_000_000)),
         max_connections,
@@ -390,13 +457,9 @@ fn run(args: Args) -> Result<(), String> {
                 100,
                 3_600_000,
             )),
-            access: std::sync::Arc::new(access),
+            access: Arc::new(access),
         },
-    };
-    tracing::info!(%addr, shards, ingest_threads, max_connections, "starting");
-    kvix::runtime::serve(app, opts).map_err(|e| {
-        format!("cannot start the executors ({e}); kvix needs io_uring (Linux 5.8+, not disabled by seccomp or sysctl kernel.io_uring_disabled) and enough RLIMIT_MEMLOCK")
-    })
+    }
 }
 
 #[cfg(test)]
