@@ -41,144 +41,175 @@ fn rfc_op(s: &[u8]) -> Option<EventOp> {
         .map(|&(_, op)| op)
 }
 
+/// What a map event's keys said beyond its [`EventRec`] fields, resolved once every
+/// key is read (the keys come in any order).
+#[derive(Default)]
+struct Keys {
+    event_type: Option<EventOp>,
+    type_tag: Option<Range<usize>>,
+    /// Hash lists: the standardized one and the legacy alias, kept apart.
+    seq: Option<Range<usize>>,
+    alias: Option<Range<usize>>,
+    parent_seq: Option<EngineHash>,
+    parent_alias: Option<EngineHash>,
+    saw_tokens: bool,
+    group: Option<u32>,
+    spec_kind: Option<Range<usize>>,
+}
+
 /// One map event. `Ok(None)`: an auxiliary KV-cache group's event, dropped.
 pub(super) fn event(c: &mut Cursor<'_>, out: &mut Batch) -> Result<Option<EventRec>, WireError> {
     let n = c.map("event")?;
     let mut ev = EventRec::empty(EventOp::Stored, out);
-    let mut event_type: Option<EventOp> = None;
-    let mut type_tag: Option<Range<usize>> = None;
-    // Hash lists: the standardized one and the legacy alias, kept apart.
-    let mut seq: Option<Range<usize>> = None;
-    let mut alias: Option<Range<usize>> = None;
-    let (mut parent_seq, mut parent_alias): (Option<EngineHash>, Option<EngineHash>) = (None, None);
-    let mut saw_tokens = false;
-    let (mut group, mut spec_kind) = (None, None);
+    let mut keys = Keys::default();
     for _ in 0..n {
         let key = c.str("event key")?;
-        match c.slice(key) {
-            b"event_type" => {
-                let r = c.str("event_type")?;
-                let s = c.slice(r);
-                event_type = Some(rfc_op(s).ok_or_else(|| unknown_tag(s))?);
-            }
-            // Resolved at the end: `event_type`, if any, wins over it.
-            b"type" => {
-                if !c.nil()? {
-                    type_tag = Some(c.str("type")?);
-                }
-            }
-            b"seq_hashes" if c.nil()? => {}
-            b"seq_hashes" => {
-                // Drop an alias list read just before, so hashes never double.
-                if let Some(a) = alias.take()
-                    && a.end == out.hashes.len()
-                {
-                    out.hashes.truncate(a.start);
-                }
-                seq = Some(hashes(c, out, "seq_hashes")?);
-            }
-            b"block_hashes" if c.nil()? => {}
-            b"block_hashes" if seq.is_none() => alias = Some(hashes(c, out, "block_hashes")?),
-            b"block_hash" if seq.is_none() => {
-                let start = out.hashes.len();
-                if let Some(h) = opt_hash(c, "block_hash")? {
-                    out.hashes.push(h);
-                }
-                alias = Some(start..out.hashes.len());
-            }
-            b"block_hashes" | b"block_hash" => c.skip()?,
-            b"parent_hash" => parent_seq = opt_hash(c, "parent_hash")?,
-            b"parent_block_hash" => parent_alias = opt_hash(c, "parent_block_hash")?,
-            b"token_ids" | b"token_id" if c.nil()? => {}
-            b"token_ids" | b"token_id" => {
-                (ev.tokens, ev.bigram_tokens) = tokens(c, out, "token_ids")?;
-                saw_tokens = true;
-            }
-            b"block_size" => ev.block_size = c.opt_u32("block_size")?,
-            b"lora_id" => ev.lora_id = lora_id(c)?,
-            b"medium" => ev.medium = text(c, "medium")?,
-            b"lora_name" => ev.lora_name = text(c, "lora_name")?,
-            b"cache_salt" => ev.cache_salt = text(c, "cache_salt")?,
-            b"extra_keys" => extra_keys(c, out, &mut ev)?,
-            b"additional_salt" => ev.additional_salt = text(c, "additional_salt")?,
-            b"model_name" | b"model" => ev.model_name = text(c, "model_name")?,
-            b"tenant_id" => ev.tenant_id = text(c, "tenant_id")?,
-            b"backend_id" => ev.backend_id = text(c, "backend_id")?,
-            b"object_key" | b"mooncake_key" => ev.object_key = text(c, "object_key")?,
-            b"event_id" => ev.event_id = opt_u64(c, "event_id")?,
-            b"timestamp" => {
-                // RFC #1527: integer Unix ms; a float is taken as seconds.
-                ev.timestamp_ms = match c.peek_class()? {
-                    Class::Float => seconds_ms(c, "timestamp")?,
-                    _ => opt_u64(c, "timestamp")?,
-                };
-            }
-            b"ts" => ev.timestamp_ms = seconds_ms(c, "ts")?,
-            b"dp_rank" | b"data_parallel_rank" | b"attn_dp_rank" => {
-                ev.dp_rank = c.opt_u32("dp_rank")?
-            }
-            b"base_block_idx" => ev.base_block_idx = c.opt_u32("base_block_idx")?,
-            b"group_idx" => group = lenient_u32(c)?,
-            b"kv_cache_spec_kind" => spec_kind = lenient_str(c)?,
-            b"addr_list" | b"replicas" => ev.replicas = super::mooncake::replicas(c, out)?,
-            _ => c.skip()?,
-        }
+        read_value(c, out, &mut ev, &mut keys, key)?;
     }
-
-    // Which dialect, which operation.
-    let tag = type_tag.map(|r| c.slice(r));
-    let (op, dialect) = match (event_type, tag) {
-        (Some(op), _) => (op, Dialect::Rfc1527),
-        (None, Some(t)) => {
-            if let Some(op) = super::vllm::tag_op(t) {
-                (op, Dialect::Engine)
-            } else if let Some(op) = super::mooncake::tag_op(t) {
-                (op, Dialect::MooncakeLegacy)
-            } else {
-                return Err(unknown_tag(t));
-            }
-        }
-        (None, None) => return Err(WireError::Missing { field: "type" }),
-    };
+    let (op, dialect) = operation(c, &keys)?;
     ev.op = op;
     ev.dialect = dialect;
+    choose_hashes(&mut ev, &keys);
+    check(c, out, &mut ev, &keys)?;
+    if aux_group(keys.group, keys.spec_kind.map(|r| c.slice(r))) {
+        return Ok(None);
+    }
+    ev.group_idx = keys.group;
+    Ok(Some(ev))
+}
 
-    // Which hashes.
-    let saw_hashes = seq.is_some() || alias.is_some();
-    ev.hash_kind = if seq.is_some() || dialect == Dialect::Rfc1527 {
+/// Read the value of `key` into `ev` or `keys`; unknown keys are skipped.
+fn read_value(
+    c: &mut Cursor<'_>,
+    out: &mut Batch,
+    ev: &mut EventRec,
+    keys: &mut Keys,
+    key: Range<usize>,
+) -> Result<(), WireError> {
+    match c.slice(key) {
+        b"event_type" => {
+            let r = c.str("event_type")?;
+            let s = c.slice(r);
+            keys.event_type = Some(rfc_op(s).ok_or_else(|| unknown_tag(s))?);
+        }
+        // Resolved at the end: `event_type`, if any, wins over it.
+        b"type" => {
+            if !c.nil()? {
+                keys.type_tag = Some(c.str("type")?);
+            }
+        }
+        b"seq_hashes" if c.nil()? => {}
+        b"seq_hashes" => {
+            // Drop an alias list read just before, so hashes never double.
+            if let Some(a) = keys.alias.take()
+                && a.end == out.hashes.len()
+            {
+                out.hashes.truncate(a.start);
+            }
+            keys.seq = Some(hashes(c, out, "seq_hashes")?);
+        }
+        b"block_hashes" if c.nil()? => {}
+        b"block_hashes" if keys.seq.is_none() => keys.alias = Some(hashes(c, out, "block_hashes")?),
+        b"block_hash" if keys.seq.is_none() => {
+            let start = out.hashes.len();
+            if let Some(h) = opt_hash(c, "block_hash")? {
+                out.hashes.push(h);
+            }
+            keys.alias = Some(start..out.hashes.len());
+        }
+        b"block_hashes" | b"block_hash" => c.skip()?,
+        b"parent_hash" => keys.parent_seq = opt_hash(c, "parent_hash")?,
+        b"parent_block_hash" => keys.parent_alias = opt_hash(c, "parent_block_hash")?,
+        b"token_ids" | b"token_id" if c.nil()? => {}
+        b"token_ids" | b"token_id" => {
+            (ev.tokens, ev.bigram_tokens) = tokens(c, out, "token_ids")?;
+            keys.saw_tokens = true;
+        }
+        b"block_size" => ev.block_size = c.opt_u32("block_size")?,
+        b"lora_id" => ev.lora_id = lora_id(c)?,
+        b"medium" => ev.medium = text(c, "medium")?,
+        b"lora_name" => ev.lora_name = text(c, "lora_name")?,
+        b"cache_salt" => ev.cache_salt = text(c, "cache_salt")?,
+        b"extra_keys" => extra_keys(c, out, ev)?,
+        b"additional_salt" => ev.additional_salt = text(c, "additional_salt")?,
+        b"model_name" | b"model" => ev.model_name = text(c, "model_name")?,
+        b"tenant_id" => ev.tenant_id = text(c, "tenant_id")?,
+        b"backend_id" => ev.backend_id = text(c, "backend_id")?,
+        b"object_key" | b"mooncake_key" => ev.object_key = text(c, "object_key")?,
+        b"event_id" => ev.event_id = opt_u64(c, "event_id")?,
+        b"timestamp" => {
+            // RFC #1527: integer Unix ms; a float is taken as seconds.
+            ev.timestamp_ms = match c.peek_class()? {
+                Class::Float => seconds_ms(c, "timestamp")?,
+                _ => opt_u64(c, "timestamp")?,
+            };
+        }
+        b"ts" => ev.timestamp_ms = seconds_ms(c, "ts")?,
+        b"dp_rank" | b"data_parallel_rank" | b"attn_dp_rank" => {
+            ev.dp_rank = c.opt_u32("dp_rank")?
+        }
+        b"base_block_idx" => ev.base_block_idx = c.opt_u32("base_block_idx")?,
+        b"group_idx" => keys.group = lenient_u32(c)?,
+        b"kv_cache_spec_kind" => keys.spec_kind = lenient_str(c)?,
+        b"addr_list" | b"replicas" => ev.replicas = super::mooncake::replicas(c, out)?,
+        _ => c.skip()?,
+    }
+    Ok(())
+}
+
+/// Which dialect, which operation: `event_type` wins over a `type` tag.
+fn operation(c: &Cursor<'_>, keys: &Keys) -> Result<(EventOp, Dialect), WireError> {
+    let tag = keys.type_tag.clone().map(|r| c.slice(r));
+    match (keys.event_type, tag) {
+        (Some(op), _) => Ok((op, Dialect::Rfc1527)),
+        (None, Some(t)) => {
+            if let Some(op) = super::vllm::tag_op(t) {
+                Ok((op, Dialect::Engine))
+            } else if let Some(op) = super::mooncake::tag_op(t) {
+                Ok((op, Dialect::MooncakeLegacy))
+            } else {
+                Err(unknown_tag(t))
+            }
+        }
+        (None, None) => Err(WireError::Missing { field: "type" }),
+    }
+}
+
+/// Which hashes (and which parent) the event names: the standardized ones, or the
+/// legacy alias.
+fn choose_hashes(ev: &mut EventRec, keys: &Keys) {
+    ev.hash_kind = if keys.seq.is_some() || ev.dialect == Dialect::Rfc1527 {
         HashKind::Seq
     } else {
         HashKind::Engine
     };
-    if let Some(r) = seq.or(alias) {
+    if let Some(r) = keys.seq.clone().or(keys.alias.clone()) {
         ev.hashes = r;
     }
     ev.parent = if ev.hash_kind == HashKind::Seq {
-        parent_seq.or(parent_alias)
+        keys.parent_seq.or(keys.parent_alias)
     } else {
-        parent_alias.or(parent_seq)
+        keys.parent_alias.or(keys.parent_seq)
     };
+}
 
-    match dialect {
-        Dialect::Engine => match op {
-            EventOp::Stored if !saw_hashes => {
-                return Err(WireError::Missing {
-                    field: "block_hashes",
-                });
-            }
-            EventOp::Stored if !saw_tokens => {
-                return Err(WireError::Missing { field: "token_ids" });
-            }
-            EventOp::Stored => check_stored(&ev)?,
-            EventOp::Removed if !saw_hashes => {
-                return Err(WireError::Missing {
-                    field: "block_hashes",
-                });
-            }
-            _ => {}
+/// What each dialect requires of its events (and its defaults that mean unset).
+fn check(c: &Cursor<'_>, out: &mut Batch, ev: &mut EventRec, keys: &Keys) -> Result<(), WireError> {
+    let saw_hashes = keys.seq.is_some() || keys.alias.is_some();
+    match ev.dialect {
+        Dialect::Engine => match ev.op {
+            EventOp::Stored if !saw_hashes => Err(WireError::Missing {
+                field: "block_hashes",
+            }),
+            EventOp::Stored if !keys.saw_tokens => Err(WireError::Missing { field: "token_ids" }),
+            EventOp::Stored => check_stored(ev),
+            EventOp::Removed if !saw_hashes => Err(WireError::Missing {
+                field: "block_hashes",
+            }),
+            _ => Ok(()),
         },
         Dialect::Rfc1527 => {
-            if matches!(op, EventOp::Stored | EventOp::Removed) {
+            if matches!(ev.op, EventOp::Stored | EventOp::Removed) {
                 if ev.hashes.is_empty() {
                     // An object key holding the seq hash stands for `seq_hashes: [h]`.
                     if let Some(h) = ev.object_key.clone().and_then(|k| numeric_key(c.slice(k))) {
@@ -191,11 +222,12 @@ pub(super) fn event(c: &mut Cursor<'_>, out: &mut Batch) -> Result<Option<EventR
                         });
                     }
                 }
-                check_stored_optional_tokens(&ev)?;
+                check_stored_optional_tokens(ev)?;
             }
+            Ok(())
         }
         Dialect::MooncakeLegacy => {
-            if matches!(op, EventOp::Stored | EventOp::Updated) && ev.object_key.is_none() {
+            if matches!(ev.op, EventOp::Stored | EventOp::Updated) && ev.object_key.is_none() {
                 return Err(WireError::Missing {
                     field: "mooncake_key",
                 });
@@ -203,14 +235,9 @@ pub(super) fn event(c: &mut Cursor<'_>, out: &mut Batch) -> Result<Option<EventR
             // C++ defaults: "" and 0 mean unset.
             ev.block_size = ev.block_size.filter(|&b| b != 0);
             ev.parent = ev.parent.filter(|p| p.0 != 0);
-            ev.lora_name = ev.lora_name.filter(|r| !r.is_empty());
-            ev.model_name = ev.model_name.filter(|r| !r.is_empty());
-            check_stored_optional_tokens(&ev)?;
+            ev.lora_name = ev.lora_name.take().filter(|r| !r.is_empty());
+            ev.model_name = ev.model_name.take().filter(|r| !r.is_empty());
+            check_stored_optional_tokens(ev)
         }
     }
-    if aux_group(group, spec_kind.map(|r| c.slice(r))) {
-        return Ok(None);
-    }
-    ev.group_idx = group;
-    Ok(Some(ev))
 }
