@@ -529,25 +529,8 @@ impl IngestThread {
                 opts,
                 done,
             } => {
-                let prior = self
-                    .last_seq
-                    .get(&(instance, dp, endpoint.endpoint.clone()))
-                    .copied();
-                let r = self.connect(&endpoint.endpoint).map(|(socket, monitor)| {
-                    let feed = WorkerFeed::with_opts(index, instance, dp, block_size, opts);
-                    let stats = feed.stats.clone();
-                    tracing::info!(instance, dp, endpoint = endpoint.endpoint, "listening");
-                    self.listeners.push(Listener {
-                        socket,
-                        monitor,
-                        endpoint,
-                        feed,
-                        dedup_until: None,
-                        replay_failed_at: None,
-                        last_seq: prior,
-                    });
-                    stats
-                });
+                let feed = WorkerFeed::with_opts(index, instance, dp, block_size, opts);
+                let r = self.listen(feed, endpoint);
                 self.sink.flush();
                 let _ = done.send(r);
             }
@@ -558,43 +541,7 @@ impl IngestThread {
                 also_clear,
                 done,
             } => {
-                let mut cleared: Vec<(IndexId, WorkerSlot)> = Vec::new();
-                let mut saved = Vec::new();
-                self.listeners.retain_mut(|l| {
-                    let f = &mut l.feed;
-                    if f.instance != instance {
-                        return true;
-                    }
-                    let stop = f.index == index && dp.is_none_or(|d| d == f.dp);
-                    if !stop {
-                        // Events may have fed this index under other dp ranks (batch dp
-                        // override) or tenants (event tenant_id): forget just those.
-                        cleared.extend(f.forget(index, dp));
-                        return true;
-                    }
-                    if let Some(seq) = l.last_seq {
-                        saved.push(((f.instance, f.dp, l.endpoint.endpoint.clone()), seq));
-                    }
-                    cleared.extend(f.forget_all());
-                    tracing::info!(
-                        instance,
-                        dp = f.dp,
-                        endpoint = l.endpoint.endpoint,
-                        "stopped listening"
-                    );
-                    false
-                });
-                self.last_seq.extend(saved);
-                cleared.extend(also_clear.into_iter().map(|s| (index, s)));
-                cleared.sort();
-                cleared.dedup();
-                for (index, slot) in cleared {
-                    self.sink.push(ShardOp::ClearSlot {
-                        index,
-                        slot,
-                        tiers: crate::types::TierSet::ALL,
-                    });
-                }
+                self.stop_listening(index, instance, dp, also_clear);
                 self.sink.flush();
                 let _ = done.send(());
             }
@@ -606,32 +553,12 @@ impl IngestThread {
                 replace,
                 done,
             } => {
-                let registry = self.registry.clone();
-                let pos = self
-                    .listeners
-                    .iter()
-                    .position(|l| {
-                        l.feed.index == index && l.feed.instance == instance && l.feed.dp == dp
-                    })
-                    .or_else(|| {
-                        // A rank seen only on the wire (batch dp override) lives in the feed
-                        // of one of the instance's registered ranks.
-                        self.listeners.iter().position(|l| {
-                            l.feed.index == index
-                                && l.feed.instance == instance
-                                && l.feed.slots().any(|(ix, d, _)| ix == index && d == dp)
-                        })
-                    })
-                    .or_else(|| {
-                        self.listeners
-                            .iter()
-                            .position(|l| l.feed.index == index && l.feed.instance == instance)
-                    });
-                let r = match pos {
+                let r = match self.seed_listener(index, instance, dp) {
                     Some(i) => {
+                        let registry = self.registry.clone();
                         let feed = &mut self.listeners[i].feed;
-                        let sink = &mut self.sink;
-                        let seeded = feed.seed(index, dp, &blocks, replace, &registry, sink);
+                        let seeded =
+                            feed.seed(index, dp, &blocks, replace, &registry, &mut self.sink);
                         SeedOutcome::Seeded {
                             skipped: if seeded { 0 } else { blocks.len() as u64 },
                         }
@@ -672,6 +599,95 @@ impl IngestThread {
             }
             Command::Shutdown => {}
         }
+    }
+
+    /// Subscribe to `endpoint` for `feed`'s worker; its sequence numbers carry on
+    /// from the last one heard there.
+    fn listen(&mut self, feed: WorkerFeed, endpoint: Endpoint) -> Result<Arc<FeedStats>, String> {
+        let (instance, dp) = (feed.instance, feed.dp);
+        let prior = self
+            .last_seq
+            .get(&(instance, dp, endpoint.endpoint.clone()))
+            .copied();
+        let (socket, monitor) = self.connect(&endpoint.endpoint)?;
+        let stats = feed.stats.clone();
+        tracing::info!(instance, dp, endpoint = endpoint.endpoint, "listening");
+        self.listeners.push(Listener {
+            socket,
+            monitor,
+            endpoint,
+            feed,
+            dedup_until: None,
+            replay_failed_at: None,
+            last_seq: prior,
+        });
+        Ok(stats)
+    }
+
+    /// Stop the listeners of `instance` in `index` (one dp rank or all), keep their
+    /// last sequence numbers, and clear every slot they fed plus `also_clear`.
+    fn stop_listening(
+        &mut self,
+        index: IndexId,
+        instance: InstanceId,
+        dp: Option<DpRank>,
+        also_clear: Vec<WorkerSlot>,
+    ) {
+        let mut cleared: Vec<(IndexId, WorkerSlot)> = Vec::new();
+        let mut saved = Vec::new();
+        self.listeners.retain_mut(|l| {
+            let f = &mut l.feed;
+            if f.instance != instance {
+                return true;
+            }
+            let stop = f.index == index && dp.is_none_or(|d| d == f.dp);
+            if !stop {
+                // Events may have fed this index under other dp ranks (batch dp
+                // override) or tenants (event tenant_id): forget just those.
+                cleared.extend(f.forget(index, dp));
+                return true;
+            }
+            if let Some(seq) = l.last_seq {
+                saved.push(((f.instance, f.dp, l.endpoint.endpoint.clone()), seq));
+            }
+            cleared.extend(f.forget_all());
+            tracing::info!(
+                instance,
+                dp = f.dp,
+                endpoint = l.endpoint.endpoint,
+                "stopped listening"
+            );
+            false
+        });
+        self.last_seq.extend(saved);
+        cleared.extend(also_clear.into_iter().map(|s| (index, s)));
+        cleared.sort();
+        cleared.dedup();
+        for (index, slot) in cleared {
+            self.sink.push(ShardOp::ClearSlot {
+                index,
+                slot,
+                tiers: crate::types::TierSet::ALL,
+            });
+        }
+    }
+
+    /// The listener whose feed a seed of (`index`, `instance`, `dp`) goes to: the
+    /// rank's own, else the one that saw the rank on the wire, else any of the
+    /// instance's in that index.
+    fn seed_listener(&self, index: IndexId, instance: InstanceId, dp: DpRank) -> Option<usize> {
+        let of = |l: &Listener| l.feed.index == index && l.feed.instance == instance;
+        self.listeners
+            .iter()
+            .position(|l| of(l) && l.feed.dp == dp)
+            .or_else(|| {
+                // A rank seen only on the wire (batch dp override) lives in the feed
+                // of one of the instance's registered ranks.
+                self.listeners
+                    .iter()
+                    .position(|l| of(l) && l.feed.slots().any(|(ix, d, _)| ix == index && d == dp))
+            })
+            .or_else(|| self.listeners.iter().position(of))
     }
 
     /// Fetch and apply, in order, every batch after this listener's last sequence
