@@ -818,53 +818,7 @@ proptest! {
         }
         let mut m = Model::default();
         for op in &ops {
-            match op {
-                Op::Store { slot, tier, from, locals, alias } => {
-                    let parent = (!from.is_empty()).then(|| name(*slot, from, false));
-                    let mut path = from.clone();
-                    let blocks: Vec<(u64, u64)> = locals.iter().map(|&l| {
-                        path.push(l);
-                        (name(*slot, &path, *alias), l)
-                    }).collect();
-                    let tier = Tier(*tier);
-                    m.store(*slot, tier, parent, &blocks);
-                    let blocks: Vec<_> = blocks.iter().map(|&(e, l)| (eh(e), BlockHash(l))).collect();
-                    t.store(WorkerSlot(*slot), tier, parent.map(eh), &blocks);
-                }
-                Op::Remove { slot, path, alias, tiers } => {
-                    let e = name(*slot, path, *alias);
-                    m.remove(*slot, e, *tiers);
-                    t.remove(WorkerSlot(*slot), eh(e), TierSet(*tiers));
-                }
-                Op::Predict { slot, path, ttl } => {
-                    let deadline = m.now + ttl;
-                    m.predict(*slot, path, deadline);
-                    let locals: Vec<BlockHash> = path.iter().map(|&l| BlockHash(l)).collect();
-                    t.predict(WorkerSlot(*slot), &locals, deadline);
-                }
-                Op::Evict => {
-                    if let Some(id) = t.next_victim() {
-                        m.evict(&t.path(id));
-                        t.evict_node(id);
-                    }
-                }
-                Op::Expire { advance } => {
-                    let now = m.now + advance;
-                    m.expire(now);
-                    t.expire(now);
-                }
-                Op::Clear { slot, tiers, step } => {
-                    m.clear(*slot, *tiers);
-                    let (slot, tiers) = (WorkerSlot(*slot), TierSet(*tiers));
-                    match step {
-                        None => t.clear_slot(slot, tiers),
-                        Some(b) => {
-                            let mut at = NamesAt::default();
-                            while !t.clear_step(slot, tiers, &mut at, *b) {}
-                        }
-                    }
-                }
-            }
+            apply(&mut t, &mut m, op);
             prop_assert_eq!(t.len(), m.nodes());
             // A 4-byte name lives exactly as long as its hold: its key is read
             // from a node that a reuse would change.
@@ -874,76 +828,168 @@ proptest! {
                 }
             }
         }
-        let mut paths: Vec<Vec<u64>> = m.holders.keys().cloned().collect();
-        paths.push(vec![1, 2, 3, 1]);
-        for p in &paths {
-            let locals: Vec<BlockHash> = p.iter().map(|&l| BlockHash(l)).collect();
-            let mut out = Vec::new();
-            t.lookup(Prompt::Locals(&locals), &mut out);
-            prop_assert_eq!(blocks_of(&out), m.lookup(p));
-            let mut seqs = Vec::new();
-            hash::seq_hashes_for_locals(&locals, &mut seqs);
-            out.clear();
-            t.lookup(Prompt::Seqs(&seqs), &mut out);
-            prop_assert_eq!(blocks_of(&out), m.lookup(p));
-        }
-        let mut dumped = Vec::new();
-        t.dump(&mut dumped);
-        // In steps, with nothing changing between them: the same blocks, parents
-        // first.
-        let mut stepped = Vec::new();
-        let mut walk = DumpWalk::default();
-        while !t.dump_step(&mut walk, dump_step, &mut stepped) {}
-        let mut seen = BTreeSet::new();
-        for d in &stepped {
-            if let Some(p) = d.parent {
-                prop_assert!(seen.contains(&p) || !stepped.iter().any(|x| x.seq == p));
-            }
-            seen.insert(d.seq);
-        }
-        prop_assert_eq!(stepped.len(), dumped.len());
-        prop_assert_eq!(sorted(&stepped), sorted(&dumped));
-        // A replica carries every block held on a medium (one below a block
-        // nobody holds hangs from a root standing for that block), and no
-        // prediction.
-        let mut copied = Vec::new();
-        replica(&t).dump(&mut copied);
-        prop_assert_eq!(sorted(&copied), sorted(&dumped));
-        let mut got: Vec<(u64, Option<u64>, u64, u32)> =
-            dumped.iter().map(|d| (d.seq.0, d.parent.map(|p| p.0), d.local.0, d.holder.0)).collect();
-        got.sort();
-        let mut want = Vec::new();
-        for (path, hs) in &m.holders {
-            let locals: Vec<BlockHash> = path.iter().map(|&l| BlockHash(l)).collect();
-            let mut seqs = Vec::new();
-            hash::seq_hashes_for_locals(&locals, &mut seqs);
-            let parent = (seqs.len() > 1).then(|| seqs[seqs.len() - 2].0);
-            for (&s, &tiers) in hs {
-                let tiers = tiers & TierSet::MEDIA.0;
-                if tiers != 0 {
-                    want.push((seqs.last().unwrap().0, parent, *path.last().unwrap(), Holder::new(WorkerSlot(s), TierSet(tiers)).0));
-                }
-            }
-        }
-        want.sort();
-        prop_assert_eq!(got, want);
-        let mut per_slot = vec![0u32; 3];
-        for hs in m.holders.values() {
-            for &s in hs.keys() {
-                per_slot[s as usize] += 1;
-            }
-        }
-        let mut have = t.per_slot().to_vec();
-        have.resize(3, 0);
-        prop_assert_eq!(have, per_slot);
-        let mut pairs = [0u64; Tier::COUNT];
-        for hs in m.holders.values() {
-            for &tiers in hs.values() {
-                for tier in TierSet(tiers).iter() {
-                    pairs[tier.0 as usize] += 1;
-                }
-            }
-        }
-        prop_assert_eq!(t.tier_pairs(), &pairs);
+        lookups_agree(&mut t, &m)?;
+        dumps_agree(&t, &m, dump_step)?;
+        counts_agree(&t, &m)?;
     }
+}
+
+/// `op` on the tree and on the model alike.
+fn apply(t: &mut Tree, m: &mut Model, op: &Op) {
+    match op {
+        Op::Store {
+            slot,
+            tier,
+            from,
+            locals,
+            alias,
+        } => {
+            let parent = (!from.is_empty()).then(|| name(*slot, from, false));
+            let mut path = from.clone();
+            let blocks: Vec<(u64, u64)> = locals
+                .iter()
+                .map(|&l| {
+                    path.push(l);
+                    (name(*slot, &path, *alias), l)
+                })
+                .collect();
+            let tier = Tier(*tier);
+            m.store(*slot, tier, parent, &blocks);
+            let blocks: Vec<_> = blocks.iter().map(|&(e, l)| (eh(e), BlockHash(l))).collect();
+            t.store(WorkerSlot(*slot), tier, parent.map(eh), &blocks);
+        }
+        Op::Remove {
+            slot,
+            path,
+            alias,
+            tiers,
+        } => {
+            let e = name(*slot, path, *alias);
+            m.remove(*slot, e, *tiers);
+            t.remove(WorkerSlot(*slot), eh(e), TierSet(*tiers));
+        }
+        Op::Predict { slot, path, ttl } => {
+            let deadline = m.now + ttl;
+            m.predict(*slot, path, deadline);
+            let locals: Vec<BlockHash> = path.iter().map(|&l| BlockHash(l)).collect();
+            t.predict(WorkerSlot(*slot), &locals, deadline);
+        }
+        Op::Evict => {
+            if let Some(id) = t.next_victim() {
+                m.evict(&t.path(id));
+                t.evict_node(id);
+            }
+        }
+        Op::Expire { advance } => {
+            let now = m.now + advance;
+            m.expire(now);
+            t.expire(now);
+        }
+        Op::Clear { slot, tiers, step } => {
+            m.clear(*slot, *tiers);
+            let (slot, tiers) = (WorkerSlot(*slot), TierSet(*tiers));
+            match step {
+                None => t.clear_slot(slot, tiers),
+                Some(b) => {
+                    let mut at = NamesAt::default();
+                    while !t.clear_step(slot, tiers, &mut at, *b) {}
+                }
+            }
+        }
+    }
+}
+
+/// Every path the model holds (and one it may not) looks up alike, by local and
+/// by seq hashes.
+fn lookups_agree(t: &mut Tree, m: &Model) -> Result<(), TestCaseError> {
+    let mut paths: Vec<Vec<u64>> = m.holders.keys().cloned().collect();
+    paths.push(vec![1, 2, 3, 1]);
+    for p in &paths {
+        let locals: Vec<BlockHash> = p.iter().map(|&l| BlockHash(l)).collect();
+        let mut out = Vec::new();
+        t.lookup(Prompt::Locals(&locals), &mut out);
+        prop_assert_eq!(blocks_of(&out), m.lookup(p));
+        let mut seqs = Vec::new();
+        hash::seq_hashes_for_locals(&locals, &mut seqs);
+        out.clear();
+        t.lookup(Prompt::Seqs(&seqs), &mut out);
+        prop_assert_eq!(blocks_of(&out), m.lookup(p));
+    }
+    Ok(())
+}
+
+/// A dump (whole, in steps of `dump_step`, and of a replica) is the model's held
+/// blocks, parents first.
+fn dumps_agree(t: &Tree, m: &Model, dump_step: usize) -> Result<(), TestCaseError> {
+    let mut dumped = Vec::new();
+    t.dump(&mut dumped);
+    // In steps, with nothing changing between them: the same blocks, parents
+    // first.
+    let mut stepped = Vec::new();
+    let mut walk = DumpWalk::default();
+    while !t.dump_step(&mut walk, dump_step, &mut stepped) {}
+    let mut seen = BTreeSet::new();
+    for d in &stepped {
+        if let Some(p) = d.parent {
+            prop_assert!(seen.contains(&p) || !stepped.iter().any(|x| x.seq == p));
+        }
+        seen.insert(d.seq);
+    }
+    prop_assert_eq!(stepped.len(), dumped.len());
+    prop_assert_eq!(sorted(&stepped), sorted(&dumped));
+    // A replica carries every block held on a medium (one below a block
+    // nobody holds hangs from a root standing for that block), and no
+    // prediction.
+    let mut copied = Vec::new();
+    replica(t).dump(&mut copied);
+    prop_assert_eq!(sorted(&copied), sorted(&dumped));
+    let mut got: Vec<(u64, Option<u64>, u64, u32)> = dumped
+        .iter()
+        .map(|d| (d.seq.0, d.parent.map(|p| p.0), d.local.0, d.holder.0))
+        .collect();
+    got.sort();
+    let mut want = Vec::new();
+    for (path, hs) in &m.holders {
+        let locals: Vec<BlockHash> = path.iter().map(|&l| BlockHash(l)).collect();
+        let mut seqs = Vec::new();
+        hash::seq_hashes_for_locals(&locals, &mut seqs);
+        let parent = (seqs.len() > 1).then(|| seqs[seqs.len() - 2].0);
+        for (&s, &tiers) in hs {
+            let tiers = tiers & TierSet::MEDIA.0;
+            if tiers != 0 {
+                want.push((
+                    seqs.last().unwrap().0,
+                    parent,
+                    *path.last().unwrap(),
+                    Holder::new(WorkerSlot(s), TierSet(tiers)).0,
+                ));
+            }
+        }
+    }
+    want.sort();
+    prop_assert_eq!(got, want);
+    Ok(())
+}
+
+/// The tree's per-slot and per-tier counts are the model's.
+fn counts_agree(t: &Tree, m: &Model) -> Result<(), TestCaseError> {
+    let mut per_slot = vec![0u32; 3];
+    for hs in m.holders.values() {
+        for &s in hs.keys() {
+            per_slot[s as usize] += 1;
+        }
+    }
+    let mut have = t.per_slot().to_vec();
+    have.resize(3, 0);
+    prop_assert_eq!(have, per_slot);
+    let mut pairs = [0u64; Tier::COUNT];
+    for hs in m.holders.values() {
+        for &tiers in hs.values() {
+            for tier in TierSet(tiers).iter() {
+                pairs[tier.0 as usize] += 1;
+            }
+        }
+    }
+    prop_assert_eq!(t.tier_pairs(), &pairs);
+    Ok(())
 }
