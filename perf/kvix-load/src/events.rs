@@ -120,6 +120,46 @@ fn send(p: &mut Publisher, payload: zmq::Message) -> Result<(), String> {
     .map_err(|e| format!("zmq send: {e}"))
 }
 
+/// The block each worker publishes last: once the indexer scores a worker for its
+/// sentinel's tokens, it has applied everything that worker sent.
+struct Sentinels {
+    nonce: u64,
+    block_size: usize,
+    batch_dp_rank: bool,
+}
+
+impl Sentinels {
+    /// Worker `w`'s sentinel frame: one stored block of its own tokens.
+    fn frame(&self, w: usize) -> Vec<u8> {
+        let mut ev = Vec::new();
+        let eh = splitmix(self.nonce ^ 0x05E4_71E1_u64 ^ w as u64);
+        enc_stored(
+            &mut ev,
+            &[eh],
+            None,
+            &sentinel_tokens(self.nonce, w, self.block_size),
+            self.block_size,
+            "GPU",
+        );
+        enc_batch(1.7e9, 1, &ev, self.batch_dp_rank)
+    }
+
+    /// The `/query` request for worker `w`'s sentinel.
+    fn query(&self, target: &Target, model: &str, w: usize) -> Vec<u8> {
+        let tokens = sentinel_tokens(self.nonce, w, self.block_size);
+        let body = json!({"token_ids": tokens, "model_name": model});
+        target.request("POST", "/query", body.to_string().as_bytes())
+    }
+}
+
+/// One publisher thread's work: its workers (with their global index), its share
+/// of the global order (worker-local indices), and its workers' frames and sentinels.
+struct Share {
+    group: Vec<(usize, Publisher)>,
+    order: Vec<(u32, u32)>,
+    own: Vec<(Vec<Option<zmq::Message>>, zmq::Message)>,
+}
+
 /// Publish all frames (then the sentinels) on `threads` threads, and poll the
 /// indexer until every sentinel is visible or `timeout` passes.
 #[allow(clippy::too_many_arguments)]
@@ -135,61 +175,83 @@ pub fn publish(
     timeout: Duration,
     sent: Arc<AtomicU64>,
 ) -> Result<(Vec<Publisher>, PublishResult), String> {
+    let sentinels = Sentinels {
+        nonce,
+        block_size,
+        batch_dp_rank,
+    };
+    let shares = split(pubs, frames, threads, &sentinels);
+    let start = Instant::now();
+    let pubs = send_all(shares, sent)?;
+    let publish_secs = start.elapsed().as_secs_f64();
+    let deadline = timeout + Duration::from_secs_f64(publish_secs);
+    let seen = await_sentinels(target, model, &sentinels, &pubs, start, deadline);
+    Ok((
+        pubs,
+        PublishResult {
+            publish_secs,
+            ..seen
+        },
+    ))
+}
+
+/// Spread the workers over `threads` threads, each with its workers' frames and
+/// sentinels. Each frame is made a message here, before the clock starts: libzmq
+/// takes its buffer as it is, where a send from a slice would copy it into a fresh
+/// message, which costs this load tool CPU the indexer under test would otherwise get.
+fn split(
+    pubs: Vec<Publisher>,
+    frames: Frames,
+    threads: usize,
+    sentinels: &Sentinels,
+) -> Vec<Share> {
     let threads = threads.clamp(1, pubs.len().max(1));
-    let n = pubs.len();
-    // Per thread: its publishers and its share of the global order (worker-local indices).
-    let mut groups: Vec<Vec<(usize, Publisher)>> = (0..threads).map(|_| Vec::new()).collect();
+    let mut shares: Vec<Share> = (0..threads)
+        .map(|_| Share {
+            group: Vec::new(),
+            order: Vec::new(),
+            own: Vec::new(),
+        })
+        .collect();
     for (i, p) in pubs.into_iter().enumerate() {
-        groups[i % threads].push((i, p));
+        shares[i % threads].group.push((i, p));
     }
-    let mut orders: Vec<Vec<(u32, u32)>> = (0..threads).map(|_| Vec::new()).collect();
     for &(w, f) in &frames.order {
-        orders[w as usize % threads].push((w / threads as u32, f));
+        shares[w as usize % threads]
+            .order
+            .push((w / threads as u32, f));
     }
-    // Each frame is sent once: made a message before the clock starts, libzmq takes
-    // its buffer as it is. A send from a slice would copy it into a fresh message,
-    // which costs this load tool CPU the indexer under test would otherwise get.
     let mut frames: Vec<Vec<Option<zmq::Message>>> = frames
         .per_worker
         .into_iter()
         .map(|w| w.into_iter().map(|f| Some(zmq::Message::from(f))).collect())
         .collect();
-    let sentinels: Vec<Vec<u8>> = (0..n)
-        .map(|w| {
-            let mut ev = Vec::new();
-            let eh = splitmix(nonce ^ 0x05E4_71E1_u64 ^ w as u64);
-            enc_stored(
-                &mut ev,
-                &[eh],
-                None,
-                &sentinel_tokens(nonce, w, block_size),
-                block_size,
-                "GPU",
-            );
-            enc_batch(1.7e9, 1, &ev, batch_dp_rank)
-        })
-        .collect();
-    // Per thread, the frames and sentinels of its workers, in its group's order.
-    let mut own: Vec<Vec<(Vec<Option<zmq::Message>>, zmq::Message)>> = groups
-        .iter()
-        .map(|group| {
-            group
-                .iter()
-                .map(|(w, _)| {
-                    let f = std::mem::take(&mut frames[*w]);
-                    (f, zmq::Message::from(&sentinels[*w][..]))
-                })
-                .collect()
-        })
-        .collect();
+    for share in &mut shares {
+        share.own = share
+            .group
+            .iter()
+            .map(|(w, _)| {
+                let f = std::mem::take(&mut frames[*w]);
+                (f, zmq::Message::from(sentinels.frame(*w)))
+            })
+            .collect();
+    }
+    shares
+}
 
-    let start = Instant::now();
-    let handles: Vec<_> = groups
+/// Send every share's frames in its order, then its sentinels, one thread a share;
+/// the publishers come back in worker order.
+fn send_all(shares: Vec<Share>, sent: Arc<AtomicU64>) -> Result<Vec<Publisher>, String> {
+    let n = shares.iter().map(|s| s.group.len()).sum();
+    let handles: Vec<_> = shares
         .into_iter()
-        .zip(orders)
-        .zip(own.drain(..))
-        .map(|((mut group, order), mut own)| {
+        .map(|share| {
             let sent = sent.clone();
+            let Share {
+                mut group,
+                order,
+                mut own,
+            } = share;
             std::thread::spawn(move || -> Result<Vec<(usize, Publisher)>, String> {
                 for (local, f) in order {
                     let (_, p) = &mut group[local as usize];
@@ -212,21 +274,26 @@ pub fn publish(
         );
     }
     pubs.sort_by_key(|(w, _)| *w);
-    let pubs: Vec<Publisher> = pubs.into_iter().map(|(_, p)| p).collect();
-    let publish_secs = start.elapsed().as_secs_f64();
+    Ok(pubs.into_iter().map(|(_, p)| p).collect())
+}
 
-    // Poll until each worker's sentinel shows a score for that worker.
-    let bodies: Vec<Vec<u8>> = (0..n)
-        .map(|w| {
-            let body =
-                json!({"token_ids": sentinel_tokens(nonce, w, block_size), "model_name": model});
-            target.request("POST", "/query", body.to_string().as_bytes())
-        })
+/// Poll until each worker's sentinel shows a score for that worker (or `deadline`
+/// past `start`), then read the indexer's tree sizes once they settle.
+fn await_sentinels(
+    target: &Target,
+    model: &str,
+    sentinels: &Sentinels,
+    pubs: &[Publisher],
+    start: Instant,
+    deadline: Duration,
+) -> PublishResult {
+    let bodies: Vec<Vec<u8>> = (0..pubs.len())
+        .map(|w| sentinels.query(target, model, w))
         .collect();
-    let mut pending: Vec<usize> = (0..n).collect();
+    let mut pending: Vec<usize> = (0..pubs.len()).collect();
     let mut conn = Conn::new(target);
     let mut polls = 0;
-    while !pending.is_empty() && start.elapsed() < timeout + Duration::from_secs_f64(publish_secs) {
+    while !pending.is_empty() && start.elapsed() < deadline {
         pending.retain(|&w| {
             polls += 1;
             match conn.send(&bodies[w]) {
@@ -254,16 +321,13 @@ pub fn publish(
         }
         indexer_tree_sizes_sum = next;
     }
-    Ok((
-        pubs,
-        PublishResult {
-            publish_secs,
-            applied_secs,
-            all_sentinels_seen: pending.is_empty(),
-            sentinel_polls: polls,
-            indexer_tree_sizes_sum,
-        },
-    ))
+    PublishResult {
+        publish_secs: 0.0,
+        applied_secs,
+        all_sentinels_seen: pending.is_empty(),
+        sentinel_polls: polls,
+        indexer_tree_sizes_sum,
+    }
 }
 
 /// Does a Dynamo-style `{"scores": {"<instance>": {"<dp>": n}}}` reply give `instance` a score > 0?

@@ -23,7 +23,7 @@ use report::{EventReport, Report, bar, note};
 use requests::Requests;
 use sim::{Policy, SimConfig};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 #[derive(Parser)]
@@ -246,77 +246,34 @@ fn main() {
 /// Run a command; Ok(false) when it completed but measured a failure
 /// (sentinels not seen, query errors, no replies).
 fn run(cmd: Cmd) -> Result<bool, String> {
-    if let Cmd::Plot {
-        latency,
-        events,
-        scale,
-        endpoint,
-        prompt_tokens,
-        out,
-    } = &cmd
-    {
-        std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
-        if !latency.is_empty() {
-            let path = out.join("latency.svg");
-            plot::latency_svg(&plot::labelled(latency), endpoint, *prompt_tokens, &path)?;
-            println!("{}", path.display());
-        }
-        if !events.is_empty() {
-            let path = out.join("events.svg");
-            plot::events_svg(&plot::labelled(events), &path)?;
-            println!("{}", path.display());
-        }
-        if let Some(series) = scale {
-            let path = out.join("scale.svg");
-            plot::scale_svg(series, &path)?;
-            println!("{}", path.display());
-        }
-        return Ok(true);
-    }
     let (common, ev, q) = match cmd {
         Cmd::Bench { common, ev, q } => (common, Some(ev), Some(q)),
         Cmd::Events { common, ev } => (common, Some(ev), None),
         Cmd::Query { common, q } => (common, None, Some(q)),
-        Cmd::Plot { .. } => unreachable!("handled above"),
+        Cmd::Plot {
+            latency,
+            events,
+            scale,
+            endpoint,
+            prompt_tokens,
+            out,
+        } => {
+            plots(
+                &latency,
+                &events,
+                scale.as_deref(),
+                &endpoint,
+                prompt_tokens,
+                &out,
+            )?;
+            return Ok(true);
+        }
     };
-    let quiet = common.quiet;
     let target = Target::parse(&common.url)?;
     if common.block_size == 0 {
         return Err("--block-size must be > 0".into());
     }
-    let reqs = match common.workload {
-        Workload::Trace => {
-            note(
-                quiet,
-                &format!("loading {} requests from {}", common.requests, common.trace),
-            );
-            Requests::Held(trace::load(
-                &common.trace,
-                common.requests,
-                common.block_size,
-            )?)
-        }
-        Workload::SharedPrefix => {
-            note(
-                quiet,
-                &format!(
-                    "{} shared-prefix requests, generated again for each pass",
-                    common.requests
-                ),
-            );
-            let shape = shared_prefix::Shape {
-                system_prompts: common.system_prompts,
-                few_shots: common.few_shots,
-                ..Default::default()
-            };
-            Requests::Generated {
-                shape,
-                count: common.requests,
-                block_size: common.block_size,
-                seed: common.seed,
-            }
-        }
-    };
+    let reqs = requests(&common)?;
     if reqs.is_empty() {
         return Err("no requests (--requests 0?)".into());
     }
@@ -329,205 +286,30 @@ fn run(cmd: Cmd) -> Result<bool, String> {
         ..Default::default()
     };
     let mut ok = true;
-    let mut registered: Vec<u64> = Vec::new();
     // Sockets stay open until the end so the indexer's subscriptions stay valid.
-    let mut _pubs = Vec::new();
-
+    let mut pubs = Vec::new();
     if let Some(ev) = &ev {
-        if ev.workers_count == 0 {
-            return Err("--workers-count must be > 0".into());
-        }
-        let b = bar(quiet, reqs.len() as u64, "simulating workers");
-        let cfg = SimConfig {
-            workers: ev.workers_count,
-            block_size: common.block_size,
-            policy: ev.policy,
-            capacity: ev.capacity_blocks,
-            cpu_capacity: 0,
-            batch_events: ev.batch_events.max(1),
-            batch_dp_rank: ev.batch_dp_rank,
-            shared_engine_hashes: ev.shared_engine_hashes,
-            seed: common.seed,
-        };
-        let survey = sim::survey(&reqs);
-        let cfg = resolve_capacity(cfg, survey.unique_blocks, ev);
-        let frames = sim::simulate(&reqs, &survey, &cfg, |n| b.set_position(n as u64));
-        b.finish_and_clear();
-        let sim_stats = frames.stats.clone();
-        note(
-            quiet,
-            &format!(
-                "{} frames, {} blocks stored, {} removed; publishing",
-                sim_stats.frames, sim_stats.blocks_stored, sim_stats.blocks_removed
-            ),
-        );
-
-        let rss_before = common.pid.and_then(events::rss_bytes);
-        let ctx = zmq::Context::new();
-        let pubs = events::bind(&ctx, ev.workers_count, ev.first_instance_id)?;
-        events::register(&target, &pubs, &common.model_name, common.block_size)?;
-        registered = pubs.iter().map(|p| p.instance).collect();
-        std::thread::sleep(Duration::from_millis(ev.slow_joiner_ms));
-
-        let total_frames = frames.order.len() as u64;
-        let sent = Arc::new(AtomicU64::new(0));
-        let b = bar(quiet, total_frames, "publishing frames");
-        let nonce = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(7);
-        let result = std::thread::scope(|s| {
-            let ticker_done = Arc::new(std::sync::atomic::AtomicBool::new(false));
-            let (sent2, b2, td) = (sent.clone(), b.clone(), ticker_done.clone());
-            s.spawn(move || {
-                while !td.load(Ordering::Relaxed) {
-                    b2.set_position(sent2.load(Ordering::Relaxed));
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-            });
-            let r = events::publish(
-                pubs,
-                frames,
-                ev.publish_threads,
-                &target,
-                &common.model_name,
-                common.block_size,
-                ev.batch_dp_rank,
-                nonce,
-                Duration::from_secs_f64(ev.settle_timeout),
-                sent.clone(),
-            );
-            ticker_done.store(true, Ordering::Relaxed);
-            r
-        });
-        b.finish_and_clear();
-        let (pubs, publish) = result?;
-        _pubs = pubs;
-        ok &= publish.all_sentinels_seen;
-        if !publish.all_sentinels_seen {
-            note(quiet, "not every sentinel was seen before --settle-timeout");
-        }
-        // RSS right after the last sentinel still holds frames the indexer buffered
-        // during the burst; live memory is read once RSS stops falling.
-        let rss_applied = common.pid.and_then(events::rss_bytes);
-        let rss_after = common.pid.and_then(events::settled_rss_bytes);
-        let blocks = (sim_stats.blocks_stored + sim_stats.blocks_removed) as f64;
-        let growth = |after: Option<u64>| match (rss_before, after) {
-            (Some(b), Some(a)) => Some(a as f64 - b as f64),
-            _ => None,
-        };
-        let (growth_applied, growth) = (growth(rss_applied), growth(rss_after));
-        report.events = Some(EventReport {
-            workers: ev.workers_count,
-            policy: ev.policy,
-            batch_events: cfg.batch_events,
-            offload: ev.offload,
-            blocks_applied_per_sec: blocks / publish.applied_secs.max(1e-9),
-            blocks_published_per_sec: blocks / publish.publish_secs.max(1e-9),
-            frames_published_per_sec: total_frames as f64 / publish.publish_secs.max(1e-9),
-            rss_before_bytes: rss_before,
-            rss_applied_bytes: rss_applied,
-            rss_after_bytes: rss_after,
-            bytes_per_live_pair_at_apply: growth_applied
-                .map(|g| g / sim_stats.live_pairs.max(1) as f64),
-            bytes_per_live_pair: growth.map(|g| g / sim_stats.live_pairs.max(1) as f64),
-            bytes_per_unique_block: growth.map(|g| g / sim_stats.live_unique_blocks.max(1) as f64),
-            sim: sim_stats,
-            publish,
-        });
+        let events;
+        (pubs, events) = event_phase(&common, ev, &target, &reqs)?;
+        ok &= events.publish.all_sentinels_seen;
+        report.events = Some(events);
     }
-
     if let Some(q) = &q {
-        let mut phases = Vec::new();
-        for &endpoint in &q.endpoint {
-            for &prompt_tokens in &q.prompt_tokens {
-                for &rate in &q.rate {
-                    for &connections in &q.connections {
-                        phases.push(Phase {
-                            endpoint,
-                            prompt_tokens,
-                            connections: connections.max(1),
-                            rate,
-                            duration_secs: q.duration,
-                        });
-                    }
-                }
-            }
-        }
-        // Bodies of the last (endpoint, prompt length), reused by consecutive phases.
-        type Bodies = Arc<Vec<Vec<u8>>>;
-        let mut cache: Option<((Endpoint, usize), Bodies)> = None;
-        for p in &phases {
-            let key = (p.endpoint, p.prompt_tokens);
-            let bodies = match &cache {
-                Some((k, b)) if *k == key => b.clone(),
-                _ => {
-                    let b = Arc::new(query::bodies(
-                        &target,
-                        &reqs,
-                        p.endpoint,
-                        p.prompt_tokens,
-                        common.block_size,
-                        &common.model_name,
-                        q.prompt_pool,
-                        q.signed_hashes,
-                    ));
-                    cache = Some((key, b.clone()));
-                    b
-                }
-            };
-            let label = format!(
-                "{} {}t c{} {}",
-                p.endpoint.path(),
-                p.prompt_tokens,
-                p.connections,
-                if p.rate > 0.0 {
-                    format!("{}/s", p.rate)
-                } else {
-                    "closed".into()
-                }
-            );
-            let b = bar(quiet, (p.duration_secs * 10.0) as u64, &label);
-            b.set_style(
-                indicatif::ProgressStyle::with_template(
-                    "{msg:>30} [{bar:40}] {elapsed_precise} {prefix}",
-                )
-                .unwrap()
-                .progress_chars("=> "),
-            );
-            let done = Arc::new(AtomicU64::new(0));
-            let r = std::thread::scope(|s| {
-                let ticker_done = Arc::new(std::sync::atomic::AtomicBool::new(false));
-                let (d2, b2, td) = (done.clone(), b.clone(), ticker_done.clone());
-                s.spawn(move || {
-                    let t = std::time::Instant::now();
-                    while !td.load(Ordering::Relaxed) {
-                        b2.set_position((t.elapsed().as_secs_f64() * 10.0) as u64);
-                        b2.set_prefix(format!("{} done", d2.load(Ordering::Relaxed)));
-                        std::thread::sleep(Duration::from_millis(100));
-                    }
-                });
-                let r = query::run(&target, p, bodies, done.clone());
-                ticker_done.store(true, Ordering::Relaxed);
-                r
-            });
-            b.finish_and_clear();
-            ok &= r.errors == 0 && r.completed > 0;
-            report.queries.push(r);
-        }
-        report.rss_after_queries_bytes = common.pid.and_then(events::rss_bytes);
+        ok &= query_phases(&common, q, &target, &reqs, &mut report);
     }
-
     if let Some(ev) = &ev
         && !ev.keep
-        && !registered.is_empty()
+        && !pubs.is_empty()
     {
+        let registered: Vec<u64> = pubs.iter().map(|p| p.instance).collect();
         let failed = events::unregister(&target, &registered, &common.model_name);
         if failed > 0 {
-            note(quiet, &format!("{failed} workers failed to unregister"));
+            note(
+                common.quiet,
+                &format!("{failed} workers failed to unregister"),
+            );
         }
     }
-
     if common.json {
         println!(
             "{}",
@@ -537,6 +319,289 @@ fn run(cmd: Cmd) -> Result<bool, String> {
         report::print_table(&report);
     }
     Ok(ok)
+}
+
+/// `kvix-load plot`: each SVG asked for, into `out`.
+fn plots(
+    latency: &[String],
+    events: &[String],
+    scale: Option<&str>,
+    endpoint: &str,
+    prompt_tokens: u64,
+    out: &std::path::Path,
+) -> Result<(), String> {
+    std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
+    if !latency.is_empty() {
+        let path = out.join("latency.svg");
+        plot::latency_svg(&plot::labelled(latency), endpoint, prompt_tokens, &path)?;
+        println!("{}", path.display());
+    }
+    if !events.is_empty() {
+        let path = out.join("events.svg");
+        plot::events_svg(&plot::labelled(events), &path)?;
+        println!("{}", path.display());
+    }
+    if let Some(series) = scale {
+        let path = out.join("scale.svg");
+        plot::scale_svg(series, &path)?;
+        println!("{}", path.display());
+    }
+    Ok(())
+}
+
+/// The requests of `--workload`: the trace's, or generated again for each pass.
+fn requests(common: &Common) -> Result<Requests, String> {
+    match common.workload {
+        Workload::Trace => {
+            note(
+                common.quiet,
+                &format!("loading {} requests from {}", common.requests, common.trace),
+            );
+            Ok(Requests::Held(trace::load(
+                &common.trace,
+                common.requests,
+                common.block_size,
+            )?))
+        }
+        Workload::SharedPrefix => {
+            note(
+                common.quiet,
+                &format!(
+                    "{} shared-prefix requests, generated again for each pass",
+                    common.requests
+                ),
+            );
+            let shape = shared_prefix::Shape {
+                system_prompts: common.system_prompts,
+                few_shots: common.few_shots,
+                ..Default::default()
+            };
+            Ok(Requests::Generated {
+                shape,
+                count: common.requests,
+                block_size: common.block_size,
+                seed: common.seed,
+            })
+        }
+    }
+}
+
+/// Run `work` while `tick` runs every 100 ms on a thread of its own (to move a
+/// progress bar).
+fn with_ticker<R>(mut tick: impl FnMut() + Send, work: impl FnOnce() -> R) -> R {
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let done = &done;
+        s.spawn(move || {
+            while !done.load(Ordering::Relaxed) {
+                tick();
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        let r = work();
+        done.store(true, Ordering::Relaxed);
+        r
+    })
+}
+
+/// The event phase: simulate the workers, register and publish them, and measure
+/// when the indexer has applied everything and what memory it took.
+fn event_phase(
+    common: &Common,
+    ev: &EventArgs,
+    target: &Target,
+    reqs: &Requests,
+) -> Result<(Vec<events::Publisher>, EventReport), String> {
+    if ev.workers_count == 0 {
+        return Err("--workers-count must be > 0".into());
+    }
+    let quiet = common.quiet;
+    let b = bar(quiet, reqs.len() as u64, "simulating workers");
+    let cfg = SimConfig {
+        workers: ev.workers_count,
+        block_size: common.block_size,
+        policy: ev.policy,
+        capacity: ev.capacity_blocks,
+        cpu_capacity: 0,
+        batch_events: ev.batch_events.max(1),
+        batch_dp_rank: ev.batch_dp_rank,
+        shared_engine_hashes: ev.shared_engine_hashes,
+        seed: common.seed,
+    };
+    let survey = sim::survey(reqs);
+    let cfg = resolve_capacity(cfg, survey.unique_blocks, ev);
+    let frames = sim::simulate(reqs, &survey, &cfg, |n| b.set_position(n as u64));
+    b.finish_and_clear();
+    let sim_stats = frames.stats.clone();
+    note(
+        quiet,
+        &format!(
+            "{} frames, {} blocks stored, {} removed; publishing",
+            sim_stats.frames, sim_stats.blocks_stored, sim_stats.blocks_removed
+        ),
+    );
+
+    let rss_before = common.pid.and_then(events::rss_bytes);
+    let ctx = zmq::Context::new();
+    let pubs = events::bind(&ctx, ev.workers_count, ev.first_instance_id)?;
+    events::register(target, &pubs, &common.model_name, common.block_size)?;
+    std::thread::sleep(Duration::from_millis(ev.slow_joiner_ms));
+
+    let total_frames = frames.order.len() as u64;
+    let sent = Arc::new(AtomicU64::new(0));
+    let b = bar(quiet, total_frames, "publishing frames");
+    let nonce = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(7);
+    let result = with_ticker(
+        || b.set_position(sent.load(Ordering::Relaxed)),
+        || {
+            events::publish(
+                pubs,
+                frames,
+                ev.publish_threads,
+                target,
+                &common.model_name,
+                common.block_size,
+                ev.batch_dp_rank,
+                nonce,
+                Duration::from_secs_f64(ev.settle_timeout),
+                sent.clone(),
+            )
+        },
+    );
+    b.finish_and_clear();
+    let (pubs, publish) = result?;
+    if !publish.all_sentinels_seen {
+        note(quiet, "not every sentinel was seen before --settle-timeout");
+    }
+    // RSS right after the last sentinel still holds frames the indexer buffered
+    // during the burst; live memory is read once RSS stops falling.
+    let rss_applied = common.pid.and_then(events::rss_bytes);
+    let rss_after = common.pid.and_then(events::settled_rss_bytes);
+    let blocks = (sim_stats.blocks_stored + sim_stats.blocks_removed) as f64;
+    let growth = |after: Option<u64>| match (rss_before, after) {
+        (Some(b), Some(a)) => Some(a as f64 - b as f64),
+        _ => None,
+    };
+    let (growth_applied, growth) = (growth(rss_applied), growth(rss_after));
+    let report = EventReport {
+        workers: ev.workers_count,
+        policy: ev.policy,
+        batch_events: cfg.batch_events,
+        offload: ev.offload,
+        blocks_applied_per_sec: blocks / publish.applied_secs.max(1e-9),
+        blocks_published_per_sec: blocks / publish.publish_secs.max(1e-9),
+        frames_published_per_sec: total_frames as f64 / publish.publish_secs.max(1e-9),
+        rss_before_bytes: rss_before,
+        rss_applied_bytes: rss_applied,
+        rss_after_bytes: rss_after,
+        bytes_per_live_pair_at_apply: growth_applied
+            .map(|g| g / sim_stats.live_pairs.max(1) as f64),
+        bytes_per_live_pair: growth.map(|g| g / sim_stats.live_pairs.max(1) as f64),
+        bytes_per_unique_block: growth.map(|g| g / sim_stats.live_unique_blocks.max(1) as f64),
+        sim: sim_stats,
+        publish,
+    };
+    Ok((pubs, report))
+}
+
+/// Every (endpoint, prompt length, rate, connections) phase `q` asks for, in order.
+fn phases(q: &QueryArgs) -> Vec<Phase> {
+    let mut phases = Vec::new();
+    for &endpoint in &q.endpoint {
+        for &prompt_tokens in &q.prompt_tokens {
+            for &rate in &q.rate {
+                for &connections in &q.connections {
+                    phases.push(Phase {
+                        endpoint,
+                        prompt_tokens,
+                        connections: connections.max(1),
+                        rate,
+                        duration_secs: q.duration,
+                    });
+                }
+            }
+        }
+    }
+    phases
+}
+
+/// Run every query phase into `report`; false when one had errors or no replies.
+fn query_phases(
+    common: &Common,
+    q: &QueryArgs,
+    target: &Target,
+    reqs: &Requests,
+    report: &mut Report,
+) -> bool {
+    let mut ok = true;
+    // Bodies of the last (endpoint, prompt length), reused by consecutive phases.
+    type Bodies = Arc<Vec<Vec<u8>>>;
+    let mut cache: Option<((Endpoint, usize), Bodies)> = None;
+    for p in &phases(q) {
+        let key = (p.endpoint, p.prompt_tokens);
+        let bodies = match &cache {
+            Some((k, b)) if *k == key => b.clone(),
+            _ => {
+                let b = Arc::new(query::bodies(
+                    target,
+                    reqs,
+                    p.endpoint,
+                    p.prompt_tokens,
+                    common.block_size,
+                    &common.model_name,
+                    q.prompt_pool,
+                    q.signed_hashes,
+                ));
+                cache = Some((key, b.clone()));
+                b
+            }
+        };
+        let r = query_phase(common.quiet, target, p, bodies);
+        ok &= r.errors == 0 && r.completed > 0;
+        report.queries.push(r);
+    }
+    report.rss_after_queries_bytes = common.pid.and_then(events::rss_bytes);
+    ok
+}
+
+/// One query phase, with its progress bar.
+fn query_phase(
+    quiet: bool,
+    target: &Target,
+    p: &Phase,
+    bodies: Arc<Vec<Vec<u8>>>,
+) -> query::PhaseResult {
+    let label = format!(
+        "{} {}t c{} {}",
+        p.endpoint.path(),
+        p.prompt_tokens,
+        p.connections,
+        if p.rate > 0.0 {
+            format!("{}/s", p.rate)
+        } else {
+            "closed".into()
+        }
+    );
+    let b = bar(quiet, (p.duration_secs * 10.0) as u64, &label);
+    b.set_style(
+        indicatif::ProgressStyle::with_template("{msg:>30} [{bar:40}] {elapsed_precise} {prefix}")
+            .unwrap()
+            .progress_chars("=> "),
+    );
+    let done = Arc::new(AtomicU64::new(0));
+    let t = std::time::Instant::now();
+    let r = with_ticker(
+        || {
+            b.set_position((t.elapsed().as_secs_f64() * 10.0) as u64);
+            b.set_prefix(format!("{} done", done.load(Ordering::Relaxed)));
+        },
+        || query::run(target, p, bodies, done.clone()),
+    );
+    b.finish_and_clear();
+    r
 }
 
 /// Fill in the default capacities, which depend on the distinct blocks requested.
