@@ -111,38 +111,111 @@ pub fn run(
     has_scores: impl Fn(&[u8]) -> bool,
     on_done: impl Fn(),
 ) -> MuxOut {
-    let mut out = MuxOut {
-        hist: histogram(),
-        per_conn: (0..connections).map(|_| histogram()).collect(),
-        completed: 0,
-        errors: 0,
-        hits: 0,
-        unsent: 0,
-        reply_bytes: 0,
-        started: Instant::now(),
-        finished: Instant::now(),
-    };
-    let mut conns: Vec<Option<Conn>> = (0..connections).map(|_| Conn::open(addr).ok()).collect();
-    let start = Instant::now();
-    out.started = start;
-    let end = start + dur;
-    // The next request's index (its body, and in open loop its due time).
-    let mut k: u64 = 0;
-    let total = (dur.as_secs_f64() * rate).ceil() as u64;
-    let due = |k: u64| start + Duration::from_secs_f64(k as f64 / rate);
-    let mut fds: Vec<libc::pollfd> = Vec::with_capacity(connections);
-    let mut chunk = vec![0u8; 64 * 1024];
+    let mut m = Mux::open(addr, connections, rate, dur, bodies);
     loop {
         let now = Instant::now();
-        // Hand out requests to idle connections.
-        let mut open_done = false;
-        for slot in conns.iter_mut() {
+        let open_done = m.hand_out(now);
+        let busy = m
+            .conns
+            .iter()
+            .flatten()
+            .filter(|c| matches!(c.state, State::Busy { .. }))
+            .count();
+        let finished = if rate > 0.0 {
+            open_done || (m.k >= m.total)
+        } else {
+            now >= m.end
+        };
+        if busy == 0 && finished {
+            break;
+        }
+        if now >= m.end + dur.max(Duration::from_secs(10)) {
+            // Answers still missing well past the end: a stalled server. What is
+            // outstanding counts as errors rather than hold the phase forever.
+            m.out.errors += busy as u64;
+            break;
+        }
+        if m.write_and_poll() <= 0 {
+            continue;
+        }
+        m.read_replies(&has_scores, &on_done);
+    }
+    m.out.finished = Instant::now();
+    m.out
+}
+
+/// One phase's connections and what they measured so far.
+struct Mux<'a> {
+    addr: &'a str,
+    bodies: &'a [Vec<u8>],
+    rate: f64,
+    dur: Duration,
+    start: Instant,
+    end: Instant,
+    /// The next request's index (its body, and in open loop its due time).
+    k: u64,
+    /// The requests an open-loop phase sends.
+    total: u64,
+    conns: Vec<Option<Conn>>,
+    fds: Vec<libc::pollfd>,
+    chunk: Vec<u8>,
+    out: MuxOut,
+}
+
+/// When open-loop request `k` is due.
+fn due(start: Instant, rate: f64, k: u64) -> Instant {
+    start + Duration::from_secs_f64(k as f64 / rate)
+}
+
+impl<'a> Mux<'a> {
+    /// Dial every connection; the phase's clock starts once they are open.
+    fn open(
+        addr: &'a str,
+        connections: usize,
+        rate: f64,
+        dur: Duration,
+        bodies: &'a [Vec<u8>],
+    ) -> Self {
+        let mut out = MuxOut {
+            hist: histogram(),
+            per_conn: (0..connections).map(|_| histogram()).collect(),
+            completed: 0,
+            errors: 0,
+            hits: 0,
+            unsent: 0,
+            reply_bytes: 0,
+            started: Instant::now(),
+            finished: Instant::now(),
+        };
+        let conns: Vec<Option<Conn>> = (0..connections).map(|_| Conn::open(addr).ok()).collect();
+        let start = Instant::now();
+        out.started = start;
+        Mux {
+            addr,
+            bodies,
+            rate,
+            dur,
+            start,
+            end: start + dur,
+            k: 0,
+            total: (dur.as_secs_f64() * rate).ceil() as u64,
+            conns,
+            fds: Vec::with_capacity(connections),
+            chunk: vec![0u8; 64 * 1024],
+            out,
+        }
+    }
+
+    /// Hand out requests to idle connections (dialling again one that failed).
+    /// True once an open loop will send no more.
+    fn hand_out(&mut self, now: Instant) -> bool {
+        for slot in self.conns.iter_mut() {
             if slot.is_none() {
                 // A connection that failed is dialled again for its next request.
-                match Conn::open(addr) {
+                match Conn::open(self.addr) {
                     Ok(c) => *slot = Some(c),
                     Err(_) => {
-                        out.errors += 1;
+                        self.out.errors += 1;
                         continue;
                     }
                 }
@@ -151,61 +224,45 @@ pub fn run(
             if !matches!(c.state, State::Idle) {
                 continue;
             }
-            let from = if rate > 0.0 {
-                if k >= total {
-                    open_done = true;
-                    break;
+            let from = if self.rate > 0.0 {
+                if self.k >= self.total {
+                    return true;
                 }
-                let at = due(k);
+                let at = due(self.start, self.rate, self.k);
                 if at > now {
                     break;
                 }
-                if now >= end + dur {
+                if now >= self.end + self.dur {
                     // Overloaded past a grace of one more duration: stop, and count
                     // what was never sent rather than run on unboundedly.
-                    out.unsent = total - k;
-                    open_done = true;
-                    break;
+                    self.out.unsent = self.total - self.k;
+                    return true;
                 }
                 at
             } else {
-                if now >= end {
+                if now >= self.end {
                     break;
                 }
                 now
             };
             c.state = State::Busy {
-                body: (k as usize) % bodies.len(),
+                body: (self.k as usize) % self.bodies.len(),
                 sent: 0,
                 from,
             };
-            k += 1;
+            self.k += 1;
         }
-        let busy = conns
-            .iter()
-            .flatten()
-            .filter(|c| matches!(c.state, State::Busy { .. }))
-            .count();
-        let finished = if rate > 0.0 {
-            open_done || (k >= total)
-        } else {
-            now >= end
-        };
-        if busy == 0 && finished {
-            break;
-        }
-        if now >= end + dur.max(Duration::from_secs(10)) {
-            // Answers still missing well past the end: a stalled server. What is
-            // outstanding counts as errors rather than hold the phase forever.
-            out.errors += busy as u64;
-            break;
-        }
-        // Write what can be written, then wait for replies (or the next due time).
-        fds.clear();
-        for c in conns.iter_mut().flatten() {
+        false
+    }
+
+    /// Write what can be written, then wait for replies (or the next due time).
+    /// `ppoll`'s answer: how many connections have something to read.
+    fn write_and_poll(&mut self) -> i32 {
+        self.fds.clear();
+        for c in self.conns.iter_mut().flatten() {
             let mut events = 0;
             if let State::Busy { body, sent, .. } = &mut c.state {
-                let b = &bodies[*body];
+                let b = &self.bodies[*body];
                 while *sent < b.len() {
                     match c.stream.write(&b[*sent..]) {
                         Ok(n) => *sent += n,
@@ -215,7 +272,7 @@ pub fn run(
                 }
                 events = libc::POLLIN | if *sent < b.len() { libc::POLLOUT } else { 0 };
             }
-            fds.push(libc::pollfd {
+            self.fds.push(libc::pollfd {
                 fd: c.stream.as_raw_fd(),
                 events,
                 revents: 0,
@@ -224,11 +281,12 @@ pub fn run(
         // Wake for the next due request only if a connection is free to send it;
         // otherwise only a reply can change anything. Nanosecond timeouts (ppoll):
         // a millisecond one would send requests up to a millisecond late.
-        let idle = conns
+        let idle = self
+            .conns
             .iter()
             .any(|c| c.as_ref().is_none_or(|c| matches!(c.state, State::Idle)));
-        let wait = if rate > 0.0 && k < total && idle {
-            due(k).saturating_duration_since(Instant::now())
+        let wait = if self.rate > 0.0 && self.k < self.total && idle {
+            due(self.start, self.rate, self.k).saturating_duration_since(Instant::now())
         } else {
             Duration::from_millis(100)
         };
@@ -238,33 +296,35 @@ pub fn run(
         };
         // SAFETY: `fds` is a live, initialized slice of `pollfd`s passed with its
         // length, and `timeout` a live timespec; ppoll only writes the `revents`.
-        let n = unsafe {
+        unsafe {
             libc::ppoll(
-                fds.as_mut_ptr(),
-                fds.len() as libc::nfds_t,
+                self.fds.as_mut_ptr(),
+                self.fds.len() as libc::nfds_t,
                 &timeout,
                 std::ptr::null(),
             )
-        };
-        if n <= 0 {
-            continue;
         }
+    }
+
+    /// Read every readable connection; record each complete answer, and drop a
+    /// connection that failed (it is dialled again for its next request).
+    fn read_replies(&mut self, has_scores: &impl Fn(&[u8]) -> bool, on_done: &impl Fn()) {
         let mut i = 0;
-        for (ci, slot) in conns.iter_mut().enumerate() {
+        for (ci, slot) in self.conns.iter_mut().enumerate() {
             let Some(c) = slot.as_mut() else { continue };
-            let revents = fds[i].revents;
+            let revents = self.fds[i].revents;
             i += 1;
             if revents & (libc::POLLIN | libc::POLLERR | libc::POLLHUP) == 0 {
                 continue;
             }
             let mut failed = false;
             loop {
-                match c.stream.read(&mut chunk) {
+                match c.stream.read(&mut self.chunk) {
                     Ok(0) => {
                         failed = true;
                         break;
                     }
-                    Ok(n) => c.buf.extend_from_slice(&chunk[..n]),
+                    Ok(n) => c.buf.extend_from_slice(&self.chunk[..n]),
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(_) => {
                         failed = true;
@@ -272,6 +332,7 @@ pub fn run(
                     }
                 }
             }
+            let out = &mut self.out;
             match parse(&c.buf) {
                 Ok(Some((status, body, used))) => {
                     if let State::Busy { from, .. } = c.state {
@@ -298,8 +359,6 @@ pub fn run(
             }
         }
     }
-    out.finished = Instant::now();
-    out
 }
 
 #[cfg(test)]

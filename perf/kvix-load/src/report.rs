@@ -98,139 +98,153 @@ pub fn print_table(r: &Report) {
         r.url, r.model_name, r.block_size, r.workload, r.requests
     );
     if let Some(e) = &r.events {
-        let s = &e.sim;
-        println!();
-        println!(
-            "== events: {} workers, policy {:?}, {} events/batch{} ==",
-            e.workers,
-            e.policy,
-            e.batch_events,
-            if e.offload { ", CPU offload" } else { "" }
-        );
-        let rows: Vec<(&str, String)> = vec![
-            ("frames / events", format!("{} / {}", s.frames, s.events)),
-            ("payload bytes", mib(s.payload_bytes)),
-            (
-                "blocks stored / removed",
-                format!("{} / {}", s.blocks_stored, s.blocks_removed),
-            ),
-            (
-                "  of which CPU tier",
-                format!("{} / {}", s.cpu_blocks_stored, s.cpu_blocks_removed),
-            ),
-            ("blocks reused (hits)", s.blocks_hit.to_string()),
-            ("capacity blocks/worker", s.capacity_blocks.to_string()),
-            ("trace unique blocks", s.trace_unique_blocks.to_string()),
-            ("live (block,worker) pairs", s.live_pairs.to_string()),
-            ("live unique blocks", s.live_unique_blocks.to_string()),
-            ("publish time", format!("{:.3} s", e.publish.publish_secs)),
-            (
-                "publish rate",
-                format!(
-                    "{} blocks/s, {} frames/s",
-                    si(e.blocks_published_per_sec),
-                    si(e.frames_published_per_sec)
-                ),
-            ),
-            (
-                "applied time",
-                format!(
-                    "{:.3} s{}",
-                    e.publish.applied_secs,
-                    if e.publish.all_sentinels_seen {
-                        ""
-                    } else {
-                        "  (TIMED OUT: not all sentinels seen)"
-                    }
-                ),
-            ),
-            ("blocks applied/s", si(e.blocks_applied_per_sec)),
-            (
-                "indexer tree_sizes sum",
-                match e.publish.indexer_tree_sizes_sum {
-                    Some(n) => {
-                        let want = s.live_pairs + e.workers as u64;
-                        format!(
-                            "{n} (expected {want}: live pairs + sentinels){}",
-                            if n == want { "" } else { "  MISMATCH" }
-                        )
-                    }
-                    None => "n/a".into(),
-                },
-            ),
-        ];
-        for (k, v) in rows {
-            println!("  {k:<28} {v}");
-        }
-        if let (Some(b), Some(a)) = (e.rss_before_bytes, e.rss_after_bytes) {
-            println!("  {:<28} {} -> {}", "indexer RSS (settled)", mib(b), mib(a));
-        }
-        if let Some(x) = e.bytes_per_live_pair {
-            println!("  {:<28} {x:.1}", "RSS bytes / live pair");
-        }
-        if let Some(x) = e.bytes_per_live_pair_at_apply {
-            println!("  {:<28} {x:.1}", "  same, at last sentinel");
-        }
-        if let Some(x) = e.bytes_per_unique_block {
-            println!("  {:<28} {x:.1}", "RSS bytes / unique block");
-        }
+        print_events(e);
     }
     if !r.queries.is_empty() {
-        println!();
-        println!("== queries (latency ms; open loop measured from intended send time) ==");
-        println!(
-            "  {:<14} {:>6} {:>5} {:>8} {:>10} {:>9} {:>7} {:>7} {:>8} {:>8} {:>8} {:>8} {:>8}",
-            "endpoint",
-            "tokens",
-            "conns",
-            "rate",
-            "req/s",
-            "done",
-            "errors",
-            "hit%",
-            "p50",
-            "p90",
-            "p99",
-            "p99.9",
-            "max"
-        );
-        for q in &r.queries {
-            let rate = if q.phase.rate > 0.0 {
-                si(q.phase.rate)
-            } else {
-                "closed".into()
-            };
-            let hit = if q.completed > 0 {
-                100.0 * q.hits as f64 / q.completed as f64
-            } else {
-                0.0
-            };
-            println!(
-                "  {:<14} {:>6} {:>5} {:>8} {:>10.1} {:>9} {:>7} {:>7.1} {:>8} {:>8} {:>8} {:>8} {:>8}",
-                q.phase.endpoint.path(),
-                q.phase.prompt_tokens,
-                q.phase.connections,
-                rate,
-                q.achieved_rps,
-                q.completed,
-                q.errors,
-                hit,
-                ms(q.p50_us),
-                ms(q.p90_us),
-                ms(q.p99_us),
-                ms(q.p999_us),
-                ms(q.max_us)
-            );
-            if q.unsent > 0 {
-                println!(
-                    "  ^ overloaded: {} scheduled requests never sent (phase stopped at 2x --duration)",
-                    q.unsent
-                );
-            }
-        }
+        print_queries(&r.queries);
     }
     if let Some(b) = r.rss_after_queries_bytes {
         println!();
         println!("  {:<28} {}", "indexer RSS after queries", mib(b));
+    }
+}
+
+/// The event phase: what was simulated and published, how fast it applied, memory.
+fn print_events(e: &EventReport) {
+    println!();
+    println!(
+        "== events: {} workers, policy {:?}, {} events/batch{} ==",
+        e.workers,
+        e.policy,
+        e.batch_events,
+        if e.offload { ", CPU offload" } else { "" }
+    );
+    for (k, v) in event_rows(e) {
+        println!("  {k:<28} {v}");
+    }
+    if let (Some(b), Some(a)) = (e.rss_before_bytes, e.rss_after_bytes) {
+        println!("  {:<28} {} -> {}", "indexer RSS (settled)", mib(b), mib(a));
+    }
+    if let Some(x) = e.bytes_per_live_pair {
+        println!("  {:<28} {x:.1}", "RSS bytes / live pair");
+    }
+    if let Some(x) = e.bytes_per_live_pair_at_apply {
+        println!("  {:<28} {x:.1}", "  same, at last sentinel");
+    }
+    if let Some(x) = e.bytes_per_unique_block {
+        println!("  {:<28} {x:.1}", "RSS bytes / unique block");
+    }
+}
+
+/// The event phase's figures, one (label, value) a row.
+fn event_rows(e: &EventReport) -> Vec<(&'static str, String)> {
+    let s = &e.sim;
+    vec![
+        ("frames / events", format!("{} / {}", s.frames, s.events)),
+        ("payload bytes", mib(s.payload_bytes)),
+        (
+            "blocks stored / removed",
+            format!("{} / {}", s.blocks_stored, s.blocks_removed),
+        ),
+        (
+            "  of which CPU tier",
+            format!("{} / {}", s.cpu_blocks_stored, s.cpu_blocks_removed),
+        ),
+        ("blocks reused (hits)", s.blocks_hit.to_string()),
+        ("capacity blocks/worker", s.capacity_blocks.to_string()),
+        ("trace unique blocks", s.trace_unique_blocks.to_string()),
+        ("live (block,worker) pairs", s.live_pairs.to_string()),
+        ("live unique blocks", s.live_unique_blocks.to_string()),
+        ("publish time", format!("{:.3} s", e.publish.publish_secs)),
+        (
+            "publish rate",
+            format!(
+                "{} blocks/s, {} frames/s",
+                si(e.blocks_published_per_sec),
+                si(e.frames_published_per_sec)
+            ),
+        ),
+        (
+            "applied time",
+            format!(
+                "{:.3} s{}",
+                e.publish.applied_secs,
+                if e.publish.all_sentinels_seen {
+                    ""
+                } else {
+                    "  (TIMED OUT: not all sentinels seen)"
+                }
+            ),
+        ),
+        ("blocks applied/s", si(e.blocks_applied_per_sec)),
+        (
+            "indexer tree_sizes sum",
+            match e.publish.indexer_tree_sizes_sum {
+                Some(n) => {
+                    let want = s.live_pairs + e.workers as u64;
+                    format!(
+                        "{n} (expected {want}: live pairs + sentinels){}",
+                        if n == want { "" } else { "  MISMATCH" }
+                    )
+                }
+                None => "n/a".into(),
+            },
+        ),
+    ]
+}
+
+/// One row per query phase: rate, completions, errors, hit rate, latency quantiles.
+fn print_queries(queries: &[PhaseResult]) {
+    println!();
+    println!("== queries (latency ms; open loop measured from intended send time) ==");
+    println!(
+        "  {:<14} {:>6} {:>5} {:>8} {:>10} {:>9} {:>7} {:>7} {:>8} {:>8} {:>8} {:>8} {:>8}",
+        "endpoint",
+        "tokens",
+        "conns",
+        "rate",
+        "req/s",
+        "done",
+        "errors",
+        "hit%",
+        "p50",
+        "p90",
+        "p99",
+        "p99.9",
+        "max"
+    );
+    for q in queries {
+        let rate = if q.phase.rate > 0.0 {
+            si(q.phase.rate)
+        } else {
+            "closed".into()
+        };
+        let hit = if q.completed > 0 {
+            100.0 * q.hits as f64 / q.completed as f64
+        } else {
+            0.0
+        };
+        println!(
+            "  {:<14} {:>6} {:>5} {:>8} {:>10.1} {:>9} {:>7} {:>7.1} {:>8} {:>8} {:>8} {:>8} {:>8}",
+            q.phase.endpoint.path(),
+            q.phase.prompt_tokens,
+            q.phase.connections,
+            rate,
+            q.achieved_rps,
+            q.completed,
+            q.errors,
+            hit,
+            ms(q.p50_us),
+            ms(q.p90_us),
+            ms(q.p99_us),
+            ms(q.p999_us),
+            ms(q.max_us)
+        );
+        if q.unsent > 0 {
+            println!(
+                "  ^ overloaded: {} scheduled requests never sent (phase stopped at 2x --duration)",
+                q.unsent
+            );
+        }
     }
 }

@@ -5,6 +5,7 @@
 //! the timed phase so publishing is only socket writes.
 
 use crate::requests::Requests;
+use crate::trace::Request;
 use crate::trace::splitmix;
 use std::collections::{HashMap, VecDeque};
 
@@ -181,6 +182,11 @@ impl Worker {
     fn eh(&self, seq: u64) -> u64 {
         seq ^ self.salt
     }
+
+    /// How many of `seqs`' leading blocks this worker's GPU tier holds.
+    fn prefix_len(&self, seqs: &[u64]) -> usize {
+        seqs.iter().take_while(|&&s| self.gpu.contains(s)).count()
+    }
 }
 
 fn w<E: std::fmt::Debug, T>(r: Result<T, E>) -> T {
@@ -240,6 +246,9 @@ pub fn enc_batch(ts: f64, n_events: u32, events: &[u8], dp_rank: bool) -> Vec<u8
     out
 }
 
+/// Batch timestamps: the trace's milliseconds past this Unix time (seconds).
+const BASE_TS: f64 = 1.7e9;
+
 /// Route every request, simulate the caches, and encode all frames.
 pub fn simulate(
     reqs: &Requests,
@@ -247,12 +256,8 @@ pub fn simulate(
     cfg: &SimConfig,
     mut progress: impl FnMut(usize),
 ) -> Frames {
-    let bs = cfg.block_size;
-    let offload = (cfg.cpu_capacity > 0).then(|| Offload::new(reqs, bs));
     // A request must fit in a worker, or the prefix it reuses could be evicted mid-request.
     let capacity = cfg.capacity.max(survey.max_blocks + 1);
-
-    let base_ts = 1.7e9;
     let mut workers: Vec<Worker> = (0..cfg.workers)
         .map(|i| Worker {
             salt: splitmix(cfg.seed ^ (0xC0FFEE + (!cfg.shared_engine_hashes as u64 * i as u64)))
@@ -262,126 +267,36 @@ pub fn simulate(
             frames: Vec::new(),
             events: Vec::new(),
             n_events: 0,
-            ts: base_ts,
+            ts: BASE_TS,
         })
         .collect();
     let mut order = Vec::new();
-    let mut st = SimStats {
-        trace_unique_blocks: survey.unique_blocks as u64,
-        capacity_blocks: capacity as u64,
-        ..Default::default()
+    let mut sim = Sim {
+        cfg,
+        capacity,
+        offload: (cfg.cpu_capacity > 0).then(|| Offload::new(reqs, cfg.block_size)),
+        gpu_victims: Vec::new(),
+        cpu_victims: Vec::new(),
+        hashes: Vec::new(),
+        st: SimStats {
+            trace_unique_blocks: survey.unique_blocks as u64,
+            capacity_blocks: capacity as u64,
+            ..Default::default()
+        },
     };
-    // Recent load per worker (blocks routed over a sliding window), for prefix-affinity.
-    let window = 2 * cfg.workers;
-    let mut recent: VecDeque<(usize, usize)> = VecDeque::new();
-    let mut load = vec![0usize; cfg.workers];
-
-    let mut gpu_victims = Vec::new();
-    let mut cpu_victims = Vec::new();
-    let mut hashes = Vec::new();
+    let mut router = Router::new(cfg);
     reqs.for_each(|r, req| {
         if r % 64 == 0 {
             progress(r);
         }
-        let n = req.seqs.len();
-        let prefix_len = |wk: &Worker| req.seqs.iter().take_while(|&&s| wk.gpu.contains(s)).count();
-        let wi = match cfg.policy {
-            Policy::Random => (splitmix(cfg.seed ^ r as u64) % cfg.workers as u64) as usize,
-            Policy::PrefixAffinity => (0..cfg.workers)
-                .min_by_key(|&i| (n - prefix_len(&workers[i]) + load[i], i))
-                .unwrap_or(0),
-        };
-        recent.push_back((wi, n));
-        load[wi] += n;
-        if recent.len() > window {
-            let (ow, on) = recent.pop_front().unwrap();
-            load[ow] -= on;
-        }
-
+        let wi = router.route(r, &req.seqs, &workers);
         let wk = &mut workers[wi];
-        wk.ts = base_ts + req.timestamp_ms as f64 / 1000.0;
-        let p = prefix_len(wk);
-        st.blocks_hit += p as u64;
-        // Protect the reused prefix from this request's own evictions.
-        for &s in req.seqs[..p].iter().rev() {
-            wk.gpu.touch(s);
-        }
-        gpu_victims.clear();
-        cpu_victims.clear();
-        while wk.gpu.len() + (n - p) > capacity {
-            match wk.gpu.pop_lru() {
-                Some(v) => gpu_victims.push(v),
-                None => break,
-            }
-        }
-        // Stamp in reverse so a parent is always more recent than its children:
-        // eviction then only ever removes leaves, as vLLM's free queue does.
-        for &s in req.seqs.iter().rev() {
-            wk.gpu.touch(s);
-        }
-        // Offload: victims go to the CPU tier first (their parents are still known),
-        // then CPU evictions, then the GPU removal, then the new GPU blocks.
-        if let Some(offload) = &offload {
-            for &v in &gpu_victims {
-                if wk.cpu.contains(v) {
-                    wk.cpu.touch(v);
-                    continue;
-                }
-                while wk.cpu.len() + 1 > cfg.cpu_capacity {
-                    match wk.cpu.pop_lru() {
-                        Some(c) => cpu_victims.push(c),
-                        None => break,
-                    }
-                }
-                wk.cpu.touch(v);
-                let (parent, tokens) = offload.block(v, bs);
-                let mut ev = std::mem::take(&mut wk.events);
-                enc_stored(
-                    &mut ev,
-                    &[wk.eh(v)],
-                    parent.map(|p| wk.eh(p)),
-                    tokens,
-                    bs,
-                    "CPU",
-                );
-                wk.events = ev;
-                wk.n_events += 1;
-                st.cpu_blocks_stored += 1;
-            }
-            if !cpu_victims.is_empty() {
-                hashes.clear();
-                hashes.extend(cpu_victims.iter().map(|&c| wk.eh(c)));
-                enc_removed(&mut wk.events, &hashes, "CPU");
-                wk.n_events += 1;
-                st.cpu_blocks_removed += cpu_victims.len() as u64;
-            }
-        }
-        if !gpu_victims.is_empty() {
-            hashes.clear();
-            hashes.extend(gpu_victims.iter().map(|&v| wk.eh(v)));
-            enc_removed(&mut wk.events, &hashes, "GPU");
-            wk.n_events += 1;
-            st.blocks_removed += gpu_victims.len() as u64;
-        }
-        if p < n {
-            hashes.clear();
-            hashes.extend(req.seqs[p..].iter().map(|&s| wk.eh(s)));
-            let parent = p.checked_sub(1).map(|i| wk.eh(req.seqs[i]));
-            enc_stored(
-                &mut wk.events,
-                &hashes,
-                parent,
-                &req.tokens[p * bs..n * bs],
-                bs,
-                "GPU",
-            );
-            wk.n_events += 1;
-            st.blocks_stored += (n - p) as u64;
-        }
+        sim.serve(wk, req);
         if wk.n_events as usize >= cfg.batch_events {
-            flush(wk, wi, cfg.batch_dp_rank, &mut order, &mut st);
+            flush(wk, wi, cfg.batch_dp_rank, &mut order, &mut sim.st);
         }
     });
+    let mut st = sim.st;
     for (wi, wk) in workers.iter_mut().enumerate() {
         flush(wk, wi, cfg.batch_dp_rank, &mut order, &mut st);
     }
@@ -399,6 +314,155 @@ pub fn simulate(
         per_worker: workers.into_iter().map(|w| w.frames).collect(),
         order,
         stats: st,
+    }
+}
+
+/// Assigns requests to workers by the policy, keeping each worker's recent load
+/// (blocks routed over a sliding window) for prefix affinity.
+struct Router {
+    policy: Policy,
+    seed: u64,
+    window: usize,
+    recent: VecDeque<(usize, usize)>,
+    load: Vec<usize>,
+}
+
+impl Router {
+    fn new(cfg: &SimConfig) -> Self {
+        Router {
+            policy: cfg.policy,
+            seed: cfg.seed,
+            window: 2 * cfg.workers,
+            recent: VecDeque::new(),
+            load: vec![0; cfg.workers],
+        }
+    }
+
+    /// The worker for request `r` (of blocks `seqs`).
+    fn route(&mut self, r: usize, seqs: &[u64], workers: &[Worker]) -> usize {
+        let n = seqs.len();
+        let wi = match self.policy {
+            Policy::Random => (splitmix(self.seed ^ r as u64) % workers.len() as u64) as usize,
+            Policy::PrefixAffinity => (0..workers.len())
+                .min_by_key(|&i| (n - workers[i].prefix_len(seqs) + self.load[i], i))
+                .unwrap_or(0),
+        };
+        self.recent.push_back((wi, n));
+        self.load[wi] += n;
+        if self.recent.len() > self.window {
+            let (ow, on) = self.recent.pop_front().unwrap();
+            self.load[ow] -= on;
+        }
+        wi
+    }
+}
+
+/// The caches' settings, buffers reused from request to request, and the totals.
+struct Sim<'a> {
+    cfg: &'a SimConfig,
+    /// GPU blocks per worker.
+    capacity: usize,
+    offload: Option<Offload>,
+    gpu_victims: Vec<u64>,
+    cpu_victims: Vec<u64>,
+    hashes: Vec<u64>,
+    st: SimStats,
+}
+
+impl Sim<'_> {
+    /// Request `req` on worker `wk`: reuse its cached prefix, evict room for the
+    /// rest, store the rest; the events go into the worker's batch.
+    fn serve(&mut self, wk: &mut Worker, req: &Request) {
+        let (bs, n) = (self.cfg.block_size, req.seqs.len());
+        wk.ts = BASE_TS + req.timestamp_ms as f64 / 1000.0;
+        let p = wk.prefix_len(&req.seqs);
+        self.st.blocks_hit += p as u64;
+        // Protect the reused prefix from this request's own evictions.
+        for &s in req.seqs[..p].iter().rev() {
+            wk.gpu.touch(s);
+        }
+        self.gpu_victims.clear();
+        self.cpu_victims.clear();
+        while wk.gpu.len() + (n - p) > self.capacity {
+            match wk.gpu.pop_lru() {
+                Some(v) => self.gpu_victims.push(v),
+                None => break,
+            }
+        }
+        // Stamp in reverse so a parent is always more recent than its children:
+        // eviction then only ever removes leaves, as vLLM's free queue does.
+        for &s in req.seqs.iter().rev() {
+            wk.gpu.touch(s);
+        }
+        // Offload: victims go to the CPU tier first (their parents are still known),
+        // then CPU evictions, then the GPU removal, then the new GPU blocks.
+        self.offload_victims(wk);
+        if !self.gpu_victims.is_empty() {
+            self.hashes.clear();
+            self.hashes
+                .extend(self.gpu_victims.iter().map(|&v| wk.eh(v)));
+            enc_removed(&mut wk.events, &self.hashes, "GPU");
+            wk.n_events += 1;
+            self.st.blocks_removed += self.gpu_victims.len() as u64;
+        }
+        if p < n {
+            self.hashes.clear();
+            self.hashes.extend(req.seqs[p..].iter().map(|&s| wk.eh(s)));
+            let parent = p.checked_sub(1).map(|i| wk.eh(req.seqs[i]));
+            enc_stored(
+                &mut wk.events,
+                &self.hashes,
+                parent,
+                &req.tokens[p * bs..n * bs],
+                bs,
+                "GPU",
+            );
+            wk.n_events += 1;
+            self.st.blocks_stored += (n - p) as u64;
+        }
+    }
+
+    /// With a CPU tier: store this request's GPU victims there, evicting its own
+    /// least recent blocks for room.
+    fn offload_victims(&mut self, wk: &mut Worker) {
+        let Some(offload) = &self.offload else {
+            return;
+        };
+        let bs = self.cfg.block_size;
+        for &v in &self.gpu_victims {
+            if wk.cpu.contains(v) {
+                wk.cpu.touch(v);
+                continue;
+            }
+            while wk.cpu.len() + 1 > self.cfg.cpu_capacity {
+                match wk.cpu.pop_lru() {
+                    Some(c) => self.cpu_victims.push(c),
+                    None => break,
+                }
+            }
+            wk.cpu.touch(v);
+            let (parent, tokens) = offload.block(v, bs);
+            let mut ev = std::mem::take(&mut wk.events);
+            enc_stored(
+                &mut ev,
+                &[wk.eh(v)],
+                parent.map(|p| wk.eh(p)),
+                tokens,
+                bs,
+                "CPU",
+            );
+            wk.events = ev;
+            wk.n_events += 1;
+            self.st.cpu_blocks_stored += 1;
+        }
+        if !self.cpu_victims.is_empty() {
+            self.hashes.clear();
+            self.hashes
+                .extend(self.cpu_victims.iter().map(|&c| wk.eh(c)));
+            enc_removed(&mut wk.events, &self.hashes, "CPU");
+            wk.n_events += 1;
+            self.st.cpu_blocks_removed += self.cpu_victims.len() as u64;
+        }
     }
 }
 
