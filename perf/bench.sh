@@ -16,17 +16,9 @@ cd "$(dirname "$0")/.."
 REQUESTS=6000 DURATION=10 QUICK=0 REPEAT=3
 OUT="perf/out/bench-$(date +%Y%m%d-%H%M%S)"
 RATES="1000,2000,5000,10000,20000,30000,40000"
-while [ $# -gt 0 ]; do
-    case "$1" in
-        --out) OUT="$2"; shift 2 ;;
-        --requests) REQUESTS="$2"; shift 2 ;;
-        --duration) DURATION="$2"; shift 2 ;;
-        --repeat) REPEAT="$2"; shift 2 ;;
-        --quick) QUICK=1; REQUESTS=300; DURATION=1; RATES="1000,4000"; REPEAT=1; shift ;;
-        *) echo "unknown argument $1" >&2; exit 2 ;;
-    esac
-done
+quick() { QUICK=1; REQUESTS=300; DURATION=1; RATES="1000,4000"; REPEAT=1; }
 . perf/lib.sh
+parse_options "OUT REQUESTS DURATION REPEAT QUICK" "$@"
 pick_trace
 mkdir -p "$OUT"
 exec 3>&2 2>"$OUT/bench.log"

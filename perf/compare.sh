@@ -51,23 +51,9 @@ cd "$(dirname "$0")/.."
 REPEAT=3 QUICK=0 BUILD=1 REQUESTS=6000 DURATION=10 RATE=6000 BEFORE_BIN=""
 WORKLOADS="trace shared-prefix" SYSTEMS="kvix dynamo hello" THREADS="1 2"
 OUT="perf/out/compare-$(date +%Y%m%d-%H%M%S)"
-while [ $# -gt 0 ]; do
-    case "$1" in
-        --repeat) REPEAT="$2"; shift 2 ;;
-        --quick) QUICK=1; REPEAT=1; REQUESTS=1000; DURATION=2; shift ;;
-        --out) OUT="$2"; shift 2 ;;
-        --no-build) BUILD=0; shift ;;
-        --requests) REQUESTS="$2"; shift 2 ;;
-        --duration) DURATION="$2"; shift 2 ;;
-        --rate) RATE="$2"; shift 2 ;;
-        --workloads) WORKLOADS="$2"; shift 2 ;;
-        --systems) SYSTEMS="$2"; shift 2 ;;
-        --threads) THREADS="$2"; shift 2 ;;
-        --before) BEFORE_BIN="$2"; shift 2 ;;
-        *) echo "unknown argument $1" >&2; exit 2 ;;
-    esac
-done
+quick() { QUICK=1; REPEAT=1; REQUESTS=1000; DURATION=2; }
 . perf/lib.sh
+parse_options "REPEAT QUICK OUT NO_BUILD REQUESTS DURATION RATE WORKLOADS SYSTEMS THREADS BEFORE=BEFORE_BIN" "$@"
 pick_trace
 mkdir -p "$OUT"
 exec 3>&2 2>"$OUT/compare.log"

@@ -23,11 +23,7 @@ if [ "${1:-}" = --bin ]; then
 fi
 WORKLOAD=${1:-trace}
 shift || true
-PORT=$(free_port)
-"$SERVER_BIN/kvix" --host 127.0.0.1 --port "$PORT" "$@" 2>/dev/null &
-PID=$!
-trap 'kill $PID 2>/dev/null; wait 2>/dev/null || true' EXIT
-wait_health "$PORT"
+start_server "$SERVER_BIN/kvix" "$@"
 read -r -a wl <<<"$(workload_args "$WORKLOAD")"
 read -r -a ev <<<"$(worker_args "$WORKLOAD")"
 OUT=$(mktemp -d)

@@ -19,11 +19,7 @@ WORKLOAD=${WORKLOAD:-trace}
 build_release
 SERVER_BIN=$BIN
 [ "$SERVER" = tokio-hello ] && SERVER_BIN=scripts/dynamo_peer/target/release
-PORT=$(free_port)
-"$SERVER_BIN/$SERVER" --host 127.0.0.1 --port "$PORT" "$@" 2>/dev/null &
-PID=$!
-trap 'kill $PID 2>/dev/null; wait 2>/dev/null || true' EXIT
-wait_health "$PORT"
+start_server "$SERVER_BIN/$SERVER" "$@"
 read -r -a wl <<<"$(workload_args "$WORKLOAD")"
 COMMON=(--url "http://127.0.0.1:$PORT" "${wl[@]}" --quiet)
 if [ "$SERVER" = kvix ]; then

@@ -24,19 +24,8 @@ cd "$(dirname "$0")/.."
 
 SERVERS="" BUILD=1 DURATION=5 CONNECTIONS="16 32" SPREAD=3 TAIL=20
 OUT="perf/out/fairness-$(date +%Y%m%d-%H%M%S)"
-while [ $# -gt 0 ]; do
-    case "$1" in
-        --no-build) BUILD=0; shift ;;
-        --duration) DURATION="$2"; shift 2 ;;
-        --connections) CONNECTIONS="$2"; shift 2 ;;
-        --spread) SPREAD="$2"; shift 2 ;;
-        --tail) TAIL="$2"; shift 2 ;;
-        --out) OUT="$2"; shift 2 ;;
-        --servers) SERVERS="$2"; shift 2 ;;
-        *) echo "unknown argument $1" >&2; exit 2 ;;
-    esac
-done
 . perf/lib.sh
+parse_options "NO_BUILD DURATION CONNECTIONS SPREAD TAIL OUT SERVERS" "$@"
 pick_trace
 mkdir -p "$OUT"
 BIN=target/release

@@ -13,17 +13,8 @@ cd "$(dirname "$0")/.."
 
 BUILD=1 THREADS="1 2" RATES="2000,4000,6000,8000,10000,12000,16000" DURATION=3
 OUT="perf/out/latency-$(date +%Y%m%d-%H%M%S)"
-while [ $# -gt 0 ]; do
-    case "$1" in
-        --no-build) BUILD=0; shift ;;
-        --threads) THREADS="$2"; shift 2 ;;
-        --rates) RATES="$2"; shift 2 ;;
-        --duration) DURATION="$2"; shift 2 ;;
-        --out) OUT="$2"; shift 2 ;;
-        *) echo "unknown argument $1" >&2; exit 2 ;;
-    esac
-done
 . perf/lib.sh
+parse_options "NO_BUILD THREADS RATES DURATION OUT" "$@"
 pick_trace
 mkdir -p "$OUT"
 BIN=target/release PEER_BIN=scripts/dynamo_peer/target/release

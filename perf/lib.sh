@@ -1,5 +1,36 @@
-# Shared by perf/run.sh and perf/bench.sh (sourced, not run): the trace fallback,
+# Shared by the perf/ scripts (sourced, not run): their options, the trace fallback,
 # the release build, the machine description and small server helpers.
+
+# parse_options "NAME..." "$@": each `--some-name VALUE` whose SOME_NAME is one of
+# the NAMEs sets that variable (NAME=VAR: sets VAR instead). `--no-build` (NAME
+# NO_BUILD) sets BUILD=0, and `--quick` (NAME QUICK) calls the script's own quick().
+# Anything else exits 2.
+parse_options() {
+    local names=$1 name entry var
+    shift
+    while [ $# -gt 0 ]; do
+        name=${1#--}
+        name=${name//-/_}
+        name=${name^^}
+        var=""
+        for entry in $names; do
+            [ "${entry%%=*}" = "$name" ] && var=${entry#*=}
+        done
+        if [[ $1 != --* || -z $var ]]; then
+            echo "unknown argument $1" >&2
+            exit 2
+        fi
+        case "$name" in
+            NO_BUILD) BUILD=0; shift ;;
+            QUICK) quick; shift ;;
+            *)
+                [ $# -ge 2 ] || { echo "$1 needs a value" >&2; exit 2; }
+                printf -v "$var" '%s' "$2"
+                shift 2
+                ;;
+        esac
+    done
+}
 
 # $TRACE, by default the shared Mooncake trace; when that file is absent, the
 # 500-request head kept in tests/data.
@@ -38,6 +69,16 @@ start_indexer() {
     esac
     PID=$!
     wait_health "$PORT" || { echo "$1 did not answer /health" >&2; exit 1; }
+}
+
+# start_server EXE ARGS...: EXE on a free loopback port with ARGS (its log dropped),
+# answering /health and killed when the script exits; sets PID and PORT.
+start_server() {
+    PORT=$(free_port)
+    "$1" --host 127.0.0.1 --port "$PORT" "${@:2}" 2>/dev/null &
+    PID=$!
+    trap 'kill $PID 2>/dev/null; wait 2>/dev/null || true' EXIT
+    wait_health "$PORT"
 }
 
 wait_health() {

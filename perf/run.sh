@@ -16,18 +16,9 @@ cd "$(dirname "$0")/.."
 
 THREADS=2 WORKERS=16 REQUESTS=6000 DURATION=10 QUICK=0
 OUT="perf/out/$(date +%Y%m%d-%H%M%S)"
-while [ $# -gt 0 ]; do
-    case "$1" in
-        --threads) THREADS="$2"; shift 2 ;;
-        --workers) WORKERS="$2"; shift 2 ;;
-        --requests) REQUESTS="$2"; shift 2 ;;
-        --duration) DURATION="$2"; shift 2 ;;
-        --out) OUT="$2"; shift 2 ;;
-        --quick) QUICK=1; REQUESTS=500; DURATION=2; shift ;;
-        *) echo "unknown argument $1" >&2; exit 2 ;;
-    esac
-done
+quick() { QUICK=1; REQUESTS=500; DURATION=2; }
 . perf/lib.sh
+parse_options "THREADS WORKERS REQUESTS DURATION OUT QUICK" "$@"
 pick_trace
 mkdir -p "$OUT"
 exec 3>&2 2>"$OUT/run.log"

@@ -20,17 +20,8 @@ cd "$(dirname "$0")/.."
 
 SIZES="1 10 50" THREADS="1 2" REPEAT=1 BUILD=1 DURATION=10
 OUT="perf/out/scale-$(date +%Y%m%d-%H%M%S)"
-while [ $# -gt 0 ]; do
-    case "$1" in
-        --sizes) SIZES="$2"; shift 2 ;;
-        --threads) THREADS="$2"; shift 2 ;;
-        --repeat) REPEAT="$2"; shift 2 ;;
-        --out) OUT="$2"; shift 2 ;;
-        --no-build) BUILD=0; shift ;;
-        --duration) DURATION="$2"; shift 2 ;;
-        *) echo "unknown argument $1" >&2; exit 2 ;;
-    esac
-done
+. perf/lib.sh
+parse_options "SIZES THREADS REPEAT OUT NO_BUILD DURATION" "$@"
 mkdir -p "$OUT"
 build=()
 [ "$BUILD" = 1 ] || build=(--no-build)

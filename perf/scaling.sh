@@ -25,21 +25,8 @@ cd "$(dirname "$0")/.."
 BUILD=1 THREADS="1 2 4 8 16" WORKLOAD=trace DURATION=8 RATE=6000 REQUESTS=6000
 BIN=target/release PEER_BIN=scripts/dynamo_peer/target/release
 OUT="perf/out/scaling-$(date +%Y%m%d-%H%M%S)"
-while [ $# -gt 0 ]; do
-    case "$1" in
-        --no-build) BUILD=0; shift ;;
-        --threads) THREADS="$2"; shift 2 ;;
-        --workload) WORKLOAD="$2"; shift 2 ;;
-        --duration) DURATION="$2"; shift 2 ;;
-        --rate) RATE="$2"; shift 2 ;;
-        --requests) REQUESTS="$2"; shift 2 ;;
-        --out) OUT="$2"; shift 2 ;;
-        --bin) BIN="$2"; shift 2 ;;
-        --peer-bin) PEER_BIN="$2"; shift 2 ;;
-        *) echo "unknown argument $1" >&2; exit 2 ;;
-    esac
-done
 . perf/lib.sh
+parse_options "NO_BUILD THREADS WORKLOAD DURATION RATE REQUESTS OUT BIN PEER_BIN" "$@"
 pick_trace
 mkdir -p "$OUT"
 if [ "$BUILD" = 1 ]; then

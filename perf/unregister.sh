@@ -22,11 +22,7 @@ while [ $# -gt 0 ]; do
 done
 # NO_BUILD=1: use the binaries in $BIN (default target/release) as they are.
 if [ "${NO_BUILD:-0}" = 1 ]; then BIN=${BIN:-target/release}; else build_release; fi
-PORT=$(free_port)
-"$BIN/kvix" --host 127.0.0.1 --port "$PORT" --threads "$THREADS" 2>/dev/null &
-PID=$!
-trap 'kill $PID 2>/dev/null; wait 2>/dev/null || true' EXIT
-wait_health "$PORT"
+start_server "$BIN/kvix" --threads "$THREADS"
 read -r -a WL <<<"$(workload_args "$WORKLOAD")"
 read -r -a EV <<<"$(worker_args "$WORKLOAD")"
 "$BIN/kvix-load" events --url "http://127.0.0.1:$PORT" --quiet "${WL[@]}" "${EV[@]}" \
