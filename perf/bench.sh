@@ -20,9 +20,7 @@ quick() { QUICK=1; REQUESTS=300; DURATION=1; RATES="1000,4000"; REPEAT=1; }
 . perf/lib.sh
 parse_options "OUT REQUESTS DURATION REPEAT QUICK" "$@"
 pick_trace
-mkdir -p "$OUT"
-exec 3>&2 2>"$OUT/bench.log"
-say() { echo "perf/bench.sh: $*" >&3; echo "== $*" >&2; }
+log_to bench
 
 build_release
 describe_machine "$OUT/machine.txt" "requests: $REQUESTS duration: $DURATION trace: $TRACE"

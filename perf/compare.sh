@@ -55,9 +55,7 @@ quick() { QUICK=1; REPEAT=1; REQUESTS=1000; DURATION=2; }
 . perf/lib.sh
 parse_options "REPEAT QUICK OUT NO_BUILD REQUESTS DURATION RATE WORKLOADS SYSTEMS THREADS BEFORE=BEFORE_BIN" "$@"
 pick_trace
-mkdir -p "$OUT"
-exec 3>&2 2>"$OUT/compare.log"
-say() { echo "perf/compare.sh: $*" >&3; echo "== $*" >&2; }
+log_to compare
 
 PEER_DIR=scripts/dynamo_peer
 PEER_BIN=$PEER_DIR/target/release

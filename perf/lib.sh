@@ -32,6 +32,14 @@ parse_options() {
     done
 }
 
+# log_to NAME: from here on stderr goes to $OUT/NAME.log ($OUT made), the terminal
+# stays on fd 3 for say, which writes to both.
+log_to() {
+    mkdir -p "$OUT"
+    exec 3>&2 2>"$OUT/$1.log"
+}
+say() { echo "perf/$(basename "$0"): $*" >&3; echo "== $*" >&2; }
+
 # $TRACE, by default the shared Mooncake trace; when that file is absent, the
 # 500-request head kept in tests/data.
 pick_trace() {

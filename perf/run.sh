@@ -20,9 +20,7 @@ quick() { QUICK=1; REQUESTS=500; DURATION=2; }
 . perf/lib.sh
 parse_options "THREADS WORKERS REQUESTS DURATION OUT QUICK" "$@"
 pick_trace
-mkdir -p "$OUT"
-exec 3>&2 2>"$OUT/run.log"
-say() { echo "perf/run.sh: $*" >&3; echo "$*" >&2; }
+log_to run
 
 build_release
 describe_machine "$OUT/machine.txt" "threads: $THREADS workers: $WORKERS requests: $REQUESTS duration: $DURATION trace: $TRACE"
