@@ -448,56 +448,22 @@ fn strftime_now(format: String) -> Result<String, minijinja::Error> {
     Ok(String::new())
 }
 
+/// The tests' tokenizer, shared with the black-box tests.
+#[cfg(test)]
+#[path = "../tests/common/tokenizer.rs"]
+mod test_tokenizer;
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
 
-    /// A word-level tokenizer whose ids are known by construction: `[UNK]` 0, `<s>` 1,
-    /// `</s>` 2, `<|user|>` 3, `<|assistant|>` 4, `<|system|>` 5, and word `tN` is id
-    /// N for N in 10..1000. A plain encode adds `<s>` in front.
+    /// The tests' word-level tokenizer (`[UNK]` 0, `<s>` 1, `</s>` 2, `<|user|>` 3,
+    /// `<|assistant|>` 4, `<|system|>` 5, word `tN` id N for N in 10..1000), its file
+    /// truncating to 4 tokens.
     pub fn tokenizer_json() -> String {
-        let mut vocab = serde_json::Map::new();
-        for (i, t) in [
-            "[UNK]",
-            "<s>",
-            "</s>",
-            "<|user|>",
-            "<|assistant|>",
-            "<|system|>",
-        ]
-        .iter()
-        .enumerate()
-        {
-            vocab.insert((*t).into(), i.into());
-        }
-        for n in 10..1000 {
-            vocab.insert(format!("t{n}"), n.into());
-        }
-        let added: Vec<serde_json::Value> = (1..6)
-            .map(|id| {
-                let content = ["", "<s>", "</s>", "<|user|>", "<|assistant|>", "<|system|>"][id];
-                serde_json::json!({"id": id, "content": content, "single_word": false,
-                    "lstrip": false, "rstrip": false, "normalized": false, "special": true})
-            })
-            .collect();
-        serde_json::json!({
-            "version": "1.0",
-            "truncation": {"direction": "Right", "max_length": 4, "strategy": "LongestFirst", "stride": 0},
-            "padding": null,
-            "added_tokens": added,
-            "normalizer": null,
-            "pre_tokenizer": {"type": "Whitespace"},
-            "post_processor": {
-                "type": "TemplateProcessing",
-                "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
-                "pair": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
-                         {"Sequence": {"id": "B", "type_id": 1}}],
-                "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}
-            },
-            "decoder": null,
-            "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}
-        })
-        .to_string()
+        test_tokenizer::tokenizer_json(serde_json::json!(
+            {"direction": "Right", "max_length": 4, "strategy": "LongestFirst", "stride": 0}
+        ))
     }
 
     /// A chat template in HF style: BOS from the config, `raise_exception`, Python's

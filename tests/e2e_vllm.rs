@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Publisher, Row, Server, dump_rows, fixture, register, register_with};
+use common::{Publisher, Row, Server, dump_rows, fixture, register, register_with, worker_flags};
 use kvix::hash::{block_seed, local_hash};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
@@ -231,16 +231,7 @@ fn workers_flag_registers_at_startup() {
     let mut a = Publisher::bind(&ctx);
     let mut b = Publisher::bind(&ctx);
     let workers = format!("1={},2:1={}", a.endpoint, b.endpoint);
-    let s = Server::start(&[
-        "--threads",
-        "2",
-        "--block-size",
-        "4",
-        "--model-name",
-        MODEL,
-        "--workers",
-        &workers,
-    ]);
+    let s = Server::start(&worker_flags(MODEL, &workers, &[]));
     a.wait_subscriber();
     b.wait_subscriber();
     a.send(&fixture("w1_s0_store"));

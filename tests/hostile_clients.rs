@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{Publisher, Server, stored};
+use common::{Publisher, Server, register, stored};
 use serde_json::json;
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
@@ -155,11 +155,7 @@ fn half_closed_clients_still_get_their_answer() {
     let s = Server::start(&["--threads", "2"]);
     let ctx = zmq::Context::new();
     let mut p = Publisher::bind(&ctx);
-    s.post_ok(
-        "/register",
-        &json!({"instance_id": 1, "endpoint": p.endpoint, "model_name": "m", "block_size": 4}),
-    );
-    p.wait_subscriber();
+    register(&s, "m", 1, &p);
     let tokens: Vec<u32> = (1..=64).collect();
     p.send(&stored(&(1..=16).collect::<Vec<u64>>(), None, &tokens, 4));
     let q = json!({"token_ids": tokens, "model_name": "m"}).to_string();

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Publisher, Server, stored};
+use common::{Publisher, Server, register, stored};
 use serde_json::{Value, json};
 use std::time::Duration;
 
@@ -111,11 +111,7 @@ fn events_of_another_block_size_are_skipped_and_counted() {
     ready(&s);
     let ctx = zmq::Context::new();
     let mut p = Publisher::bind(&ctx);
-    s.post_ok(
-        "/register",
-        &json!({"instance_id": 1, "endpoint": p.endpoint, "model_name": "m", "block_size": 4}),
-    );
-    p.wait_subscriber();
+    register(&s, "m", 1, &p);
     // Standardized hashes without tokens, declared with 16-token blocks.
     p.send(&rfc_stored(&[111, 222], &[], 16));
     // Tokens that fill whole 8-token blocks (and a multiple of the registered 4).
@@ -145,11 +141,7 @@ fn an_oversized_zmq_frame_drops_the_connection_not_the_service() {
     ready(&s);
     let ctx = zmq::Context::new();
     let mut p = Publisher::bind(&ctx);
-    s.post_ok(
-        "/register",
-        &json!({"instance_id": 1, "endpoint": p.endpoint, "model_name": "m", "block_size": 4}),
-    );
-    p.wait_subscriber();
+    register(&s, "m", 1, &p);
     let query = |tokens: Vec<u32>| json!({"model_name": "m", "token_ids": tokens});
     let hit = |n: u64| json!({"1": {"0": n}});
     p.send(&stored(&[1], None, &[1, 2, 3, 4], 4)); // seq 0
@@ -281,6 +273,18 @@ fn register_peer_takes_only_http_urls_of_other_instances() {
     assert_eq!(s.get_json("/peers"), json!([other]));
 }
 
+/// `field` of every object in the array `list`, sorted by their JSON text.
+fn sorted_field(list: &Value, field: &str) -> Vec<Value> {
+    let mut values: Vec<Value> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o[field].clone())
+        .collect();
+    values.sort_by_key(|v| v.to_string());
+    values
+}
+
 #[test]
 fn instance_ids_of_the_whole_u64_range_round_trip() {
     let s = Server::start(&["--threads", "2"]);
@@ -289,11 +293,7 @@ fn instance_ids_of_the_whole_u64_range_round_trip() {
     let (max, high) = (u64::MAX, 1u64 << 63);
     let mut pubs: Vec<Publisher> = (0..3).map(|_| Publisher::bind(&ctx)).collect();
     for (id, p) in [max, high].iter().zip(&pubs) {
-        s.post_ok(
-            "/register",
-            &json!({"instance_id": id, "endpoint": p.endpoint, "model_name": "m", "block_size": 4}),
-        );
-        p.wait_subscriber();
+        register(&s, "m", *id, p);
     }
     // A Mooncake instance named by a string, registered first by a name at that.
     s.post_ok(
@@ -302,19 +302,10 @@ fn instance_ids_of_the_whole_u64_range_round_trip() {
                 "instance_id": "vllm-1", "block_size": 4, "dp_rank": 0}),
     );
     pubs[2].wait_subscriber();
+    let want = vec![json!("vllm-1"), json!(max), json!(high)];
     let workers = s.get_json("/workers");
-    let mut ids: Vec<Value> = workers
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|w| w["instance_id"].clone())
-        .collect();
-    ids.sort_by_key(|v| v.to_string());
-    assert_eq!(
-        ids,
-        vec![json!("vllm-1"), json!(max), json!(high)],
-        "{workers}"
-    );
+    let ids = sorted_field(&workers, "instance_id");
+    assert_eq!(ids, want, "{workers}");
 
     for p in &mut pubs {
         p.send(&stored(&[1], None, &[1, 2, 3, 4], 4));
@@ -336,18 +327,8 @@ fn instance_ids_of_the_whole_u64_range_round_trip() {
     );
     // /dump prints the same ids: integers as numbers, the name as a string.
     let dump = s.get_json("/dump");
-    let mut workers_in_dump: Vec<Value> = dump["m:default"]["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["worker_id"].clone())
-        .collect();
-    workers_in_dump.sort_by_key(|v| v.to_string());
-    assert_eq!(
-        workers_in_dump,
-        vec![json!("vllm-1"), json!(max), json!(high)],
-        "{dump}"
-    );
+    let in_dump = sorted_field(&dump["m:default"]["events"], "worker_id");
+    assert_eq!(in_dump, want, "{dump}");
     // Every printed id is accepted back: narrowing a query, in either API.
     for id in &ids {
         let (st, v) = s.post_json(

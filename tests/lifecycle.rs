@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{Publisher, Server, cleared_on, fixture, register, stored_on};
+use common::{Publisher, Server, cleared_on, fixture, register, stored_on, worker_flags};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -266,16 +266,7 @@ fn a_replica_answers_503_until_it_has_recovered() {
     let ctx = zmq::Context::new();
     let mut engine = Publisher::bind(&ctx);
     let workers = format!("1={}", engine.endpoint);
-    let a = Server::start(&[
-        "--threads",
-        "2",
-        "--block-size",
-        "4",
-        "--model-name",
-        MODEL,
-        "--workers",
-        &workers,
-    ]);
+    let a = Server::start(&worker_flags(MODEL, &workers, &[]));
     engine.wait_subscriber();
     let (batch, prompt) = chain_batch(1, 100, 8);
     engine.send(&batch);
@@ -283,20 +274,11 @@ fn a_replica_answers_503_until_it_has_recovered() {
     wait_scored(&a, "A indexed the chain", &q, "1", 32);
     let want = a.post_json("/query", &q).1;
 
-    let b = Server::start_recovering(&[
-        "--threads",
-        "2",
-        "--block-size",
-        "4",
-        "--model-name",
+    let b = Server::start_recovering(&worker_flags(
         MODEL,
-        "--workers",
         &workers,
-        "--peers",
-        &a.base,
-        "--peer-wait-ms",
-        "1500",
-    ]);
+        &["--peers", &a.base, "--peer-wait-ms", "1500"],
+    ));
     // Recovering: liveness yes, readiness no, data routes 503 with the phase.
     let (st, _) = b.call("GET", "/health", None);
     assert_eq!(st, 200);

@@ -4,7 +4,9 @@
 
 mod common;
 
-use common::{Engine, Server, Workload, dump_set, same_answers, stored, wait_same_dump};
+use common::{
+    Engine, Server, Workload, dump_set, same_answers, stored, wait_same_dump, worker_flags,
+};
 use serde_json::json;
 use std::io::{Read, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,27 +20,7 @@ fn replica_bootstraps_from_a_loaded_peer_while_it_keeps_ingesting() {
     let ctx = zmq::Context::new();
     let engines: Vec<Engine> = (0..2).map(|_| Engine::start(&ctx)).collect();
     let workers = format!("1={},2={}", engines[0].endpoint(), engines[1].endpoint());
-    let args = |peers: Option<&str>| {
-        let mut v: Vec<String> = [
-            "--threads",
-            "2",
-            "--block-size",
-            "4",
-            "--model-name",
-            MODEL,
-            "--workers",
-            &workers,
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        if let Some(p) = peers {
-            v.extend(["--peers".to_string(), p.to_string()]);
-        }
-        v
-    };
-    let a_args = args(None);
-    let a = Server::start(&a_args.iter().map(String::as_str).collect::<Vec<_>>());
+    let a = Server::start(&worker_flags(MODEL, &workers, &[]));
     for e in &engines {
         e.publisher.wait_subscriber();
     }
@@ -63,8 +45,7 @@ fn replica_bootstraps_from_a_loaded_peer_while_it_keeps_ingesting() {
         })
     };
     std::thread::sleep(Duration::from_millis(500));
-    let b_args = args(Some(&a.base));
-    let b = Server::start(&b_args.iter().map(String::as_str).collect::<Vec<_>>());
+    let b = Server::start(&worker_flags(MODEL, &workers, &["--peers", &a.base]));
     // B waits ~1 s after connecting, then fetches A's dump; keep loading past that.
     b.wait_log("recovered from peer");
     b.wait_log("recovery done");
@@ -89,20 +70,11 @@ fn unreachable_peers_mean_an_empty_start_said_in_the_log() {
     let mut e = Engine::start(&ctx);
     let dead = format!("http://127.0.0.1:{}", common::free_port());
     let workers = format!("1={}", e.endpoint());
-    let s = Server::start(&[
-        "--threads",
-        "2",
-        "--block-size",
-        "4",
-        "--model-name",
+    let s = Server::start(&worker_flags(
         MODEL,
-        "--workers",
         &workers,
-        "--peers",
-        &dead,
-        "--peer-wait-ms",
-        "100",
-    ]);
+        &["--peers", &dead, "--peer-wait-ms", "100"],
+    ));
     e.publisher.wait_subscriber();
     s.wait_log("no peer reachable");
     s.wait_log("recovery done");
@@ -165,20 +137,11 @@ fn bootstraps_from_a_dynamo_indexer_dump() {
     let ctx = zmq::Context::new();
     let mut e = Engine::start(&ctx);
     let workers = format!("1={}", e.endpoint());
-    let s = Server::start(&[
-        "--threads",
-        "2",
-        "--block-size",
-        "4",
-        "--model-name",
+    let s = Server::start(&worker_flags(
         MODEL,
-        "--workers",
         &workers,
-        "--peers",
-        &peer,
-        "--peer-wait-ms",
-        "100",
-    ]);
+        &["--peers", &peer, "--peer-wait-ms", "100"],
+    ));
     e.publisher.wait_subscriber();
     s.wait_log("recovered from peer");
     s.wait_log("recovery done");

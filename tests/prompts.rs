@@ -11,55 +11,14 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// Special tokens of the test vocabulary, by id.
-const SPECIAL: [&str; 6] = [
-    "[UNK]",
-    "<s>",
-    "</s>",
-    "<|user|>",
-    "<|assistant|>",
-    "<|system|>",
-];
 const BOS: u32 = 1;
 const EOS: u32 = 2;
 const USER: u32 = 3;
 const ASSISTANT: u32 = 4;
 
-/// A word-level tokenizer.json whose ids are known by construction: the special
-/// tokens above, then word `tN` is id N (10 ≤ N < 1000); a plain encode puts `<s>`
-/// in front (its post-processor).
+/// The tests' tokenizer (common/tokenizer.rs), without truncation.
 fn tokenizer_json() -> String {
-    let mut vocab = serde_json::Map::new();
-    for (i, t) in SPECIAL.iter().enumerate() {
-        vocab.insert((*t).into(), i.into());
-    }
-    for n in 10..1000 {
-        vocab.insert(format!("t{n}"), n.into());
-    }
-    let added: Vec<Value> = (1..SPECIAL.len())
-        .map(|id| {
-            json!({"id": id, "content": SPECIAL[id], "single_word": false, "lstrip": false,
-                   "rstrip": false, "normalized": false, "special": true})
-        })
-        .collect();
-    json!({
-        "version": "1.0",
-        "truncation": null,
-        "padding": null,
-        "added_tokens": added,
-        "normalizer": null,
-        "pre_tokenizer": {"type": "Whitespace"},
-        "post_processor": {
-            "type": "TemplateProcessing",
-            "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
-            "pair": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
-                     {"Sequence": {"id": "B", "type_id": 1}}],
-            "special_tokens": {"<s>": {"id": "<s>", "ids": [BOS], "tokens": ["<s>"]}}
-        },
-        "decoder": null,
-        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}
-    })
-    .to_string()
+    common::tokenizer::tokenizer_json(Value::Null)
 }
 
 /// A Hugging Face style chat template: BOS from the config, Python's `.strip()`,

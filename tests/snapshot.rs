@@ -25,6 +25,19 @@ fn snap_path(name: &str) -> PathBuf {
     p
 }
 
+/// kvix on two threads with its snapshot at `path`, written every `interval`
+/// seconds (0: only on SIGTERM).
+fn snapshotting(path: &str, interval: &str) -> Server {
+    Server::start(&[
+        "--threads",
+        "2",
+        "--snapshot-path",
+        path,
+        "--snapshot-interval",
+        interval,
+    ])
+}
+
 fn snapshots(s: &Server) -> f64 {
     s.metric("kvix_snapshots_written_total", &[])
 }
@@ -36,14 +49,7 @@ fn kill_9_then_restart_from_snapshot_plus_replay() {
     let p = path.to_str().unwrap();
     let mut e = Engine::start(&ctx);
     let reference = Server::start(&["--threads", "2"]);
-    let s = Server::start(&[
-        "--threads",
-        "2",
-        "--snapshot-path",
-        p,
-        "--snapshot-interval",
-        "0.2",
-    ]);
+    let s = snapshotting(p, "0.2");
     register_with(&reference, MODEL, 1, &e.publisher, replay(&e));
     register_with(&s, MODEL, 1, &e.publisher, replay(&e));
     let mut w = Workload::new(11, 0);
@@ -73,22 +79,9 @@ fn kill_9_then_restart_from_snapshot_plus_replay() {
         e.publish(&w.next());
     }
     let t0 = std::time::Instant::now();
-    let s2 = Server::start(&[
-        "--threads",
-        "2",
-        "--snapshot-path",
-        p,
-        "--snapshot-interval",
-        "0",
-    ]);
-    s2.eventually("snapshot loaded and caught up", || {
-        let log = s2.log();
-        if log.contains("loaded snapshot") && log.contains("recovery done") {
-            Ok(())
-        } else {
-            Err("not yet".into())
-        }
-    });
+    let s2 = snapshotting(p, "0");
+    s2.wait_log("loaded snapshot");
+    s2.wait_log("recovery done");
     eprintln!("restart to recovered: {:?}", t0.elapsed());
     // The workers came back from the snapshot (no /register), and caught up via replay.
     assert_eq!(s2.get_json("/workers")[0]["instance_id"], json!(1));
@@ -108,14 +101,7 @@ fn kill_9_then_restart_from_snapshot_plus_replay() {
     assert_eq!(code, Some(0), "{log}");
     assert!(log.contains("snapshot written"), "{log}");
     assert!(std::fs::metadata(&path).unwrap().modified().unwrap() > before);
-    let s3 = Server::start(&[
-        "--threads",
-        "2",
-        "--snapshot-path",
-        p,
-        "--snapshot-interval",
-        "0",
-    ]);
+    let s3 = snapshotting(p, "0");
     wait_same_dump(&s3, &reference, MODEL);
 }
 
@@ -125,14 +111,7 @@ fn corrupt_or_truncated_snapshots_are_rejected_whole() {
     let path = snap_path("corrupt.snap");
     let p = path.to_str().unwrap();
     let mut e = Engine::start(&ctx);
-    let s = Server::start(&[
-        "--threads",
-        "2",
-        "--snapshot-path",
-        p,
-        "--snapshot-interval",
-        "0",
-    ]);
+    let s = snapshotting(p, "0");
     register_with(&s, MODEL, 1, &e.publisher, replay(&e));
     let mut w = Workload::new(5, 0);
     for _ in 0..50 {
@@ -161,22 +140,9 @@ fn corrupt_or_truncated_snapshots_are_rejected_whole() {
         ("not a kvix snapshot", b"garbage".to_vec()),
     ] {
         std::fs::write(&path, &bad).unwrap();
-        let s = Server::start(&[
-            "--threads",
-            "2",
-            "--snapshot-path",
-            p,
-            "--snapshot-interval",
-            "0",
-        ]);
-        s.eventually("rejection logged", || {
-            let log = s.log();
-            if log.contains("snapshot rejected") && log.contains("recovery done") {
-                Ok(())
-            } else {
-                Err("not yet".into())
-            }
-        });
+        let s = snapshotting(p, "0");
+        s.wait_log("snapshot rejected");
+        s.wait_log("recovery done");
         let log = s.log();
         assert!(log.contains(what), "{what}: {log}");
         // Nothing half-applied: no index, no worker.
@@ -194,14 +160,7 @@ fn million_blocks_write_and_warm_restart() {
     let path = snap_path("million.snap");
     let p = path.to_str().unwrap();
     let mut e = Engine::start(&ctx);
-    let s = Server::start(&[
-        "--threads",
-        "2",
-        "--snapshot-path",
-        p,
-        "--snapshot-interval",
-        "0",
-    ]);
+    let s = snapshotting(p, "0");
     register_with(&s, MODEL, 1, &e.publisher, replay(&e));
     const CHAINS: u64 = 10_000;
     const LEN: u64 = 100;
@@ -226,14 +185,7 @@ fn million_blocks_write_and_warm_restart() {
     let size = std::fs::metadata(&path).unwrap().len();
     eprintln!("WRITE: {line}\nsize: {size} bytes");
     let t0 = std::time::Instant::now();
-    let s2 = Server::start(&[
-        "--threads",
-        "2",
-        "--snapshot-path",
-        p,
-        "--snapshot-interval",
-        "0",
-    ]);
+    let s2 = snapshotting(p, "0");
     let healthy = t0.elapsed();
     s2.wait_log("recovery done");
     let recovered = t0.elapsed();

@@ -5,6 +5,8 @@
 
 #![allow(dead_code)]
 
+pub mod tokenizer;
+
 use serde_json::Value;
 use std::io::Read;
 use std::net::TcpListener;
@@ -51,6 +53,23 @@ pub fn register_with(s: &Server, model: &str, instance: u64, p: &Publisher, extr
     let answer = s.post_ok("/register", &body);
     p.wait_subscriber();
     answer
+}
+
+/// Flags that start kvix on two threads with `workers` (`--workers` syntax) as
+/// the workers of `model` at block size 4, then `extra`.
+pub fn worker_flags<'a>(model: &'a str, workers: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut flags = vec![
+        "--threads",
+        "2",
+        "--block-size",
+        "4",
+        "--model-name",
+        model,
+        "--workers",
+        workers,
+    ];
+    flags.extend_from_slice(extra);
+    flags
 }
 
 /// The binary under test: this build's, or `KVIX_TEST_BIN` (to run the same tests
