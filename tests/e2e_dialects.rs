@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{Publisher, Server, fixture, register};
+use common::{Publisher, Server, fixture, register, workers};
 use kvix::hash::{block_seed, chain, local_hash};
 use serde_json::{Value, json};
 
@@ -17,16 +17,7 @@ fn toks(a: u32, b: u32) -> Vec<u32> {
 fn every_dialect_in_both_shapes() {
     let s = Server::start(&["--threads", "2"]);
     let ctx = zmq::Context::new();
-    let (mut sglang, mut rfc, mut master, mut legacy) = (
-        Publisher::bind(&ctx),
-        Publisher::bind(&ctx),
-        Publisher::bind(&ctx),
-        Publisher::bind(&ctx),
-    );
-    register(&s, "m", 1, &sglang);
-    register(&s, "m", 2, &rfc);
-    register(&s, "m", 3, &master);
-    register(&s, "m", 4, &legacy);
+    let [mut sglang, mut rfc, mut master, mut legacy] = workers(&s, &ctx, "m");
 
     sglang.send(&fixture("e2e_sglang_store")); // attn_dp_rank 1, GPU
     sglang.send(&fixture("e2e_sglang_offload")); // the same blocks on CPU_PINNED
@@ -52,74 +43,10 @@ fn every_dialect_in_both_shapes() {
             }
         }),
     );
-    // The conductor shape of the same question lists every live instance.
     let zero = json!({"longest_matched": 0, "GPU": 0, "DP": {"0": 0}, "CPU": 0, "DISK": 0});
-    let (st, v) = s.post_json("/query", &json!({"token_ids": toks(1, 16), "model": "m"}));
-    assert_eq!(st, 200, "{v}");
-    assert_eq!(
-        v,
-        json!({"default": {
-            "1": {"longest_matched": 8, "GPU": 8, "DP": {"0": 0, "1": 8}, "CPU": 8, "DISK": 0},
-            "2": zero,
-            "3": {"longest_matched": 16, "GPU": 0, "DP": {"0": 0}, "CPU": 0, "DISK": 16},
-            "4": {"longest_matched": 8, "GPU": 0, "DP": {"0": 0}, "CPU": 8, "DISK": 0}
-        }})
-    );
-    // Under /conductor the shape is forced, and instance_id narrows the answer.
-    let (_, v) = s.post_json(
-        "/conductor/query",
-        &json!({"token_ids": toks(1, 16), "model": "m", "instance_id": "3", "block_size": 4}),
-    );
-    assert_eq!(
-        v,
-        json!({"default": {"3": {"longest_matched": 16, "GPU": 0, "DP": {"0": 0}, "CPU": 0, "DISK": 16}}})
-    );
-    // By sequence hashes (conductor) and by local hashes (Dynamo) alike.
-    let seed = block_seed(None, None);
-    let mut seqs = Vec::new();
-    let mut locals = Vec::new();
-    let mut parent = None;
-    for c in toks(1, 16).chunks(4) {
-        let l = local_hash(c, seed);
-        let q = chain(parent, l);
-        locals.push(l.0);
-        seqs.push(q.0);
-        parent = Some(q);
-    }
-    let (_, v) = s.post_json("/query_by_hash", &json!({"seq_hashes": seqs, "model": "m"}));
-    assert_eq!(v["default"]["3"]["DISK"], 16, "{v}");
-    let hex: Vec<String> = seqs.iter().map(|h| format!("{h:#x}")).collect();
-    let (_, v) = s.post_json("/query_by_hash", &json!({"block_hash": hex, "model": "m"}));
-    assert_eq!(v["default"]["4"]["CPU"], 8, "{v}");
-    let (_, v) = s.post_json(
-        "/query_by_hash",
-        &json!({"block_hashes": locals, "model_name": "m"}),
-    );
-    assert_eq!(v["scores"], json!({"1": {"1": 8}}));
-
-    // LoRA namespaces: only the adapter's blocks match an adapter query.
-    let (_, v) = s.post_json(
-        "/query",
-        &json!({"token_ids": toks(1, 16), "model_name": "m", "lora_name": "sql"}),
-    );
-    assert_eq!(v["scores"], json!({"2": {"0": 12}}), "{v}");
-    let (st, v) = s.post_json(
-        "/query",
-        &json!({"token_ids": [1], "model": "m", "lora_name": "sql", "lora_id": 3}),
-    );
-    assert_eq!(st, 400, "{v}");
-    let (st, v) = s.post_json(
-        "/query",
-        &json!({"token_ids": [1], "model": "m", "block_size": 16}),
-    );
-    assert_eq!(st, 400, "{v}");
-
-    // Tenants named by events are separate indexes.
-    let (_, v) = s.post_json(
-        "/query",
-        &json!({"token_ids": toks(1, 4), "model_name": "m", "tenant_id": "tenant-x"}),
-    );
-    assert_eq!(v["scores"], json!({"2": {"0": 4}}), "{v}");
+    conductor_shape(&s, &zero);
+    by_hashes(&s);
+    lora_and_tenants(&s);
 
     // Tier-scoped removals and clears.
     sglang.send(&fixture("e2e_sglang_remove_gpu")); // block 2 leaves the GPU, stays on CPU
@@ -152,6 +79,81 @@ fn every_dialect_in_both_shapes() {
     assert_eq!(st, 404);
     let log = s.stop();
     assert!(!log.contains("malformed"), "{log}");
+}
+
+/// The conductor shape of the same question lists every live instance; under
+/// /conductor the shape is forced, and instance_id narrows the answer.
+fn conductor_shape(s: &Server, zero: &Value) {
+    let (st, v) = s.post_json("/query", &json!({"token_ids": toks(1, 16), "model": "m"}));
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(
+        v,
+        json!({"default": {
+            "1": {"longest_matched": 8, "GPU": 8, "DP": {"0": 0, "1": 8}, "CPU": 8, "DISK": 0},
+            "2": *zero,
+            "3": {"longest_matched": 16, "GPU": 0, "DP": {"0": 0}, "CPU": 0, "DISK": 16},
+            "4": {"longest_matched": 8, "GPU": 0, "DP": {"0": 0}, "CPU": 8, "DISK": 0}
+        }})
+    );
+    let (_, v) = s.post_json(
+        "/conductor/query",
+        &json!({"token_ids": toks(1, 16), "model": "m", "instance_id": "3", "block_size": 4}),
+    );
+    assert_eq!(
+        v,
+        json!({"default": {"3": {"longest_matched": 16, "GPU": 0, "DP": {"0": 0}, "CPU": 0, "DISK": 16}}})
+    );
+}
+
+/// By sequence hashes (conductor) and by local hashes (Dynamo) alike.
+fn by_hashes(s: &Server) {
+    let seed = block_seed(None, None);
+    let mut seqs = Vec::new();
+    let mut locals = Vec::new();
+    let mut parent = None;
+    for c in toks(1, 16).chunks(4) {
+        let l = local_hash(c, seed);
+        let q = chain(parent, l);
+        locals.push(l.0);
+        seqs.push(q.0);
+        parent = Some(q);
+    }
+    let (_, v) = s.post_json("/query_by_hash", &json!({"seq_hashes": seqs, "model": "m"}));
+    assert_eq!(v["default"]["3"]["DISK"], 16, "{v}");
+    let hex: Vec<String> = seqs.iter().map(|h| format!("{h:#x}")).collect();
+    let (_, v) = s.post_json("/query_by_hash", &json!({"block_hash": hex, "model": "m"}));
+    assert_eq!(v["default"]["4"]["CPU"], 8, "{v}");
+    let (_, v) = s.post_json(
+        "/query_by_hash",
+        &json!({"block_hashes": locals, "model_name": "m"}),
+    );
+    assert_eq!(v["scores"], json!({"1": {"1": 8}}));
+}
+
+/// LoRA namespaces: only the adapter's blocks match an adapter query. Tenants
+/// named by events are separate indexes.
+fn lora_and_tenants(s: &Server) {
+    let (_, v) = s.post_json(
+        "/query",
+        &json!({"token_ids": toks(1, 16), "model_name": "m", "lora_name": "sql"}),
+    );
+    assert_eq!(v["scores"], json!({"2": {"0": 12}}), "{v}");
+    let (st, v) = s.post_json(
+        "/query",
+        &json!({"token_ids": [1], "model": "m", "lora_name": "sql", "lora_id": 3}),
+    );
+    assert_eq!(st, 400, "{v}");
+    let (st, v) = s.post_json(
+        "/query",
+        &json!({"token_ids": [1], "model": "m", "block_size": 16}),
+    );
+    assert_eq!(st, 400, "{v}");
+
+    let (_, v) = s.post_json(
+        "/query",
+        &json!({"token_ids": toks(1, 4), "model_name": "m", "tenant_id": "tenant-x"}),
+    );
+    assert_eq!(v["scores"], json!({"2": {"0": 4}}), "{v}");
 }
 
 /// The conductor spec's worked example: block size 2, dp2; H1 on GPU (dp0, dp1), CPU and DISK; H2 on GPU
@@ -320,8 +322,7 @@ fn seed_004_three_pods_llm_d_scoring() {
 fn malformed_dialect_frames_are_skipped() {
     let s = Server::start(&["--threads", "1"]);
     let ctx = zmq::Context::new();
-    let mut p = Publisher::bind(&ctx);
-    register(&s, "m", 1, &p);
+    let [mut p] = workers(&s, &ctx, "m");
     let mut bad_rfc = fixture("e2e_rfc_seq_disk");
     let at = bad_rfc.windows(6).position(|w| w == b"stored").unwrap();
     bad_rfc[at..at + 6].copy_from_slice(b"storex");
@@ -353,20 +354,12 @@ fn malformed_dialect_frames_are_skipped() {
 fn multimodal_extra_keys_fold_into_block_hashes() {
     let s = Server::start(&["--threads", "2"]);
     let ctx = zmq::Context::new();
-    let mut a = Publisher::bind(&ctx);
-    let mut b = Publisher::bind(&ctx);
-    register(&s, "m", 1, &a);
-    register(&s, "m", 2, &b);
+    let [mut a, mut b] = workers(&s, &ctx, "m");
     a.send(&fixture("e2e_vllm_mm"));
     b.send(&fixture("e2e_vllm_mm_pairs"));
     let image = json!({"token_ids": toks(1, 12), "model_name": "m",
                        "block_mm_hashes": [null, [0xdead_beef_u64], null]});
-    s.eventually("multimodal blocks indexed", || {
-        let (_, v) = s.post_json("/query", &image);
-        (v["scores"] == json!({"1": {"0": 12}, "2": {"0": 12}}))
-            .then_some(())
-            .ok_or(v.to_string())
-    });
+    s.wait_scores(&image, &json!({"1": {"0": 12}, "2": {"0": 12}}));
     let (_, v) = s.post_json(
         "/query",
         &json!({"token_ids": toks(1, 12), "model_name": "m"}),

@@ -51,78 +51,10 @@ fn vllm_events_to_dynamo_queries() {
     w2d0.send(&fixture("w2d0_s0_store"));
     w2d1.send(&fixture("w2d1_s0_store"));
 
-    let want = json!({
-        "scores": {"1": {"0": 16}, "2": {"0": 8, "1": 4}},
-        "frequencies": [3, 2, 1, 1],
-        "tree_sizes": {"1": {"0": 4}, "2": {"0": 2, "1": 2}},
-        "instances": {
-            "1": {"longest_matched": 16, "gpu": 16, "dp": {"0": 16}, "cpu": 16, "disk": 16},
-            "2": {"longest_matched": 8, "gpu": 8, "dp": {"0": 8, "1": 4}, "cpu": 8, "disk": 8}
-        }
-    });
     let prompt = tokens(1, 16);
-    s.wait_post_eq("/query", &query(&prompt), &want);
-    // The same prefix by precomputed Dynamo local hashes.
-    assert_eq!(
-        s.post_json("/query_by_hash", &query_by_hash(&prompt)),
-        (200, want.clone())
-    );
-    // A prompt with a trailing partial block scores the same.
-    let mut longer = prompt.clone();
-    longer.extend([7, 7]);
-    assert_eq!(s.post_json("/query", &query(&longer)).1, want);
-    // A prompt sharing nothing scores nobody but still reports tree sizes.
-    assert_eq!(
-        s.post_json("/query", &query(&[9, 9, 9, 9])).1,
-        json!({"scores": {}, "frequencies": [], "tree_sizes": want["tree_sizes"], "instances": {
-            "1": {"longest_matched": 0, "gpu": 0, "dp": {"0": 0}, "cpu": 0, "disk": 0},
-            "2": {"longest_matched": 0, "gpu": 0, "dp": {"0": 0, "1": 0}, "cpu": 0, "disk": 0}
-        }})
-    );
-
-    let workers = s.get_json("/workers");
-    let brief: Vec<Value> = workers
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|w| json!({"instance_id": w["instance_id"], "endpoints": w["endpoints"]}))
-        .collect();
-    assert_eq!(
-        brief,
-        vec![
-            json!({"instance_id": 1, "endpoints": {"0": w1.endpoint}}),
-            json!({"instance_id": 2, "endpoints": {"0": w2d0.endpoint, "1": w2d1.endpoint}}),
-        ]
-    );
-
-    // /dump: one stored event per (block, holder), engine hashes, parents first.
-    let (bs, rows) = dump_rows(&s, MODEL);
-    assert_eq!(bs, Some(4));
-    let dev = || "device".to_string();
-    let want_rows: BTreeSet<Row> = [
-        (1, 0, 101, None, local(&tokens(1, 4)), dev()),
-        (1, 0, 102, Some(101), local(&tokens(5, 8)), dev()),
-        (1, 0, 103, Some(102), local(&tokens(9, 12)), dev()),
-        (1, 0, 104, Some(103), local(&tokens(13, 16)), dev()),
-        (2, 0, 201, None, local(&tokens(1, 4)), dev()),
-        (2, 0, 202, Some(201), local(&tokens(5, 8)), dev()),
-        (2, 1, 301, None, local(&tokens(1, 4)), dev()),
-        (2, 1, 302, Some(301), local(&[99, 98, 97, 96]), dev()),
-    ]
-    .into_iter()
-    .collect();
-    assert_eq!(rows.len(), want_rows.len(), "{rows:?}");
-    assert_eq!(rows.iter().cloned().collect::<BTreeSet<_>>(), want_rows);
-    for (i, r) in rows.iter().enumerate() {
-        if let Some(p) = r.3 {
-            assert!(
-                rows[..i]
-                    .iter()
-                    .any(|q| q.0 == r.0 && q.1 == r.1 && q.2 == p),
-                "parent of {r:?} comes after it"
-            );
-        }
-    }
+    every_query_shape_answers(&s, &prompt);
+    workers_listed(&s, &w1, &w2d0, &w2d1);
+    dump_is_every_stored_block_parents_first(&s);
 
     // A remove on rank 0 of worker 2 shortens its prefix; a clear empties worker 1.
     w2d0.send(&fixture("w2d0_s1_remove"));
@@ -161,19 +93,104 @@ fn vllm_events_to_dynamo_queries() {
         s.post_json("/query_by_hash", &query_by_hash(&prompt)).1,
         after_restart
     );
+    unregister_a_rank_then_the_instance(&s, &prompt);
+    s.stop();
+}
 
-    // Unregistering one dp rank drops only that rank; the whole instance drops the rest.
+/// The first stores' answer for `prompt`, by token ids, by local hashes, with a
+/// trailing partial block; a prompt sharing nothing gets tree sizes alone.
+fn every_query_shape_answers(s: &Server, prompt: &[u32]) {
+    let want = json!({
+        "scores": {"1": {"0": 16}, "2": {"0": 8, "1": 4}},
+        "frequencies": [3, 2, 1, 1],
+        "tree_sizes": {"1": {"0": 4}, "2": {"0": 2, "1": 2}},
+        "instances": {
+            "1": {"longest_matched": 16, "gpu": 16, "dp": {"0": 16}, "cpu": 16, "disk": 16},
+            "2": {"longest_matched": 8, "gpu": 8, "dp": {"0": 8, "1": 4}, "cpu": 8, "disk": 8}
+        }
+    });
+    s.wait_post_eq("/query", &query(prompt), &want);
+    // The same prefix by precomputed Dynamo local hashes.
+    assert_eq!(
+        s.post_json("/query_by_hash", &query_by_hash(prompt)),
+        (200, want.clone())
+    );
+    // A prompt with a trailing partial block scores the same.
+    let mut longer = prompt.to_vec();
+    longer.extend([7, 7]);
+    assert_eq!(s.post_json("/query", &query(&longer)).1, want);
+    // A prompt sharing nothing scores nobody but still reports tree sizes.
+    assert_eq!(
+        s.post_json("/query", &query(&[9, 9, 9, 9])).1,
+        json!({"scores": {}, "frequencies": [], "tree_sizes": want["tree_sizes"], "instances": {
+            "1": {"longest_matched": 0, "gpu": 0, "dp": {"0": 0}, "cpu": 0, "disk": 0},
+            "2": {"longest_matched": 0, "gpu": 0, "dp": {"0": 0, "1": 0}, "cpu": 0, "disk": 0}
+        }})
+    );
+}
+
+/// `/workers` lists each worker with its endpoint per dp rank.
+fn workers_listed(s: &Server, w1: &Publisher, w2d0: &Publisher, w2d1: &Publisher) {
+    let workers = s.get_json("/workers");
+    let brief: Vec<Value> = workers
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| json!({"instance_id": w["instance_id"], "endpoints": w["endpoints"]}))
+        .collect();
+    assert_eq!(
+        brief,
+        vec![
+            json!({"instance_id": 1, "endpoints": {"0": w1.endpoint}}),
+            json!({"instance_id": 2, "endpoints": {"0": w2d0.endpoint, "1": w2d1.endpoint}}),
+        ]
+    );
+}
+
+/// `/dump`: one stored event per (block, holder), engine hashes, parents first.
+fn dump_is_every_stored_block_parents_first(s: &Server) {
+    let (bs, rows) = dump_rows(s, MODEL);
+    assert_eq!(bs, Some(4));
+    let dev = || "device".to_string();
+    let want_rows: BTreeSet<Row> = [
+        (1, 0, 101, None, local(&tokens(1, 4)), dev()),
+        (1, 0, 102, Some(101), local(&tokens(5, 8)), dev()),
+        (1, 0, 103, Some(102), local(&tokens(9, 12)), dev()),
+        (1, 0, 104, Some(103), local(&tokens(13, 16)), dev()),
+        (2, 0, 201, None, local(&tokens(1, 4)), dev()),
+        (2, 0, 202, Some(201), local(&tokens(5, 8)), dev()),
+        (2, 1, 301, None, local(&tokens(1, 4)), dev()),
+        (2, 1, 302, Some(301), local(&[99, 98, 97, 96]), dev()),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(rows.len(), want_rows.len(), "{rows:?}");
+    assert_eq!(rows.iter().cloned().collect::<BTreeSet<_>>(), want_rows);
+    for (i, r) in rows.iter().enumerate() {
+        if let Some(p) = r.3 {
+            assert!(
+                rows[..i]
+                    .iter()
+                    .any(|q| q.0 == r.0 && q.1 == r.1 && q.2 == p),
+                "parent of {r:?} comes after it"
+            );
+        }
+    }
+}
+
+/// Unregistering one dp rank drops only that rank; the whole instance drops the rest.
+fn unregister_a_rank_then_the_instance(s: &Server, prompt: &[u32]) {
     s.post_ok(
         "/unregister",
         &json!({"instance_id": 2, "model_name": MODEL, "tenant_id": "default", "dp_rank": 1}),
     );
-    let v = s.post_json("/query", &query(&prompt)).1;
+    let v = s.post_json("/query", &query(prompt)).1;
     assert_eq!(v["scores"], json!({"1": {"0": 8}, "2": {"0": 4}}));
     s.post_ok(
         "/unregister",
         &json!({"instance_id": 2, "model_name": MODEL}),
     );
-    let v = s.post_json("/query", &query(&prompt)).1;
+    let v = s.post_json("/query", &query(prompt)).1;
     assert_eq!(v["scores"], json!({"1": {"0": 8}}));
     assert_eq!(v["tree_sizes"], json!({"1": {"0": 2}}));
     let ids: Vec<u64> = s
@@ -184,7 +201,6 @@ fn vllm_events_to_dynamo_queries() {
         .map(|w| w["instance_id"].as_u64().unwrap())
         .collect();
     assert_eq!(ids, vec![1]);
-    s.stop();
 }
 
 #[test]

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{Publisher, Server, register, stored};
+use common::{Server, stored, workers};
 use serde_json::json;
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
@@ -154,17 +154,12 @@ fn slow_headers_and_idle_connections_are_closed() {
 fn half_closed_clients_still_get_their_answer() {
     let s = Server::start(&["--threads", "2"]);
     let ctx = zmq::Context::new();
-    let mut p = Publisher::bind(&ctx);
-    register(&s, "m", 1, &p);
+    let [mut p] = workers(&s, &ctx, "m");
     let tokens: Vec<u32> = (1..=64).collect();
     p.send(&stored(&(1..=16).collect::<Vec<u64>>(), None, &tokens, 4));
-    let q = json!({"token_ids": tokens, "model_name": "m"}).to_string();
-    s.eventually("indexed", || {
-        let (_, v) = s.post_json("/query", &serde_json::from_str(&q).unwrap());
-        (v["scores"]["1"]["0"] == 64)
-            .then_some(())
-            .ok_or(v.to_string())
-    });
+    let body = json!({"token_ids": tokens, "model_name": "m"});
+    s.wait_scores(&body, &json!({"1": {"0": 64}}));
+    let q = body.to_string();
     let query = format!(
         "POST /query HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{q}",
         q.len()

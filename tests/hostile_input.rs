@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Publisher, Server, register, stored};
+use common::{Publisher, Server, register, stored, workers};
 use serde_json::{Value, json};
 use std::time::Duration;
 
@@ -110,8 +110,7 @@ fn events_of_another_block_size_are_skipped_and_counted() {
     let s = Server::start(&["--threads", "1"]);
     ready(&s);
     let ctx = zmq::Context::new();
-    let mut p = Publisher::bind(&ctx);
-    register(&s, "m", 1, &p);
+    let [mut p] = workers(&s, &ctx, "m");
     // Standardized hashes without tokens, declared with 16-token blocks.
     p.send(&rfc_stored(&[111, 222], &[], 16));
     // Tokens that fill whole 8-token blocks (and a multiple of the registered 4).
@@ -140,15 +139,11 @@ fn an_oversized_zmq_frame_drops_the_connection_not_the_service() {
     let s = Server::start(&["--threads", "1", "--zmq-max-msg-bytes", "1048576"]);
     ready(&s);
     let ctx = zmq::Context::new();
-    let mut p = Publisher::bind(&ctx);
-    register(&s, "m", 1, &p);
+    let [mut p] = workers(&s, &ctx, "m");
     let query = |tokens: Vec<u32>| json!({"model_name": "m", "token_ids": tokens});
     let hit = |n: u64| json!({"1": {"0": n}});
     p.send(&stored(&[1], None, &[1, 2, 3, 4], 4)); // seq 0
-    s.eventually("the first store", || {
-        let (_, v) = s.post_json("/query", &query(vec![1, 2, 3, 4]));
-        (v["scores"] == hit(4)).then_some(()).ok_or(v.to_string())
-    });
+    s.wait_scores(&query(vec![1, 2, 3, 4]), &hit(4));
     // seq 1: a 4 MiB frame (valid msgpack, so a kvix without the limit would take it).
     let mut big = Vec::with_capacity(4 << 20);
     rmp::encode::write_bin(&mut big, &vec![0u8; 4 << 20]).unwrap();
@@ -156,10 +151,7 @@ fn an_oversized_zmq_frame_drops_the_connection_not_the_service() {
     // libzmq drops the connection and reconnects: the SUB subscribes again.
     p.wait_subscriber();
     p.send(&stored(&[2], Some(1), &[5, 6, 7, 8], 4)); // seq 2
-    s.eventually("the store after the big frame", || {
-        let (_, v) = s.post_json("/query", &query((1..=8).collect()));
-        (v["scores"] == hit(8)).then_some(()).ok_or(v.to_string())
-    });
+    s.wait_scores(&query((1..=8).collect()), &hit(8));
     assert_eq!(s.metric("kvix_sequence_gaps_total", &[]), 1.0);
     // The big frame never reached the decoder.
     assert_eq!(s.metric("kvix_malformed_frames_total", &[]), 0.0);

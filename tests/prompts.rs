@@ -49,8 +49,9 @@ fn error(s: &Server, path: &str, body: &Value) -> (u16, String, String) {
     )
 }
 
-#[test]
-fn prompts_and_messages_answer_as_their_token_ids() {
+/// kvix with a tokenizer and chat template for model `m` and a plain tokenizer (no
+/// template) for `plain`; the two tokenizer directories, to remove at the end.
+fn start_with_tokenizers() -> (Server, [PathBuf; 2]) {
     let chat = dir_with(
         "chat",
         &[
@@ -72,6 +73,12 @@ fn prompts_and_messages_answer_as_their_token_ids() {
         "--tokenizer",
         &format!("plain={}", plain.join("tokenizer.json").display()),
     ]);
+    (s, [chat, plain])
+}
+
+#[test]
+fn prompts_and_messages_answer_as_their_token_ids() {
+    let (s, dirs) = start_with_tokenizers();
     let ctx = zmq::Context::new();
     let (mut w1, mut w2, mut w3) = (
         Publisher::bind(&ctx),
@@ -98,20 +105,17 @@ fn prompts_and_messages_answer_as_their_token_ids() {
     w2.send(&stored(&[21], None, &prompt_ids[..4], 4));
     w3.send(&stored(&[31], None, &prompt_ids[..4], 4));
 
-    let by_ids = json!({"token_ids": prompt_ids, "model_name": "m"});
-    s.eventually("both workers' blocks are indexed", || {
-        let v = s.post_json("/query", &by_ids).1;
-        (v["scores"] == json!({"1": {"0": 8}, "2": {"0": 4}}))
-            .then_some(())
-            .ok_or(v.to_string())
-    });
-    let ids_answer = s.post_ok("/query", &by_ids);
-    assert_eq!(
-        s.post_ok("/query", &json!({"prompt": prompt, "model_name": "m"})),
-        ids_answer
+    s.wait_scores(
+        &json!({"token_ids": prompt_ids, "model_name": "m"}),
+        &json!({"1": {"0": 8}, "2": {"0": 4}}),
     );
-    // The conductor's shape and llm-d scoring read the same ids.
+    // In each API: `/query`, the conductor's shape, llm-d scoring.
     for (path, ids, text) in [
+        (
+            "/query",
+            json!({"token_ids": prompt_ids, "model_name": "m"}),
+            json!({"prompt": prompt, "model_name": "m"}),
+        ),
         (
             "/conductor/query",
             json!({"token_ids": prompt_ids, "model": "m"}),
@@ -123,78 +127,76 @@ fn prompts_and_messages_answer_as_their_token_ids() {
             json!({"prompt": prompt, "model_name": "m", "scoring": "llm-d"}),
         ),
     ] {
-        let want = s.post_ok(path, &ids);
-        assert_eq!(s.post_ok(path, &text), want, "{path} {text}");
+        answers_alike(&s, path, &ids, &text);
     }
 
     let chat_by_ids = json!({"token_ids": chat_ids, "model_name": "m"});
-    s.eventually("the chat blocks are indexed", || {
-        let v = s.post_json("/query", &chat_by_ids).1;
-        (v["scores"] == json!({"1": {"0": 8}}))
-            .then_some(())
-            .ok_or(v.to_string())
-    });
-    let chat_answer = s.post_ok("/query", &chat_by_ids);
-    assert_eq!(
-        s.post_ok("/query", &json!({"messages": messages, "model_name": "m"})),
-        chat_answer
+    s.wait_scores(&chat_by_ids, &json!({"1": {"0": 8}}));
+    answers_alike(
+        &s,
+        "/query",
+        &chat_by_ids,
+        &json!({"messages": messages, "model_name": "m"}),
     );
-    let no_gen = s.post_ok(
+    answers_alike(
+        &s,
         "/query",
         &json!({"token_ids": chat_ids[..chat_ids.len() - 1], "model_name": "m"}),
-    );
-    assert_eq!(
-        s.post_ok(
-            "/query",
-            &json!({"messages": messages, "model_name": "m", "add_generation_prompt": false})
-        ),
-        no_gen
+        &json!({"messages": messages, "model_name": "m", "add_generation_prompt": false}),
     );
 
-    // A model without a tokenizer, or without a chat template: 422 naming the field.
+    refusals(&s, prompt, &prompt_ids, &messages);
+    let log = s.stop();
+    assert!(log.contains("tokenizers loaded"), "{log}");
+    assert!(!log.contains("panicked"), "{log}");
+    for d in dirs {
+        std::fs::remove_dir_all(d).unwrap();
+    }
+}
+
+/// `path` answers `text` (a prompt or messages) as it answers `ids`.
+fn answers_alike(s: &Server, path: &str, ids: &Value, text: &Value) {
+    let want = s.post_ok(path, ids);
+    assert_eq!(s.post_ok(path, text), want, "{path} {text}");
+}
+
+/// A model without a tokenizer, or without a chat template, a template's own
+/// refusal, two inputs or none: 422 naming the field. A tokenizer but no index: 404.
+fn refusals(s: &Server, prompt: &str, prompt_ids: &[u32], messages: &Value) {
     let (st, field, msg) = error(
-        &s,
+        s,
         "/query",
         &json!({"prompt": prompt, "model_name": "other"}),
     );
     assert_eq!((st, field.as_str()), (422, "prompt"), "{msg}");
     assert!(msg.contains("--tokenizer other=PATH"), "{msg}");
     let (st, field, _) = error(
-        &s,
+        s,
         "/query",
         &json!({"messages": messages, "model": "other"}),
     );
     assert_eq!((st, field.as_str()), (422, "messages"));
     let (st, field, msg) = error(
-        &s,
+        s,
         "/query",
         &json!({"messages": messages, "model_name": "plain"}),
     );
     assert_eq!((st, field.as_str()), (422, "messages"), "{msg}");
     assert!(msg.contains("no chat template"), "{msg}");
-    // The template's own refusal.
     let tool = json!([{"role": "tool", "content": "t10"}]);
-    let (st, field, msg) = error(&s, "/query", &json!({"messages": tool, "model_name": "m"}));
+    let (st, field, msg) = error(s, "/query", &json!({"messages": tool, "model_name": "m"}));
     assert_eq!((st, field.as_str()), (422, "messages"), "{msg}");
     assert!(msg.contains("no tool messages here"), "{msg}");
-    // One input per query.
     let both = json!({"prompt": prompt, "token_ids": prompt_ids, "model_name": "m"});
-    assert_eq!(error(&s, "/query", &both).1, "prompt");
+    assert_eq!(error(s, "/query", &both).1, "prompt");
     let none = json!({"model_name": "m"});
-    assert_eq!(error(&s, "/query", &none).1, "token_ids");
-    // A tokenizer but no index: the same 404 token ids get.
+    assert_eq!(error(s, "/query", &none).1, "token_ids");
     let (st, _, msg) = error(
-        &s,
+        s,
         "/query",
         &json!({"prompt": prompt, "model_name": "plain"}),
     );
     assert_eq!(st, 404, "{msg}");
-
-    let log = s.stop();
-    assert!(log.contains("tokenizers loaded"), "{log}");
-    assert!(!log.contains("panicked"), "{log}");
-    std::fs::remove_dir_all(chat).unwrap();
-    std::fs::remove_dir_all(plain).unwrap();
 }
 
 /// Run kvix with `args` and `env`, expecting it to exit by itself: (code, stderr).

@@ -38,6 +38,15 @@ pub fn register(s: &Server, model: &str, instance: u64, p: &Publisher) -> Value 
     register_with(s, model, instance, p, serde_json::json!({}))
 }
 
+/// `N` publishers, registered as workers 1 to `N` of `model` (block size 4).
+pub fn workers<const N: usize>(s: &Server, ctx: &zmq::Context, model: &str) -> [Publisher; N] {
+    std::array::from_fn(|i| {
+        let p = Publisher::bind(ctx);
+        register(s, model, i as u64 + 1, &p);
+        p
+    })
+}
+
 /// [`register`] with `extra`'s fields (`dp_rank`, `replay_endpoint`, ...) added to
 /// the body.
 pub fn register_with(s: &Server, model: &str, instance: u64, p: &Publisher, extra: Value) -> Value {
@@ -289,6 +298,14 @@ impl Server {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Poll `/query` with `body` until its `scores` are `want`.
+    pub fn wait_scores(&self, body: &Value, want: &Value) {
+        self.eventually(&format!("scores {want} for {body}"), || {
+            let v = self.post_json("/query", body).1;
+            (v["scores"] == *want).then_some(()).ok_or(v.to_string())
+        });
     }
 
     /// Wait until the server has logged a line containing `needle`.
