@@ -14,6 +14,7 @@ use serde_json::json;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 #[test]
@@ -29,124 +30,19 @@ fn overload_is_bounded_counted_and_replayed() {
         "--ring-capacity",
         "256",
     ]);
-    // Like an engine's PUB under pressure: a bounded send queue that drops.
-    let mut engines: Vec<Engine> = (0..2).map(|_| Engine::start_hwm(&ctx, 200)).collect();
-    for (i, e) in engines.iter_mut().enumerate() {
-        e.keep = 10_000;
-        s.post_ok(
-            "/register",
-            &json!({"instance_id": i + 1, "endpoint": e.endpoint(), "replay_endpoint": e.replay_endpoint,
-                    "model_name": "m", "block_size": 4}),
-        );
-        e.publisher.wait_subscriber();
-    }
+    let mut load = Load::start(&s, &ctx);
     let stop = Arc::new(AtomicBool::new(false));
-    // Queries all along, on one connection.
-    let querier = {
-        let (stop, base) = (stop.clone(), s.base.clone());
-        std::thread::spawn(move || {
-            let agent: ureq::Agent = ureq::Agent::config_builder()
-                .http_status_as_error(false)
-                .build()
-                .into();
-            let body =
-                json!({"token_ids": (0..256).collect::<Vec<u32>>(), "model_name": "m"}).to_string();
-            let mut lat = Vec::new();
-            while !stop.load(Ordering::Acquire) {
-                let t = Instant::now();
-                let r = agent
-                    .post(format!("{base}/query"))
-                    .header("Content-Type", "application/json")
-                    .send(&body)
-                    .unwrap();
-                assert_eq!(r.status(), 200);
-                lat.push(t.elapsed().as_micros() as u64);
-            }
-            lat
-        })
-    };
-    let sampler = {
-        let (stop, pid) = (stop.clone(), s.pid());
-        std::thread::spawn(move || {
-            let mut peak = 0f64;
-            while !stop.load(Ordering::Acquire) {
-                peak = peak.max(common::rss_mib(pid));
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            peak
-        })
-    };
-    // As fast as the publishers go, for `secs`: chains of 128 blocks, and now and
-    // then the removal of an earlier chain.
-    let mut chains: Vec<BTreeMap<u64, Vec<u32>>> = vec![BTreeMap::new(); 2];
-    let mut next_id = 0u64;
-    // Each engine holds at most this many chains: the oldest is removed first.
-    let max_live = 2000;
-    let mut last_seq = [0u64; 2];
-    let mut publish = |engines: &mut Vec<Engine>,
-                       chains: &mut Vec<BTreeMap<u64, Vec<u32>>>,
-                       last_seq: &mut [u64; 2]| {
-        for (i, e) in engines.iter_mut().enumerate() {
-            next_id += 1;
-            let id = next_id;
-            if chains[i].len() >= max_live
-                && let Some((&old, _)) = chains[i].iter().next()
-            {
-                chains[i].remove(&old);
-                let hashes: Vec<u64> = (0..32).map(|b| old << 8 | b).collect();
-                last_seq[i] = e.publish(&removed(&hashes));
-                continue;
-            }
-            let tokens: Vec<u32> = (0..128).map(|t| (id as u32) << 10 | t).collect();
-            let hashes: Vec<u64> = (0..32).map(|b| id << 8 | b).collect();
-            last_seq[i] = e.publish(&stored(&hashes, None, &tokens, 4));
-            chains[i].insert(id, tokens);
-        }
-    };
-    let t0 = Instant::now();
-    let mut published = 0u64;
+    let querier = query_all_along(stop.clone(), s.base.clone());
+    let sampler = sample_peak_rss(stop.clone(), s.pid());
     // `KVIX_SOAK_RATE`: batches per second over both engines (default: as fast as
     // they go). The long form's figures use about twice what kvix applies here.
     let rate: Option<f64> = std::env::var("KVIX_SOAK_RATE")
         .ok()
         .and_then(|r| r.parse().ok());
-    while t0.elapsed() < Duration::from_secs(secs) {
-        publish(&mut engines, &mut chains, &mut last_seq);
-        published += 2;
-        if let Some(r) = rate {
-            let due = Duration::from_secs_f64(published as f64 / r);
-            if let Some(wait) = due.checked_sub(t0.elapsed()) {
-                std::thread::sleep(wait);
-            }
-        }
-    }
-    // Then a calm rate, as engines go on publishing: the next frame after a drop
-    // reveals the gap. Done once kvix has seen every engine's latest batch and its
-    // rings are empty.
-    let t_calm = Instant::now();
-    loop {
-        publish(&mut engines, &mut chains, &mut last_seq);
-        published += 2;
-        std::thread::sleep(Duration::from_millis(100));
-        let pending = s.metric("kvix_ring_pending", &[]);
-        let seen: Vec<f64> = (1..=2)
-            .map(|i| {
-                s.metric(
-                    "kvix_listener_last_sequence",
-                    &[("instance", &i.to_string())],
-                )
-            })
-            .collect();
-        if seen.iter().zip(last_seq).all(|(a, b)| *a == b as f64) && pending == 0.0 {
-            break;
-        }
-        assert!(
-            t_calm.elapsed() < Duration::from_secs(60),
-            "kvix never caught up: seen {seen:?} of {last_seq:?}, {pending} pending\n{}",
-            s.log()
-        );
-    }
-    let live: usize = chains.iter().map(|c| c.len() * 32).sum();
+    load.burst(Duration::from_secs(secs), rate);
+    load.calm_until_caught_up(&s);
+    let published = load.published;
+    let live: usize = load.chains.iter().map(|c| c.len() * 32).sum();
     eprintln!(
         "burst over: {published} batches, {live} live blocks, {} gaps so far",
         s.metric("kvix_sequence_gaps_total", &[])
@@ -165,17 +61,11 @@ fn overload_is_bounded_counted_and_replayed() {
         lost <= missing,
         "{lost} batches lost, {missing} counted missing"
     );
-    // When replay recovered everything the gaps left out, the index is exact: every
-    // live chain scores in full on its engine. (Under a long overload an engine's
-    // replay buffer no longer holds the oldest missing batches.)
+    // When replay recovered everything the gaps left out, the index is exact.
+    // (Under a long overload an engine's replay buffer no longer holds the oldest
+    // missing batches.)
     if lost == 0.0 {
-        for (i, c) in chains.iter().enumerate() {
-            for tokens in c.values().step_by((c.len() / 10).max(1)) {
-                let q = json!({"token_ids": tokens, "model_name": "m"});
-                let (_, v) = s.post_json("/query", &q);
-                assert_eq!(v["scores"][(i + 1).to_string()]["0"], 128, "{v}");
-            }
-        }
+        load.every_live_chain_scores_in_full(&s);
     }
     let gaps = s.metric("kvix_sequence_gaps_total", &[]);
     let replays = s.metric("kvix_replay_requests_total", &[]);
@@ -203,5 +93,158 @@ fn overload_is_bounded_counted_and_replayed() {
     // the whole process.
     if !long {
         assert!(peak < 512.0, "peak RSS {peak} MiB");
+    }
+}
+
+/// Queries all along, on one connection, until `stop`: their latencies (µs).
+fn query_all_along(stop: Arc<AtomicBool>, base: String) -> JoinHandle<Vec<u64>> {
+    std::thread::spawn(move || {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .build()
+            .into();
+        let body =
+            json!({"token_ids": (0..256).collect::<Vec<u32>>(), "model_name": "m"}).to_string();
+        let mut lat = Vec::new();
+        while !stop.load(Ordering::Acquire) {
+            let t = Instant::now();
+            let r = agent
+                .post(format!("{base}/query"))
+                .header("Content-Type", "application/json")
+                .send(&body)
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            lat.push(t.elapsed().as_micros() as u64);
+        }
+        lat
+    })
+}
+
+/// The peak RSS (MiB) of process `pid` until `stop`.
+fn sample_peak_rss(stop: Arc<AtomicBool>, pid: u32) -> JoinHandle<f64> {
+    std::thread::spawn(move || {
+        let mut peak = 0f64;
+        while !stop.load(Ordering::Acquire) {
+            peak = peak.max(common::rss_mib(pid));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        peak
+    })
+}
+
+/// Each engine holds at most this many chains: the oldest is removed first.
+const MAX_LIVE: usize = 2000;
+
+/// Two engines publishing chains of 32 blocks (128 tokens), and what each holds.
+struct Load {
+    engines: Vec<Engine>,
+    /// Per engine, its live chains' tokens by chain id.
+    chains: Vec<BTreeMap<u64, Vec<u32>>>,
+    next_id: u64,
+    /// Per engine, the sequence number of its latest batch.
+    last_seq: [u64; 2],
+    published: u64,
+}
+
+impl Load {
+    /// Two engines registered with `s`, each with a bounded send queue that drops
+    /// (like an engine's PUB under pressure) and a replay buffer.
+    fn start(s: &Server, ctx: &zmq::Context) -> Load {
+        let mut engines: Vec<Engine> = (0..2).map(|_| Engine::start_hwm(ctx, 200)).collect();
+        for (i, e) in engines.iter_mut().enumerate() {
+            e.keep = 10_000;
+            s.post_ok(
+                "/register",
+                &json!({"instance_id": i + 1, "endpoint": e.endpoint(), "replay_endpoint": e.replay_endpoint,
+                        "model_name": "m", "block_size": 4}),
+            );
+            e.publisher.wait_subscriber();
+        }
+        Load {
+            engines,
+            chains: vec![BTreeMap::new(); 2],
+            next_id: 0,
+            last_seq: [0; 2],
+            published: 0,
+        }
+    }
+
+    /// One batch per engine: a new chain, or the removal of its oldest once it
+    /// holds [`MAX_LIVE`].
+    fn publish(&mut self) {
+        for (i, e) in self.engines.iter_mut().enumerate() {
+            self.next_id += 1;
+            let id = self.next_id;
+            let chains = &mut self.chains[i];
+            if chains.len() >= MAX_LIVE
+                && let Some((&old, _)) = chains.iter().next()
+            {
+                chains.remove(&old);
+                let hashes: Vec<u64> = (0..32).map(|b| old << 8 | b).collect();
+                self.last_seq[i] = e.publish(&removed(&hashes));
+                continue;
+            }
+            let tokens: Vec<u32> = (0..128).map(|t| (id as u32) << 10 | t).collect();
+            let hashes: Vec<u64> = (0..32).map(|b| id << 8 | b).collect();
+            self.last_seq[i] = e.publish(&stored(&hashes, None, &tokens, 4));
+            chains.insert(id, tokens);
+        }
+        self.published += 2;
+    }
+
+    /// For `secs`, as fast as the publishers go or at `rate` batches per second.
+    fn burst(&mut self, secs: Duration, rate: Option<f64>) {
+        let t0 = Instant::now();
+        let start = self.published;
+        while t0.elapsed() < secs {
+            self.publish();
+            if let Some(r) = rate {
+                let due = Duration::from_secs_f64((self.published - start) as f64 / r);
+                if let Some(wait) = due.checked_sub(t0.elapsed()) {
+                    std::thread::sleep(wait);
+                }
+            }
+        }
+    }
+
+    /// Then a calm rate, as engines go on publishing: the next frame after a drop
+    /// reveals the gap. Done once kvix has seen every engine's latest batch and its
+    /// rings are empty.
+    fn calm_until_caught_up(&mut self, s: &Server) {
+        let t_calm = Instant::now();
+        loop {
+            self.publish();
+            std::thread::sleep(Duration::from_millis(100));
+            let pending = s.metric("kvix_ring_pending", &[]);
+            let seen: Vec<f64> = (1..=2)
+                .map(|i| {
+                    s.metric(
+                        "kvix_listener_last_sequence",
+                        &[("instance", &i.to_string())],
+                    )
+                })
+                .collect();
+            if seen.iter().zip(self.last_seq).all(|(a, b)| *a == b as f64) && pending == 0.0 {
+                return;
+            }
+            assert!(
+                t_calm.elapsed() < Duration::from_secs(60),
+                "kvix never caught up: seen {seen:?} of {:?}, {pending} pending\n{}",
+                self.last_seq,
+                s.log()
+            );
+        }
+    }
+
+    /// Every live chain (a tenth of each engine's, spread) scores in full on its
+    /// engine.
+    fn every_live_chain_scores_in_full(&self, s: &Server) {
+        for (i, c) in self.chains.iter().enumerate() {
+            for tokens in c.values().step_by((c.len() / 10).max(1)) {
+                let q = json!({"token_ids": tokens, "model_name": "m"});
+                let (_, v) = s.post_json("/query", &q);
+                assert_eq!(v["scores"][(i + 1).to_string()]["0"], 128, "{v}");
+            }
+        }
     }
 }

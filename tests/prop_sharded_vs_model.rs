@@ -102,6 +102,72 @@ impl Model {
         v
     }
 
+    /// A store of `blocks` by worker (`inst`, `dp`) on `medium`, under the known block
+    /// `parent` picks (`None`: a first block; a pick on an empty worker: an unknown
+    /// parent, so nothing is held). The parent's engine hash, the blocks' engine
+    /// hashes and their tokens, as the engine publishes them.
+    fn store(
+        &mut self,
+        inst: u64,
+        dp: Option<u32>,
+        parent: Option<usize>,
+        blocks: &[[u32; BS]],
+        medium: usize,
+    ) -> (Option<u64>, Vec<u64>, Vec<u32>) {
+        let w = (inst, dp.unwrap_or(0));
+        let known = self.known(w);
+        let (parent_hash, mut prefix) = match parent {
+            None => (None, Some(Vec::new())),
+            Some(_) if known.is_empty() => (Some(0xdead_beef), None),
+            Some(p) => {
+                let h = known[p % known.len()];
+                (Some(h), Some(self.workers[&w][&h].0.clone()))
+            }
+        };
+        let mut hashes = Vec::new();
+        let mut tokens = Vec::new();
+        let mut p = prefix.clone().unwrap_or_default();
+        for blk in blocks {
+            p.extend_from_slice(blk);
+            tokens.extend_from_slice(blk);
+            hashes.push(engine_hash(inst, &p));
+        }
+        if let Some(pre) = prefix.as_mut() {
+            let m = self.workers.entry(w).or_default();
+            let predicted = self.predicted.entry(w).or_default();
+            for (i, blk) in blocks.iter().enumerate() {
+                pre.extend_from_slice(blk);
+                let e = m.entry(hashes[i]).or_insert((pre.clone(), 0));
+                e.1 |= 1 << tier_of(medium);
+                // The store confirms a prediction: an ordinary block now.
+                predicted.remove(pre.as_slice());
+            }
+        }
+        (parent_hash, hashes, tokens)
+    }
+
+    /// A removal by worker (`inst`, `dp`) from `medium` of its known blocks `picks`
+    /// names (a pick past them names a block it never stored): their engine hashes.
+    fn remove(&mut self, inst: u64, dp: Option<u32>, picks: &[usize], medium: usize) -> Vec<u64> {
+        let w = (inst, dp.unwrap_or(0));
+        let known = self.known(w);
+        let hashes: Vec<u64> = picks
+            .iter()
+            .map(|p| known.get(*p % (known.len() + 1)).copied().unwrap_or(77))
+            .collect();
+        if let Some(m) = self.workers.get_mut(&w) {
+            for h in &hashes {
+                if let Some(e) = m.get_mut(h) {
+                    e.1 &= !(1 << tier_of(medium));
+                    if e.1 == 0 {
+                        m.remove(h);
+                    }
+                }
+            }
+        }
+        hashes
+    }
+
     /// Matched blocks per tier set (device; device+host; any) for one worker.
     fn matched(&self, w: (u64, u32), q: &[u32]) -> [u32; 3] {
         let held = self.workers.get(&w);
@@ -280,128 +346,8 @@ fn run(n: usize, budget: Option<usize>, actions: &[Action], queries: &[(usize, u
         shard.set_block_budget(shared.clone());
     }
     for a in actions {
-        match a {
-            Action::Store {
-                inst,
-                dp,
-                parent,
-                blocks,
-                medium,
-            } => {
-                let w = (*inst, dp.unwrap_or(0));
-                let known = model.known(w);
-                let (parent_hash, mut prefix) = match parent {
-                    None => (None, Some(Vec::new())),
-                    Some(_) if known.is_empty() => (Some(0xdead_beef), None),
-                    Some(p) => {
-                        let h = known[p % known.len()];
-                        (Some(h), Some(model.workers[&w][&h].0.clone()))
-                    }
-                };
-                let mut hashes = Vec::new();
-                let mut tokens = Vec::new();
-                let mut p = prefix.clone().unwrap_or_default();
-                for blk in blocks {
-                    p.extend_from_slice(blk);
-                    tokens.extend_from_slice(blk);
-                    hashes.push(engine_hash(*inst, &p));
-                }
-                if let Some(pre) = prefix.as_mut() {
-                    let m = model.workers.entry(w).or_default();
-                    let predicted = model.predicted.entry(w).or_default();
-                    for (i, blk) in blocks.iter().enumerate() {
-                        pre.extend_from_slice(blk);
-                        let e = m.entry(hashes[i]).or_insert((pre.clone(), 0));
-                        e.1 |= 1 << tier_of(*medium);
-                        // The store confirms a prediction: an ordinary block now.
-                        predicted.remove(pre.as_slice());
-                    }
-                }
-                let payload = frame(*dp, |b| {
-                    rmp::encode::write_array_len(b, 7).unwrap();
-                    rmp::encode::write_str(b, "BlockStored").unwrap();
-                    rmp::encode::write_array_len(b, hashes.len() as u32).unwrap();
-                    for h in &hashes {
-                        rmp::encode::write_uint(b, *h).unwrap();
-                    }
-                    match parent_hash {
-                        Some(h) => rmp::encode::write_uint(b, h).map(|_| ()).unwrap(),
-                        None => rmp::encode::write_nil(b).unwrap(),
-                    }
-                    rmp::encode::write_array_len(b, tokens.len() as u32).unwrap();
-                    for t in &tokens {
-                        rmp::encode::write_uint(b, *t as u64).unwrap();
-                    }
-                    rmp::encode::write_uint(b, BS as u64).unwrap();
-                    rmp::encode::write_nil(b).unwrap();
-                    rmp::encode::write_str(b, MEDIA[*medium]).unwrap();
-                });
-                sharded.publish(*inst, &payload);
-            }
-            Action::Remove {
-                inst,
-                dp,
-                picks,
-                medium,
-            } => {
-                let w = (*inst, dp.unwrap_or(0));
-                let known = model.known(w);
-                // Picks past the known blocks name blocks the worker never stored.
-                let hashes: Vec<u64> = picks
-                    .iter()
-                    .map(|p| known.get(*p % (known.len() + 1)).copied().unwrap_or(77))
-                    .collect();
-                if let Some(m) = model.workers.get_mut(&w) {
-                    for h in &hashes {
-                        if let Some(e) = m.get_mut(h) {
-                            e.1 &= !(1 << tier_of(*medium));
-                            if e.1 == 0 {
-                                m.remove(h);
-                            }
-                        }
-                    }
-                }
-                let payload = frame(*dp, |b| {
-                    rmp::encode::write_array_len(b, 3).unwrap();
-                    rmp::encode::write_str(b, "BlockRemoved").unwrap();
-                    rmp::encode::write_array_len(b, hashes.len() as u32).unwrap();
-                    for h in &hashes {
-                        rmp::encode::write_uint(b, *h).unwrap();
-                    }
-                    rmp::encode::write_str(b, MEDIA[*medium]).unwrap();
-                });
-                sharded.publish(*inst, &payload);
-            }
-            Action::Predict { inst, dp, blocks } => {
-                let w = (*inst, dp.unwrap_or(0));
-                let tokens: Vec<u32> = blocks.iter().flatten().copied().collect();
-                let held = model.workers.get(&w);
-                let predicted = model.predicted.entry(w).or_default();
-                for depth in 1..=blocks.len() {
-                    let p = &tokens[..depth * BS];
-                    // A block the worker already holds (any tier) is not predicted.
-                    if !held.is_some_and(|m| m.values().any(|(q, _)| q == p)) {
-                        predicted.insert(p.to_vec());
-                    }
-                }
-                sharded.predict(*inst, w.1, &tokens);
-            }
-            Action::Expire => {
-                model.predicted.clear();
-                sharded.expire();
-            }
-            Action::Clear { inst, dp } => {
-                model.workers.remove(&(*inst, dp.unwrap_or(0)));
-                model.predicted.remove(&(*inst, dp.unwrap_or(0)));
-                let payload = frame(*dp, |b| {
-                    rmp::encode::write_array_len(b, 1).unwrap();
-                    rmp::encode::write_str(b, "AllBlocksCleared").unwrap();
-                });
-                sharded.publish(*inst, &payload);
-            }
-        }
+        apply(&mut model, &mut sharded, a);
     }
-
     // Queries: prefixes some worker holds, cut and extended, plus free-form tokens.
     let mut prefixes: Vec<Vec<u32>> = model
         .workers
@@ -417,44 +363,142 @@ fn run(n: usize, budget: Option<usize>, actions: &[Action], queries: &[(usize, u
         };
         q.truncate(q.len().saturating_sub(BS * (cut % 2)));
         q.extend_from_slice(tail);
-        let (ov, who) = sharded.query(&q);
-        let mut want_freq = Vec::new();
-        for depth in 0..q.len() / BS {
-            let c = who
-                .values()
-                .filter(|w| model.matched(**w, &q)[0] as usize > depth)
-                .count() as u32;
-            if c == 0 {
-                break;
-            }
-            want_freq.push(c);
+        check_query(&model, &mut sharded, budget, &q);
+    }
+}
+
+/// `a` on the model and, as engine frames or a prediction, on the shards.
+fn apply(model: &mut Model, sharded: &mut Sharded, a: &Action) {
+    match a {
+        Action::Store {
+            inst,
+            dp,
+            parent,
+            blocks,
+            medium,
+        } => {
+            let (parent_hash, hashes, tokens) = model.store(*inst, *dp, *parent, blocks, *medium);
+            let payload = frame(*dp, |b| {
+                stored_event(b, &hashes, parent_hash, &tokens, MEDIA[*medium])
+            });
+            sharded.publish(*inst, &payload);
         }
-        for (slot, w) in &who {
-            let want = model.matched(*w, &q);
-            let got = ov.matched[slot.0 as usize];
-            let size = (model.workers.get(w).map_or(0, |m| m.len())
-                + model.predicted.get(w).map_or(0, |p| p.len())) as u32;
-            let got_size = ov.tree_sizes[slot.0 as usize];
-            if budget.is_none() {
-                assert_eq!(got, want, "shards={n} worker={w:?} query={q:?}");
-                assert_eq!(got_size, size, "tree size, shards={n} worker={w:?}");
-            } else {
-                for (g, m) in got.iter().zip(want) {
-                    assert!(*g <= m, "bounded: shards={n} worker={w:?} query={q:?}");
+        Action::Remove {
+            inst,
+            dp,
+            picks,
+            medium,
+        } => {
+            let hashes = model.remove(*inst, *dp, picks, *medium);
+            let payload = frame(*dp, |b| {
+                rmp::encode::write_array_len(b, 3).unwrap();
+                rmp::encode::write_str(b, "BlockRemoved").unwrap();
+                write_uints(b, &hashes);
+                rmp::encode::write_str(b, MEDIA[*medium]).unwrap();
+            });
+            sharded.publish(*inst, &payload);
+        }
+        Action::Predict { inst, dp, blocks } => {
+            let w = (*inst, dp.unwrap_or(0));
+            let tokens: Vec<u32> = blocks.iter().flatten().copied().collect();
+            let held = model.workers.get(&w);
+            let predicted = model.predicted.entry(w).or_default();
+            for depth in 1..=blocks.len() {
+                let p = &tokens[..depth * BS];
+                // A block the worker already holds (any tier) is not predicted.
+                if !held.is_some_and(|m| m.values().any(|(q, _)| q == p)) {
+                    predicted.insert(p.to_vec());
                 }
-                assert!(
-                    got_size <= size,
-                    "bounded tree size, shards={n} worker={w:?}"
-                );
             }
+            sharded.predict(*inst, w.1, &tokens);
         }
+        Action::Expire => {
+            model.predicted.clear();
+            sharded.expire();
+        }
+        Action::Clear { inst, dp } => {
+            model.workers.remove(&(*inst, dp.unwrap_or(0)));
+            model.predicted.remove(&(*inst, dp.unwrap_or(0)));
+            let payload = frame(*dp, |b| {
+                rmp::encode::write_array_len(b, 1).unwrap();
+                rmp::encode::write_str(b, "AllBlocksCleared").unwrap();
+            });
+            sharded.publish(*inst, &payload);
+        }
+    }
+}
+
+/// A positional vLLM `BlockStored` of `hashes` (block size [`BS`]).
+fn stored_event(
+    b: &mut Vec<u8>,
+    hashes: &[u64],
+    parent: Option<u64>,
+    tokens: &[u32],
+    medium: &str,
+) {
+    rmp::encode::write_array_len(b, 7).unwrap();
+    rmp::encode::write_str(b, "BlockStored").unwrap();
+    write_uints(b, hashes);
+    match parent {
+        Some(h) => rmp::encode::write_uint(b, h).map(|_| ()).unwrap(),
+        None => rmp::encode::write_nil(b).unwrap(),
+    }
+    let tokens: Vec<u64> = tokens.iter().map(|&t| t as u64).collect();
+    write_uints(b, &tokens);
+    rmp::encode::write_uint(b, BS as u64).unwrap();
+    rmp::encode::write_nil(b).unwrap();
+    rmp::encode::write_str(b, medium).unwrap();
+}
+
+/// A msgpack array of unsigned integers.
+fn write_uints(b: &mut Vec<u8>, values: &[u64]) {
+    rmp::encode::write_array_len(b, values.len() as u32).unwrap();
+    for v in values {
+        rmp::encode::write_uint(b, *v).unwrap();
+    }
+}
+
+/// The shards' answer to `q` is the model's for every worker (at most the model's
+/// under a `budget`), and the shards stay within the budget.
+fn check_query(model: &Model, sharded: &mut Sharded, budget: Option<usize>, q: &[u32]) {
+    let n = sharded.shards.len();
+    let (ov, who) = sharded.query(q);
+    let mut want_freq = Vec::new();
+    for depth in 0..q.len() / BS {
+        let c = who
+            .values()
+            .filter(|w| model.matched(**w, q)[0] as usize > depth)
+            .count() as u32;
+        if c == 0 {
+            break;
+        }
+        want_freq.push(c);
+    }
+    for (slot, w) in &who {
+        let want = model.matched(*w, q);
+        let got = ov.matched[slot.0 as usize];
+        let size = (model.workers.get(w).map_or(0, |m| m.len())
+            + model.predicted.get(w).map_or(0, |p| p.len())) as u32;
+        let got_size = ov.tree_sizes[slot.0 as usize];
         if budget.is_none() {
-            assert_eq!(ov.frequencies, want_freq, "shards={n} query={q:?}");
-        }
-        if let Some(b) = budget {
-            for shard in &sharded.shards {
-                assert!(shard.tier_counts().0 <= b as u64, "over the budget");
+            assert_eq!(got, want, "shards={n} worker={w:?} query={q:?}");
+            assert_eq!(got_size, size, "tree size, shards={n} worker={w:?}");
+        } else {
+            for (g, m) in got.iter().zip(want) {
+                assert!(*g <= m, "bounded: shards={n} worker={w:?} query={q:?}");
             }
+            assert!(
+                got_size <= size,
+                "bounded tree size, shards={n} worker={w:?}"
+            );
+        }
+    }
+    if budget.is_none() {
+        assert_eq!(ov.frequencies, want_freq, "shards={n} query={q:?}");
+    }
+    if let Some(b) = budget {
+        for shard in &sharded.shards {
+            assert!(shard.tier_counts().0 <= b as u64, "over the budget");
         }
     }
 }
