@@ -380,6 +380,18 @@ fn an_export_names_every_block_its_slots_hold() {
     assert_eq!(out.len(), 5);
 }
 
+/// A shard holding `KVIX_STALL_ENTRIES` (default 4M) blocks, chains of 64 over 16
+/// slots, for the stall figures; and that count.
+fn filled_for_stall() -> (Shard, u64) {
+    let n = crate::testing::env_u64("KVIX_STALL_ENTRIES", 4 << 20);
+    let mut s = Shard::default();
+    for c in 0..n / 64 {
+        let locals: Vec<u64> = (0..64).map(|b| c << 8 | b).collect();
+        s.apply_all(&run((c % 16) as u32, DEV, None, &locals));
+    }
+    (s, n)
+}
+
 /// What a query waits behind while one worker is cleared from a large index
 /// (`KVIX_STALL_ENTRIES` blocks, default 4M, in chains of 64 held by 16 workers):
 /// the longest clear step. A figure, not a check:
@@ -388,12 +400,7 @@ fn an_export_names_every_block_its_slots_hold() {
 #[ignore]
 fn clear_stall() {
     use std::time::{Duration, Instant};
-    let n = crate::testing::env_u64("KVIX_STALL_ENTRIES", 4 << 20);
-    let mut s = Shard::default();
-    for c in 0..n / 64 {
-        let locals: Vec<u64> = (0..64).map(|b| c << 8 | b).collect();
-        s.apply_all(&run((c % 16) as u32, DEV, None, &locals));
-    }
+    let (mut s, n) = filled_for_stall();
     s.apply_staged(&[clear(3, TierSet::ALL)]);
     let (mut worst, mut steps) = (Duration::ZERO, 0);
     loop {
@@ -415,12 +422,7 @@ fn clear_stall() {
 #[ignore]
 fn export_stall() {
     use std::time::{Duration, Instant};
-    let n = crate::testing::env_u64("KVIX_STALL_ENTRIES", 4 << 20);
-    let mut s = Shard::default();
-    for c in 0..n / 64 {
-        let locals: Vec<u64> = (0..64).map(|b| c << 8 | b).collect();
-        s.apply_all(&run((c % 16) as u32, DEV, None, &locals));
-    }
+    let (s, n) = filled_for_stall();
     let (mut at, mut out, mut names) = (ExportAt::default(), Vec::new(), Vec::new());
     let (mut worst, mut steps) = (Duration::ZERO, 0);
     loop {

@@ -183,6 +183,15 @@ impl Worker {
         seq ^ self.salt
     }
 
+    /// A `BlockRemoved` of `victims` from `medium` into this worker's batch
+    /// (`hashes`: a buffer for their engine hashes).
+    fn removed(&mut self, victims: &[u64], medium: &str, hashes: &mut Vec<u64>) {
+        hashes.clear();
+        hashes.extend(victims.iter().map(|&v| self.eh(v)));
+        enc_removed(&mut self.events, hashes, medium);
+        self.n_events += 1;
+    }
+
     /// How many of `seqs`' leading blocks this worker's GPU tier holds.
     fn prefix_len(&self, seqs: &[u64]) -> usize {
         seqs.iter().take_while(|&&s| self.gpu.contains(s)).count()
@@ -398,11 +407,7 @@ impl Sim<'_> {
         // then CPU evictions, then the GPU removal, then the new GPU blocks.
         self.offload_victims(wk);
         if !self.gpu_victims.is_empty() {
-            self.hashes.clear();
-            self.hashes
-                .extend(self.gpu_victims.iter().map(|&v| wk.eh(v)));
-            enc_removed(&mut wk.events, &self.hashes, "GPU");
-            wk.n_events += 1;
+            wk.removed(&self.gpu_victims, "GPU", &mut self.hashes);
             self.st.blocks_removed += self.gpu_victims.len() as u64;
         }
         if p < n {
@@ -456,11 +461,7 @@ impl Sim<'_> {
             self.st.cpu_blocks_stored += 1;
         }
         if !self.cpu_victims.is_empty() {
-            self.hashes.clear();
-            self.hashes
-                .extend(self.cpu_victims.iter().map(|&c| wk.eh(c)));
-            enc_removed(&mut wk.events, &self.hashes, "CPU");
-            wk.n_events += 1;
+            wk.removed(&self.cpu_victims, "CPU", &mut self.hashes);
             self.st.cpu_blocks_removed += self.cpu_victims.len() as u64;
         }
     }

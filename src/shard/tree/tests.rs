@@ -547,6 +547,15 @@ impl Model {
         self.names.retain(|(s, _), p| !(*s == slot && p == path));
     }
 
+    /// The tier bits `slot` holds the block at `path` with (none yet: 0).
+    fn held(&mut self, path: &[u64], slot: u32) -> &mut u8 {
+        self.holders
+            .entry(path.to_vec())
+            .or_default()
+            .entry(slot)
+            .or_default()
+    }
+
     fn store(&mut self, slot: u32, tier: Tier, parent: Option<u64>, blocks: &[(u64, u64)]) {
         let mut path = match parent {
             None => Vec::new(),
@@ -557,12 +566,7 @@ impl Model {
         };
         for &(e, l) in blocks {
             path.push(l);
-            let held = self
-                .holders
-                .entry(path.clone())
-                .or_default()
-                .entry(slot)
-                .or_default();
+            let held = self.held(&path, slot);
             *held |= tier.bit().0;
             if *held & PREDICTED != 0 {
                 *held &= !PREDICTED;
@@ -587,12 +591,7 @@ impl Model {
     fn predict(&mut self, slot: u32, path: &[u64], deadline: Tick) {
         for i in 1..=path.len() {
             let p = path[..i].to_vec();
-            let held = self
-                .holders
-                .entry(p.clone())
-                .or_default()
-                .entry(slot)
-                .or_default();
+            let held = self.held(&p, slot);
             if *held & !PREDICTED != 0 {
                 continue;
             }
