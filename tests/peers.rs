@@ -64,18 +64,24 @@ fn replica_bootstraps_from_a_loaded_peer_while_it_keeps_ingesting() {
     assert_eq!(b.get_json("/peers"), json!([a.base]));
 }
 
+/// kvix with engine `e` as worker 1 and `peer` as its one peer (waited for 100 ms).
+fn started_with_peer(e: &Engine, peer: &str) -> Server {
+    let workers = format!("1={}", e.endpoint());
+    let s = Server::start(&worker_flags(
+        MODEL,
+        &workers,
+        &["--peers", peer, "--peer-wait-ms", "100"],
+    ));
+    e.publisher.wait_subscriber();
+    s
+}
+
 #[test]
 fn unreachable_peers_mean_an_empty_start_said_in_the_log() {
     let ctx = zmq::Context::new();
     let mut e = Engine::start(&ctx);
     let dead = format!("http://127.0.0.1:{}", common::free_port());
-    let workers = format!("1={}", e.endpoint());
-    let s = Server::start(&worker_flags(
-        MODEL,
-        &workers,
-        &["--peers", &dead, "--peer-wait-ms", "100"],
-    ));
-    e.publisher.wait_subscriber();
+    let s = started_with_peer(&e, &dead);
     s.wait_log("no peer reachable");
     s.wait_log("recovery done");
     // Live events still apply afterwards.
@@ -136,13 +142,7 @@ fn bootstraps_from_a_dynamo_indexer_dump() {
     let peer = fake_peer(dump.to_string());
     let ctx = zmq::Context::new();
     let mut e = Engine::start(&ctx);
-    let workers = format!("1={}", e.endpoint());
-    let s = Server::start(&worker_flags(
-        MODEL,
-        &workers,
-        &["--peers", &peer, "--peer-wait-ms", "100"],
-    ));
-    e.publisher.wait_subscriber();
+    let s = started_with_peer(&e, &peer);
     s.wait_log("recovered from peer");
     s.wait_log("recovery done");
     // A live event whose parent is a block known only from the peer's dump resolves.

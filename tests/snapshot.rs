@@ -38,6 +38,15 @@ fn snapshotting(path: &str, interval: &str) -> Server {
     ])
 }
 
+/// An engine with a replay buffer, registered as worker 1 of a kvix that writes its
+/// snapshot to `path` on SIGTERM only.
+fn engine_and_snapshotting(ctx: &zmq::Context, path: &str) -> (Engine, Server) {
+    let e = Engine::start(ctx);
+    let s = snapshotting(path, "0");
+    register_with(&s, MODEL, 1, &e.publisher, replay(&e));
+    (e, s)
+}
+
 fn snapshots(s: &Server) -> f64 {
     s.metric("kvix_snapshots_written_total", &[])
 }
@@ -110,9 +119,7 @@ fn corrupt_or_truncated_snapshots_are_rejected_whole() {
     let ctx = zmq::Context::new();
     let path = snap_path("corrupt.snap");
     let p = path.to_str().unwrap();
-    let mut e = Engine::start(&ctx);
-    let s = snapshotting(p, "0");
-    register_with(&s, MODEL, 1, &e.publisher, replay(&e));
+    let (mut e, s) = engine_and_snapshotting(&ctx, p);
     let mut w = Workload::new(5, 0);
     for _ in 0..50 {
         e.publish(&w.next());
@@ -159,9 +166,7 @@ fn million_blocks_write_and_warm_restart() {
     let ctx = zmq::Context::new();
     let path = snap_path("million.snap");
     let p = path.to_str().unwrap();
-    let mut e = Engine::start(&ctx);
-    let s = snapshotting(p, "0");
-    register_with(&s, MODEL, 1, &e.publisher, replay(&e));
+    let (mut e, s) = engine_and_snapshotting(&ctx, p);
     const CHAINS: u64 = 10_000;
     const LEN: u64 = 100;
     for c in 0..CHAINS {
