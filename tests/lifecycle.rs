@@ -125,6 +125,29 @@ fn two_workers(ctx: &zmq::Context) -> (Server, Publisher, Publisher) {
     (s, one, two)
 }
 
+/// Chains per worker in [`load_both`], and blocks per chain.
+const BATCHES: usize = 300;
+const PER_BATCH: usize = 128;
+
+/// The same [`BATCHES`] chains stored by both workers (each also on the host tier
+/// when `host`): a large index. The last chain's tokens.
+fn load_both(one: &mut Publisher, two: &mut Publisher, host: bool) -> Vec<u32> {
+    let mut last = Vec::new();
+    for i in 0..BATCHES {
+        let (base, first) = (1_000_000 + i as u32 * 4096, (i as u64) << 20);
+        let (device, tokens) = chain_batch(base, first, PER_BATCH);
+        let on_host = host.then(|| chain_batch_on(base, first, PER_BATCH, Some("CPU")).0);
+        for p in [&mut *one, &mut *two] {
+            p.send(&device);
+            if let Some(h) = &on_host {
+                p.send(h);
+            }
+        }
+        last = tokens;
+    }
+    last
+}
+
 /// A worker's `AllBlocksCleared` over a large index: while the executor drops its
 /// blocks in steps, every answer is already the one after the clear (never a
 /// partly cleared worker), the other worker keeps its blocks, and the worker's
@@ -133,15 +156,8 @@ fn two_workers(ctx: &zmq::Context) -> (Server, Publisher, Publisher) {
 fn a_cleared_worker_is_gone_from_every_answer_while_its_blocks_are_dropped() {
     let ctx = zmq::Context::new();
     let (s, mut one, mut two) = two_workers(&ctx);
-    let (batches, per_batch) = (300usize, 128usize);
-    let mut last = Vec::new();
-    for i in 0..batches {
-        let (p, tokens) = chain_batch(1_000_000 + i as u32 * 4096, (i as u64) << 20, per_batch);
-        one.send(&p);
-        two.send(&p);
-        last = tokens;
-    }
-    let held = (batches * per_batch) as u64;
+    let last = load_both(&mut one, &mut two, false);
+    let held = (BATCHES * PER_BATCH) as u64;
     let q = json!({"token_ids": last, "model_name": MODEL});
     wait_scored(
         &s,
@@ -203,18 +219,7 @@ fn a_cleared_worker_is_gone_from_every_answer_while_its_blocks_are_dropped() {
 fn a_tier_clear_is_answered_as_done_while_its_blocks_are_walked() {
     let ctx = zmq::Context::new();
     let (s, mut one, mut two) = two_workers(&ctx);
-    let (batches, per_batch) = (300usize, 128usize);
-    let mut last = Vec::new();
-    for i in 0..batches {
-        let (base, first) = (1_000_000 + i as u32 * 4096, (i as u64) << 20);
-        let (device, tokens) = chain_batch(base, first, per_batch);
-        let (host, _) = chain_batch_on(base, first, per_batch, Some("CPU"));
-        for p in [&mut one, &mut two] {
-            p.send(&device);
-            p.send(&host);
-        }
-        last = tokens;
-    }
+    let last = load_both(&mut one, &mut two, true);
     let n = last.len() as u64;
     let q = json!({"token_ids": last, "model": MODEL, "block_size": 4});
     let tiers = |v: &Value, inst: &str| {

@@ -512,22 +512,15 @@ pub fn stored_on(
     medium: Option<&str>,
 ) -> Vec<u8> {
     let mut b = batch_of_one();
-    rmp::encode::write_array_len(&mut b, 7).unwrap();
-    rmp::encode::write_str(&mut b, "BlockStored").unwrap();
-    rmp::encode::write_array_len(&mut b, hashes.len() as u32).unwrap();
-    for h in hashes {
-        rmp::encode::write_uint(&mut b, *h).unwrap();
-    }
+    event_of_hashes(&mut b, "BlockStored", 7, hashes);
     match parent {
         Some(h) => {
             rmp::encode::write_uint(&mut b, h).unwrap();
         }
         None => rmp::encode::write_nil(&mut b).unwrap(),
     }
-    rmp::encode::write_array_len(&mut b, tokens.len() as u32).unwrap();
-    for t in tokens {
-        rmp::encode::write_uint(&mut b, *t as u64).unwrap();
-    }
+    let tokens: Vec<u64> = tokens.iter().map(|&t| t as u64).collect();
+    write_uints(&mut b, &tokens);
     rmp::encode::write_uint(&mut b, block_size as u64).unwrap();
     rmp::encode::write_nil(&mut b).unwrap();
     match medium {
@@ -560,14 +553,24 @@ pub fn cleared_on(medium: &str) -> Vec<u8> {
 /// vLLM positional `KVEventBatch` with one `BlockRemoved`.
 pub fn removed(hashes: &[u64]) -> Vec<u8> {
     let mut b = batch_of_one();
-    rmp::encode::write_array_len(&mut b, 3).unwrap();
-    rmp::encode::write_str(&mut b, "BlockRemoved").unwrap();
-    rmp::encode::write_array_len(&mut b, hashes.len() as u32).unwrap();
-    for h in hashes {
-        rmp::encode::write_uint(&mut b, *h).unwrap();
-    }
+    event_of_hashes(&mut b, "BlockRemoved", 3, hashes);
     rmp::encode::write_nil(&mut b).unwrap();
     b
+}
+
+/// The head of a positional event of `fields` fields: its tag, then `hashes`.
+fn event_of_hashes(b: &mut Vec<u8>, tag: &str, fields: u32, hashes: &[u64]) {
+    rmp::encode::write_array_len(b, fields).unwrap();
+    rmp::encode::write_str(b, tag).unwrap();
+    write_uints(b, hashes);
+}
+
+/// A msgpack array of unsigned integers.
+pub fn write_uints(b: &mut Vec<u8>, values: &[u64]) {
+    rmp::encode::write_array_len(b, values.len() as u32).unwrap();
+    for v in values {
+        rmp::encode::write_uint(b, *v).unwrap();
+    }
 }
 
 /// A deterministic engine workload (block size 4): stores that extend earlier blocks or
