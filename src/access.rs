@@ -380,36 +380,23 @@ mod tests {
             query: tok("qry"),
             allow: None,
         };
-        assert_eq!(a.authorize(Need::Open, None), Ok(()));
-        assert_eq!(a.authorize(Need::Admin, None), Err(Denied::Missing));
-        assert_eq!(
-            a.authorize(Need::Admin, Some(b"Basic adm")),
-            Err(Denied::Missing)
-        );
-        assert_eq!(
-            a.authorize(Need::Admin, Some(b"Bearer")),
-            Err(Denied::Missing)
-        );
-        assert_eq!(
-            a.authorize(Need::Admin, Some(b"Bearer qry")),
-            Err(Denied::Wrong)
-        );
-        assert_eq!(a.authorize(Need::Admin, Some(b"Bearer adm ")), Ok(()));
-        assert_eq!(a.authorize(Need::Admin, Some(b"bearer  adm")), Ok(()));
-        assert_eq!(
-            a.authorize(Need::Admin, Some(b"Bearer ad")),
-            Err(Denied::Wrong)
-        );
-        assert_eq!(
-            a.authorize(Need::Admin, Some(b"Bearer admm")),
-            Err(Denied::Wrong)
-        );
-        assert_eq!(a.authorize(Need::Read, Some(b"Bearer qry")), Ok(()));
-        assert_eq!(a.authorize(Need::Read, Some(b"Bearer adm")), Ok(()));
-        assert_eq!(
-            a.authorize(Need::Read, Some(b"Bearer x")),
-            Err(Denied::Wrong)
-        );
+        use Denied::{Missing, Wrong};
+        for (need, header, want) in [
+            (Need::Open, None, Ok(())),
+            (Need::Admin, None, Err(Missing)),
+            (Need::Admin, Some(&b"Basic adm"[..]), Err(Missing)),
+            (Need::Admin, Some(b"Bearer"), Err(Missing)),
+            (Need::Admin, Some(b"Bearer qry"), Err(Wrong)),
+            (Need::Admin, Some(b"Bearer adm "), Ok(())),
+            (Need::Admin, Some(b"bearer  adm"), Ok(())),
+            (Need::Admin, Some(b"Bearer ad"), Err(Wrong)),
+            (Need::Admin, Some(b"Bearer admm"), Err(Wrong)),
+            (Need::Read, Some(b"Bearer qry"), Ok(())),
+            (Need::Read, Some(b"Bearer adm"), Ok(())),
+            (Need::Read, Some(b"Bearer x"), Err(Wrong)),
+        ] {
+            assert_eq!(a.authorize(need, header), want, "{need:?} {header:?}");
+        }
         // Only an admin token: reads stay open unless a query token is set.
         let admin_only = Access {
             admin: tok("adm"),

@@ -114,21 +114,23 @@ mod tests {
         sequence_hashes: Vec<u64>,
     }
 
-    #[derive(serde::Deserialize)]
-    struct Vectors {
-        cases: Vec<Case>,
+    /// The `cases` of reference vectors `file` (in tests/data).
+    fn cases<T: serde::de::DeserializeOwned>(file: &str) -> Vec<T> {
+        #[derive(serde::Deserialize)]
+        struct File<T> {
+            cases: Vec<T>,
+        }
+        let path = format!("{}/tests/data/{file}", env!("CARGO_MANIFEST_DIR"));
+        let f: File<T> = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        f.cases
     }
 
     /// Every vector produced by the reference implementation must match.
     #[test]
     fn reproduces_reference_vectors() {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/data/dynamo_block_hashes.json"
-        );
-        let v: Vectors = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-        assert!(v.cases.len() >= 9);
-        for c in &v.cases {
+        let cases: Vec<Case> = cases("dynamo_block_hashes.json");
+        assert!(cases.len() >= 9);
+        for c in &cases {
             let seed = block_seed(c.lora_name.as_deref(), None);
             let locals: Vec<u64> = c
                 .token_ids
@@ -194,17 +196,9 @@ mod tests {
     /// implementation by `scripts/dynamo_vectors`.
     #[test]
     fn reproduces_reference_mm_and_namespace_vectors() {
-        #[derive(serde::Deserialize)]
-        struct File {
-            cases: Vec<MmCase>,
-        }
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/data/dynamo_mm_vectors.json"
-        );
-        let f: File = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-        assert!(f.cases.len() >= 5);
-        for c in &f.cases {
+        let cases: Vec<MmCase> = cases("dynamo_mm_vectors.json");
+        assert!(cases.len() >= 5);
+        for c in &cases {
             let seed = block_seed(c.lora_name.as_deref(), c.cache_salt.as_deref());
             let (mut buf, mut parent, mut locals, mut seqs) =
                 (Vec::new(), None, Vec::new(), Vec::new());

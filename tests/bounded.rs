@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Publisher, Server, dump_rows, register, removed, stored};
+use common::{Server, dump_rows, removed, stored, workers};
 use serde_json::{Value, json};
 
 const MODEL: &str = "m";
@@ -37,8 +37,7 @@ fn the_index_stays_within_max_blocks_keeping_the_newest_and_the_matched() {
     let t0 = std::time::Instant::now();
     let s = Server::start(&["--threads", "2", "--max-blocks", &BOUND.to_string()]);
     let ctx = zmq::Context::new();
-    let mut w = Publisher::bind(&ctx);
-    register(&s, MODEL, 1, &w);
+    let [mut w] = workers(&s, &ctx, MODEL);
 
     let full = json!({"1": {"0": BLOCKS * 4}});
     // 100 prompts, four times the bound. Prompt 0 is a hot system prompt a router

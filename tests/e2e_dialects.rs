@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{Publisher, Server, fixture, register, workers};
+use common::{Publisher, Server, fixture, fixture_with, publishers, register, workers};
 use kvix::hash::{block_seed, chain, local_hash};
 use serde_json::{Value, json};
 
@@ -162,8 +162,7 @@ fn lora_and_tenants(s: &Server) {
 fn seed_001_worked_example_over_the_conductor_api() {
     let s = Server::start(&["--threads", "2"]);
     let ctx = zmq::Context::new();
-    let mut engine = Publisher::bind(&ctx);
-    let mut store = Publisher::bind(&ctx);
+    let [mut engine, mut store] = publishers(&ctx);
     let reg = |p: &Publisher, kind: &str| {
         let (st, v) = s.post_json(
             "/register",
@@ -323,9 +322,7 @@ fn malformed_dialect_frames_are_skipped() {
     let s = Server::start(&["--threads", "1"]);
     let ctx = zmq::Context::new();
     let [mut p] = workers(&s, &ctx, "m");
-    let mut bad_rfc = fixture("e2e_rfc_seq_disk");
-    let at = bad_rfc.windows(6).position(|w| w == b"stored").unwrap();
-    bad_rfc[at..at + 6].copy_from_slice(b"storex");
+    let bad_rfc = fixture_with("e2e_rfc_seq_disk", b"stored", b"storex");
     let mut bad_legacy = fixture("e2e_legacy_store");
     bad_legacy.truncate(bad_legacy.len() - 3);
     // A batch declaring 2^32-1 events with nothing behind it.

@@ -3,7 +3,10 @@
 
 mod common;
 
-use common::{Publisher, Row, Server, dump_rows, fixture, register, register_with, worker_flags};
+use common::{
+    Publisher, Row, Server, dump_rows, fixture, fixture_with, publishers, register, register_with,
+    worker_flags,
+};
 use kvix::hash::{block_seed, local_hash};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
@@ -31,9 +34,7 @@ fn query_by_hash(t: &[u32]) -> Value {
 fn vllm_events_to_dynamo_queries() {
     let s = Server::start(&["--threads", "2"]);
     let ctx = zmq::Context::new();
-    let mut w1 = Publisher::bind(&ctx);
-    let mut w2d0 = Publisher::bind(&ctx);
-    let mut w2d1 = Publisher::bind(&ctx);
+    let [mut w1, mut w2d0, mut w2d1] = publishers(&ctx);
     assert_eq!(register(&s, MODEL, 1, &w1), json!({"status": "ok"}));
     assert_eq!(
         register_with(&s, MODEL, 2, &w2d0, json!({"dp_rank": 0})),
@@ -211,12 +212,7 @@ fn malformed_frames_are_counted_logged_and_skipped() {
     assert_eq!(register(&s, MODEL, 7, &p), json!({"status": "ok"}));
 
     let good = fixture("w1_s0_store");
-    let mut unknown_tag = good.clone();
-    let at = unknown_tag
-        .windows(11)
-        .position(|w| w == b"BlockStored")
-        .unwrap();
-    unknown_tag[at..at + 11].copy_from_slice(b"BlockStorex");
+    let unknown_tag = fixture_with("w1_s0_store", b"BlockStored", b"BlockStorex");
     p.send(&[0xc1]); // a reserved msgpack marker
     p.send(&good[..good.len() / 2]); // truncated
     p.send(&unknown_tag);

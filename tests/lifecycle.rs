@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{Publisher, Server, cleared_on, fixture, register, stored_on, worker_flags};
+use common::{Publisher, Server, cleared_on, fixture, register, stored_on, worker_flags, workers};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -52,8 +52,7 @@ fn timed<T>(what: &str, limit: Duration, f: impl FnOnce() -> T) -> (T, Duration)
 fn control_calls_stay_fast_during_an_event_flood_with_tiny_rings() {
     let s = Server::start(&["--threads", "2", "--ring-capacity", "256"]);
     let ctx = zmq::Context::new();
-    let mut flood = Publisher::bind(&ctx);
-    register(&s, MODEL, 1, &flood);
+    let [mut flood] = workers(&s, &ctx, MODEL);
     // Enough to keep a tiny ring full for a while, even in a debug build.
     let batches = 600usize;
     let payloads: Vec<(Vec<u8>, Vec<u32>)> = (0..batches)
@@ -448,8 +447,7 @@ fn a_failed_register_undoes_only_itself() {
 fn event_data_cannot_grow_the_registry_past_its_caps() {
     let s = Server::start(&["--threads", "2", "--max-event-slots", "4"]);
     let ctx = zmq::Context::new();
-    let mut p = Publisher::bind(&ctx);
-    register(&s, MODEL, 1, &p);
+    let [mut p] = workers(&s, &ctx, MODEL);
     // vLLM's batch envelope with a third element, the batch's dp rank.
     for dp in 1..=20u8 {
         let (mut batch, _) = chain_batch(100 * dp as u32, 1000 * dp as u64, 1);
@@ -582,8 +580,7 @@ fn million_block_dump_under_queries() {
 fn memory_a_burst_grew_goes_back_once_idle() {
     let s = Server::start(&["--threads", "1"]);
     let ctx = zmq::Context::new();
-    let mut p = Publisher::bind(&ctx);
-    register(&s, MODEL, 1, &p);
+    let [mut p] = workers(&s, &ctx, MODEL);
     let rss0 = common::rss_mib(s.pid());
     // 400k blocks in chains of 100.
     let (chains, n) = (4_000u64, 100usize);

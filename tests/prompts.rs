@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{Publisher, Server, kvix_bin, register, stored};
+use common::{Server, kvix_bin, publishers, register, stored};
 use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -80,11 +80,7 @@ fn start_with_tokenizers() -> (Server, [PathBuf; 2]) {
 fn prompts_and_messages_answer_as_their_token_ids() {
     let (s, dirs) = start_with_tokenizers();
     let ctx = zmq::Context::new();
-    let (mut w1, mut w2, mut w3) = (
-        Publisher::bind(&ctx),
-        Publisher::bind(&ctx),
-        Publisher::bind(&ctx),
-    );
+    let [mut w1, mut w2, mut w3] = publishers(&ctx);
     register(&s, "m", 1, &w1);
     register(&s, "m", 2, &w2);
     register(&s, "other", 3, &w3);

@@ -39,12 +39,13 @@ fn snapshotting(path: &str, interval: &str) -> Server {
 }
 
 /// An engine with a replay buffer, registered as worker 1 of a kvix that writes its
-/// snapshot to `path` on SIGTERM only.
-fn engine_and_snapshotting(ctx: &zmq::Context, path: &str) -> (Engine, Server) {
+/// snapshot to a fresh file `name` on SIGTERM only; and that file's path.
+fn engine_and_snapshotting(ctx: &zmq::Context, name: &str) -> (Engine, Server, PathBuf) {
+    let path = snap_path(name);
     let e = Engine::start(ctx);
-    let s = snapshotting(path, "0");
+    let s = snapshotting(path.to_str().unwrap(), "0");
     register_with(&s, MODEL, 1, &e.publisher, replay(&e));
-    (e, s)
+    (e, s, path)
 }
 
 fn snapshots(s: &Server) -> f64 {
@@ -117,9 +118,8 @@ fn kill_9_then_restart_from_snapshot_plus_replay() {
 #[test]
 fn corrupt_or_truncated_snapshots_are_rejected_whole() {
     let ctx = zmq::Context::new();
-    let path = snap_path("corrupt.snap");
+    let (mut e, s, path) = engine_and_snapshotting(&ctx, "corrupt.snap");
     let p = path.to_str().unwrap();
-    let (mut e, s) = engine_and_snapshotting(&ctx, p);
     let mut w = Workload::new(5, 0);
     for _ in 0..50 {
         e.publish(&w.next());
@@ -164,9 +164,8 @@ fn corrupt_or_truncated_snapshots_are_rejected_whole() {
 #[ignore]
 fn million_blocks_write_and_warm_restart() {
     let ctx = zmq::Context::new();
-    let path = snap_path("million.snap");
+    let (mut e, s, path) = engine_and_snapshotting(&ctx, "million.snap");
     let p = path.to_str().unwrap();
-    let (mut e, s) = engine_and_snapshotting(&ctx, p);
     const CHAINS: u64 = 10_000;
     const LEN: u64 = 100;
     for c in 0..CHAINS {

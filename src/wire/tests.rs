@@ -35,6 +35,11 @@ fn decoded(name: &str) -> (Batch, Vec<u8>) {
     (b, p)
 }
 
+/// What an event is: its operation, dialect and kind of hashes.
+fn kind(e: &Event<'_>) -> (EventOp, Dialect, HashKind) {
+    (e.op, e.dialect, e.hash_kind)
+}
+
 fn reject(bytes: &[u8]) -> WireError {
     let mut b = Batch::default();
     let e = decode(bytes, &mut b).expect_err("must be rejected");
@@ -156,10 +161,7 @@ fn rfc_stored_with_aliases_counts_hashes_once() {
     let ev: Vec<_> = b.events(&p).collect();
     assert_eq!(ev.len(), 1);
     let e = &ev[0];
-    assert_eq!(
-        (e.op, e.dialect, e.hash_kind),
-        (EventOp::Stored, Dialect::Rfc1527, HashKind::Seq)
-    );
+    assert_eq!(kind(e), (EventOp::Stored, Dialect::Rfc1527, HashKind::Seq));
     assert_eq!(e.hashes, &[h(1234567890), h(9876543210), h(1122334455)]);
     assert_eq!(b.hashes.len(), 3, "aliases must not add hashes");
     assert_eq!(e.parent, Some(h(9999999999)));
@@ -242,7 +244,7 @@ fn legacy_mooncake_seed_layout() {
     assert_eq!(ev.len(), 4);
     let e = &ev[0];
     assert_eq!(
-        (e.op, e.dialect, e.hash_kind),
+        kind(e),
         (EventOp::Stored, Dialect::MooncakeLegacy, HashKind::Engine)
     );
     assert_eq!(

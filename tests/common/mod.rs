@@ -40,11 +40,16 @@ pub fn register(s: &Server, model: &str, instance: u64, p: &Publisher) -> Value 
 
 /// `N` publishers, registered as workers 1 to `N` of `model` (block size 4).
 pub fn workers<const N: usize>(s: &Server, ctx: &zmq::Context, model: &str) -> [Publisher; N] {
-    std::array::from_fn(|i| {
-        let p = Publisher::bind(ctx);
-        register(s, model, i as u64 + 1, &p);
-        p
-    })
+    let pubs = publishers(ctx);
+    for (i, p) in pubs.iter().enumerate() {
+        register(s, model, i as u64 + 1, p);
+    }
+    pubs
+}
+
+/// `N` publishers, each on a free loopback port.
+pub fn publishers<const N: usize>(ctx: &zmq::Context) -> [Publisher; N] {
+    std::array::from_fn(|_| Publisher::bind(ctx))
 }
 
 /// [`register`] with `extra`'s fields (`dp_rank`, `replay_endpoint`, ...) added to
@@ -495,6 +500,19 @@ fn batch_of_one() -> Vec<u8> {
     rmp::encode::write_array_len(&mut b, 2).unwrap();
     rmp::encode::write_f64(&mut b, 1.5).unwrap();
     rmp::encode::write_array_len(&mut b, 1).unwrap();
+    b
+}
+
+/// Fixture `name` with the first `from` in it replaced by `to` (as long): a
+/// frame that is well-formed msgpack but not a valid event.
+pub fn fixture_with(name: &str, from: &[u8], to: &[u8]) -> Vec<u8> {
+    assert_eq!(from.len(), to.len());
+    let mut b = fixture(name);
+    let at = b
+        .windows(from.len())
+        .position(|w| w == from)
+        .unwrap_or_else(|| panic!("{name} has no {from:?}"));
+    b[at..at + to.len()].copy_from_slice(to);
     b
 }
 
