@@ -4,7 +4,9 @@
 
 mod common;
 
-use common::{Publisher, Server, cleared_on, fixture, register, stored_on, worker_flags, workers};
+use common::{
+    Publisher, Server, cleared_on, fixture, publishers, register, stored_on, worker_flags, workers,
+};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -37,6 +39,21 @@ fn wait_scored(s: &Server, what: &str, q: &Value, instance: &str, tokens: u64) {
             .then_some(())
             .ok_or(v.to_string())
     });
+}
+
+/// Flags that start kvix on two threads with `peer` as its one peer, waited for
+/// `wait_ms`, then `extra`.
+fn peer_flags<'a>(peer: &'a Server, wait_ms: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut flags = vec![
+        "--threads",
+        "2",
+        "--peers",
+        &peer.base,
+        "--peer-wait-ms",
+        wait_ms,
+    ];
+    flags.extend_from_slice(extra);
+    flags
 }
 
 /// Time one call; panic with the call's name if it took `limit` or more.
@@ -324,14 +341,7 @@ fn a_replica_given_only_peers_adopts_the_workers_and_stays_live() {
     let q = json!({"token_ids": prompt, "model_name": MODEL});
     wait_scored(&a, "A indexed the chain", &q, "7", 32);
     // B: nothing but the peer (no --workers, no --block-size).
-    let b = Server::start(&[
-        "--threads",
-        "2",
-        "--peers",
-        &a.base,
-        "--peer-wait-ms",
-        "300",
-    ]);
+    let b = Server::start(&peer_flags(&a, "300", &[]));
     engine.wait_subscriber();
     b.wait_log("recovery done");
     let workers: Value = b.get_json("/workers");
@@ -358,16 +368,7 @@ fn a_replica_given_only_peers_adopts_the_workers_and_stays_live() {
 
     // With adoption off, B2 creates the index from the dump (no 404) but listens to
     // nobody, so it seeds nothing it could not keep true.
-    let b2 = Server::start(&[
-        "--threads",
-        "2",
-        "--peers",
-        &a.base,
-        "--peer-wait-ms",
-        "100",
-        "--adopt-workers",
-        "false",
-    ]);
+    let b2 = Server::start(&peer_flags(&a, "100", &["--adopt-workers", "false"]));
     b2.wait_log("recovery done");
     let (st, v) = b2.post_json("/query", &q);
     assert_eq!(st, 200, "{v}");
@@ -378,7 +379,7 @@ fn a_replica_given_only_peers_adopts_the_workers_and_stays_live() {
 #[test]
 fn blocks_stored_by_sequence_hash_beside_engine_events_survive_peer_recovery() {
     let ctx = zmq::Context::new();
-    let (mut engine, mut store) = (Publisher::bind(&ctx), Publisher::bind(&ctx));
+    let [mut engine, mut store] = publishers(&ctx);
     let a = Server::start(&["--threads", "2"]);
     for (p, kind) in [(&engine, "vLLM"), (&store, "Mooncake")] {
         a.post_ok(
@@ -406,14 +407,7 @@ fn blocks_stored_by_sequence_hash_beside_engine_events_survive_peer_recovery() {
             .then_some(())
             .ok_or(format!("{d} {e}"))
     });
-    let b = Server::start(&[
-        "--threads",
-        "2",
-        "--peers",
-        &a.base,
-        "--peer-wait-ms",
-        "100",
-    ]);
+    let b = Server::start(&peer_flags(&a, "100", &[]));
     b.wait_log("recovery done");
     assert_eq!(answers(&b), answers(&a));
 }
