@@ -209,19 +209,19 @@ impl Tree {
                 engine[slot.0 as usize].set(eh, reference, chunks)
             }
             .and_then(|before| self.resolve(slot, before));
-            match old {
-                Some(old) if old == id => {}
+            if old == Some(id) {
+                p = Some(id);
+                continue;
+            }
+            if let Some(old) = old {
                 // The engine reused the hash for other content: the slot's hold on
                 // the old block ends with it.
-                Some(old) => self.unhold(slot, old, TierSet::ALL, Some(eh)),
-                // New, or naming a block that is no more.
-                None => {
-                    if !(before & TierSet::MEDIA).is_empty() {
-                        // The slot already held this block under another engine hash
-                        // (a prediction it confirms has none).
-                        self.alias(slot, id, eh);
-                    }
-                }
+                self.unhold(slot, old, TierSet::ALL, Some(eh));
+            }
+            if !(before & TierSet::MEDIA).is_empty() {
+                // The slot already held this block under another engine hash (a
+                // prediction it confirms has none): both names are listed.
+                self.alias(slot, id, eh);
             }
             p = Some(id);
         }
