@@ -464,7 +464,7 @@ async fn drain_loop(core: Rc<Core>) {
                 .app
                 .rings()
                 .drain(core.id, 8192, |ops| shard.apply_staged(ops));
-            let clearing = shard.step_clears();
+            let clearing = shard.step_clears() | shard.step_budget();
             shard.expire(crate::shard::predict::now_tick());
             shard.sync_budget();
             (n, clearing, shard.evicted)

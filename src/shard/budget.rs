@@ -1,7 +1,8 @@
 //! The block budget the shards share (`--max-blocks`): each shard adds what it
 //! holds to one atomic count and, while the total is over the bound, evicts its
-//! own least recently used blocks. Never touches another shard's blocks, and
-//! touches the atomic once per store run or drain pass, never per block.
+//! own least recently used blocks, in steps between which its executor serves.
+//! Never touches another shard's blocks, and touches the atomic once per store
+//! run, eviction step or drain pass, never per block.
 
 use super::keyed::EVICT_TURNS;
 use super::{IndexShard, Shard};
@@ -30,6 +31,9 @@ impl BlockBudget {
 
 /// Eviction turns per index: its tree, then its keyed table.
 const TURNS_PER_INDEX: usize = 2;
+
+/// Blocks one step evicts at most: a fraction of a millisecond.
+const EVICT_STEP: usize = 4096;
 
 impl Shard {
     /// Hold, with the other shards sharing `budget`, at most its `max` blocks over
@@ -67,7 +71,9 @@ impl Shard {
     }
 
     /// Evict until every shard together is within the budget (or this one has
-    /// nothing left to evict). Every index's tree and keyed table take turns; one
+    /// nothing left to evict), at most [`EVICT_STEP`] blocks: a store far past
+    /// the bound leaves the rest to [`Self::step_budget`], between whose steps
+    /// the executor serves. Every index's tree and keyed table take turns; one
     /// that finds nothing passes the turn on.
     pub(super) fn keep_budget(&mut self) {
         let Some(max) = self.budget.as_ref().map(|b| b.max) else {
@@ -76,22 +82,36 @@ impl Shard {
         let mut total = self.sync_budget();
         let turns = self.indexes.len() * TURNS_PER_INDEX;
         // Turns without an eviction: a full round of them means nothing here can go.
-        let mut misses = 0;
-        while total > max && misses < 4 * (EVICT_TURNS + 1) * turns {
+        let (mut misses, mut evicted) = (0, 0);
+        while total > max && misses < 4 * (EVICT_TURNS + 1) * turns && evicted < EVICT_STEP {
             let turn = self.evict_from % turns;
             self.evict_from = turn + 1;
             let ix = &mut self.indexes[turn / TURNS_PER_INDEX];
-            let evicted = match turn % TURNS_PER_INDEX {
+            let before = ix.len();
+            let done = match turn % TURNS_PER_INDEX {
                 0 => ix.tree.evict().is_some(),
                 _ => ix.keyed.evict(),
             };
-            if !evicted {
+            if !done {
                 misses += 1;
                 continue;
             }
             misses = 0;
-            self.evicted += 1;
-            total = self.sync_budget();
+            evicted += 1;
+            // What went here; the other shards' changes show at the next sync.
+            total = total.saturating_sub(before - ix.len());
         }
+        self.evicted += evicted as u64;
+        let total = self.sync_budget();
+        self.over_budget = total > max && evicted == EVICT_STEP;
+    }
+
+    /// One step of the eviction a store past the budget left (see
+    /// [`Self::keep_budget`]). Returns whether more is left.
+    pub fn step_budget(&mut self) -> bool {
+        if self.over_budget {
+            self.keep_budget();
+        }
+        self.over_budget
     }
 }

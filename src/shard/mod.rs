@@ -10,9 +10,9 @@
 //! [`Shard::predict`]; predictions end through [`Shard::expire`]. A clear of a
 //! worker's slot (all its tiers or some) is walked in steps between which the
 //! executor serves ([`Shard::step_clears`]), answering as if the clear were done.
-//! With a block budget (`--max-blocks`) a store past it evicts the block least
-//! recently stored or matched. A shard never touches another shard's memory and
-//! never blocks.
+//! With a block budget (`--max-blocks`) a store past it evicts the blocks least
+//! recently stored or matched, a step at a time ([`Shard::step_budget`]). A
+//! shard never touches another shard's memory and never blocks.
 //!
 //! The rooms: [`op`] the ops; [`reply`] a lookup's prompt and the reply encoding
 //! the gather reads; [`clear`] clears walked in steps; [`budget`] the block budget
@@ -148,6 +148,8 @@ pub struct Shard {
     pub evicted: u64,
     /// The eviction turn (index × its tree, then its keyed table) next.
     evict_from: usize,
+    /// The last eviction step stopped with the shards over the budget.
+    over_budget: bool,
     /// Indexes with slots being cleared, oldest first (see [`Clearing`]).
     clearing: Vec<IndexId>,
     /// The latest tick [`Self::expire`] was given: predictions due by then ended.

@@ -312,6 +312,33 @@ fn shards_sharing_a_budget_stay_within_it_and_keep_their_counters() {
     assert_eq!(shards.iter().map(|s| s.evicted).sum::<u64>(), before);
 }
 
+/// A chain far past the budget is evicted from its end in steps, the shard
+/// answering between them; what stays is the chain's head.
+#[test]
+fn a_chain_far_past_the_budget_is_evicted_from_its_end_in_steps() {
+    let mut s = Shard::default();
+    s.set_block_budget(Some(BlockBudget::new(1000)));
+    let locals: Vec<u64> = (1..=20_000).collect();
+    s.apply_all(&run(1, DEV, None, &locals));
+    let mut held = s.tier_counts().0;
+    assert!(held < 20_000 && held > 1000, "{held} after the store");
+    let mut steps = 0;
+    while s.step_budget() {
+        steps += 1;
+        let now = s.tier_counts().0;
+        assert!(now < held && now >= 1000, "{now} after {held}");
+        held = now;
+        // Between steps the shard answers: the head is held.
+        assert!(HolderLists::new(&lookup(&mut s, &locals[..3])).all(|(hs, _)| hs.len() == 1));
+    }
+    assert!(steps >= 2, "{steps} steps");
+    assert_eq!(s.tier_counts().0, 1000);
+    assert_eq!(s.evicted, 19_000);
+    let out = lookup(&mut s, &locals[..1001]);
+    let held: Vec<usize> = HolderLists::new(&out).map(|(hs, _)| hs.len()).collect();
+    assert_eq!(held, [vec![1; 1000], vec![0]].concat());
+}
+
 /// A standardized publisher's block under a parent its slot named by another
 /// hash is filed by sequence hash, and a lookup finds it after the tree's.
 #[test]

@@ -43,7 +43,7 @@ impl NodeId {
         self.0
     }
 
-    /// The node at arena position `i` (the eviction hand's sweep).
+    /// The node at arena position `i`.
     pub(super) fn at_index(i: u32) -> Self {
         NodeId(i)
     }
@@ -301,10 +301,15 @@ impl Tree {
             roots.insert_unique(child_hash(local), id, |&c| {
                 child_hash(at(chunks, c).local())
             });
+            self.filed_leaf(id, None);
             return Some(id);
         };
         match self.node(parent).kids() {
-            Kids::None => self.node_mut(parent).set_kids(Kids::One(id)),
+            Kids::None => {
+                self.node_mut(parent).set_kids(Kids::One(id));
+                self.filed_leaf(id, Some(parent));
+                return Some(id);
+            }
             kids => {
                 if kids != Kids::Wide {
                     self.widen(parent);
@@ -318,6 +323,7 @@ impl Tree {
                 });
             }
         }
+        self.filed_leaf(id, None);
         Some(id)
     }
 
@@ -380,7 +386,11 @@ impl Tree {
                 return;
             };
             let p = self.node(parent);
-            if !p.holders.is_empty() || !p.is_leaf() {
+            if !p.is_leaf() {
+                return;
+            }
+            if !p.holders.is_empty() {
+                self.leaf_again(parent);
                 return;
             }
             id = parent;

@@ -103,8 +103,8 @@ pub struct Tree {
     /// compared as differences).
     clock: u32,
     tracking: bool,
-    /// Where the eviction hand is, as an arena position.
-    hand: u32,
+    /// A bounded index's leaves, for eviction.
+    leaves: evict::Leaves,
     /// At most this many nodes (`None`: as many as ids can name); tests set less.
     node_limit: Option<u32>,
 }
@@ -334,6 +334,7 @@ impl Tree {
             + self.engine_heap_bytes()
             + self.held.heap_bytes()
             + self.used.capacity() * 4
+            + self.leaves.heap_bytes()
     }
 }
 

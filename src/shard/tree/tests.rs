@@ -866,8 +866,9 @@ proptest! {
         }
         let mut m = Model::default();
         for op in &ops {
-            apply(&mut t, &mut m, op, narrow);
+            apply(&mut t, &mut m, op, narrow)?;
             prop_assert_eq!(t.len(), m.nodes());
+            prop_assert!(t.leaves_queued());
             // A 4-byte name lives exactly as long as its hold: its key is read
             // from a node that a reuse would change.
             for (i, names) in t.engine.iter().enumerate() {
@@ -883,7 +884,7 @@ proptest! {
 }
 
 /// `op` on the tree and on the model alike (`narrow`: see [`name`]).
-fn apply(t: &mut Tree, m: &mut Model, op: &Op, narrow: bool) {
+fn apply(t: &mut Tree, m: &mut Model, op: &Op, narrow: bool) -> Result<(), TestCaseError> {
     match op {
         Op::Store {
             slot,
@@ -923,9 +924,23 @@ fn apply(t: &mut Tree, m: &mut Model, op: &Op, narrow: bool) {
             t.predict(WorkerSlot(*slot), &locals, deadline);
         }
         Op::Evict => {
-            if let Some(id) = t.next_victim() {
-                m.evict(&t.path(id));
-                t.evict_node(id);
+            // Untracked, use tracking begins here, on a tree already filed.
+            t.track_use();
+            match t.next_victim() {
+                // A victim is a leaf of the model's blocks (one nothing hangs
+                // from), and one is found whenever a block is held.
+                Some(id) => {
+                    let path = t.path(id);
+                    prop_assert!(m.holders.contains_key(&path));
+                    prop_assert!(
+                        !m.holders
+                            .keys()
+                            .any(|p| p.len() > path.len() && p.starts_with(&path))
+                    );
+                    m.evict(&path);
+                    t.evict_node(id);
+                }
+                None => prop_assert!(m.holders.is_empty()),
             }
         }
         Op::Expire { advance } => {
@@ -945,6 +960,7 @@ fn apply(t: &mut Tree, m: &mut Model, op: &Op, narrow: bool) {
             }
         }
     }
+    Ok(())
 }
 
 /// Every path the model holds (and one it may not) looks up alike, by local and
