@@ -419,33 +419,38 @@ fn bell(core: &Core) -> Option<glommio::net::UnixStream> {
     Some(unsafe { glommio::net::UnixStream::from_raw_fd(rx.into_raw_fd()) })
 }
 
-/// Wait on `bell` for a producer's byte, or `PARKED_TICK`. False if the bell broke
+/// A drain loop parks only for this long or longer (a shorter wait is a nap).
+const PARK_AT_LEAST: Duration = Duration::from_millis(20);
+
+/// Wait on `bell` for a producer's byte, or `wake`. False if the bell broke
 /// (the caller goes back to napping rather than spin on an error).
-async fn wait_for_bell(bell: &mut glommio::net::UnixStream) -> bool {
+async fn wait_for_bell(bell: &mut glommio::net::UnixStream, wake: Duration) -> bool {
     use futures_lite::AsyncReadExt;
     let rung = async {
         let mut bytes = [0u8; 64];
         matches!(bell.read(&mut bytes).await, Ok(n) if n > 0)
     };
     let tick = async {
-        glommio::timer::sleep(PARKED_TICK).await;
+        glommio::timer::sleep(wake).await;
         true
     };
     futures_lite::future::or(rung, tick).await
 }
 
-/// Drain this core's rings into its shard forever, walk one step of a slot's clear per
-/// pass, and end the predictions that are due (a few wheel buckets per tick, see
-/// [`crate::shard::predict`]). Requests get in between the steps of a clear and at
+/// Drain this core's rings into its shard forever, walk one step of a slot's clear
+/// and of an eviction per pass, and end the predictions that are due (the wheel
+/// slots whose turn came, see [`crate::shard::predict`]). Requests get in between the steps of a clear and at
 /// least every [`SERVE_EVERY`] of applying ops.
 ///
 /// When the rings are empty it naps 1–2 ms: every park costs glommio a membarrier IPI
 /// to all cores, so shorter naps cost an event flood more than they save. A ring
 /// holds 16k ops, 8 ms of one producer at 2M ops/s, so a nap does not make a
 /// producer wait (`kvix_ring_full_stalls_total` counts when it does); events become
-/// visible at most one nap after they arrive. Empty for [`PARK_AFTER`] (and no
-/// prediction to end), it parks until a producer rings its bell instead, so an idle
-/// indexer spends no CPU polling and the next event is applied as it arrives.
+/// visible at most one nap after they arrive. Empty for [`PARK_AFTER`], it parks
+/// until a producer rings its bell (or the next prediction is due) instead, so an
+/// idle indexer spends no CPU polling and the next event is applied as it arrives.
+/// Clears, evictions past the block budget and mass expiries run a step a pass,
+/// requests getting in between the steps.
 async fn drain_loop(core: Rc<Core>) {
     let mut idle = IDLE_AFTER_WORK;
     // Gives back what applying ops freed once the shard is quiet (never the C heap:
@@ -464,8 +469,9 @@ async fn drain_loop(core: Rc<Core>) {
                 .app
                 .rings()
                 .drain(core.id, 8192, |ops| shard.apply_staged(ops));
-            let clearing = shard.step_clears() | shard.step_budget();
-            shard.expire(crate::shard::predict::now_tick());
+            let clearing = shard.step_clears()
+                | shard.step_budget()
+                | shard.expire(crate::shard::predict::now_tick());
             shard.sync_budget();
             (n, clearing, shard.evicted)
         };
@@ -481,13 +487,21 @@ async fn drain_loop(core: Rc<Core>) {
         if n == 0 && !clearing {
             release.idle();
             let rings = core.app.rings();
+            // With predictions waiting, it parks only until the next is due.
+            let wake = core
+                .shard
+                .borrow()
+                .next_prediction_due()
+                .map_or(PARKED_TICK, |t| {
+                    crate::shard::predict::until(t).min(PARKED_TICK)
+                });
             match bell.as_mut() {
                 Some(b)
                     if worked.elapsed() >= PARK_AFTER
-                        && !core.shard.borrow().has_predictions()
+                        && wake >= PARK_AT_LEAST
                         && rings.try_park(core.id) =>
                 {
-                    if !wait_for_bell(b).await {
+                    if !wait_for_bell(b, wake).await {
                         tracing::warn!(shard = core.id.0, "ring bell broken: polling instead");
                         bell = None;
                     }

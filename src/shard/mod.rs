@@ -47,6 +47,10 @@ use keyed::KeyedBlocks;
 use predict::Tick;
 use tree::{Seed, Stored, Tree};
 
+/// Predictions an expiry looks at per call at most: a mass expiry is spread over
+/// drain passes, the executor serving between them.
+const EXPIRE_STEP: usize = 1 << 14;
+
 /// How an index fed only by predictions (approximate mode) stays bounded: once it
 /// holds more than `max` blocks in this shard, the soonest-due predictions end
 /// until it holds `target`.
@@ -416,15 +420,34 @@ impl Shard {
         self.indexes.iter().any(|ix| ix.tree.has_predictions())
     }
 
-    /// End every prediction due at `now`, in the indexes that hold predictions.
-    pub fn expire(&mut self, now: Tick) {
+    /// The tick by which [`Self::expire`] next has work (predictions to end, or
+    /// to move down the wheel), if any prediction waits: an idle executor
+    /// sleeps until then.
+    pub fn next_prediction_due(&self) -> Option<Tick> {
+        self.indexes
+            .iter()
+            .filter_map(|ix| ix.tree.next_prediction_due())
+            .min()
+    }
+
+    /// End the predictions due at `now`, in the indexes that hold predictions,
+    /// looking at no more than [`EXPIRE_STEP`] of them. Returns whether some due
+    /// are left for the next call.
+    pub fn expire(&mut self, now: Tick) -> bool {
         self.expired_to = self.expired_to.max(now);
+        let mut budget = EXPIRE_STEP;
         for ix in &mut self.indexes {
             if ix.tree.has_predictions() {
-                self.predictions.expired += ix.tree.expire(now) as u64;
+                let (ended, left) = ix.tree.expire(now, budget);
+                self.predictions.expired += ended as u64;
                 ix.shrink_if_empty();
+                if left {
+                    return true;
+                }
+                budget -= ended.min(budget - 1);
             }
         }
+        false
     }
 
     /// Holders of the prompt's blocks (in prefix order) among this shard's slots as

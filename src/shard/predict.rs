@@ -20,9 +20,13 @@ pub type Tick = u32;
 /// Expiry resolution: a prediction ends within two ticks after its TTL.
 pub const TICK: Duration = Duration::from_millis(16);
 
-/// Buckets in the wheel: one lap spans 4 s, the default TTL with room to spare.
-/// A deadline further out waits in its bucket and is put back on each lap.
-const WHEEL: usize = 256;
+/// The wheel's levels, of [`SLOTS`] slots each: a slot of level `l` spans
+/// `SLOTS^l` ticks, so six levels span every tick a [`Tick`] holds, and a
+/// pair is looked at once per level it moves down (at most six times,
+/// whatever its TTL), never once a lap.
+const LEVELS: usize = 6;
+const SLOT_BITS: u32 = 6;
+const SLOTS: usize = 1 << SLOT_BITS;
 
 /// Ticks covering `d`, rounded up (a TTL never ends early), at least one.
 pub fn ticks(d: Duration) -> Tick {
@@ -39,6 +43,11 @@ pub fn deadline_after(ttl: Duration) -> Tick {
 /// The current tick, from a process-wide epoch shared by every core.
 pub fn now_tick() -> Tick {
     (since_epoch().as_nanos() / TICK.as_nanos()) as Tick
+}
+
+/// How long until tick `t` begins (zero if it has).
+pub fn until(t: Tick) -> Duration {
+    (TICK * t).saturating_sub(since_epoch())
 }
 
 fn since_epoch() -> Duration {
@@ -107,10 +116,20 @@ pub struct Predictions<B = SeqHash> {
     /// Deadline of every live predicted pair. An entry outlives its holder bit only
     /// when the pair was cleared or evicted; its next wheel visit drops it.
     deadline: HashMap<Pair, Tick>,
-    /// `wheel[t % WHEEL]`: pairs whose deadline was `t` when filed (or a later lap).
-    /// Empty until the first prediction.
-    wheel: Vec<Vec<Pair>>,
-    /// Every tick up to this one has been expired.
+    /// A hierarchical timing wheel (as the Linux kernel's and tokio's): `slots[level
+    /// * SLOTS + i]` holds the pairs whose deadline, when filed, lay in slot `i`
+    /// of `level` counted from `elapsed` (see [`level_for`]). Empty until the
+    /// first prediction.
+    slots: Vec<Vec<Pair>>,
+    /// Per level, a bit per slot that holds pairs.
+    occupied: [u64; LEVELS],
+    /// The wheel's time: every slot that starts at or before it has been taken.
+    elapsed: Tick,
+    /// The pairs of the slot taken last, from `due_at` on not yet looked at (an
+    /// expiry looks at a bounded number per call).
+    due: Vec<Pair>,
+    due_at: usize,
+    /// Every tick up to this one has been handed to [`Self::expire`].
     done: Tick,
     named: PhantomData<B>,
 }
@@ -119,11 +138,25 @@ impl<B> Default for Predictions<B> {
     fn default() -> Self {
         Predictions {
             deadline: HashMap::default(),
-            wheel: Vec::new(),
+            slots: Vec::new(),
+            occupied: [0; LEVELS],
+            elapsed: 0,
+            due: Vec::new(),
+            due_at: 0,
             done: 0,
             named: PhantomData,
         }
     }
+}
+
+/// The level a deadline `when` is filed at, from the wheel's time `elapsed`: the
+/// level of the highest group of [`SLOT_BITS`] in which they differ. Filed there,
+/// the pair's slot starts after `elapsed`, and every pair of a lower level is
+/// due before it.
+fn level_for(elapsed: Tick, when: Tick) -> usize {
+    let masked = u64::from(elapsed ^ when) | (SLOTS as u64 - 1);
+    let significant = 63 - masked.leading_zeros();
+    ((significant / SLOT_BITS) as usize).min(LEVELS - 1)
 }
 
 impl<B: PredictedBlock> Predictions<B> {
@@ -151,17 +184,57 @@ impl<B: PredictedBlock> Predictions<B> {
             }
             hashbrown::hash_map::Entry::Vacant(e) => {
                 e.insert(deadline);
-                self.file(seq, slot, deadline);
+                self.file(Pair::new(seq, slot), deadline);
                 Predicted::Created
             }
         }
     }
 
-    fn file(&mut self, seq: B, slot: WorkerSlot, deadline: Tick) {
-        if self.wheel.is_empty() {
-            self.wheel.resize_with(WHEEL, Vec::new);
+    /// Files `pair` in the slot of `when` (which is after `elapsed`).
+    fn file(&mut self, pair: Pair, when: Tick) {
+        if self.slots.is_empty() {
+            self.slots.resize_with(LEVELS * SLOTS, Vec::new);
         }
-        self.wheel[deadline as usize % WHEEL].push(Pair::new(seq, slot));
+        let level = level_for(self.elapsed, when);
+        let slot = (u64::from(when) >> (level as u32 * SLOT_BITS)) as usize % SLOTS;
+        self.slots[level * SLOTS + slot].push(pair);
+        self.occupied[level] |= 1 << slot;
+    }
+
+    /// The next slot to take: its level, its index and the tick it starts at (the
+    /// lowest level that holds pairs: they are due before any of a higher one).
+    fn next_slot(&self) -> Option<(usize, usize, Tick)> {
+        let level = (0..LEVELS).find(|&l| self.occupied[l] != 0)?;
+        let shift = level as u32 * SLOT_BITS;
+        let at = u64::from(self.elapsed);
+        let now_slot = (at >> shift) % SLOTS as u64;
+        // Slots hold deadlines after `elapsed`, so the first one holding pairs
+        // from here on, round the level, is the next.
+        let rotated = self.occupied[level].rotate_right(now_slot as u32);
+        let slot = (u64::from(rotated.trailing_zeros()) + now_slot) % SLOTS as u64;
+        let level_span = 1u64 << (shift + SLOT_BITS);
+        let mut start = (at & !(level_span - 1)) + (slot << shift);
+        if start <= at {
+            start += level_span;
+        }
+        Some((
+            level,
+            slot as usize,
+            start.min(u64::from(Tick::MAX)) as Tick,
+        ))
+    }
+
+    /// When [`Self::expire`] next has work: now, if pairs of a slot whose turn
+    /// came are left; else the start of the next slot holding pairs (a pair due
+    /// then, or pairs to move down a level); `None` when nothing is predicted.
+    pub fn next_due(&self) -> Option<Tick> {
+        if self.deadline.is_empty() {
+            None
+        } else if self.due_at < self.due.len() {
+            Some(self.elapsed)
+        } else {
+            self.next_slot().map(|(_, _, at)| at)
+        }
     }
 
     /// The pair became an ordinary holder (or went away): forget its deadline.
@@ -182,50 +255,62 @@ impl<B: PredictedBlock> Predictions<B> {
         });
     }
 
-    /// Hand every pair whose deadline is at or before `now` to `end`, visiting only
-    /// the buckets of the ticks since the last call (at most one lap).
-    pub fn expire(&mut self, now: Tick, mut end: impl FnMut(B, WorkerSlot)) {
-        if now <= self.done {
-            return;
-        }
-        if self.wheel.is_empty() {
-            self.done = now;
-            return;
-        }
-        let span = (now - self.done).min(WHEEL as Tick);
-        for t in now + 1 - span..=now {
-            let b = t as usize % WHEEL;
-            let mut bucket = std::mem::take(&mut self.wheel[b]);
-            for pair in bucket.drain(..) {
+    /// Hand pairs whose deadline is at or before `now` to `end`, looking at no more
+    /// than `budget` pairs: only the slots whose turn came since the last call
+    /// are taken, each pair due moves down a level or ends. Returns whether pairs
+    /// due by `now` are left for the next call.
+    pub fn expire(&mut self, now: Tick, budget: usize, mut end: impl FnMut(B, WorkerSlot)) -> bool {
+        self.done = self.done.max(now);
+        let now = self.done;
+        let mut left = budget;
+        loop {
+            while let Some(&pair) = self.due.get(self.due_at) {
+                if left == 0 {
+                    return true;
+                }
+                left -= 1;
+                self.due_at += 1;
                 match self.deadline.get(&pair) {
                     None => {}
-                    // Refreshed, or filed a lap or more ahead: file it where it is due.
-                    Some(&d) if d > now => self.wheel[d as usize % WHEEL].push(pair),
+                    // Refreshed, or due in a later slot of a lower level.
+                    Some(&d) if d > now => self.file(pair, d),
                     Some(_) => {
                         self.deadline.remove(&pair);
                         end(pair.block(), pair.slot());
                     }
                 }
             }
-            // Keep the bucket's allocation for its next lap.
-            if self.wheel[b].is_empty() {
-                self.wheel[b] = bucket;
+            match self.next_slot() {
+                Some((level, slot, at)) if at <= now && !self.deadline.is_empty() => {
+                    self.elapsed = at;
+                    self.occupied[level] &= !(1 << slot);
+                    self.due = std::mem::take(&mut self.slots[level * SLOTS + slot]);
+                    self.due_at = 0;
+                }
+                _ => break,
             }
         }
-        self.done = now;
-        if self.deadline.is_empty() && self.wheel.iter().all(Vec::is_empty) {
+        if self.deadline.is_empty() {
             // Nothing predicted any more: give the wheel and the map back.
             *self = Predictions {
                 done: now,
+                elapsed: now,
                 ..Predictions::default()
             };
+        } else {
+            // No slot starts by `now`: the wheel's time moves on without passing one.
+            self.due = Vec::new();
+            self.due_at = 0;
+            self.elapsed = now;
         }
+        false
     }
 
     /// End `n` pairs early (or all, if fewer), those due soonest first, handing each
-    /// to `end`; among pairs due in the same tick, the first predicted go first. A
-    /// histogram of deadlines finds the cutoff bin: every pair due before it ends,
-    /// then the bin's ticks are walked in their wheel buckets' filing order.
+    /// to `end`; among pairs due in the same tick, the last predicted go first (a
+    /// prompt's blocks from its end, so that each ends a block rather than leave
+    /// a path to the ones after it). A histogram of deadlines finds the cutoff
+    /// bin: every pair due before it ends, then the bin's pairs by tick.
     pub fn prune(&mut self, n: usize, mut end: impl FnMut(B, WorkerSlot)) {
         if n == 0 || self.deadline.is_empty() {
             return;
@@ -247,52 +332,49 @@ impl<B: PredictedBlock> Predictions<B> {
             }
             seen += c;
         }
-        let bin = lo as u64 + cut as u64 * width as u64;
+        let bin = u64::from(lo) + cut as u64 * u64::from(width);
+        let bin_end = bin + u64::from(width);
         self.deadline.retain(|pair, d| {
-            if (*d as u64) < bin {
+            if u64::from(*d) < bin {
                 end(pair.block(), pair.slot());
                 false
             } else {
                 true
             }
         });
-        let mut left = n - seen;
-        for t in bin..bin + width as u64 {
-            if left == 0 {
-                return;
-            }
-            let t = t as Tick;
-            // A pair predicted again since it was filed sits in its old bucket;
-            // popping a stale entry here is harmless (expiry skips it).
-            for pair in &self.wheel[t as usize % WHEEL] {
-                if left > 0 && self.deadline.get(pair) == Some(&t) {
-                    self.deadline.remove(pair);
-                    end(pair.block(), pair.slot());
-                    left -= 1;
-                }
+        // The bin's pairs in filing order: the slot being taken, then the levels
+        // from the top (a pair is filed lower the later it is filed).
+        let mut in_bin: Vec<(Tick, usize, Pair)> = Vec::new();
+        let filed = std::iter::once(&self.due[self.due_at.min(self.due.len())..])
+            .chain(self.slots.chunks(SLOTS).rev().flatten().map(Vec::as_slice));
+        for (i, &pair) in filed.flatten().enumerate() {
+            if let Some(&d) = self.deadline.get(&pair)
+                && (bin..bin_end).contains(&u64::from(d))
+            {
+                in_bin.push((d, i, pair));
             }
         }
-        // Refreshed pairs not yet re-filed: any of the bin's, to make up the count.
-        let end_bin = bin + width as u64;
-        self.deadline.retain(|pair, d| {
-            if left > 0 && (*d as u64) < end_bin {
+        in_bin.sort_unstable_by_key(|&(d, i, _)| (d, std::cmp::Reverse(i)));
+        let mut left = n - seen;
+        for (d, _, pair) in in_bin {
+            if left == 0 {
+                break;
+            }
+            // A pair forgotten and predicted again is filed twice: it ends once.
+            if self.deadline.get(&pair) == Some(&d) {
+                self.deadline.remove(&pair);
                 end(pair.block(), pair.slot());
                 left -= 1;
-                false
-            } else {
-                true
             }
-        });
+        }
     }
 
     /// Heap bytes, for memory accounting.
     pub fn heap_bytes(&self) -> usize {
+        let pairs = self.due.capacity() + self.slots.iter().map(Vec::capacity).sum::<usize>();
         self.deadline.allocation_size()
-            + self
-                .wheel
-                .iter()
-                .map(|b| b.capacity() * std::mem::size_of::<Pair>())
-                .sum::<usize>()
+            + pairs * std::mem::size_of::<Pair>()
+            + self.slots.capacity() * std::mem::size_of::<Vec<Pair>>()
     }
 }
 
@@ -306,7 +388,7 @@ mod tests {
 
     fn expired(p: &mut Predictions, now: Tick) -> Vec<u64> {
         let mut out = Vec::new();
-        p.expire(now, |s, _| out.push(s.0));
+        assert!(!p.expire(now, usize::MAX, |s, _| out.push(s.0)));
         out.sort();
         out
     }
@@ -351,9 +433,9 @@ mod tests {
     }
 
     #[test]
-    fn deadlines_beyond_a_lap_and_long_gaps_between_calls() {
+    fn deadlines_levels_out_and_long_gaps_between_calls() {
         let mut p = Predictions::default();
-        let far = 3 * WHEEL as Tick + 7;
+        let far = 3 * 4096 + 7;
         p.predict(SeqHash(1), WorkerSlot(0), far);
         p.predict(SeqHash(2), WorkerSlot(0), 5);
         for now in (1..far).step_by(3) {
@@ -361,15 +443,66 @@ mod tests {
             assert!(e.iter().all(|&s| s == 2), "{now}: {e:?}");
         }
         assert_eq!(expired(&mut p, far), vec![1]);
-        // A gap of many laps between calls still ends everything due.
+        // A gap of many slots between calls still ends everything due.
         p.predict(SeqHash(3), WorkerSlot(0), far + 10);
-        assert_eq!(expired(&mut p, far + 10 * WHEEL as Tick), vec![3]);
+        p.predict(SeqHash(4), WorkerSlot(0), far + 300_000);
+        assert_eq!(expired(&mut p, far + 200_000), vec![3]);
+        assert_eq!(expired(&mut p, far + 300_000), vec![4]);
+        assert!(p.is_empty());
+    }
+
+    /// A pair is looked at once per level it moves down, never once a lap:
+    /// an hour-long prediction asks for a handful of wake-ups, the first of
+    /// them far ahead.
+    #[test]
+    fn an_hour_long_prediction_is_visited_a_few_times() {
+        let mut p = Predictions::default();
+        let start: Tick = 1_000_003;
+        p.expire(start, usize::MAX, |_, _| {});
+        let hour = ticks(Duration::from_secs(3600));
+        p.predict(SeqHash(1), WorkerSlot(0), start + hour);
+        p.predict(SeqHash(2), WorkerSlot(0), start + hour);
+        let first = p.next_due().unwrap();
+        assert!(
+            first - start > 4096,
+            "first wake-up after {} ticks",
+            first - start
+        );
+        let (mut wakeups, mut ended) = (0, Vec::new());
+        while let Some(t) = p.next_due() {
+            wakeups += 1;
+            assert!(t <= start + hour, "{t}");
+            p.expire(t, usize::MAX, |s, _| ended.push(s.0));
+        }
+        assert!(wakeups <= LEVELS, "{wakeups} wake-ups");
+        ended.sort();
+        assert_eq!(ended, [1, 2]);
+    }
+
+    /// An expiry looks at a bounded number of pairs per call, and the next call
+    /// goes on where it stopped.
+    #[test]
+    fn a_mass_expiry_is_spread_over_calls() {
+        let mut p = Predictions::default();
+        for i in 0..10_000u64 {
+            p.predict(SeqHash(i), WorkerSlot(0), 100);
+        }
+        let mut ended = Vec::new();
+        let mut calls = 1;
+        while p.expire(100, 1000, |s, _| ended.push(s.0)) {
+            calls += 1;
+            assert_eq!(p.next_due(), Some(64));
+        }
+        assert!(calls >= 10, "{calls}");
+        ended.sort();
+        assert_eq!(ended, (0..10_000).collect::<Vec<_>>());
+        assert_eq!(p.next_due(), None);
     }
 
     #[test]
     fn a_deadline_already_past_ends_on_the_next_tick() {
         let mut p = Predictions::default();
-        p.expire(100, |_, _| {});
+        p.expire(100, usize::MAX, |_, _| {});
         p.predict(SeqHash(1), WorkerSlot(0), 50);
         assert_eq!(expired(&mut p, 101), vec![1]);
     }
@@ -391,18 +524,46 @@ mod tests {
     }
 
     #[test]
-    fn prune_within_one_tick_ends_the_first_predicted() {
+    fn prune_within_one_tick_ends_the_last_predicted_first() {
         let mut p = Predictions::default();
         for i in 0..100u64 {
             p.predict(SeqHash(i), WorkerSlot(0), 700);
         }
-        // Refreshing keeps a pair's place: it was still predicted first.
+        // Refreshing keeps a pair's place: it was still predicted early.
         p.predict(SeqHash(3), WorkerSlot(0), 700);
         let mut gone = Vec::new();
         p.prune(30, |s, _| gone.push(s.0));
-        assert_eq!(gone, (0..30).collect::<Vec<_>>());
+        assert_eq!(gone, (70..100).rev().collect::<Vec<_>>());
         p.prune(500, |s, _| gone.push(s.0));
         assert_eq!(gone.len(), 100);
         assert!(p.is_empty());
+    }
+
+    /// Pruning sees pairs wherever the wheel holds them: moved down a level,
+    /// or in a slot an expiry is partway through.
+    #[test]
+    fn prune_finds_pairs_on_every_level() {
+        let mut p = Predictions::default();
+        for i in 0..1000u64 {
+            p.predict(SeqHash(i), WorkerSlot(0), 64 + (i as Tick % 10) * 5000);
+        }
+        let mut ended = 0;
+        assert!(p.expire(64, 10, |_, _| ended += 1));
+        assert_eq!(ended, 10);
+        let mut gone = Vec::new();
+        p.prune(300, |s, _| gone.push(s.0));
+        assert_eq!(gone.len(), 300);
+        // The 90 due at 64 that the expiry left, the 100 due at 5064 and at
+        // 10064, then the last 10 predicted of those due at 15064.
+        let due = |s: &u64| 64 + (*s as Tick % 10) * 5000;
+        assert_eq!(gone.iter().filter(|s| due(s) <= 10_064).count(), 290);
+        assert_eq!(
+            gone[290..],
+            (0..10).map(|k| 993 - 10 * k).collect::<Vec<_>>()
+        );
+        assert_eq!(p.len(), 690);
+        let mut rest = Vec::new();
+        p.expire(Tick::MAX / 2, usize::MAX, |s, _| rest.push(s.0));
+        assert_eq!(rest.len(), 690);
     }
 }

@@ -276,6 +276,31 @@ fn an_approximate_index_is_pruned_soonest_due_first() {
     assert_eq!(lookup(&mut s, &[100]), [0]);
 }
 
+/// One prediction far past an approximate index's bound is pruned from its end
+/// down to the target, not to nothing: the older predictions go first, then
+/// the chain's last blocks, each ending a block.
+#[test]
+fn a_prediction_past_the_bound_is_pruned_to_the_target() {
+    let mut s = Shard::default();
+    s.set_prune_bound(
+        IX,
+        Some(PruneBound {
+            max: 100,
+            target: 80,
+        }),
+    );
+    s.predict(IX, WorkerSlot(2), &[BlockHash(7), BlockHash(8)], 50);
+    let chain: Vec<BlockHash> = (1000..3000).map(BlockHash).collect();
+    s.predict(IX, WorkerSlot(1), &chain, 60);
+    assert_eq!(s.tier_counts().0, 80);
+    let out = lookup(&mut s, &(1000..1081).collect::<Vec<_>>());
+    assert_eq!(
+        expanded(&out),
+        [vec![vec![held(1, DEV.bit())]; 80], vec![vec![]]].concat()
+    );
+    assert_eq!(lookup(&mut s, &[7]), [0]);
+}
+
 #[test]
 fn shards_sharing_a_budget_stay_within_it_and_keep_their_counters() {
     let budget = BlockBudget::new(40);

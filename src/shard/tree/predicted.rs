@@ -83,9 +83,17 @@ impl Tree {
         counts
     }
 
-    /// Ends the predictions due at or before `now`; returns how many ended.
-    pub fn expire(&mut self, now: Tick) -> usize {
-        self.end_predictions(|p, end| p.expire(now, end))
+    /// Ends the predictions due at or before `now`, looking at no more than
+    /// `budget` of them; returns how many ended and whether some due are left.
+    pub fn expire(&mut self, now: Tick, budget: usize) -> (usize, bool) {
+        let mut left = false;
+        let ended = self.end_predictions(|p, end| left = p.expire(now, budget, end));
+        (ended, left)
+    }
+
+    /// When [`Self::expire`] next has work to do (see [`Predictions::next_due`]).
+    pub fn next_prediction_due(&self) -> Option<Tick> {
+        self.predictions.next_due()
     }
 
     /// Ends `n` predictions early, those due soonest first (approximate mode's

@@ -946,7 +946,7 @@ fn apply(t: &mut Tree, m: &mut Model, op: &Op, narrow: bool) -> Result<(), TestC
         Op::Expire { advance } => {
             let now = m.now + advance;
             m.expire(now);
-            t.expire(now);
+            t.expire(now, usize::MAX);
         }
         Op::Clear { slot, tiers, step } => {
             m.clear(*slot, *tiers);
