@@ -279,6 +279,24 @@ fn bench_predict(c: &mut Criterion) {
             warm.expire(now);
         })
     });
+    // An hour-long prediction of every block, and an executor expiring every tick
+    // for 4 s (the old wheel's lap): what long predictions cost while they wait.
+    g.bench_function("wait_4s_hour_long", |b| {
+        b.iter_batched(
+            || {
+                let mut shard = Shard::default();
+                shard.predict(IndexId(0), WorkerSlot(2), &locals, 225_000);
+                shard
+            },
+            |mut shard| {
+                for now in 1..250 {
+                    shard.expire(now);
+                }
+                shard
+            },
+            BatchSize::LargeInput,
+        )
+    });
     g.bench_function("expire", |b| {
         b.iter_batched(
             || {
@@ -308,6 +326,25 @@ fn bench_evict(c: &mut Criterion) {
     let new = chain(n, 8);
     let mut g = c.benchmark_group("evict");
     g.throughput(Throughput::Elements(n as u64));
+    // One chain far past a small bound: it has one leaf at a time, evicted from
+    // its end in steps (a victim is never a walk of the arena).
+    g.bench_function("chain_past_budget", |b| {
+        b.iter_batched(
+            || {
+                let mut shard = Shard::default();
+                shard.set_block_budget(Some(kvix::shard::BlockBudget::new(1000)));
+                shard
+            },
+            |mut shard| {
+                let ops: Vec<ShardOp> = new.iter().map(|q| store(q, 1)).collect();
+                shard.apply_all(&ops);
+                while shard.step_budget() {}
+                assert_eq!(shard.evicted, n as u64 - 1000);
+                shard
+            },
+            BatchSize::LargeInput,
+        )
+    });
     for (name, budget) in [("store_unbounded", None), ("store_evicting", Some(n))] {
         g.bench_function(name, |b| {
             b.iter_batched(
@@ -387,6 +424,7 @@ fn bench_render(c: &mut Criterion) {
             .collect(),
         slot_of: Default::default(),
         endpoints: Default::default(),
+        live_predictions: Default::default(),
     });
     let snap = Snapshot::default();
     let ov = query::Overlap {

@@ -134,6 +134,11 @@ pub struct Args {
     /// the predictions due soonest first
     #[arg(long, env = "KVIX_ROUTER_PRUNE_TARGET_RATIO", default_value_t = 0.8)]
     pub router_prune_target_ratio: f64,
+    /// Most live /speculate predictions a model+tenant fed by events holds over every
+    /// shard, and most blocks one /speculate predicts: past either the request is
+    /// refused (429, 413) and counted (kvix_prediction_refusals_total)
+    #[arg(long, env = "KVIX_MAX_PREDICTIONS", default_value_t = crate::service::DEFAULT_MAX_PREDICTIONS)]
+    pub max_predictions: usize,
     /// Most blocks the index holds, over all models and tenants and every shard;
     /// past it the blocks not stored or matched for longest are evicted
     /// (kvix_evicted_blocks_total). Unset: unbounded

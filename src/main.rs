@@ -336,6 +336,7 @@ fn speculation(args: &Args) -> kvix::service::Speculation {
             0.0,
             1.0,
         ),
+        max_predictions: clamp("max-predictions", args.max_predictions, 1, 1 << 32),
     }
 }
 

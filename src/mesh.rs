@@ -9,9 +9,8 @@
 use crate::metrics::{HttpStats, ShardStats};
 use crate::query::{PromptBlocks, ShardReply};
 use crate::service::App;
-use crate::shard::predict::Tick;
-use crate::shard::{DumpedBlock, PruneBound};
-use crate::types::{BlockHash, EngineHash, IndexId, ShardId, WorkerSlot};
+use crate::shard::{ChainAt, DumpedBlock, PredictRefused, PredictStep, PruneBound};
+use crate::types::{EngineHash, IndexId, ShardId, WorkerSlot};
 use std::cell::RefCell;
 use std::future::Future;
 use std::pin::Pin;
@@ -58,18 +57,16 @@ pub trait ShardMesh {
         >,
     >;
 
-    /// `slot` of `index` is expected to hold the prompt's blocks `locals` until
-    /// `expires` (see [`crate::shard::Shard::predict`]); with `prune`, every shard
-    /// bounds that index first. Returns once the slot's shard applied it, so a
-    /// query sent after sees it.
+    /// One step of a prediction ([`crate::shard::Shard::predict_step`]) on the
+    /// shard owning its slot; with `prune`, every shard bounds the index first.
+    /// Returns once that shard applied it (so a query sent after sees it), with
+    /// where the step ended or why the shard refused the prediction.
     fn predict(
         &self,
         index: IndexId,
-        slot: WorkerSlot,
-        locals: Vec<BlockHash>,
-        expires: Tick,
+        step: PredictStep,
         prune: Option<PruneBound>,
-    ) -> impl Future<Output = Result<(), ShardUnavailable>>;
+    ) -> impl Future<Output = Result<Result<ChainAt, PredictRefused>, ShardUnavailable>>;
 
     /// Every shard's figures.
     fn stats(&self) -> impl Future<Output = Result<Vec<ShardStats>, ShardUnavailable>>;

@@ -611,7 +611,7 @@ const SHARD_QUEUES: [PerShard; 5] = [
 ];
 
 /// Each shard's predictions (from `/speculate`) and evictions.
-const SHARD_PREDICTIONS: [PerShard; 7] = [
+const SHARD_PREDICTIONS: [PerShard; 8] = [
     (
         "kvix_predicted_blocks",
         "Live predicted (block, worker) pairs per shard (from /speculate, not yet confirmed or expired)",
@@ -647,6 +647,12 @@ const SHARD_PREDICTIONS: [PerShard; 7] = [
         "Predictions ended early to keep an approximate index under its maximum size",
         MetricType::Counter,
         |s| Value::Counter(s.predictions.pruned),
+    ),
+    (
+        "kvix_prediction_refusals",
+        "/speculate requests refused by --max-predictions (longer than it, or the index at it)",
+        MetricType::Counter,
+        |s| Value::Counter(s.predictions.refused),
     ),
     (
         "kvix_evicted_blocks",

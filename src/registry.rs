@@ -77,6 +77,8 @@ pub enum RegistryError {
     SlotsExhausted,
     #[error("event data may create at most {limit} {what}; raise --max-event-{what}")]
     EventLimit { what: &'static str, limit: usize },
+    #[error("an approximate index holds at most {limit} workers (--max-event-slots)")]
+    WorkerLimit { limit: usize },
 }
 
 /// One worker (instance, dp rank) as a slot of an index.
@@ -110,6 +112,9 @@ pub struct IndexInfo {
     /// Several listeners may feed one (instance, dp rank) when their publisher
     /// kinds differ (an engine and a Mooncake Store publisher for its pools).
     pub endpoints: BTreeMap<InstanceId, BTreeMap<DpRank, Vec<Endpoint>>>,
+    /// Live `/speculate` predictions of the index over every shard: kept by the
+    /// shards, shared by every copy of this entry.
+    pub live_predictions: Arc<AtomicUsize>,
 }
 
 impl Endpoint {
@@ -508,6 +513,25 @@ impl Registry {
         })
     }
 
+    /// Slot of a worker an approximate index's `/speculate` names (no events
+    /// feed it, so no registration names its workers), within the same cap on
+    /// slots per index as event data; a refusal is not event data's.
+    pub fn speculated_slot(
+        &self,
+        index: IndexId,
+        instance: InstanceId,
+        dp: DpRank,
+    ) -> Result<WorkerSlot, RegistryError> {
+        let limit = self.limits.slots;
+        self.update(|s| {
+            let ix = Arc::make_mut(&mut s.indexes[index.0 as usize]);
+            if !ix.slot_of.contains_key(&(instance, dp)) && ix.slots.len() >= limit {
+                return Err(RegistryError::WorkerLimit { limit });
+            }
+            intern_slot(ix, instance, dp)
+        })
+    }
+
     /// Tier for a medium, interning an unknown one (up to 4 extra tiers; later ones
     /// share the last; [`Tier::PREDICTED`] is never a medium's).
     pub fn tier_for(&self, medium: Option<&str>) -> Tier {
@@ -627,6 +651,7 @@ fn ensure_index_in(
         slots: Vec::new(),
         slot_of: HashMap::new(),
         endpoints: BTreeMap::new(),
+        live_predictions: Arc::default(),
     }));
     s.by_name
         .entry(model.to_string())

@@ -56,6 +56,11 @@ pub struct Config {
     pub max_blocks: Option<u64>,
 }
 
+/// `--max-predictions` by default: about 100 MB of predictions an index at most
+/// (a prediction of a block nothing else holds costs its node, its holder, its
+/// deadline and its place on the wheel).
+pub const DEFAULT_MAX_PREDICTIONS: usize = 1 << 20;
+
 /// How `/speculate`'s predictions live.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Speculation {
@@ -70,6 +75,9 @@ pub struct Speculation {
     pub max_tree_size: usize,
     /// Fraction of `max_tree_size` pruning brings it down to (`--router-prune-target-ratio`).
     pub prune_target_ratio: f64,
+    /// The most live predictions an event-fed index holds, and the most blocks
+    /// one request predicts (`--max-predictions`).
+    pub max_predictions: usize,
 }
 
 impl Default for Speculation {
@@ -80,6 +88,7 @@ impl Default for Speculation {
             router_ttl: std::time::Duration::from_secs(120),
             max_tree_size: 1 << 20,
             prune_target_ratio: 0.8,
+            max_predictions: DEFAULT_MAX_PREDICTIONS,
         }
     }
 }

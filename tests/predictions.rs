@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Publisher, Server, dump_rows, register, stored};
+use common::{Publisher, Server, dump_rows, register, register_with, stored};
 use kvix::hash::{block_seed, local_hash};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
@@ -20,6 +20,14 @@ fn serve_with_worker(threads: &str) -> (Server, Publisher) {
     let w1 = Publisher::bind(&zmq::Context::new());
     register(&s, MODEL, 1, &w1);
     (s, w1)
+}
+
+/// Registers worker `instance` at `dp_rank` for `MODEL` (predictions on a model
+/// fed by events name registered workers); its publisher must stay alive.
+fn add_worker(s: &Server, instance: u64, dp_rank: u32) -> Publisher {
+    let w = Publisher::bind(&zmq::Context::new());
+    register_with(s, MODEL, instance, &w, json!({"dp_rank": dp_rank}));
+    w
 }
 
 fn scores(s: &Server, model: &str, t: &[u32]) -> Value {
@@ -39,6 +47,7 @@ fn metric(s: &Server, name: &str) -> f64 {
 #[test]
 fn a_prediction_scores_on_every_route_until_its_ttl_and_never_reaches_the_dump() {
     let (s, _w1) = serve_with_worker("2");
+    let _w7 = add_worker(&s, 7, 1);
     let prompt = tokens(1, 16);
 
     let t0 = Instant::now();
@@ -104,6 +113,7 @@ fn a_prediction_scores_on_every_route_until_its_ttl_and_never_reaches_the_dump()
 #[test]
 fn a_prediction_made_while_the_indexer_is_idle_ends_on_time() {
     let (s, _w1) = serve_with_worker("1");
+    let _w2 = add_worker(&s, 2, 0);
     for round in 0..3u32 {
         // Idle long enough for the executor to park.
         std::thread::sleep(Duration::from_millis(600));
@@ -127,6 +137,7 @@ fn a_prediction_made_while_the_indexer_is_idle_ends_on_time() {
 #[test]
 fn a_confirmed_prediction_stays_and_an_unconfirmed_one_beside_it_expires() {
     let (s, mut w1) = serve_with_worker("2");
+    let (_w2, _w3) = (add_worker(&s, 2, 0), add_worker(&s, 3, 0));
     let prompt = tokens(1, 16);
     speculate(
         &s,

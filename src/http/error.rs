@@ -16,10 +16,19 @@ pub enum ApiError {
     BadRequest(String),
     #[error("{0}")]
     NotFound(String),
+    /// Something a field names is not known (a worker that is not registered).
+    #[error("{msg}")]
+    Unknown { field: String, msg: String },
     #[error("{0}")]
     Conflict(String),
     #[error("request body larger than {0} bytes")]
     TooLarge(usize),
+    /// A field holds more than a configured cap allows in one request.
+    #[error("{msg}")]
+    TooLong { field: String, msg: String },
+    /// A configured cap is reached; the request may succeed once it is not.
+    #[error("{0}")]
+    AtCapacity(String),
     #[error("no route for {0}")]
     NoRoute(String),
     #[error("method not allowed")]
@@ -47,9 +56,12 @@ impl ApiError {
         match self {
             ApiError::Syntax { .. } | ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::Field { .. } => StatusCode::UNPROCESSABLE_ENTITY,
-            ApiError::NotFound(_) | ApiError::NoRoute(_) => StatusCode::NOT_FOUND,
+            ApiError::NotFound(_) | ApiError::Unknown { .. } | ApiError::NoRoute(_) => {
+                StatusCode::NOT_FOUND
+            }
             ApiError::Conflict(_) => StatusCode::CONFLICT,
-            ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::TooLarge(_) | ApiError::TooLong { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::AtCapacity(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Method => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ApiError::NotReady(_) | ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -63,7 +75,10 @@ impl ApiError {
     pub fn body(&self) -> Vec<u8> {
         let mut v = serde_json::json!({ "error": self.to_string() });
         match self {
-            ApiError::Field { field, .. } | ApiError::Forbidden { field, .. } => {
+            ApiError::Field { field, .. }
+            | ApiError::Forbidden { field, .. }
+            | ApiError::Unknown { field, .. }
+            | ApiError::TooLong { field, .. } => {
                 v["field"] = serde_json::Value::String(field.clone())
             }
             ApiError::NotReady(phase) => v["phase"] = serde_json::Value::from(*phase),
@@ -82,9 +97,9 @@ impl From<RegistryError> for ApiError {
             }
             RegistryError::AlreadyRegistered { .. } => ApiError::Conflict(e.to_string()),
             RegistryError::UnknownInstance { .. } => ApiError::NotFound(e.to_string()),
-            RegistryError::SlotsExhausted | RegistryError::EventLimit { .. } => {
-                ApiError::Internal(e.to_string())
-            }
+            RegistryError::SlotsExhausted
+            | RegistryError::EventLimit { .. }
+            | RegistryError::WorkerLimit { .. } => ApiError::AtCapacity(e.to_string()),
         }
     }
 }

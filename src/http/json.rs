@@ -666,6 +666,7 @@ mod tests {
                 .collect(),
             slot_of: Default::default(),
             endpoints: Default::default(),
+            live_predictions: Default::default(),
         })
     }
 

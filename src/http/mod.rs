@@ -172,7 +172,7 @@ async fn dispatch<M: ShardMesh>(
         Route::Unregister => api::unregister(mesh, b, forced).await,
         Route::Query => api::query(mesh, &b, forced).await,
         Route::QueryByHash => api::query_by_hash(mesh, &b, forced).await,
-        Route::Speculate => speculate::speculate(mesh, &b).await,
+        Route::Speculate => speculate::speculate(mesh, b).await,
         Route::RegisterPeer => api::register_peer(mesh, &b).await,
         Route::DeregisterPeer => api::deregister_peer(mesh, &b).await,
     }

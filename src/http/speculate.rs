@@ -1,12 +1,14 @@
 //! `POST /speculate`: a router's routing decision, as short-lived predicted holders.
 //!
-//! Owns the request shape and its flow: parse → the index and the worker's slot →
-//! hash the prompt's blocks → one `Predict` op per block, on the shard owning it
-//! ([`ShardMesh::predict`]) → `{"predicted_blocks", "ttl_ms"}`. Until its TTL ends or
+//! Owns the request shape and its flow: parse → the index and the registered
+//! worker's slot → hash the prompt's blocks → steps of at most [`PREDICT_STEP`]
+//! blocks on the shard owning the slot ([`ShardMesh::predict`]), the executors
+//! serving between them → `{"predicted_blocks", "ttl_ms"}`. Until its TTL ends or
 //! the worker's `BlockStored` confirms it, a predicted block scores as held on the
 //! worker's device in every query route. Models named by `--approximate` (no events)
-//! get their index created on first use, the router TTL and a prune bound. A
-//! registry write (a new index or slot) runs off the executor; nothing here blocks.
+//! get their index and workers created on first use, the router TTL and a prune
+//! bound. A large body is parsed and hashed, and a registry write (a new index or
+//! slot) made, off the executor; nothing here blocks.
 
 use super::Reply;
 use super::api::{HashNum, InstanceRef, Named, Scope, TokenIds, index_for, known_instance, named};
@@ -15,9 +17,10 @@ use super::json;
 use crate::hash;
 use crate::mesh::ShardMesh;
 use crate::registry::IndexInfo;
-use crate::shard::PruneBound;
 use crate::shard::predict::deadline_after;
+use crate::shard::{ChainAt, PREDICT_STEP, PredictRefused, PredictStep, PruneBound};
 use crate::types::{BlockHash, DpRank, InstanceId, WorkerSlot};
+use bytes::Bytes;
 use hyper::StatusCode;
 use serde::Deserialize;
 use std::sync::Arc;
@@ -95,30 +98,54 @@ pub(super) fn parse(body: &[u8]) -> Result<Parsed, ApiError> {
     })
 }
 
-pub async fn speculate<M: ShardMesh>(mesh: &M, body: &[u8]) -> Result<Reply, ApiError> {
-    let Parsed {
-        req,
-        named,
-        instance,
-        input,
-    } = parse(body)?;
-    let spec = mesh.app().speculation();
-    let approximate = spec.is_approximate(&named.model);
-    let ix = index(mesh, &named, req.scope.block_size, approximate).await?;
-    let dp = req.dp_rank.unwrap_or(0);
-    let slot = slot(mesh, &ix, &instance, dp, approximate).await?;
+/// Bodies longer than this are parsed and hashed off the executor: a body of
+/// megabytes takes it tens of milliseconds, which the executor's other
+/// connections would wait.
+const PARSE_OFF_EXECUTOR: usize = 64 * 1024;
 
-    let mut locals = Vec::new();
-    match input {
+/// A parsed body and its blocks' local hashes (`block_size` blocks of token ids
+/// hashed once the index is known).
+fn hashed(mut p: Parsed, block_size: usize) -> (Parsed, Vec<BlockHash>) {
+    let locals = match std::mem::replace(&mut p.input, Input::Locals(Vec::new())) {
         Input::Ids(ids) => {
-            let seed = hash::block_seed(named.lora.as_deref(), req.cache_salt.as_deref());
-            locals.extend(
-                ids.chunks_exact(ix.block_size as usize)
-                    .map(|c| hash::local_hash(c, seed)),
-            );
+            let seed = hash::block_seed(p.named.lora.as_deref(), p.req.cache_salt.as_deref());
+            ids.chunks_exact(block_size)
+                .map(|c| hash::local_hash(c, seed))
+                .collect()
         }
-        Input::Locals(l) => locals = l,
-    }
+        Input::Locals(l) => l,
+    };
+    (p, locals)
+}
+
+pub async fn speculate<M: ShardMesh>(mesh: &M, body: Bytes) -> Result<Reply, ApiError> {
+    let off = body.len() > PARSE_OFF_EXECUTOR;
+    let parsed = if off {
+        mesh.offload(move || parse(&body)).await?
+    } else {
+        parse(&body)?
+    };
+    let spec = mesh.app().speculation();
+    let approximate = spec.is_approximate(&parsed.named.model);
+    let ix = index(
+        mesh,
+        &parsed.named,
+        parsed.req.scope.block_size,
+        approximate,
+    )
+    .await?;
+    let dp = parsed.req.dp_rank.unwrap_or(0);
+    let slot = slot(mesh, &ix, &parsed.instance, dp, approximate).await?;
+    let field = match parsed.input {
+        Input::Ids(_) => "token_ids",
+        Input::Locals(_) => "block_hashes",
+    };
+    let bs = ix.block_size as usize;
+    let (parsed, locals) = if off {
+        mesh.offload(move || hashed(parsed, bs)).await
+    } else {
+        hashed(parsed, bs)
+    };
     let predicted = locals.len();
 
     let default_ttl = if approximate {
@@ -126,17 +153,47 @@ pub async fn speculate<M: ShardMesh>(mesh: &M, body: &[u8]) -> Result<Reply, Api
     } else {
         spec.ttl
     };
-    let ttl_ms = req.ttl_ms.unwrap_or(default_ttl.as_millis() as u64);
+    let ttl_ms = parsed.req.ttl_ms.unwrap_or(default_ttl.as_millis() as u64);
     let expires = deadline_after(Duration::from_millis(ttl_ms));
     let shards = mesh.shards();
-    let prune = approximate.then(|| {
+    let mut prune = approximate.then(|| {
         let max = (spec.max_tree_size / shards).max(1);
         PruneBound {
             max,
             target: ((max as f64 * spec.prune_target_ratio) as usize).min(max),
         }
     });
-    mesh.predict(ix.id, slot, locals, expires, prune).await?;
+    // In steps, the executors serving between them; each goes on below the
+    // last block the step before predicted.
+    let mut at = ChainAt::default();
+    let mut steps = locals.chunks(PREDICT_STEP).peekable();
+    let mut total = predicted;
+    loop {
+        let step = PredictStep {
+            slot,
+            locals: steps.next().unwrap_or_default().to_vec(),
+            expires,
+            at,
+            total: std::mem::take(&mut total),
+            live: ix.live_predictions.clone(),
+        };
+        at = match mesh.predict(ix.id, step, prune.take()).await? {
+            Ok(at) => at,
+            Err(r @ PredictRefused::TooLong { .. }) => {
+                return Err(ApiError::TooLong {
+                    field: field.into(),
+                    msg: r.to_string(),
+                });
+            }
+            Err(r @ PredictRefused::Full { .. }) => {
+                return Err(ApiError::AtCapacity(r.to_string()));
+            }
+        };
+        if at.is_lost() || steps.peek().is_none() {
+            break;
+        }
+        mesh.pauser()().await;
+    }
     let body = serde_json::json!({
         "predicted_blocks": predicted,
         "ttl_ms": ttl_ms,
@@ -184,8 +241,11 @@ async fn index<M: ShardMesh>(
     Ok(ix)
 }
 
-/// The slot of (instance, dp rank) in `ix`, made if new (within the event-data
-/// limits). An approximate model's workers may be named before any registration.
+/// The slot of (instance, dp rank) in `ix`. On a model fed by events, only a
+/// registered worker's: a prediction never makes a slot there (event data's
+/// slots are capped, and a worker no engine reports for must not score). An
+/// approximate model's workers are named by `/speculate` alone, so there the
+/// slot is made if new, within the cap on slots per index.
 async fn slot<M: ShardMesh>(
     mesh: &M,
     ix: &IndexInfo,
@@ -195,7 +255,9 @@ async fn slot<M: ShardMesh>(
 ) -> Result<WorkerSlot, ApiError> {
     let id: InstanceId = match instance {
         InstanceRef::Int(i) => InstanceId::from(*i),
-        InstanceRef::Name(_) if !approximate => known_instance(mesh, instance)?,
+        InstanceRef::Name(_) if !approximate => {
+            known_instance(mesh, instance).map_err(|_| unknown_worker(ix, instance, None))?
+        }
         InstanceRef::Name(_) => {
             let (reg, key) = (mesh.app().registry().clone(), instance.key());
             mesh.offload(move || reg.intern(&key)).await
@@ -203,11 +265,34 @@ async fn slot<M: ShardMesh>(
     };
     if let Some(&s) = ix.slot_of.get(&(id, dp))
         && ix.slot(s).live
+        && (approximate || ix.endpoints.contains_key(&id))
     {
         return Ok(s);
     }
+    if !approximate {
+        let dp = ix.endpoints.contains_key(&id).then_some(dp);
+        return Err(unknown_worker(ix, instance, dp));
+    }
     let (reg, index) = (mesh.app().registry().clone(), ix.id);
-    Ok(mesh.offload(move || reg.slot_for(index, id, dp)).await?)
+    Ok(mesh
+        .offload(move || reg.speculated_slot(index, id, dp))
+        .await?)
+}
+
+/// A 404 naming the field to blame: the instance, or (for an instance that is
+/// registered) its dp rank.
+fn unknown_worker(ix: &IndexInfo, instance: &InstanceRef, dp: Option<DpRank>) -> ApiError {
+    let (model, tenant, key) = (&ix.model, &ix.tenant, instance.key());
+    match dp {
+        None => ApiError::Unknown {
+            field: "instance_id".into(),
+            msg: format!("no worker instance {key} is registered for {model}:{tenant}"),
+        },
+        Some(dp) => ApiError::Unknown {
+            field: "dp_rank".into(),
+            msg: format!("worker instance {key} of {model}:{tenant} has no dp_rank {dp}"),
+        },
+    }
 }
 
 #[cfg(test)]

@@ -22,9 +22,10 @@ use crate::mesh::{ShardMesh, ShardUnavailable};
 use crate::metrics::{HttpStats, ShardStats};
 use crate::query::{self, PromptBlocks, ShardReply};
 use crate::service::App;
-use crate::shard::predict::Tick;
-use crate::shard::{DumpedBlock, ExportAt, PruneBound, Shard};
-use crate::types::{BlockHash, EngineHash, IndexId, ShardId, WorkerSlot};
+use crate::shard::{
+    ChainAt, DumpedBlock, ExportAt, PredictRefused, PredictStep, PruneBound, Shard,
+};
+use crate::types::{EngineHash, IndexId, ShardId, WorkerSlot};
 use glommio::channels::channel_mesh::{MeshBuilder, Senders};
 use glommio::channels::local_channel::{self, LocalSender};
 use glommio::{LocalExecutorPoolBuilder, PoolPlacement};
@@ -50,11 +51,11 @@ enum Req {
         index: IndexId,
         prompt: Arc<PromptBlocks>,
     },
-    /// Bound the index first if asked, then apply the prediction if there is one
-    /// (it goes to its slot's shard only).
+    /// Bound the index first if asked, then apply the prediction's step if there
+    /// is one (it goes to its slot's shard only).
     Predict {
         index: IndexId,
-        prediction: Option<(WorkerSlot, Vec<BlockHash>, Tick)>,
+        step: Option<Box<PredictStep>>,
         prune: Option<PruneBound>,
     },
     /// The next step of an export from `at` (the default begins one). An export
@@ -71,7 +72,8 @@ enum Req {
 
 enum Rep {
     Lookup(ShardReply),
-    Predicted,
+    /// Where the step ended (`None`: the shard was only bounded).
+    Predicted(Option<Result<ChainAt, PredictRefused>>),
     /// The step's blocks and engine names, where the export got to, and whether
     /// it is done.
     Export(Box<ExportStep>),
@@ -143,21 +145,17 @@ impl Core {
                 index,
                 prompt.as_prompt(),
             )),
-            Req::Predict {
-                index,
-                prediction,
-                prune,
-            } => {
+            Req::Predict { index, step, prune } => {
                 let mut shard = self.shard.borrow_mut();
                 if prune.is_some() {
                     shard.set_prune_bound(index, prune);
                 }
-                if let Some((slot, locals, expires)) = prediction {
-                    shard.predict(index, slot, &locals, expires);
-                    // The drain loop ends predictions, and does not park while some wait.
+                Rep::Predicted(step.map(|step| {
+                    let r = shard.predict_step(index, &step);
+                    // The drain loop ends predictions: it parks only until the next is due.
                     self.app.rings().wake(self.id);
-                }
-                Rep::Predicted
+                    r
+                }))
             }
             Req::Export { index, mut at } => {
                 // Apply everything already on the rings first, so an export taken after
@@ -322,33 +320,26 @@ impl ShardMesh for Core {
     async fn predict(
         &self,
         index: IndexId,
-        slot: WorkerSlot,
-        locals: Vec<BlockHash>,
-        expires: Tick,
+        step: PredictStep,
         prune: Option<PruneBound>,
-    ) -> Result<(), ShardUnavailable> {
-        let owner = crate::partition::shard_of(index, slot, self.shards);
-        let mut prediction = Some((slot, locals, expires));
+    ) -> Result<Result<ChainAt, PredictRefused>, ShardUnavailable> {
+        let owner = crate::partition::shard_of(index, step.slot, self.shards);
+        let mut step = Some(Box::new(step));
         let reqs = (0..self.shards)
             .map(|s| {
-                let prediction = if s == owner.0 {
-                    prediction.take()
-                } else {
-                    None
-                };
-                (prediction.is_some() || prune.is_some()).then_some(Req::Predict {
-                    index,
-                    prediction,
-                    prune,
-                })
+                let step = if s == owner.0 { step.take() } else { None };
+                (step.is_some() || prune.is_some()).then_some(Req::Predict { index, step, prune })
             })
             .collect();
-        for (i, r) in self.scatter(reqs).await?.into_iter().enumerate() {
-            if matches!(r, Some(Rep::Lookup(_) | Rep::Export(_) | Rep::Stats(_))) {
-                return Err(ShardUnavailable(ShardId(i)));
-            }
+        match self
+            .scatter(reqs)
+            .await?
+            .get_mut(owner.0)
+            .and_then(Option::take)
+        {
+            Some(Rep::Predicted(Some(r))) => Ok(r),
+            _ => Err(ShardUnavailable(owner)),
         }
-        Ok(())
     }
 
     async fn stats(&self) -> Result<Vec<ShardStats>, ShardUnavailable> {
@@ -671,6 +662,7 @@ pub fn serve(app: Arc<App>, opts: ServeOptions) -> std::io::Result<()> {
                 let id = ShardId(senders.peer_id());
                 let mut shard = Shard::default();
                 shard.set_block_budget(app.block_budget().cloned());
+                shard.set_max_predictions(Some(app.speculation().max_predictions));
                 let core = Rc::new(Core {
                     id,
                     shards,

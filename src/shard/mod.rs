@@ -37,6 +37,7 @@ pub use export::{DumpedBlock, ExportAt, NO_NODE};
 pub use op::{SeedParent, ShardOp};
 pub use reply::{HolderLists, Prompt, SAME_HOLDERS, union_holders};
 pub use table::SeqHasherBuilder;
+pub use tree::ChainAt;
 
 use crate::hash;
 use crate::types::{BlockHash, EngineHash, IndexId, SeqHash, Tier, TierSet, WorkerSlot};
@@ -45,6 +46,8 @@ use hashbrown::HashMap;
 use holders::Holder;
 use keyed::KeyedBlocks;
 use predict::Tick;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use tree::{Seed, Stored, Tree};
 
 /// Predictions an expiry looks at per call at most: a mass expiry is spread over
@@ -68,6 +71,44 @@ pub struct PredictionCounts {
     pub confirmed: u64,
     pub expired: u64,
     pub pruned: u64,
+    /// Requests refused by `--max-predictions`.
+    pub refused: u64,
+}
+
+/// Blocks a prediction step applies at most: a long prompt is predicted in steps
+/// between which the executor serves.
+pub const PREDICT_STEP: usize = 4096;
+
+/// One step of a prediction, as the shard owning its slot applies it
+/// ([`Shard::predict_step`]): at most [`PREDICT_STEP`] blocks of a prompt, from
+/// where its previous step ended.
+#[derive(Clone, Debug)]
+pub struct PredictStep {
+    pub slot: WorkerSlot,
+    pub locals: Vec<BlockHash>,
+    pub expires: Tick,
+    /// Where the prompt's previous step ended (the default: its first step).
+    pub at: ChainAt,
+    /// On a prompt's first step its length in blocks, which the caps are checked
+    /// against; 0 on the steps after.
+    pub total: usize,
+    /// The index's live predictions over every shard.
+    pub live: Arc<AtomicUsize>,
+}
+
+/// Why a shard refused a prediction; nothing of it was applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PredictRefused {
+    #[error("a prediction of {blocks} blocks is longer than --max-predictions ({max})")]
+    TooLong { blocks: usize, max: usize },
+    #[error(
+        "the index holds {live} live predictions; {blocks} more would pass --max-predictions ({max})"
+    )]
+    Full {
+        live: usize,
+        blocks: usize,
+        max: usize,
+    },
 }
 
 /// The part of one (model, tenant) index that lives in this shard.
@@ -81,6 +122,10 @@ pub struct IndexShard {
     clearing: Option<Box<Clearing>>,
     /// Sequence hash → node of the blocks an import filed, until it ends.
     seeding: HashMap<SeqHash, tree::NodeId>,
+    /// The index's live predictions over every shard, once it had one here, and
+    /// how many of them this shard last said were its own.
+    live_predictions: Option<Arc<AtomicUsize>>,
+    told: usize,
 }
 
 impl IndexShard {
@@ -127,6 +172,20 @@ impl IndexShard {
         }
     }
 
+    /// Tell the index's shared count how many live predictions this shard holds.
+    fn tell_predictions(&mut self) {
+        let Some(live) = &self.live_predictions else {
+            return;
+        };
+        let now = self.tree.predicted_pairs();
+        if now > self.told {
+            live.fetch_add(now - self.told, Ordering::Relaxed);
+        } else if now < self.told {
+            live.fetch_sub(self.told - now, Ordering::Relaxed);
+        }
+        self.told = now;
+    }
+
     /// Approximate heap bytes owned by this index shard.
     pub fn heap_bytes(&self) -> usize {
         self.tree.heap_bytes() + self.keyed.heap_bytes() + self.seeding.allocation_size()
@@ -150,6 +209,8 @@ pub struct Shard {
     counted: usize,
     /// Blocks evicted to stay within the budget, since start.
     pub evicted: u64,
+    /// The most live predictions an index may hold (`--max-predictions`).
+    max_predictions: Option<usize>,
     /// The eviction turn (index × its tree, then its keyed table) next.
     evict_from: usize,
     /// The last eviction step stopped with the shards over the budget.
@@ -371,14 +432,67 @@ impl Shard {
 
     /// A router expects `slot` to hold the prompt's blocks `locals` soon: they count
     /// as held on the device until `expires`, or until a store of the block by the
-    /// slot confirms it. A clear of the slot's predictions under way is finished
-    /// first, so the prediction is not taken by it.
+    /// slot confirms it (the whole prompt in one step, no caps: see
+    /// [`Self::predict_step`]).
     pub fn predict(
         &mut self,
         index: IndexId,
         slot: WorkerSlot,
         locals: &[BlockHash],
         expires: Tick,
+    ) {
+        self.predict_in(index, slot, locals, expires, &mut ChainAt::default());
+    }
+
+    /// One step of a prediction (see [`PredictStep`]): its blocks from where the
+    /// prompt's previous step ended, returning where this one did. A prompt's
+    /// first step is refused whole, and counted, if it is longer than the most
+    /// live predictions an index may hold, or if an index fed by events would
+    /// hold more than that with it (an approximate index is pruned instead).
+    pub fn predict_step(
+        &mut self,
+        index: IndexId,
+        step: &PredictStep,
+    ) -> Result<ChainAt, PredictRefused> {
+        let ix = index_mut(&mut self.indexes, index, self.budget.is_some());
+        if ix.live_predictions.is_none() {
+            ix.live_predictions = Some(step.live.clone());
+        }
+        if let Some(max) = self.max_predictions
+            && step.total > 0
+        {
+            let blocks = step.total;
+            // This index over every shard, with what this shard did since it last said.
+            let live = (step.live.load(Ordering::Relaxed) + ix.tree.predicted_pairs())
+                .saturating_sub(ix.told);
+            let refused = if blocks > max {
+                Some(PredictRefused::TooLong { blocks, max })
+            } else if ix.prune.is_none() && live + blocks > max {
+                Some(PredictRefused::Full { live, blocks, max })
+            } else {
+                None
+            };
+            if let Some(r) = refused {
+                self.predictions.refused += 1;
+                return Err(r);
+            }
+        }
+        let mut at = step.at;
+        self.predict_in(index, step.slot, &step.locals, step.expires, &mut at);
+        self.indexes[index.0 as usize].tell_predictions();
+        Ok(at)
+    }
+
+    /// Predicts `locals` from `at` on: a clear of the slot's predictions under
+    /// way is finished first, so the prediction is not taken by it; an
+    /// approximate index is pruned to its bound after.
+    fn predict_in(
+        &mut self,
+        index: IndexId,
+        slot: WorkerSlot,
+        locals: &[BlockHash],
+        expires: Tick,
+        at: &mut ChainAt,
     ) {
         if expires <= self.expired_to {
             return;
@@ -392,7 +506,7 @@ impl Shard {
             self.finish_clears(index);
         }
         let ix = &mut self.indexes[index.0 as usize];
-        let counts = ix.tree.predict(slot, locals, expires);
+        let counts = ix.tree.predict(slot, locals, expires, at);
         self.predictions.created += counts.created as u64;
         self.predictions.refreshed += counts.refreshed as u64;
         if let Some(b) = ix.prune
@@ -407,6 +521,12 @@ impl Shard {
             }
         }
         self.keep_budget();
+    }
+
+    /// The most live predictions an index may hold over every shard, and the
+    /// longest prediction (`--max-predictions`); `None`: no bound.
+    pub fn set_max_predictions(&mut self, max: Option<usize>) {
+        self.max_predictions = max;
     }
 
     /// Bound an index fed by predictions alone (approximate mode); applies from its
@@ -431,23 +551,25 @@ impl Shard {
     }
 
     /// End the predictions due at `now`, in the indexes that hold predictions,
-    /// looking at no more than [`EXPIRE_STEP`] of them. Returns whether some due
-    /// are left for the next call.
+    /// looking at no more than [`EXPIRE_STEP`] of them, and tell each index's
+    /// shared count what its predictions here came to (they also end by
+    /// confirmation, clears and eviction). Returns whether some due are left for
+    /// the next call.
     pub fn expire(&mut self, now: Tick) -> bool {
         self.expired_to = self.expired_to.max(now);
         let mut budget = EXPIRE_STEP;
+        let mut left = false;
         for ix in &mut self.indexes {
-            if ix.tree.has_predictions() {
-                let (ended, left) = ix.tree.expire(now, budget);
+            if ix.tree.has_predictions() && !left {
+                let (ended, more) = ix.tree.expire(now, budget);
                 self.predictions.expired += ended as u64;
                 ix.shrink_if_empty();
-                if left {
-                    return true;
-                }
+                left = more;
                 budget -= ended.min(budget - 1);
             }
+            ix.tell_predictions();
         }
-        false
+        left
     }
 
     /// Holders of the prompt's blocks (in prefix order) among this shard's slots as

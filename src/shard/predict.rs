@@ -111,15 +111,23 @@ pub enum Predicted {
     Refreshed,
 }
 
+/// When a pair is due, and the request that predicted it first (its stamp,
+/// counting up: pruning ends earlier requests' first among equal deadlines).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Due {
+    at: Tick,
+    stamp: u32,
+}
+
 /// The live predictions of one index shard and their deadlines, blocks named by `B`.
 pub struct Predictions<B = SeqHash> {
     /// Deadline of every live predicted pair. An entry outlives its holder bit only
     /// when the pair was cleared or evicted; its next wheel visit drops it.
-    deadline: HashMap<Pair, Tick>,
-    /// A hierarchical timing wheel (as the Linux kernel's and tokio's): `slots[level
-    /// * SLOTS + i]` holds the pairs whose deadline, when filed, lay in slot `i`
-    /// of `level` counted from `elapsed` (see [`level_for`]). Empty until the
-    /// first prediction.
+    deadline: HashMap<Pair, Due>,
+    /// A hierarchical timing wheel (as the Linux kernel's and tokio's): the slot
+    /// `i` of `level`, `slots[level * SLOTS + i]`, holds the pairs whose deadline,
+    /// when filed, lay in it counted from `elapsed` (see [`level_for`]). Empty
+    /// until the first prediction.
     slots: Vec<Vec<Pair>>,
     /// Per level, a bit per slot that holds pairs.
     occupied: [u64; LEVELS],
@@ -169,21 +177,24 @@ impl<B: PredictedBlock> Predictions<B> {
         self.deadline.is_empty()
     }
 
-    /// Record that `(seq, slot)` is predicted until `deadline`; a prediction that
-    /// already runs longer keeps its deadline.
-    pub fn predict(&mut self, seq: B, slot: WorkerSlot, deadline: Tick) -> Predicted {
+    /// Record that `(seq, slot)` is predicted until `deadline` by the request
+    /// `stamp`; a prediction that already runs longer keeps its deadline, and a
+    /// pair predicted before keeps its first stamp.
+    pub fn predict(&mut self, seq: B, slot: WorkerSlot, deadline: Tick, stamp: u32) -> Predicted {
         let deadline = deadline.max(self.done + 1);
         match self.deadline.entry(Pair::new(seq, slot)) {
             hashbrown::hash_map::Entry::Occupied(mut e) => {
                 // The pair is already filed; its visit finds the later deadline and
                 // files it again there.
-                if *e.get() < deadline {
-                    *e.get_mut() = deadline;
-                }
+                let due = e.get_mut();
+                due.at = due.at.max(deadline);
                 Predicted::Refreshed
             }
             hashbrown::hash_map::Entry::Vacant(e) => {
-                e.insert(deadline);
+                e.insert(Due {
+                    at: deadline,
+                    stamp,
+                });
                 self.file(Pair::new(seq, slot), deadline);
                 Predicted::Created
             }
@@ -273,7 +284,7 @@ impl<B: PredictedBlock> Predictions<B> {
                 match self.deadline.get(&pair) {
                     None => {}
                     // Refreshed, or due in a later slot of a lower level.
-                    Some(&d) if d > now => self.file(pair, d),
+                    Some(d) if d.at > now => self.file(pair, d.at),
                     Some(_) => {
                         self.deadline.remove(&pair);
                         end(pair.block(), pair.slot());
@@ -307,21 +318,22 @@ impl<B: PredictedBlock> Predictions<B> {
     }
 
     /// End `n` pairs early (or all, if fewer), those due soonest first, handing each
-    /// to `end`; among pairs due in the same tick, the last predicted go first (a
-    /// prompt's blocks from its end, so that each ends a block rather than leave
-    /// a path to the ones after it). A histogram of deadlines finds the cutoff
-    /// bin: every pair due before it ends, then the bin's pairs by tick.
+    /// to `end`; among pairs due in the same tick, those of the earlier request
+    /// first, and a request's from the last predicted (a prompt from its end, so
+    /// that each ends a block rather than leave a path to the ones after it). A
+    /// histogram of deadlines finds the cutoff bin: every pair due before it
+    /// ends, then the bin's pairs in that order.
     pub fn prune(&mut self, n: usize, mut end: impl FnMut(B, WorkerSlot)) {
         if n == 0 || self.deadline.is_empty() {
             return;
         }
         const BINS: usize = 1024;
-        let lo = self.deadline.values().copied().min().unwrap_or(0);
-        let hi = self.deadline.values().copied().max().unwrap_or(0);
+        let lo = self.deadline.values().map(|d| d.at).min().unwrap_or(0);
+        let hi = self.deadline.values().map(|d| d.at).max().unwrap_or(0);
         let width = ((hi - lo) as usize / BINS + 1) as Tick;
         let mut hist = [0usize; BINS];
-        for &d in self.deadline.values() {
-            hist[((d - lo) / width) as usize] += 1;
+        for d in self.deadline.values() {
+            hist[((d.at - lo) / width) as usize] += 1;
         }
         let mut seen = 0;
         let mut cut = BINS - 1;
@@ -335,26 +347,27 @@ impl<B: PredictedBlock> Predictions<B> {
         let bin = u64::from(lo) + cut as u64 * u64::from(width);
         let bin_end = bin + u64::from(width);
         self.deadline.retain(|pair, d| {
-            if u64::from(*d) < bin {
+            if u64::from(d.at) < bin {
                 end(pair.block(), pair.slot());
                 false
             } else {
                 true
             }
         });
-        // The bin's pairs in filing order: the slot being taken, then the levels
-        // from the top (a pair is filed lower the later it is filed).
-        let mut in_bin: Vec<(Tick, usize, Pair)> = Vec::new();
+        // The bin's pairs, each with its place in filing order: the slot being
+        // taken, then the levels from the top (a pair is filed lower the later it
+        // is filed, and a slot keeps its pairs in filing order).
+        let mut in_bin: Vec<(Due, usize, Pair)> = Vec::new();
         let filed = std::iter::once(&self.due[self.due_at.min(self.due.len())..])
             .chain(self.slots.chunks(SLOTS).rev().flatten().map(Vec::as_slice));
         for (i, &pair) in filed.flatten().enumerate() {
             if let Some(&d) = self.deadline.get(&pair)
-                && (bin..bin_end).contains(&u64::from(d))
+                && (bin..bin_end).contains(&u64::from(d.at))
             {
                 in_bin.push((d, i, pair));
             }
         }
-        in_bin.sort_unstable_by_key(|&(d, i, _)| (d, std::cmp::Reverse(i)));
+        in_bin.sort_unstable_by_key(|&(d, i, _)| (d.at, d.stamp, std::cmp::Reverse(i)));
         let mut left = n - seen;
         for (d, _, pair) in in_bin {
             if left == 0 {
@@ -409,7 +422,7 @@ mod tests {
         let mut p = Predictions::default();
         for i in 0..10 {
             let (s, w) = pair(i);
-            assert_eq!(p.predict(s, w, 10 + i as Tick), Predicted::Created);
+            assert_eq!(p.predict(s, w, 10 + i as Tick, 0), Predicted::Created);
         }
         assert!(expired(&mut p, 9).is_empty());
         assert_eq!(expired(&mut p, 12), vec![0, 1, 2]);
@@ -422,11 +435,11 @@ mod tests {
         let mut p = Predictions::default();
         let (a, w) = pair(1);
         let (b, _) = pair(2);
-        p.predict(a, w, 10);
-        p.predict(b, w, 10);
-        assert_eq!(p.predict(a, w, 50), Predicted::Refreshed);
+        p.predict(a, w, 10, 0);
+        p.predict(b, w, 10, 0);
+        assert_eq!(p.predict(a, w, 50, 0), Predicted::Refreshed);
         // A shorter refresh does not cut a longer prediction.
-        p.predict(a, w, 20);
+        p.predict(a, w, 20, 0);
         p.forget(b, w);
         assert!(expired(&mut p, 49).is_empty());
         assert_eq!(expired(&mut p, 50), vec![1]);
@@ -436,16 +449,16 @@ mod tests {
     fn deadlines_levels_out_and_long_gaps_between_calls() {
         let mut p = Predictions::default();
         let far = 3 * 4096 + 7;
-        p.predict(SeqHash(1), WorkerSlot(0), far);
-        p.predict(SeqHash(2), WorkerSlot(0), 5);
+        p.predict(SeqHash(1), WorkerSlot(0), far, 0);
+        p.predict(SeqHash(2), WorkerSlot(0), 5, 0);
         for now in (1..far).step_by(3) {
             let e = expired(&mut p, now);
             assert!(e.iter().all(|&s| s == 2), "{now}: {e:?}");
         }
         assert_eq!(expired(&mut p, far), vec![1]);
         // A gap of many slots between calls still ends everything due.
-        p.predict(SeqHash(3), WorkerSlot(0), far + 10);
-        p.predict(SeqHash(4), WorkerSlot(0), far + 300_000);
+        p.predict(SeqHash(3), WorkerSlot(0), far + 10, 0);
+        p.predict(SeqHash(4), WorkerSlot(0), far + 300_000, 0);
         assert_eq!(expired(&mut p, far + 200_000), vec![3]);
         assert_eq!(expired(&mut p, far + 300_000), vec![4]);
         assert!(p.is_empty());
@@ -460,8 +473,8 @@ mod tests {
         let start: Tick = 1_000_003;
         p.expire(start, usize::MAX, |_, _| {});
         let hour = ticks(Duration::from_secs(3600));
-        p.predict(SeqHash(1), WorkerSlot(0), start + hour);
-        p.predict(SeqHash(2), WorkerSlot(0), start + hour);
+        p.predict(SeqHash(1), WorkerSlot(0), start + hour, 0);
+        p.predict(SeqHash(2), WorkerSlot(0), start + hour, 0);
         let first = p.next_due().unwrap();
         assert!(
             first - start > 4096,
@@ -485,7 +498,7 @@ mod tests {
     fn a_mass_expiry_is_spread_over_calls() {
         let mut p = Predictions::default();
         for i in 0..10_000u64 {
-            p.predict(SeqHash(i), WorkerSlot(0), 100);
+            p.predict(SeqHash(i), WorkerSlot(0), 100, 0);
         }
         let mut ended = Vec::new();
         let mut calls = 1;
@@ -503,7 +516,7 @@ mod tests {
     fn a_deadline_already_past_ends_on_the_next_tick() {
         let mut p = Predictions::default();
         p.expire(100, usize::MAX, |_, _| {});
-        p.predict(SeqHash(1), WorkerSlot(0), 50);
+        p.predict(SeqHash(1), WorkerSlot(0), 50, 0);
         assert_eq!(expired(&mut p, 101), vec![1]);
     }
 
@@ -511,7 +524,7 @@ mod tests {
     fn prune_ends_the_soonest_due_first() {
         let mut p = Predictions::default();
         for i in 0..1000u64 {
-            p.predict(SeqHash(i), WorkerSlot(0), 1000 + i as Tick);
+            p.predict(SeqHash(i), WorkerSlot(0), 1000 + i as Tick, 0);
         }
         let mut gone = Vec::new();
         p.prune(200, |s, _| gone.push(s.0));
@@ -523,17 +536,28 @@ mod tests {
         assert_eq!(rest.len(), 1000 - gone.len());
     }
 
+    /// Among pairs due in the same tick, an earlier request's go first, and a
+    /// request's own from the last predicted.
     #[test]
-    fn prune_within_one_tick_ends_the_last_predicted_first() {
+    fn prune_within_one_tick_ends_earlier_requests_first_each_from_its_end() {
         let mut p = Predictions::default();
-        for i in 0..100u64 {
-            p.predict(SeqHash(i), WorkerSlot(0), 700);
+        for r in 0..10u32 {
+            for b in 0..10u64 {
+                p.predict(SeqHash(10 * r as u64 + b), WorkerSlot(0), 700, r);
+            }
         }
-        // Refreshing keeps a pair's place: it was still predicted early.
-        p.predict(SeqHash(3), WorkerSlot(0), 700);
+        // Refreshing keeps a pair's place: it was still predicted by request 0.
+        p.predict(SeqHash(3), WorkerSlot(0), 700, 42);
         let mut gone = Vec::new();
-        p.prune(30, |s, _| gone.push(s.0));
-        assert_eq!(gone, (70..100).rev().collect::<Vec<_>>());
+        p.prune(15, |s, _| gone.push(s.0));
+        assert_eq!(
+            gone,
+            [
+                (0..10).rev().collect::<Vec<u64>>(),
+                (15..20).rev().collect()
+            ]
+            .concat()
+        );
         p.prune(500, |s, _| gone.push(s.0));
         assert_eq!(gone.len(), 100);
         assert!(p.is_empty());
@@ -545,7 +569,7 @@ mod tests {
     fn prune_finds_pairs_on_every_level() {
         let mut p = Predictions::default();
         for i in 0..1000u64 {
-            p.predict(SeqHash(i), WorkerSlot(0), 64 + (i as Tick % 10) * 5000);
+            p.predict(SeqHash(i), WorkerSlot(0), 64 + (i as Tick % 10) * 5000, 0);
         }
         let mut ended = 0;
         assert!(p.expire(64, 10, |_, _| ended += 1));

@@ -43,7 +43,7 @@ mod predicted;
 pub use arena::NodeId;
 pub use dump::{DumpWalk, Seed};
 pub use names::NamesAt;
-pub use predicted::{NodeKey, PredictCounts};
+pub use predicted::{ChainAt, NodeKey, PredictCounts};
 
 use crate::shard::holders::{HeldCounts, HolderSlab};
 use crate::shard::predict::Predictions;
@@ -107,6 +107,11 @@ pub struct Tree {
     leaves: evict::Leaves,
     /// At most this many nodes (`None`: as many as ids can name); tests set less.
     node_limit: Option<u32>,
+    /// Counts the times the tree gave its memory back and began again, so that a
+    /// node named before ([`ChainAt`]) is not taken for one filed after.
+    epoch: u32,
+    /// The last prediction request's stamp (see [`Predictions::predict`]).
+    stamps: u32,
 }
 
 impl Tree {
@@ -242,6 +247,7 @@ impl Tree {
         *self = Tree {
             tracking: self.tracking,
             node_limit: self.node_limit,
+            epoch: self.epoch.wrapping_add(1),
             ..Tree::default()
         };
     }

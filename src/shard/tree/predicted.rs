@@ -6,7 +6,7 @@
 //! never dumped.
 
 use super::Tree;
-use super::arena::{NodeId, at_mut, get};
+use super::arena::{NodeId, NodeRef, at_mut, get};
 use crate::shard::predict::{Predicted, PredictedBlock, Predictions, Tick};
 use crate::types::{BlockHash, EngineHash, Tier, TierSet, WorkerSlot};
 
@@ -30,6 +30,35 @@ impl PredictedBlock for NodeKey {
     }
 }
 
+/// Where a prediction applied in steps has got to: the prompt's first block
+/// comes next (`Root`), or the block below the node of the last one predicted,
+/// named as it was then (the tree's epoch, the node's reference and local hash
+/// check: a node freed, reused or emptied since names nothing), or nothing more
+/// is to be predicted (`Lost`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ChainAt(At);
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum At {
+    #[default]
+    Root,
+    Below {
+        epoch: u32,
+        node: NodeRef,
+        check: u32,
+        /// The prompt's request, as its first step stamped it.
+        stamp: u32,
+    },
+    Lost,
+}
+
+impl ChainAt {
+    /// Nothing more of the prompt is to be predicted.
+    pub fn is_lost(&self) -> bool {
+        self.0 == At::Lost
+    }
+}
+
 /// What a prediction did, for the shard's counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PredictCounts {
@@ -45,22 +74,50 @@ impl Tree {
         }
     }
 
-    /// `slot` is expected to hold the prompt's blocks `locals` (from its first) on
-    /// the device until `deadline`: they count as held there until then, or until a
+    /// `slot` is expected to hold the prompt's blocks `locals` on the device until
+    /// `deadline`, from the block after `at` (see [`ChainAt`]; the default: from
+    /// the prompt's first): they count as held there until then, or until a
     /// store of the block by the slot confirms it. Blocks the slot holds already
-    /// stay as they are.
+    /// stay as they are. `at` moves on to the last block predicted; if the block
+    /// it named is gone (evicted, or its prediction ended), nothing more of the
+    /// prompt is predicted: no prefix match could reach past the gap.
     pub fn predict(
         &mut self,
         slot: WorkerSlot,
         locals: &[BlockHash],
         deadline: Tick,
+        at: &mut ChainAt,
     ) -> PredictCounts {
-        self.tick();
         let mut counts = PredictCounts::default();
-        let mut p = None;
+        let (mut p, stamp) = match at.0 {
+            At::Root => {
+                self.stamps = self.stamps.wrapping_add(1);
+                (None, self.stamps)
+            }
+            At::Below {
+                epoch,
+                node,
+                check,
+                stamp,
+            } => {
+                let id = node.id();
+                let same = epoch == self.epoch
+                    && get(&self.chunks, id).is_some_and(|n| {
+                        !n.is_free() && n.reference(id) == node && n.check() == check
+                    });
+                if !same {
+                    *at = ChainAt(At::Lost);
+                    return counts;
+                }
+                (Some(id), stamp)
+            }
+            At::Lost => return counts,
+        };
+        self.tick();
         for &local in locals {
             let Some(id) = self.child_or_insert(p, local, EngineHash(0)) else {
-                break;
+                *at = ChainAt(At::Lost);
+                return counts;
             };
             self.mark(id);
             p = Some(id);
@@ -75,12 +132,26 @@ impl Tree {
                 self.held.add(Tier::PREDICTED);
             }
             let key = self.key(id);
-            match self.predictions.predict(key, slot, deadline) {
+            match self.predictions.predict(key, slot, deadline, stamp) {
                 Predicted::Created => counts.created += 1,
                 Predicted::Refreshed => counts.refreshed += 1,
             }
         }
+        if let Some(id) = p {
+            let n = self.node(id);
+            *at = ChainAt(At::Below {
+                epoch: self.epoch,
+                node: n.reference(id),
+                check: n.check(),
+                stamp,
+            });
+        }
         counts
+    }
+
+    /// Live predicted (block, holder) pairs.
+    pub fn predicted_pairs(&self) -> usize {
+        self.held.tier_pairs()[Tier::PREDICTED.0 as usize] as usize
     }
 
     /// Ends the predictions due at or before `now`, looking at no more than

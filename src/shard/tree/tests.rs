@@ -144,7 +144,12 @@ fn a_full_arena_files_what_fits_and_says_what_it_did_not() {
     assert_eq!(lookup(&mut t, &[10, 11, 12, 13, 14]).len(), 9);
     // Space freed is used again.
     assert!(t.remove(s1, eh(1003), TierSet::ALL));
-    t.predict(WorkerSlot(2), &[BlockHash(20), BlockHash(21)], 5);
+    t.predict(
+        WorkerSlot(2),
+        &[BlockHash(20), BlockHash(21)],
+        5,
+        &mut ChainAt::default(),
+    );
     assert_eq!(t.len(), 4);
     assert_eq!(t.tier_pairs()[Tier::PREDICTED.0 as usize], 1);
 }
@@ -290,6 +295,38 @@ fn engines_counting_their_hashes_name_other_content_by_the_same_hash() {
     assert!(t.is_empty());
 }
 
+/// A prediction in steps goes on below the block the step before ended at;
+/// once that block is gone (evicted, or its prediction ended and the tree
+/// began again), nothing more of the prompt is predicted.
+#[test]
+fn a_prediction_in_steps_goes_on_where_it_ended_while_that_block_lives() {
+    let mut t = Tree::default();
+    t.track_use();
+    let s = WorkerSlot(1);
+    let b = |x: &[u64]| x.iter().map(|&l| BlockHash(l)).collect::<Vec<_>>();
+    let mut at = ChainAt::default();
+    t.predict(s, &b(&[1, 2]), 50, &mut at);
+    t.predict(s, &b(&[3]), 50, &mut at);
+    // A predicted holder reads as the device it stands for.
+    let p = held(1, DEV);
+    assert_eq!(lookup(&mut t, &[1, 2, 3]), [1, p, 1, p, 1, p]);
+    // Its last block evicted: the rest is dropped.
+    t.evict();
+    t.predict(s, &b(&[4]), 50, &mut at);
+    assert!(at.is_lost());
+    assert_eq!(t.len(), 2);
+    // Every prediction ended and the tree began again: a node filed since at the
+    // same place is not the one the step ended at.
+    let mut at = ChainAt::default();
+    t.predict(s, &b(&[7]), 60, &mut at);
+    t.expire(60, usize::MAX);
+    assert!(t.is_empty());
+    t.predict(s, &b(&[7]), 70, &mut ChainAt::default());
+    t.predict(s, &b(&[8]), 70, &mut at);
+    assert!(at.is_lost());
+    assert_eq!(t.len(), 1);
+}
+
 /// An engine hash stored again under another parent, naming a block the slot
 /// already holds by another hash: the first block's hold ends with the name,
 /// and the block it now names keeps both names, so that each goes with the
@@ -344,7 +381,12 @@ fn a_hash_stored_again_under_another_parent_leaves_no_name_behind() {
 fn a_store_confirming_a_prediction_is_not_a_second_name() {
     let mut t = Tree::default();
     let s = WorkerSlot(1);
-    t.predict(s, &[BlockHash(10), BlockHash(11)], 100);
+    t.predict(
+        s,
+        &[BlockHash(10), BlockHash(11)],
+        100,
+        &mut ChainAt::default(),
+    );
     t.store(s, DEV, None, &chain(1, 10, &[10, 11]));
     assert!(t.aliases.is_empty());
     assert!(t.remove(s, eh(1011), TierSet::ALL));
@@ -810,10 +852,13 @@ enum Op {
         alias: bool,
         tiers: u8,
     },
+    /// A prediction applied in two steps, the second going on where the first
+    /// ended (`split` blocks in the first).
     Predict {
         slot: u32,
         path: Vec<u64>,
         ttl: Tick,
+        split: usize,
     },
     Expire {
         advance: Tick,
@@ -850,7 +895,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u32..3, tiers, proptest::option::of(1usize..4))
             .prop_map(|(slot, tiers, step)| Op::Clear { slot, tiers, step }),
         2 => (0u32..3, proptest::collection::vec(1u64..4, 1..4), 1 as Tick..6)
-            .prop_map(|(slot, path, ttl)| Op::Predict { slot, path, ttl }),
+            .prop_map(|(slot, path, ttl)| Op::Predict { slot, split: ttl as usize % 4, path, ttl }),
         1 => (1 as Tick..4).prop_map(|advance| Op::Expire { advance }),
         1 => Just(Op::Evict),
     ]
@@ -917,11 +962,19 @@ fn apply(t: &mut Tree, m: &mut Model, op: &Op, narrow: bool) -> Result<(), TestC
             m.remove(*slot, e, *tiers);
             t.remove(WorkerSlot(*slot), eh(e), TierSet(*tiers));
         }
-        Op::Predict { slot, path, ttl } => {
+        Op::Predict {
+            slot,
+            path,
+            ttl,
+            split,
+        } => {
             let deadline = m.now + ttl;
             m.predict(*slot, path, deadline);
             let locals: Vec<BlockHash> = path.iter().map(|&l| BlockHash(l)).collect();
-            t.predict(WorkerSlot(*slot), &locals, deadline);
+            let (first, rest) = locals.split_at((*split).min(locals.len()));
+            let mut at = ChainAt::default();
+            t.predict(WorkerSlot(*slot), first, deadline, &mut at);
+            t.predict(WorkerSlot(*slot), rest, deadline, &mut at);
         }
         Op::Evict => {
             // Untracked, use tracking begins here, on a tree already filed.
