@@ -1,10 +1,13 @@
 //! `--max-blocks` end to end: the real binary fed far past its bound by real vLLM
-//! events over ZMQ, queried over HTTP while it evicts.
+//! events over ZMQ and by long predictions, queried over HTTP while it evicts.
 
 mod common;
 
-use common::{Server, dump_rows, removed, stored, workers};
+use common::{Publisher, Server, dump_rows, removed, stored, workers};
 use serde_json::{Value, json};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 const MODEL: &str = "m";
 const BOUND: u32 = 200;
@@ -91,4 +94,150 @@ fn the_index_stays_within_max_blocks_keeping_the_newest_and_the_matched() {
         (1..=2 * intervals).contains(&warnings),
         "{warnings} warnings: at most one per shard per 10 s expected\n{log}"
     );
+}
+
+/// Queries `base` from `conns` connections of their own (spread over the
+/// executors) until [`QueryLoop::finish`], noting the longest any waited.
+struct QueryLoop {
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<(Duration, u64)>>,
+}
+
+impl QueryLoop {
+    fn start(base: &str, conns: usize, body: Value) -> QueryLoop {
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads = (0..conns)
+            .map(|_| {
+                let (stop, url, body) = (stop.clone(), format!("{base}/query"), body.to_string());
+                std::thread::spawn(move || {
+                    let agent: ureq::Agent = ureq::Agent::config_builder()
+                        .http_status_as_error(false)
+                        .timeout_global(Some(Duration::from_secs(60)))
+                        .build()
+                        .into();
+                    let (mut worst, mut n) = (Duration::ZERO, 0);
+                    while !stop.load(Ordering::Relaxed) {
+                        let t = Instant::now();
+                        let mut r = agent
+                            .post(&url)
+                            .header("Content-Type", "application/json")
+                            .send(&body)
+                            .expect("query");
+                        let text = r.body_mut().read_to_string().expect("query body");
+                        assert_eq!(r.status(), 200, "{text}");
+                        worst = worst.max(t.elapsed());
+                        n += 1;
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    (worst, n)
+                })
+            })
+            .collect();
+        QueryLoop { stop, threads }
+    }
+
+    /// The longest wait of any query, and how many were answered.
+    fn finish(self) -> (Duration, u64) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.threads
+            .into_iter()
+            .map(|t| t.join().expect("query thread"))
+            .fold((Duration::ZERO, 0), |(w, n), (tw, tn)| (w.max(tw), n + tn))
+    }
+}
+
+/// The longest a query may wait while kvix evicts: generous for a loaded
+/// two-core machine and a debug build, far below what a walk of the index per
+/// evicted block cost (seconds).
+const QUERY_WAIT: Duration = Duration::from_millis(200);
+
+/// A server bounded at 1,000 blocks on two executors, worker 1 registered.
+fn bounded_server() -> (Server, Publisher) {
+    let s = Server::start(&["--threads", "2", "--max-blocks", "1000"]);
+    let [w] = workers(&s, &zmq::Context::new(), MODEL);
+    (s, w)
+}
+
+/// One prediction of an 80,000-block chain under `--max-blocks 1000`: the chain
+/// has one leaf at a time, and it is evicted back to the bound, in steps,
+/// while queries on both executors keep being answered.
+#[test]
+fn a_long_predicted_chain_past_max_blocks_never_holds_queries_up() {
+    let (s, _w) = bounded_server();
+    let queries = QueryLoop::start(
+        &s.base,
+        4,
+        json!({"model_name": MODEL, "token_ids": prompt(0)}),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let chain: Vec<u64> = (0..80_000u64).map(|i| 0x5EED_0000_0000 + i).collect();
+    let r = s.post_ok(
+        "/speculate",
+        &json!({"model_name": MODEL, "instance_id": 1, "block_hashes": chain, "ttl_ms": 600_000}),
+    );
+    assert_eq!(r["predicted_blocks"], 80_000);
+    s.eventually("the chain is evicted back to the bound", || {
+        match s.metric("kvix_shard_blocks", &[]) {
+            b if b <= 1000.0 => Ok(()),
+            b => Err(format!("{b} blocks")),
+        }
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let (worst, answered) = queries.finish();
+    assert!(answered >= 20, "{answered} queries answered");
+    assert!(
+        worst < QUERY_WAIT,
+        "a query waited {worst:?} while the chain was predicted and evicted"
+    );
+    // What stays is the chain's head: the newest blocks nothing hangs from go first.
+    let (st, v) = s.post_json(
+        "/query_by_hash",
+        &json!({"model_name": MODEL, "block_hashes": chain[..10]}),
+    );
+    assert_eq!((st, v["scores"].clone()), (200, json!({"1": {"0": 40}})));
+}
+
+/// Twenty engine prompts of 2,000 blocks each under `--max-blocks 1000`: each
+/// store evicts about as much as it files, while queries keep being answered.
+#[test]
+fn long_engine_prompts_past_max_blocks_never_hold_queries_up() {
+    let (s, mut w) = bounded_server();
+    let queries = QueryLoop::start(
+        &s.base,
+        4,
+        json!({"model_name": MODEL, "token_ids": prompt(0)}),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let prompts = 20u32;
+    let tokens = |p: u32| -> Vec<u32> { (0..8000).map(|t| 10_000_000 * (p + 1) + t).collect() };
+    for p in 0..prompts {
+        let hashes: Vec<u64> = (0..2000).map(|b| 1_000_000 * (p as u64 + 1) + b).collect();
+        w.send(&stored(&hashes, None, &tokens(p), 4));
+    }
+    s.eventually("every prompt is applied", || {
+        match s.metric("kvix_blocks_stored_total", &[]) {
+            n if n == (prompts * 2000) as f64 => Ok(()),
+            n => Err(format!("{n} blocks stored")),
+        }
+    });
+    s.eventually("the index is back within its bound", || {
+        match s.metric("kvix_shard_blocks", &[]) {
+            b if b <= 1000.0 => Ok(()),
+            b => Err(format!("{b} blocks")),
+        }
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let (worst, answered) = queries.finish();
+    assert!(answered >= 20, "{answered} queries answered");
+    assert!(
+        worst < QUERY_WAIT,
+        "a query waited {worst:?} while 40,000 blocks were stored and evicted"
+    );
+    // Older prompts went first; the newest one's head stays.
+    assert!(s.metric("kvix_evicted_blocks_total", &[]) >= 19_000.0);
+    let (st, v) = s.post_json(
+        "/query",
+        &json!({"model_name": MODEL, "token_ids": tokens(prompts - 1)[..400]}),
+    );
+    assert_eq!((st, v["scores"].clone()), (200, json!({"1": {"0": 400}})));
 }

@@ -265,3 +265,229 @@ fn bad_speculations_get_errors_naming_the_field() {
     assert_eq!(metric(&s, "kvix_predictions_created_total"), 0.0);
     assert_eq!(scores(&s, MODEL, &tokens(1, 4)), json!({}));
 }
+
+/// A prediction names a worker an engine reports for: on a model fed by events,
+/// one that is not registered (never, or no more), or a dp rank it does not
+/// have, is a 404 naming the field, predicts nothing and never scores.
+#[test]
+fn a_speculation_for_a_worker_that_is_not_registered_is_a_404_and_never_scores() {
+    let (s, _w1) = serve_with_worker("2");
+    let w2 = add_worker(&s, 2, 0);
+    s.post_ok(
+        "/unregister",
+        &json!({"instance_id": 2, "model_name": MODEL}),
+    );
+    drop(w2);
+    let prompt = tokens(1, 16);
+    for (instance, dp, field) in [
+        (json!(7), 0, "instance_id"),
+        (json!("w-x"), 0, "instance_id"),
+        (json!(2), 0, "instance_id"),
+        (json!(1), 3, "dp_rank"),
+    ] {
+        let (st, v) = s.post_json(
+            "/speculate",
+            &json!({"model_name": MODEL, "instance_id": instance, "dp_rank": dp, "token_ids": prompt}),
+        );
+        assert_eq!(st, 404, "{instance} dp {dp}: {v}");
+        assert_eq!(v["field"], field, "{instance} dp {dp}: {v}");
+    }
+    assert_eq!(scores(&s, MODEL, &prompt), json!({}));
+    assert_eq!(metric(&s, "kvix_predictions_created_total"), 0.0);
+    let workers = s.get_json("/workers");
+    assert_eq!(workers.as_array().map(Vec::len), Some(1), "{workers}");
+    // The registered worker's prediction still scores.
+    speculate(
+        &s,
+        json!({"model_name": MODEL, "instance_id": 1, "token_ids": prompt}),
+    );
+    assert_eq!(scores(&s, MODEL, &prompt), json!({"1": {"0": 16}}));
+}
+
+/// vLLM's batch envelope `[ts, events, dp_rank]` of one `BlockStored`.
+fn stored_at_dp(hashes: &[u64], t: &[u32], dp: u64) -> Vec<u8> {
+    let mut b = stored(hashes, None, t, 4);
+    assert_eq!(b[0], 0x92, "a two-element batch");
+    b[0] = 0x93;
+    rmp::encode::write_uint(&mut b, dp).unwrap();
+    b
+}
+
+/// Predictions never take the slots an engine's dp ranks need: 1,100 of them on
+/// dp ranks the worker does not have are refused (no 5xx, nothing made), and
+/// the engine's batch on a new dp rank is still indexed.
+#[test]
+fn speculations_on_new_dp_ranks_take_nothing_from_the_engines() {
+    let (s, mut w1) = serve_with_worker("2");
+    let answers: Vec<(u32, u16, Value)> = (1..=1100u32)
+        .map(|dp| {
+            let (st, v) = s.post_json(
+                "/speculate",
+                &json!({"model_name": MODEL, "instance_id": 1, "dp_rank": dp, "block_hashes": [dp]}),
+            );
+            (dp, st, v)
+        })
+        .collect();
+    let failed: Vec<_> = answers.iter().filter(|(_, st, _)| *st >= 500).collect();
+    assert!(
+        failed.is_empty(),
+        "{} 5xx, the first {:?}",
+        failed.len(),
+        failed[0]
+    );
+    for (dp, st, v) in &answers {
+        assert_eq!((*st, &v["field"]), (404, &json!("dp_rank")), "dp {dp}: {v}");
+    }
+    w1.send(&stored_at_dp(&[11, 12], &tokens(1, 8), 5));
+    s.eventually("the engine's new dp rank is indexed", || {
+        match scores(&s, MODEL, &tokens(1, 8)) {
+            v if v == json!({"1": {"5": 8}}) => Ok(()),
+            v => Err(v.to_string()),
+        }
+    });
+    assert_eq!(metric(&s, "kvix_event_refusals_total"), 0.0);
+    assert_eq!(metric(&s, "kvix_predictions_created_total"), 0.0);
+}
+
+/// `--max-predictions` caps a request (413 naming the field) and an index's live
+/// predictions (429); each refusal is counted and predicts nothing, and the
+/// room comes back as predictions end.
+#[test]
+fn max_predictions_caps_a_request_and_an_index() {
+    let s = Server::start(&["--threads", "2", "--max-predictions", "1000"]);
+    let _w1 = Publisher::bind(&zmq::Context::new());
+    register(&s, MODEL, 1, &_w1);
+    let chain = |from: u64, n: u64| -> Vec<u64> { (from..from + n).collect() };
+    let body = |hashes: Vec<u64>, ttl: u64| json!({"model_name": MODEL, "instance_id": 1, "block_hashes": hashes, "ttl_ms": ttl});
+    let (st, v) = s.post_json("/speculate", &body(chain(1, 1001), 60_000));
+    assert_eq!((st, &v["field"]), (413, &json!("block_hashes")), "{v}");
+    speculate(&s, body(chain(10_000, 600), 800));
+    let (st, v) = s.post_json("/speculate", &body(chain(20_000, 600), 60_000));
+    assert_eq!(st, 429, "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("--max-predictions")),
+        "{v}"
+    );
+    assert_eq!(metric(&s, "kvix_prediction_refusals_total"), 2.0);
+    assert_eq!(metric(&s, "kvix_predicted_blocks"), 600.0);
+    // Once the first prediction ends, the second fits.
+    s.eventually("room for the second prediction", || {
+        match s.post_json("/speculate", &body(chain(20_000, 600), 60_000)) {
+            (200, _) => Ok(()),
+            (st, v) => Err(format!("{st} {v}")),
+        }
+    });
+    assert_eq!(metric(&s, "kvix_predicted_blocks"), 600.0);
+}
+
+/// CPU seconds (user and system) the process `pid` has used.
+fn cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // After the command's closing parenthesis: state is field 3, utime 14, stime 15.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    let out = std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .unwrap();
+    let per_sec: f64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    ticks / per_sec
+}
+
+/// Hour-long predictions asked for by the million: the index keeps at most
+/// `--max-predictions` (the rest are refused with 429), and once the requests
+/// are answered the process goes idle (a deadline an hour out is looked at a
+/// few times in that hour, not every few seconds), answers queries at once and
+/// holds a bounded amount of memory. 4M blocks asked for, the default cap of
+/// 1,048,576 kept.
+#[test]
+fn hour_long_predictions_by_the_million_leave_the_process_idle_and_bounded() {
+    let (s, _w1) = serve_with_worker("2");
+    let rss0 = common::rss_mib(s.pid());
+    let (requests, blocks) = (16u64, 250_000u64);
+    let mut refused = 0;
+    for r in 0..requests {
+        let hashes: Vec<u64> = (0..blocks).map(|b| (r << 32) + b + 1).collect();
+        let (st, v) = s.post_json(
+            "/speculate",
+            &json!({"model_name": MODEL, "instance_id": 1, "block_hashes": hashes, "ttl_ms": 3_600_000}),
+        );
+        match st {
+            200 => {}
+            429 => refused += 1,
+            _ => panic!("request {r}: {st} {v}"),
+        }
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let (cpu0, t0) = (cpu_secs(s.pid()), Instant::now());
+    std::thread::sleep(Duration::from_secs(1));
+    let busy = (cpu_secs(s.pid()) - cpu0) / t0.elapsed().as_secs_f64();
+    assert!(
+        busy < 0.15,
+        "{:.0}% of a core busy 2 s after the last request",
+        busy * 100.0
+    );
+    let prompt = tokens(1, 16);
+    for _ in 0..10 {
+        let t = Instant::now();
+        scores(&s, MODEL, &prompt);
+        assert!(
+            t.elapsed() < Duration::from_millis(50),
+            "a query took {:?}",
+            t.elapsed()
+        );
+    }
+    let grew = common::rss_mib(s.pid()) - rss0;
+    eprintln!(
+        "idle: {:.1}% of a core; RSS grew {grew:.0} MiB",
+        busy * 100.0
+    );
+    assert!(grew < 400.0, "RSS grew {grew:.0} MiB");
+    assert_eq!(refused, requests - 4);
+    assert_eq!(metric(&s, "kvix_predicted_blocks"), 4.0 * blocks as f64);
+}
+
+/// One prediction far past an approximate index's bound is pruned to the
+/// bound's target, the older predictions first and the long prompt from its
+/// end: its head still scores, and the index is not emptied.
+#[test]
+fn one_long_prediction_prunes_an_approximate_index_to_its_target() {
+    let s = Server::start(&[
+        "--threads",
+        "2",
+        "--approximate",
+        "approx",
+        "--router-max-tree-size",
+        "2000",
+    ]);
+    for (w, p) in [("w-a", 1u32), ("w-b", 2), ("w-a", 3)] {
+        speculate(
+            &s,
+            json!({"model_name": "approx", "instance_id": w, "block_size": 4, "token_ids": tokens(100 * p, 100 * p + 15)}),
+        );
+    }
+    let chain: Vec<u64> = (0..10_000u64).map(|b| 0xC4A1_0000 + b).collect();
+    speculate(
+        &s,
+        json!({"model_name": "approx", "instance_id": "w-c", "block_hashes": chain}),
+    );
+    // Each shard holds at most 1,000 blocks and is pruned to 800: the chain's
+    // shard keeps its first 800 blocks.
+    let (st, v) = s.post_json(
+        "/query_by_hash",
+        &json!({"model_name": "approx", "block_hashes": chain[..801]}),
+    );
+    assert_eq!(
+        (st, v["scores"].clone()),
+        (200, json!({"w-c": {"0": 3200}}))
+    );
+    let blocks = metric(&s, "kvix_shard_blocks");
+    assert!((800.0..=2000.0).contains(&blocks), "{blocks} blocks");
+}
