@@ -137,7 +137,7 @@ pub struct Args {
     /// Most live /speculate predictions a model+tenant fed by events holds over every
     /// shard, and most blocks one /speculate predicts: past either the request is
     /// refused (429, 413) and counted (kvix_prediction_refusals_total)
-    #[arg(long, env = "KVIX_MAX_PREDICTIONS", default_value_t = crate::service::DEFAULT_MAX_PREDICTIONS)]
+    #[arg(long, env = "KVIX_MAX_PREDICTIONS", default_value_t = crate::shard::DEFAULT_MAX_PREDICTIONS)]
     pub max_predictions: usize,
     /// Most blocks the index holds, over all models and tenants and every shard;
     /// past it the blocks not stored or matched for longest are evicted

@@ -56,11 +56,6 @@ pub struct Config {
     pub max_blocks: Option<u64>,
 }
 
-/// `--max-predictions` by default: about 100 MB of predictions an index at most
-/// (a prediction of a block nothing else holds costs its node, its holder, its
-/// deadline and its place on the wheel).
-pub const DEFAULT_MAX_PREDICTIONS: usize = 1 << 20;
-
 /// How `/speculate`'s predictions live.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Speculation {
@@ -88,7 +83,7 @@ impl Default for Speculation {
             router_ttl: std::time::Duration::from_secs(120),
             max_tree_size: 1 << 20,
             prune_target_ratio: 0.8,
-            max_predictions: DEFAULT_MAX_PREDICTIONS,
+            max_predictions: crate::shard::DEFAULT_MAX_PREDICTIONS,
         }
     }
 }

@@ -158,6 +158,21 @@ fn bounded_server() -> (Server, Publisher) {
     (s, w)
 }
 
+/// Once the index is back within its bound (and a little after), no query of
+/// `queries` waited [`QUERY_WAIT`] or longer while `what`.
+fn queries_kept_up_with_eviction(s: &Server, queries: QueryLoop, what: &str) {
+    s.eventually("the index is back within its bound", || {
+        match s.metric("kvix_shard_blocks", &[]) {
+            b if b <= 1000.0 => Ok(()),
+            b => Err(format!("{b} blocks")),
+        }
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let (worst, answered) = queries.finish();
+    assert!(answered >= 20, "{answered} queries answered");
+    assert!(worst < QUERY_WAIT, "a query waited {worst:?} while {what}");
+}
+
 /// One prediction of an 80,000-block chain under `--max-blocks 1000`: the chain
 /// has one leaf at a time, and it is evicted back to the bound, in steps,
 /// while queries on both executors keep being answered.
@@ -176,19 +191,7 @@ fn a_long_predicted_chain_past_max_blocks_never_holds_queries_up() {
         &json!({"model_name": MODEL, "instance_id": 1, "block_hashes": chain, "ttl_ms": 600_000}),
     );
     assert_eq!(r["predicted_blocks"], 80_000);
-    s.eventually("the chain is evicted back to the bound", || {
-        match s.metric("kvix_shard_blocks", &[]) {
-            b if b <= 1000.0 => Ok(()),
-            b => Err(format!("{b} blocks")),
-        }
-    });
-    std::thread::sleep(Duration::from_millis(300));
-    let (worst, answered) = queries.finish();
-    assert!(answered >= 20, "{answered} queries answered");
-    assert!(
-        worst < QUERY_WAIT,
-        "a query waited {worst:?} while the chain was predicted and evicted"
-    );
+    queries_kept_up_with_eviction(&s, queries, "the chain was predicted and evicted");
     // What stays is the chain's head: the newest blocks nothing hangs from go first.
     let (st, v) = s.post_json(
         "/query_by_hash",
@@ -220,19 +223,7 @@ fn long_engine_prompts_past_max_blocks_never_hold_queries_up() {
             n => Err(format!("{n} blocks stored")),
         }
     });
-    s.eventually("the index is back within its bound", || {
-        match s.metric("kvix_shard_blocks", &[]) {
-            b if b <= 1000.0 => Ok(()),
-            b => Err(format!("{b} blocks")),
-        }
-    });
-    std::thread::sleep(Duration::from_millis(300));
-    let (worst, answered) = queries.finish();
-    assert!(answered >= 20, "{answered} queries answered");
-    assert!(
-        worst < QUERY_WAIT,
-        "a query waited {worst:?} while 40,000 blocks were stored and evicted"
-    );
+    queries_kept_up_with_eviction(&s, queries, "40,000 blocks were stored and evicted");
     // Older prompts went first; the newest one's head stays.
     assert!(s.metric("kvix_evicted_blocks_total", &[]) >= 19_000.0);
     let (st, v) = s.post_json(

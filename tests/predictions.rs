@@ -30,6 +30,19 @@ fn add_worker(s: &Server, instance: u64, dp_rank: u32) -> Publisher {
     w
 }
 
+/// A server on two executors whose model `approx` is approximate, its index
+/// bounded at `max_tree` blocks, with `extra` flags.
+fn approximate_server(max_tree: &str, extra: &[&str]) -> Server {
+    let flags = [
+        "--threads",
+        "2",
+        "--approximate",
+        "approx",
+        "--router-max-tree-size",
+    ];
+    Server::start(&[&flags[..], &[max_tree], extra].concat())
+}
+
 fn scores(s: &Server, model: &str, t: &[u32]) -> Value {
     let (st, v) = s.post_json("/query", &json!({"token_ids": t, "model_name": model}));
     assert_eq!(st, 200, "{v}");
@@ -186,16 +199,7 @@ fn a_confirmed_prediction_stays_and_an_unconfirmed_one_beside_it_expires() {
 
 #[test]
 fn an_approximate_model_is_fed_by_speculation_alone_and_pruned_to_its_bound() {
-    let s = Server::start(&[
-        "--threads",
-        "2",
-        "--approximate",
-        "approx",
-        "--router-max-tree-size",
-        "40",
-        "--router-prune-target-ratio",
-        "0.5",
-    ]);
+    let s = approximate_server("40", &["--router-prune-target-ratio", "0.5"]);
     // No index yet: the first speculation must say its block size.
     let (st, v) = s.post_json(
         "/speculate",
@@ -459,14 +463,7 @@ fn hour_long_predictions_by_the_million_leave_the_process_idle_and_bounded() {
 /// end: its head still scores, and the index is not emptied.
 #[test]
 fn one_long_prediction_prunes_an_approximate_index_to_its_target() {
-    let s = Server::start(&[
-        "--threads",
-        "2",
-        "--approximate",
-        "approx",
-        "--router-max-tree-size",
-        "2000",
-    ]);
+    let s = approximate_server("2000", &[]);
     for (w, p) in [("w-a", 1u32), ("w-b", 2), ("w-a", 3)] {
         speculate(
             &s,

@@ -75,6 +75,11 @@ pub struct PredictionCounts {
     pub refused: u64,
 }
 
+/// `--max-predictions` by default: about 100 MB of predictions an index at most
+/// (a prediction of a block nothing else holds costs its node, its holder, its
+/// deadline and its place on the wheel).
+pub const DEFAULT_MAX_PREDICTIONS: usize = 1 << 20;
+
 /// Blocks a prediction step applies at most: a long prompt is predicted in steps
 /// between which the executor serves.
 pub const PREDICT_STEP: usize = 4096;
