@@ -170,6 +170,7 @@ fn queries_kept_up_with_eviction(s: &Server, queries: QueryLoop, what: &str) {
     std::thread::sleep(Duration::from_millis(300));
     let (worst, answered) = queries.finish();
     assert!(answered >= 20, "{answered} queries answered");
+    eprintln!("{answered} queries, the longest {worst:?}, while {what}");
     assert!(worst < QUERY_WAIT, "a query waited {worst:?} while {what}");
 }
 

@@ -253,8 +253,10 @@ impl Sharded {
         for (i, shard) in self.shards.iter_mut().enumerate() {
             self.rings
                 .drain(ShardId(i), usize::MAX, |ops| shard.apply_staged(ops));
-            // As the drain loop does: one step of a slot's clear per pass.
+            // As the drain loop does: one step of a slot's clear per pass, and
+            // the steps that evict what it stored past the block budget.
             shard.step_clears();
+            while shard.step_budget() {}
         }
     }
 
@@ -292,6 +294,9 @@ impl Sharded {
     fn query(&mut self, tokens: &[u32]) -> (Overlap, HashMap<WorkerSlot, (u64, u32)>) {
         for s in &mut self.shards {
             s.finish_deferred();
+            // What the ops that waited stored past the budget goes by the drain
+            // loop's next steps.
+            while s.step_budget() {}
         }
         let seed = hash::block_seed(None, None);
         let locals: Vec<_> = tokens

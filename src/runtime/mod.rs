@@ -428,10 +428,31 @@ async fn wait_for_bell(bell: &mut glommio::net::UnixStream, wake: Duration) -> b
     futures_lite::future::or(rung, tick).await
 }
 
+/// Ops a drain pass applies at most, and how many it applies between looks at
+/// the clock: a pass also ends once it has applied ops for [`SERVE_EVERY`].
+const PASS_OPS: usize = 8192;
+const PASS_STEP_OPS: usize = 1024;
+
+/// One drain pass: ops from this core's rings into its shard, up to [`PASS_OPS`]
+/// or [`SERVE_EVERY`] of applying them, whichever comes first. Returns how many.
+fn drain_pass(core: &Core, shard: &mut Shard) -> usize {
+    let (rings, start) = (core.app.rings(), Instant::now());
+    let mut n = 0;
+    while n < PASS_OPS {
+        let k = rings.drain(core.id, PASS_STEP_OPS, |ops| shard.apply_staged(ops));
+        n += k;
+        if k == 0 || start.elapsed() >= SERVE_EVERY {
+            break;
+        }
+    }
+    n
+}
+
 /// Drain this core's rings into its shard forever, walk one step of a slot's clear
 /// and of an eviction per pass, and end the predictions that are due (the wheel
-/// slots whose turn came, see [`crate::shard::predict`]). Requests get in between the steps of a clear and at
-/// least every [`SERVE_EVERY`] of applying ops.
+/// slots whose turn came, see [`crate::shard::predict`]). Requests get in between
+/// the steps of a clear or an eviction and at least every [`SERVE_EVERY`] of
+/// applying ops.
 ///
 /// When the rings are empty it naps 1–2 ms: every park costs glommio a membarrier IPI
 /// to all cores, so shorter naps cost an event flood more than they save. A ring
@@ -441,7 +462,8 @@ async fn wait_for_bell(bell: &mut glommio::net::UnixStream, wake: Duration) -> b
 /// until a producer rings its bell (or the next prediction is due) instead, so an
 /// idle indexer spends no CPU polling and the next event is applied as it arrives.
 /// Clears, evictions past the block budget and mass expiries run a step a pass,
-/// requests getting in between the steps.
+/// requests getting in between the steps; while a step left blocks to evict, the
+/// loop takes no ops, so stores never outrun eviction.
 async fn drain_loop(core: Rc<Core>) {
     let mut idle = IDLE_AFTER_WORK;
     // Gives back what applying ops freed once the shard is quiet (never the C heap:
@@ -456,10 +478,12 @@ async fn drain_loop(core: Rc<Core>) {
     loop {
         let (n, clearing, evicted) = {
             let mut shard = core.shard.borrow_mut();
-            let n = core
-                .app
-                .rings()
-                .drain(core.id, 8192, |ops| shard.apply_staged(ops));
+            // While what it stored past the block budget is evicted, it takes no more.
+            let n = if shard.evicting() {
+                0
+            } else {
+                drain_pass(&core, &mut shard)
+            };
             let clearing = shard.step_clears()
                 | shard.step_budget()
                 | shard.expire(crate::shard::predict::now_tick());

@@ -33,7 +33,7 @@ impl BlockBudget {
 const TURNS_PER_INDEX: usize = 2;
 
 /// Blocks one step evicts at most: a fraction of a millisecond.
-const EVICT_STEP: usize = 4096;
+const EVICT_STEP: usize = 1024;
 
 impl Shard {
     /// Hold, with the other shards sharing `budget`, at most its `max` blocks over
@@ -47,7 +47,7 @@ impl Shard {
                 ix.tree.track_use();
                 ix.keyed.track_use();
             }
-            self.keep_budget();
+            self.keep_budget(EVICT_STEP);
         }
     }
 
@@ -71,11 +71,10 @@ impl Shard {
     }
 
     /// Evict until every shard together is within the budget (or this one has
-    /// nothing left to evict), at most [`EVICT_STEP`] blocks: a store far past
-    /// the bound leaves the rest to [`Self::step_budget`], between whose steps
-    /// the executor serves. Every index's tree and keyed table take turns; one
-    /// that finds nothing passes the turn on.
-    pub(super) fn keep_budget(&mut self) {
+    /// nothing left to evict), at most `step` blocks; sets whether more is left.
+    /// Every index's tree and keyed table take turns; one that finds nothing
+    /// passes the turn on.
+    pub(super) fn keep_budget(&mut self, step: usize) {
         let Some(max) = self.budget.as_ref().map(|b| b.max) else {
             return;
         };
@@ -83,7 +82,7 @@ impl Shard {
         let turns = self.indexes.len() * TURNS_PER_INDEX;
         // Turns without an eviction: a full round of them means nothing here can go.
         let (mut misses, mut evicted) = (0, 0);
-        while total > max && misses < 4 * (EVICT_TURNS + 1) * turns && evicted < EVICT_STEP {
+        while total > max && misses < 4 * (EVICT_TURNS + 1) * turns && evicted < step {
             let turn = self.evict_from % turns;
             self.evict_from = turn + 1;
             let ix = &mut self.indexes[turn / TURNS_PER_INDEX];
@@ -103,15 +102,22 @@ impl Shard {
         }
         self.evicted += evicted as u64;
         let total = self.sync_budget();
-        self.over_budget = total > max && evicted == EVICT_STEP;
+        self.over_budget = total > max && evicted == step;
     }
 
-    /// One step of the eviction a store past the budget left (see
-    /// [`Self::keep_budget`]). Returns whether more is left.
+    /// One step of keeping the budget: what stores filed past it since the last
+    /// step is evicted, at most [`EVICT_STEP`] blocks (a fraction of a
+    /// millisecond), the executor serving between steps. Returns whether more
+    /// is left to evict.
     pub fn step_budget(&mut self) -> bool {
-        if self.over_budget {
-            self.keep_budget();
-        }
+        self.keep_budget(EVICT_STEP);
+        self.over_budget
+    }
+
+    /// The last step left blocks to evict: a drain loop takes no more ops until
+    /// the steps after it caught up, so what stores file past the budget is at
+    /// most one drain pass's.
+    pub fn evicting(&self) -> bool {
         self.over_budget
     }
 }

@@ -10,9 +10,10 @@
 //! [`Shard::predict`]; predictions end through [`Shard::expire`]. A clear of a
 //! worker's slot (all its tiers or some) is walked in steps between which the
 //! executor serves ([`Shard::step_clears`]), answering as if the clear were done.
-//! With a block budget (`--max-blocks`) a store past it evicts the blocks least
-//! recently stored or matched, a step at a time ([`Shard::step_budget`]). A
-//! shard never touches another shard's memory and never blocks.
+//! With a block budget (`--max-blocks`), what is stored past it evicts the
+//! blocks least recently stored or matched, a step at a time between the
+//! executor's drain passes ([`Shard::step_budget`]). A shard never touches
+//! another shard's memory and never blocks.
 //!
 //! The rooms: [`op`] the ops; [`reply`] a lookup's prompt and the reply encoding
 //! the gather reads; [`clear`] clears walked in steps; [`budget`] the block budget
@@ -256,17 +257,21 @@ impl Shard {
         self.indexes.get(index.0 as usize)
     }
 
-    /// [`Self::apply`] each op in order. Every clear is done on return.
+    /// [`Self::apply`] each op in order. Every clear is done on return, and the
+    /// shard is within its block budget.
     pub fn apply_all(&mut self, ops: &[ShardOp]) {
         self.apply_staged(ops);
         self.finish();
+        while self.step_budget() {}
     }
 
     /// [`Self::apply_all`], except that clears are walked later, in steps
     /// ([`Self::step_clears`]); the shard answers meanwhile as if they were done.
-    /// Clears that come before their walk begins share it. A run of stores (one
-    /// slot and tier, each block the child of the one before) is filed in one go:
-    /// its parents are the blocks just filed, not looked up again.
+    /// Clears that come before their walk begins share it. Nor does it evict:
+    /// what it stores past the block budget goes by [`Self::step_budget`]. A run
+    /// of stores (one slot and tier, each block the child of the one before) is
+    /// filed in one go: its parents are the blocks just filed, not looked up
+    /// again.
     pub fn apply_staged(&mut self, ops: &[ShardOp]) {
         let mut i = 0;
         while i < ops.len() {
@@ -282,7 +287,7 @@ impl Shard {
                 by_seq,
             } = op
             else {
-                self.apply(op);
+                self.apply_op(op);
                 continue;
             };
             if !self.clearing.is_empty() && self.must_wait(&op) {
@@ -339,7 +344,7 @@ impl Shard {
                 let mut parent = parent.map(|p| SeqHash(p.0));
                 for &(_, local) in run {
                     let seq = hash::chain(parent, local);
-                    self.apply(ShardOp::StoreKeyed {
+                    self.apply_op(ShardOp::StoreKeyed {
                         index,
                         slot,
                         tier,
@@ -351,10 +356,15 @@ impl Shard {
             }
             Stored::UnknownParent => self.unknown_parent += 1,
         }
-        self.keep_budget();
     }
 
+    /// Applies one op (as [`Self::apply_staged`] does), then keeps the block budget.
     pub fn apply(&mut self, op: ShardOp) {
+        self.apply_op(op);
+        while self.step_budget() {}
+    }
+
+    fn apply_op(&mut self, op: ShardOp) {
         // Every index with a clear under way is in `self.clearing`, which is
         // usually empty: checked first, it spares each op a look into its index.
         if !self.clearing.is_empty() && self.must_wait(&op) {
@@ -380,9 +390,7 @@ impl Shard {
             } => {
                 self.applied += 1;
                 let ix = index_mut(&mut self.indexes, index, bounded);
-                if ix.keyed.store(slot, tier, seq, parent) {
-                    self.keep_budget();
-                }
+                ix.keyed.store(slot, tier, seq, parent);
             }
             ShardOp::Seed {
                 index,
@@ -405,7 +413,6 @@ impl Shard {
                 if !ix.tree.seed(&seed, &mut ix.seeding) {
                     self.unknown_parent += 1;
                 }
-                self.keep_budget();
             }
             ShardOp::SeedDone { index } => {
                 if let Some(ix) = self.indexes.get_mut(index.0 as usize) {
@@ -525,7 +532,9 @@ impl Shard {
                 passes += 1;
             }
         }
-        self.keep_budget();
+        // As much as a step files goes at once: a chain predicted past the budget
+        // loses its end before the next step would go on below it.
+        self.keep_budget(PREDICT_STEP);
     }
 
     /// The most live predictions an index may hold over every shard, and the

@@ -337,16 +337,16 @@ fn shards_sharing_a_budget_stay_within_it_and_keep_their_counters() {
     assert_eq!(shards.iter().map(|s| s.evicted).sum::<u64>(), before);
 }
 
-/// A chain far past the budget is evicted from its end in steps, the shard
-/// answering between them; what stays is the chain's head.
+/// A chain stored far past the budget is evicted from its end in steps, the
+/// shard answering between them; what stays is the chain's head.
 #[test]
 fn a_chain_far_past_the_budget_is_evicted_from_its_end_in_steps() {
     let mut s = Shard::default();
     s.set_block_budget(Some(BlockBudget::new(1000)));
     let locals: Vec<u64> = (1..=20_000).collect();
-    s.apply_all(&run(1, DEV, None, &locals));
+    s.apply_staged(&run(1, DEV, None, &locals));
     let mut held = s.tier_counts().0;
-    assert!(held < 20_000 && held > 1000, "{held} after the store");
+    assert_eq!(held, 20_000, "a store evicts nothing itself");
     let mut steps = 0;
     while s.step_budget() {
         steps += 1;
@@ -356,7 +356,7 @@ fn a_chain_far_past_the_budget_is_evicted_from_its_end_in_steps() {
         // Between steps the shard answers: the head is held.
         assert!(HolderLists::new(&lookup(&mut s, &locals[..3])).all(|(hs, _)| hs.len() == 1));
     }
-    assert!(steps >= 2, "{steps} steps");
+    assert!(steps >= 4, "{steps} steps");
     assert_eq!(s.tier_counts().0, 1000);
     assert_eq!(s.evicted, 19_000);
     let out = lookup(&mut s, &locals[..1001]);
