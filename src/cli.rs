@@ -144,6 +144,31 @@ pub struct Args {
     /// (kvix_evicted_blocks_total). Unset: unbounded
     #[arg(long, env = "KVIX_MAX_BLOCKS")]
     pub max_blocks: Option<u64>,
+    /// Threads that tokenize text prompts (`prompt`, `messages`), apart from the
+    /// executors and the control calls; 0: one per executor
+    #[arg(long, env = "KVIX_TOKENIZE_THREADS", default_value_t = 0)]
+    pub tokenize_threads: usize,
+    /// Text prompts that may wait for a tokenizing thread; beyond them a text query
+    /// gets 429
+    #[arg(long, env = "KVIX_TOKENIZE_QUEUE", default_value_t = 32)]
+    pub tokenize_queue: usize,
+    /// Longest text prompt (or rendered chat) tokenized, in characters; longer: 413
+    #[arg(long, env = "KVIX_MAX_PROMPT_CHARS", default_value_t = 1 << 20)]
+    pub max_prompt_chars: usize,
+    /// Most token ids a text prompt may encode to; more: 413
+    #[arg(long, env = "KVIX_MAX_PROMPT_TOKENS", default_value_t = 1 << 18)]
+    pub max_prompt_tokens: usize,
+    /// Largest peer /dump read at start, in bytes; a larger one is abandoned (counted,
+    /// logged) and the next peer tried
+    #[arg(long, env = "KVIX_MAX_PEER_DUMP_BYTES", default_value_t = 8 << 30)]
+    pub max_peer_dump_bytes: u64,
+    /// Most blocks taken from one peer's /dump; more: the dump is abandoned
+    #[arg(long, env = "KVIX_MAX_PEER_DUMP_BLOCKS", default_value_t = 50_000_000)]
+    pub max_peer_dump_blocks: u64,
+    /// Milliseconds an executor may go without running its heartbeat before /ready
+    /// answers 503 (and systemd's watchdog is not fed): a stalled core shows
+    #[arg(long, env = "KVIX_STALL_TIMEOUT_MS", default_value_t = 1000)]
+    pub stall_timeout_ms: u64,
     /// Log format on stderr: `text` or `json` (one JSON object per line)
     #[arg(long, env = "KVIX_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,

@@ -5,7 +5,7 @@
 //!   → SPSC rings ([`ring`]) → the owning shard ([`shard`], chosen by [`partition`]);
 //! - queries: HTTP ([`http`]) → hash ([`hash`]) → scatter to shards ([`runtime`]) →
 //!   gather ([`query`]) → JSON ([`http::json`]); a text prompt is first turned into
-//!   token ids ([`prompt`]).
+//!   token ids ([`prompt`]) on threads of its own ([`tokenize`]).
 //!
 //! - recovery: gap replay ([`ingest::replay`]), peer `/dump` bootstrap and local
 //!   snapshots ([`recovery`]) feed the same rings; [`metrics`] renders `/metrics`.
@@ -35,5 +35,6 @@ pub mod service;
 pub mod shard;
 #[cfg(test)]
 mod testing;
+pub mod tokenize;
 pub mod types;
 pub mod wire;

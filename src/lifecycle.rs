@@ -2,8 +2,9 @@
 //!
 //! Owns the phase (one atomic, read by every request), the conditions that make the
 //! service Ready (every core listening and startup recovery finished), systemd's
-//! `READY=1`, and the per-core heartbeats behind systemd's watchdog. Never blocks and
-//! never touches shard state.
+//! `READY=1`, and the per-core heartbeats behind `/ready` and systemd's watchdog: a
+//! core whose executor has not beaten within the stall bound makes both fail. Never
+//! blocks and never touches shard state.
 
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -65,12 +66,16 @@ pub struct Lifecycle {
     /// Per core, milliseconds since `epoch` of its last heartbeat.
     heartbeats: Vec<AtomicU64>,
     epoch: Instant,
+    /// A core whose last heartbeat is older than this is stalled.
+    stall_after: Duration,
     /// The address every core listens on, once resolved (`--port 0` included).
     addr: OnceLock<std::net::SocketAddr>,
 }
 
 impl Lifecycle {
-    pub fn new(cores: usize) -> Self {
+    /// `stall_after`: how old a core's last heartbeat may be before it counts as
+    /// stalled (`--stall-timeout-ms`).
+    pub fn new(cores: usize, stall_after: Duration) -> Self {
         Lifecycle {
             phase: AtomicU8::new(Phase::Starting as u8),
             cores,
@@ -80,6 +85,7 @@ impl Lifecycle {
             hangup: Arc::default(),
             heartbeats: (0..cores).map(|_| AtomicU64::new(0)).collect(),
             epoch: Instant::now(),
+            stall_after,
             addr: OnceLock::new(),
         }
     }
@@ -187,11 +193,35 @@ impl Lifecycle {
 
     /// Every core beat within `within`.
     pub fn all_cores_alive(&self, within: Duration) -> bool {
+        self.stalled_cores(within).next().is_none()
+    }
+
+    /// The cores that have not beaten within `within` (or never did).
+    pub fn stalled_cores(&self, within: Duration) -> impl Iterator<Item = usize> + '_ {
         let now = self.epoch.elapsed().as_millis() as u64;
-        self.heartbeats.iter().all(|h| {
-            let at = h.load(Ordering::Relaxed);
-            at != 0 && now.saturating_sub(at) <= within.as_millis() as u64
-        })
+        let within = within.as_millis() as u64;
+        self.heartbeats
+            .iter()
+            .enumerate()
+            .filter_map(move |(core, h)| {
+                let at = h.load(Ordering::Relaxed);
+                (at == 0 || now.saturating_sub(at) > within).then_some(core)
+            })
+    }
+
+    /// How old a heartbeat may be before its core counts as stalled.
+    pub fn stall_after(&self) -> Duration {
+        self.stall_after
+    }
+
+    /// How often each core beats: several times within the stall bound (and within
+    /// systemd's watchdog interval, when it has one), so one late timer is no stall.
+    pub fn heartbeat_every(&self) -> Duration {
+        let bound = match watchdog_interval() {
+            Some(w) => self.stall_after.min(w / 2),
+            None => self.stall_after,
+        };
+        (bound / 4).max(Duration::from_millis(5))
     }
 }
 
@@ -210,7 +240,7 @@ mod tests {
 
     #[test]
     fn ready_needs_every_core_and_the_end_of_recovery() {
-        let l = Lifecycle::new(2);
+        let l = Lifecycle::new(2, Duration::from_secs(1));
         l.begin_recovery();
         assert_eq!(l.phase(), Phase::Recovering);
         l.core_listening(addr());
@@ -226,7 +256,7 @@ mod tests {
 
     #[test]
     fn without_recovery_ready_when_the_last_core_listens() {
-        let l = Lifecycle::new(2);
+        let l = Lifecycle::new(2, Duration::from_secs(1));
         l.core_listening(addr());
         assert_eq!(l.phase(), Phase::Starting);
         assert!(!l.phase().serves_data());
@@ -236,10 +266,21 @@ mod tests {
 
     #[test]
     fn a_core_that_stops_beating_is_noticed() {
-        let l = Lifecycle::new(2);
+        let l = Lifecycle::new(2, Duration::from_secs(1));
         l.heartbeat(0);
         assert!(!l.all_cores_alive(Duration::from_secs(1)));
+        assert_eq!(
+            l.stalled_cores(Duration::from_secs(1)).collect::<Vec<_>>(),
+            [1]
+        );
         l.heartbeat(1);
         assert!(l.all_cores_alive(Duration::from_secs(1)));
+        std::thread::sleep(Duration::from_millis(30));
+        l.heartbeat(1);
+        assert_eq!(
+            l.stalled_cores(Duration::from_millis(10))
+                .collect::<Vec<_>>(),
+            [0]
+        );
     }
 }

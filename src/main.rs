@@ -300,7 +300,29 @@ fn config(
         max_blocks: args
             .max_blocks
             .map(|n| clamp("max-blocks", n, shards as u64, u64::MAX)),
+        tokenize: tokenize_limits(args, shards, cores),
+        stall_after: Duration::from_millis(clamp(
+            "stall-timeout-ms",
+            args.stall_timeout_ms,
+            50,
+            3_600_000,
+        )),
     })
+}
+
+/// The tokenizing pool's size and caps from the flags.
+fn tokenize_limits(args: &Args, shards: usize, cores: usize) -> kvix::tokenize::Limits {
+    kvix::tokenize::Limits {
+        threads: match args.tokenize_threads {
+            0 => shards,
+            n => clamp("tokenize-threads", n, 1, (4 * cores).min(256)),
+        },
+        queue: clamp("tokenize-queue", args.tokenize_queue, 1, 1 << 16),
+        caps: kvix::prompt::Caps {
+            max_chars: clamp("max-prompt-chars", args.max_prompt_chars, 1, usize::MAX),
+            max_tokens: clamp("max-prompt-tokens", args.max_prompt_tokens, 1, usize::MAX),
+        },
+    }
 }
 
 /// How `/speculate`'s predictions and `--approximate` indexes live.
@@ -411,6 +433,11 @@ fn start_recovery(
             adopt_workers: args.adopt_workers,
             // Only the read token: a peer has no business with our admin token.
             peer_token: access.query.clone(),
+            dump_limits: kvix::recovery::dump::DumpLimits {
+                // "{}" is the smallest dump.
+                max_bytes: clamp("max-peer-dump-bytes", args.max_peer_dump_bytes, 2, 1 << 50),
+                max_blocks: args.max_peer_dump_blocks,
+            },
         },
     );
     std::thread::Builder::new()

@@ -259,7 +259,7 @@ fn tier_label(t: usize) -> String {
 }
 
 /// Render the Prometheus text for `app` and the shards' figures: family by family,
-/// in a fixed order (HTTP, registry, ingest, shards, query latency).
+/// in a fixed order (HTTP, registry, ingest, shards, query latency, guards).
 pub fn render(app: &App, shards: &[ShardStats]) -> String {
     let mut g = Gathered::default();
     let http = HttpTotals::merged(shards);
@@ -284,7 +284,40 @@ pub fn render(app: &App, shards: &[ShardStats]) -> String {
     scrape.last_sequences(&mut g, &snap);
     shard_families(&mut g, shards);
     http.query_latency(&mut g);
+    guards(&mut g, app);
     encode(g)
+}
+
+/// What the guards against costly requests did: the tokenizing pool and the peer
+/// dumps not taken.
+fn guards(g: &mut Gathered, app: &App) {
+    let pool = app.tokenize();
+    let f = g.add(
+        "kvix_tokenize_jobs",
+        "Text prompts offered to the tokenizing pool, by outcome: done, busy (429: queue full), too_long (413), dropped (client gone before a thread took it: never run), discarded (client gone while it ran)",
+        MetricType::Counter,
+    );
+    for (outcome, n) in pool.stats().outcomes() {
+        f.with(&[("outcome", outcome.into())], Value::Counter(n));
+    }
+    g.add(
+        "kvix_tokenize_queue",
+        "Text prompts waiting for a tokenizing thread",
+        MetricType::Gauge,
+    )
+    .with(&[], Value::Gauge(pool.queued() as i64));
+    let f = g.add(
+        "kvix_peer_dump_failures",
+        "Peer /dump not taken at start, by reason (the next peer, or the local state, was used)",
+        MetricType::Counter,
+    );
+    let failures = &app.recovery_stats().peer_dump_failures;
+    for (reason, n) in crate::service::PEER_DUMP_FAILURES.iter().zip(failures) {
+        f.with(
+            &[("reason", (*reason).into())],
+            Value::Counter(n.load(Ordering::Relaxed)),
+        );
+    }
 }
 
 fn encode(g: Gathered) -> String {

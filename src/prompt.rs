@@ -79,14 +79,34 @@ pub enum PromptError {
         field: &'static str,
         msg: String,
     },
+    /// Over `--max-prompt-chars` or `--max-prompt-tokens` (`unit`: `chars`, `tokens`).
+    #[error(
+        "`{field}` is {len} {unit} long; at most {max} are tokenized (--max-prompt-{unit}); \
+         send token_ids for longer prompts"
+    )]
+    TooLong {
+        field: &'static str,
+        unit: &'static str,
+        len: usize,
+        max: usize,
+    },
+    /// Every tokenizing thread is busy and the queue in front of them is full.
+    #[error(
+        "{queued} prompts already wait to be tokenized (--tokenize-queue); retry later, or \
+         send token_ids"
+    )]
+    Busy { queued: usize },
 }
 
 impl PromptError {
     /// The request field the error is about: `prompt` or `messages`.
     pub fn field(&self) -> &'static str {
         match self {
-            PromptError::NoTokenizer { field, .. } | PromptError::Encode { field, .. } => field,
+            PromptError::NoTokenizer { field, .. }
+            | PromptError::Encode { field, .. }
+            | PromptError::TooLong { field, .. } => field,
             PromptError::NoChatTemplate { .. } | PromptError::Render { .. } => "messages",
+            PromptError::Busy { .. } => "prompt",
         }
     }
 }
@@ -114,6 +134,52 @@ impl Text {
             Text::Prompt(_) => "prompt",
             Text::Messages { .. } => "messages",
         }
+    }
+}
+
+/// How long a text may be (`--max-prompt-chars`, `--max-prompt-tokens`): what one
+/// prompt may cost a tokenizing thread, and the token ids it may produce.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Caps {
+    pub max_chars: usize,
+    pub max_tokens: usize,
+}
+
+impl Caps {
+    /// No cap (unit tests, benchmarks).
+    pub const NONE: Caps = Caps {
+        max_chars: usize::MAX,
+        max_tokens: usize::MAX,
+    };
+
+    /// `s`, the text of `field`, is at most `max_chars` characters long.
+    pub fn check_chars(&self, s: &str, field: &'static str) -> Result<(), PromptError> {
+        // A string has at least as many bytes as characters: most texts need no count.
+        if s.len() <= self.max_chars {
+            return Ok(());
+        }
+        let len = s.chars().count();
+        if len <= self.max_chars {
+            return Ok(());
+        }
+        Err(PromptError::TooLong {
+            field,
+            unit: "chars",
+            len,
+            max: self.max_chars,
+        })
+    }
+
+    fn check_tokens(&self, ids: &[u32], field: &'static str) -> Result<(), PromptError> {
+        if ids.len() <= self.max_tokens {
+            return Ok(());
+        }
+        Err(PromptError::TooLong {
+            field,
+            unit: "tokens",
+            len: ids.len(),
+            max: self.max_tokens,
+        })
     }
 }
 
@@ -222,6 +288,11 @@ struct NamedTemplate {
 }
 
 impl Model {
+    /// The model's name, as `--tokenizer` gave it.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     fn load(name: &str, path: &Path) -> Result<Model, LoadError> {
         let (file, dir) = if path.is_dir() {
             (path.join("tokenizer.json"), path.to_path_buf())
@@ -311,8 +382,18 @@ impl Model {
     /// The token ids of `text`: CPU work in proportion to its length, for a caller
     /// to run off the executor.
     pub fn encode(&self, text: &Text) -> Result<Vec<u32>, PromptError> {
-        match text {
-            Text::Prompt(p) => self.encode_str(p, true, "prompt"),
+        self.encode_within(text, Caps::NONE)
+    }
+
+    /// [`Model::encode`] within `caps`: a prompt (or rendered chat) longer than
+    /// `max_chars` is refused before it is encoded, and one that encodes to more than
+    /// `max_tokens` ids after.
+    pub fn encode_within(&self, text: &Text, caps: Caps) -> Result<Vec<u32>, PromptError> {
+        let (ids, field) = match text {
+            Text::Prompt(p) => {
+                caps.check_chars(p, "prompt")?;
+                (self.encode_str(p, true, "prompt")?, "prompt")
+            }
             Text::Messages {
                 messages,
                 add_generation_prompt,
@@ -329,9 +410,12 @@ impl Model {
                         msg: render_error(&e),
                     }
                 })?;
-                self.encode_str(&rendered, false, "messages")
+                caps.check_chars(&rendered, "messages")?;
+                (self.encode_str(&rendered, false, "messages")?, "messages")
             }
-        }
+        };
+        caps.check_tokens(&ids, field)?;
+        Ok(ids)
     }
 
     fn encode_str(

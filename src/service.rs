@@ -54,6 +54,11 @@ pub struct Config {
     pub speculation: Speculation,
     /// Most blocks over every index (`--max-blocks`); `None`: unbounded.
     pub max_blocks: Option<u64>,
+    /// The tokenizing pool's threads, queue and caps (threads only with `--tokenizer`).
+    pub tokenize: crate::tokenize::Limits,
+    /// An executor whose heartbeat is older than this is stalled: `/ready` fails
+    /// (`--stall-timeout-ms`).
+    pub stall_after: std::time::Duration,
 }
 
 /// How `/speculate`'s predictions live.
@@ -106,9 +111,21 @@ impl Config {
             prompts: Arc::default(),
             speculation: Speculation::default(),
             max_blocks: None,
+            tokenize: crate::tokenize::Limits::default(),
+            stall_after: std::time::Duration::from_secs(1),
         }
     }
 }
+
+/// Why a peer's `/dump` was not taken: the `reason` labels of
+/// `kvix_peer_dump_failures_total`.
+pub const PEER_DUMP_FAILURES: [&str; 5] = [
+    "unreachable",
+    "too_large",
+    "too_many_blocks",
+    "malformed",
+    "broken_off",
+];
 
 /// Recovery counters (rare events only).
 #[derive(Default, Debug)]
@@ -116,6 +133,17 @@ pub struct RecoveryStats {
     pub snapshots_written: AtomicU64,
     pub snapshot_failures: AtomicU64,
     pub seeded_blocks: AtomicU64,
+    /// Peer dumps not taken, by [`PEER_DUMP_FAILURES`] reason.
+    pub peer_dump_failures: [AtomicU64; PEER_DUMP_FAILURES.len()],
+}
+
+impl RecoveryStats {
+    /// Count a peer dump not taken for `reason` (one of [`PEER_DUMP_FAILURES`]).
+    pub fn peer_dump_failed(&self, reason: &str) {
+        if let Some(i) = PEER_DUMP_FAILURES.iter().position(|r| *r == reason) {
+            self.peer_dump_failures[i].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
 }
 
 /// Everything process-wide, shared by every executor, the ingest threads' owners and
@@ -130,6 +158,8 @@ pub struct App {
     speculation: Speculation,
     /// The bound on the blocks every shard together holds (`--max-blocks`).
     block_budget: Option<BlockBudget>,
+    /// Text prompts' tokenization, off the executors and the control threads.
+    tokenize: crate::tokenize::Pool,
 }
 
 impl App {
@@ -146,7 +176,7 @@ impl App {
                 peers: ArcSwap::default(),
             },
             rings,
-            lifecycle: Lifecycle::new(shards),
+            lifecycle: Lifecycle::new(shards, cfg.stall_after),
             recovery: RecoveryStats::default(),
             snapshot: cfg.snapshot.clone(),
             prompts: cfg.prompts.clone(),
@@ -154,6 +184,16 @@ impl App {
             block_budget: cfg
                 .max_blocks
                 .map(|n| BlockBudget::new(n.clamp(1, usize::MAX as u64) as usize)),
+            // Without a tokenizer no text is ever tokenized: no threads.
+            tokenize: crate::tokenize::Pool::start(crate::tokenize::Limits {
+                threads: if cfg.prompts.names().is_empty() {
+                    0
+                } else {
+                    cfg.tokenize.threads.max(1)
+                },
+                ..cfg.tokenize
+            })
+            .expect("spawn tokenizing threads"),
         })
     }
 
@@ -196,6 +236,10 @@ impl App {
     /// The bound every shard shares; `None`: unbounded.
     pub fn block_budget(&self) -> Option<&BlockBudget> {
         self.block_budget.as_ref()
+    }
+
+    pub fn tokenize(&self) -> &crate::tokenize::Pool {
+        &self.tokenize
     }
 }
 

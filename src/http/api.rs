@@ -24,9 +24,11 @@ const DEFAULT_TENANT: &str = "default";
 
 impl From<PromptError> for ApiError {
     fn from(e: PromptError) -> Self {
-        ApiError::Field {
-            field: e.field().into(),
-            msg: e.to_string(),
+        let (field, msg) = (e.field().into(), e.to_string());
+        match e {
+            PromptError::TooLong { .. } => ApiError::TooLong { field, msg },
+            PromptError::Busy { .. } => ApiError::AtCapacity(msg),
+            _ => ApiError::Field { field, msg },
         }
     }
 }
@@ -705,10 +707,13 @@ impl QueryReq {
     }
 }
 
+/// `client`: the connection the query came on; a text's tokenizing is withdrawn once
+/// it is gone.
 pub async fn query<M: ShardMesh>(
     mesh: &M,
     body: &[u8],
     forced: Option<Shape>,
+    client: Option<super::client::Client>,
 ) -> Result<Reply, ApiError> {
     let mut r = parse_query(body)?;
     let input = r.input()?;
@@ -722,10 +727,15 @@ pub async fn query<M: ShardMesh>(
     let t = resolve_named(mesh, n, r.scope)?;
     let token_ids = match text {
         Tokens::Ids(ids) => ids,
-        // Off the executor: encoding 1k tokens costs many times what a whole token-id
-        // query does (BENCHMARKS.md, "Text prompts"), time in which this core's other
-        // connections and shard lookups would wait.
-        Tokens::Text(model, text) => mesh.offload(move || model.encode(&text)).await?,
+        // On the tokenizing pool: encoding 1k tokens costs many times what a whole
+        // token-id query does (BENCHMARKS.md, "Text prompts"), time in which this
+        // core's other connections and shard lookups, or the control calls, would wait.
+        Tokens::Text(model, text) => {
+            let pending = mesh.app().tokenize().submit(model, text)?;
+            super::client::unless_gone(mesh, client, pending)
+                .await
+                .ok_or(ApiError::Abandoned)??
+        }
     };
     let seed = hash::block_seed(t.lora.as_deref(), r.cache_salt.as_deref());
     let bs = t.ix.block_size as usize;

@@ -49,6 +49,9 @@ pub enum ApiError {
     /// Authenticated or not, the request asks for something the configuration refuses.
     #[error("{msg}")]
     Forbidden { field: String, msg: String },
+    /// The client went away before its answer was ready; nobody reads this one.
+    #[error("the client went away before the answer was ready")]
+    Abandoned,
 }
 
 impl ApiError {
@@ -68,6 +71,8 @@ impl ApiError {
             ApiError::Timeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden { .. } => StatusCode::FORBIDDEN,
+            // nginx's "client closed request": counted as a 4xx, never seen by anyone.
+            ApiError::Abandoned => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
         }
     }
 

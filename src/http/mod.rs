@@ -6,9 +6,11 @@
 //! needs what is one table ([`routes`]) that the gates and dispatch all read.
 //! The handlers ([`api`]) parse, hash, scatter through [`ShardMesh`] and render
 //! JSON ([`json`]). Never touches shard memory and never blocks the executor:
-//! control calls go through [`ShardMesh::offload`].
+//! control calls go through [`ShardMesh::offload`], text prompts through the
+//! tokenizing pool ([`crate::tokenize`]).
 
 pub mod api;
+pub mod client;
 pub mod error;
 pub mod json;
 pub mod routes;
@@ -73,6 +75,15 @@ async fn body<M: ShardMesh>(
     opts: &Options,
     req: Request<Incoming>,
 ) -> Result<Bytes, ApiError> {
+    // A body announced too large is refused before it is asked for: hyper sends
+    // `100 Continue` only once the body is read.
+    let announced = req
+        .headers()
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if announced.is_some_and(|n| n > MAX_BODY as u64) {
+        return Err(ApiError::TooLarge(MAX_BODY));
+    }
     let collect = async {
         match Limited::new(req.into_body(), MAX_BODY).collect().await {
             Ok(b) => Ok(b.to_bytes()),
@@ -156,6 +167,7 @@ async fn dispatch<M: ShardMesh>(
     phase: crate::lifecycle::Phase,
     forced: Option<api::Shape>,
 ) -> Result<Reply, ApiError> {
+    let client = req.extensions().get::<client::Client>().copied();
     let b = if spec.method == Method::POST {
         body(mesh, opts, req).await?
     } else {
@@ -163,14 +175,14 @@ async fn dispatch<M: ShardMesh>(
     };
     match spec.route {
         Route::Health => Ok(json::empty(StatusCode::OK)),
-        Route::Ready => Ok(ready(phase)),
+        Route::Ready => Ok(ready(mesh.app().lifecycle(), phase)),
         Route::Workers => api::workers(mesh, query),
         Route::Dump => api::dump(mesh).await,
         Route::Peers => api::peers(mesh),
         Route::Metrics => metrics(mesh).await,
         Route::Register => api::register(mesh, &opts.access, b, forced).await,
         Route::Unregister => api::unregister(mesh, b, forced).await,
-        Route::Query => api::query(mesh, &b, forced).await,
+        Route::Query => api::query(mesh, &b, forced, client).await,
         Route::QueryByHash => api::query_by_hash(mesh, &b, forced).await,
         Route::Speculate => speculate::speculate(mesh, b).await,
         Route::RegisterPeer => api::register_peer(mesh, &b).await,
@@ -178,15 +190,29 @@ async fn dispatch<M: ShardMesh>(
     }
 }
 
-/// `GET /ready`: 200 only when Ready (for load balancers and Kubernetes readiness).
-fn ready(phase: crate::lifecycle::Phase) -> Reply {
-    let status = if phase == crate::lifecycle::Phase::Ready {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
+/// `GET /ready`: 200 only when Ready and every executor has beaten within the stall
+/// bound (for load balancers and Kubernetes readiness). A stalled core answers none
+/// of its own connections; the others say which cores are stalled.
+fn ready(life: &crate::lifecycle::Lifecycle, phase: crate::lifecycle::Phase) -> Reply {
+    let stalled: Vec<usize> = life.stalled_cores(life.stall_after()).collect();
+    let body = match (phase, stalled.is_empty()) {
+        (crate::lifecycle::Phase::Ready, true) => {
+            return json::bytes(StatusCode::OK, br#"{"status":"ready"}"#.to_vec());
+        }
+        (crate::lifecycle::Phase::Ready, false) => serde_json::json!({
+            "status": "stalled",
+            "stalled_cores": stalled,
+            "error": format!(
+                "executor core(s) {stalled:?} ran no heartbeat within {} ms (--stall-timeout-ms)",
+                life.stall_after().as_millis()
+            ),
+        }),
+        (phase, _) => serde_json::json!({ "status": phase.name() }),
     };
-    let body = serde_json::json!({ "status": phase.name() });
-    json::bytes(status, body.to_string().into_bytes())
+    json::bytes(
+        StatusCode::SERVICE_UNAVAILABLE,
+        body.to_string().into_bytes(),
+    )
 }
 
 /// `GET /metrics`: every core's figures, gathered over the mesh, rendered off the

@@ -1,4 +1,5 @@
-//! Parse a `/dump` (kvix's or Dynamo's `dynamo-kv-indexer`) into recovered [`State`].
+//! Parse a `/dump` (kvix's or Dynamo's `dynamo-kv-indexer`) into recovered [`State`],
+//! streamed from a reader.
 //!
 //! Shape (Dynamo's standalone-indexer docs): `{"model:tenant": {"block_size": N, "events": [RouterEvent]}}`,
 //! a RouterEvent being `{"worker_id", "storage_tier", "event": {"event_id", "data":
@@ -7,16 +8,195 @@
 //! local hash. Several blocks in one stored event chain on each other. `removed` and
 //! `cleared` events are ignored (a dump describes what is held). A malformed event is
 //! skipped and counted; a malformed document is an error.
+//!
+//! The body is never held whole: events are read one at a time into the blocks being
+//! recovered, so memory follows the blocks, not the bytes. [`DumpLimits`] bounds the
+//! bytes read and the blocks kept; any JSON string (a key, a name) longer than
+//! [`MAX_STRING`] and nesting deeper than serde_json's 128 levels are refused, so no
+//! single token can grow a buffer either. Never touches the index.
 
 use super::{IndexState, RecoveryError, State, WorkerBlocks};
 use crate::ingest::feed::SeedBlock;
 use crate::registry::InstanceKey;
 use crate::types::{BlockHash, DpRank, EngineHash, SeqHash, Tier};
-use serde_json::Value;
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use std::cell::Cell;
 use std::collections::BTreeMap;
+use std::fmt;
+use std::io::Read;
+use thiserror::Error;
 
-fn hash(v: &Value) -> Option<u64> {
-    v.as_u64().or_else(|| v.as_i64().map(|i| i as u64))
+/// The longest JSON string a dump may carry, in bytes as sent (names and keys are
+/// short; hashes are numbers).
+pub const MAX_STRING: usize = 64 * 1024;
+
+/// What one peer's dump may cost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DumpLimits {
+    /// Bytes read from the body (`--max-peer-dump-bytes`).
+    pub max_bytes: u64,
+    /// Blocks kept over every index (`--max-peer-dump-blocks`).
+    pub max_blocks: u64,
+}
+
+impl Default for DumpLimits {
+    fn default() -> Self {
+        DumpLimits {
+            max_bytes: 8 << 30,
+            max_blocks: 50_000_000,
+        }
+    }
+}
+
+/// Why a dump was not taken. [`DumpError::reason`] labels it in `/metrics`.
+#[derive(Debug, Error)]
+pub enum DumpError {
+    /// No answer, or not a 200 (a recovering peer answers 503).
+    #[error("{0}")]
+    Unreachable(String),
+    #[error("dump larger than {0} bytes (--max-peer-dump-bytes)")]
+    TooLarge(u64),
+    #[error("dump holds more than {0} blocks (--max-peer-dump-blocks)")]
+    TooManyBlocks(u64),
+    #[error("malformed dump: {0}")]
+    Malformed(String),
+    #[error("dump broken off: {0}")]
+    Read(String),
+}
+
+impl DumpError {
+    /// A short label of the cause, one of [`crate::service::PEER_DUMP_FAILURES`].
+    pub fn reason(&self) -> &'static str {
+        match self {
+            DumpError::Unreachable(_) => "unreachable",
+            DumpError::TooLarge(_) => "too_large",
+            DumpError::TooManyBlocks(_) => "too_many_blocks",
+            DumpError::Malformed(_) => "malformed",
+            DumpError::Read(_) => "broken_off",
+        }
+    }
+}
+
+/// What the guarded reader refused (carried inside an `io::Error` through serde_json).
+#[derive(Debug, Error)]
+enum Refused {
+    #[error("over the byte limit")]
+    Bytes,
+    #[error("a JSON string longer than {MAX_STRING} bytes")]
+    LongString,
+}
+
+/// A reader that fails once more than `left` bytes come, or a JSON string runs past
+/// [`MAX_STRING`]: it follows string boundaries (quotes and escapes) as the bytes
+/// pass, so serde_json never buffers more than that for one token. Outside strings
+/// it collapses each run of whitespace into one space, which changes no document's
+/// meaning and spares the parser a body padded with whitespace.
+struct Guarded<R> {
+    inner: R,
+    left: u64,
+    in_string: bool,
+    escaped: bool,
+    /// Bytes of the current string so far.
+    run: usize,
+    /// The last byte passed on outside a string was whitespace.
+    spaced: bool,
+}
+
+fn is_space(b: u8) -> bool {
+    matches!(b, b' ' | b'\n' | b'\r' | b'\t')
+}
+
+impl<R: Read> Guarded<R> {
+    fn new(inner: R, max_bytes: u64) -> Self {
+        Guarded {
+            inner,
+            left: max_bytes,
+            in_string: false,
+            escaped: false,
+            run: 0,
+            spaced: false,
+        }
+    }
+
+    /// Pass `buf` on in place, whitespace runs collapsed: the length passed on, or an
+    /// error once a string is too long.
+    fn filter(&mut self, buf: &mut [u8]) -> Result<usize, Refused> {
+        let n = buf.len();
+        let (mut r, mut w) = (0, 0);
+        while r < n {
+            if self.in_string {
+                let end = if self.escaped {
+                    self.escaped = false;
+                    r + 1
+                } else {
+                    match memchr::memchr2(b'"', b'\\', &buf[r..]) {
+                        None => n,
+                        Some(j) => {
+                            let b = buf[r + j];
+                            self.escaped = b == b'\\';
+                            self.in_string = b == b'\\';
+                            r + j + 1
+                        }
+                    }
+                };
+                self.run += end - r;
+                if self.run > MAX_STRING {
+                    return Err(Refused::LongString);
+                }
+                buf.copy_within(r..end, w);
+                w += end - r;
+                r = end;
+                continue;
+            }
+            let b = buf[r];
+            if is_space(b) {
+                r += 1;
+                // Whole words of spaces first: a padded body is mostly that.
+                while r + 8 <= n && buf[r..r + 8] == [b' '; 8] {
+                    r += 8;
+                }
+                while r < n && is_space(buf[r]) {
+                    r += 1;
+                }
+                if !self.spaced {
+                    buf[w] = b' ';
+                    w += 1;
+                    self.spaced = true;
+                }
+                continue;
+            }
+            self.spaced = false;
+            if b == b'"' {
+                self.in_string = true;
+                self.run = 0;
+            }
+            buf[w] = b;
+            w += 1;
+            r += 1;
+        }
+        Ok(w)
+    }
+}
+
+impl<R: Read> Read for Guarded<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        // One byte past the limit tells a body over it from one that ends on it.
+        let want = buf
+            .len()
+            .min(self.left.saturating_add(1).min(usize::MAX as u64) as usize);
+        loop {
+            let n = self.inner.read(&mut buf[..want])?;
+            if n as u64 > self.left {
+                return Err(std::io::Error::other(Refused::Bytes));
+            }
+            self.left -= n as u64;
+            let kept = self.filter(&mut buf[..n]).map_err(std::io::Error::other)?;
+            // Nothing kept is no end of the body: read on.
+            if kept > 0 || n == 0 {
+                return Ok(kept);
+            }
+        }
+    }
 }
 
 fn tier(name: Option<&str>) -> Tier {
@@ -28,102 +208,266 @@ fn tier(name: Option<&str>) -> Tier {
     }
 }
 
-/// Parse a whole dump document.
+/// Parse a whole dump document held in memory (no limit beyond its length).
 pub fn parse(body: &[u8]) -> Result<State, RecoveryError> {
     parse_counted(body).map(|(state, _)| state)
 }
 
-/// The dp rank of an event: absent (or null) is rank 0, a worker without data
-/// parallelism; anything else must be an integer that fits a [`DpRank`]. A wider one
-/// is malformed, never cut down to its low bits (that would be another worker's rank).
-fn dp_rank(v: &Value) -> Option<DpRank> {
-    match v {
-        Value::Null => Some(0),
-        v => v.as_u64().and_then(|d| DpRank::try_from(d).ok()),
+/// [`parse`], and how many malformed events it skipped.
+fn parse_counted(body: &[u8]) -> Result<(State, usize), RecoveryError> {
+    let limits = DumpLimits {
+        max_bytes: body.len() as u64,
+        max_blocks: u64::MAX,
+    };
+    Ok(read(body, limits)?)
+}
+
+/// Read a dump from `r` within `limits`: the state, and how many malformed events
+/// were skipped. Reads up to the end of the document and checks that only
+/// whitespace follows it.
+pub fn read<R: Read>(r: R, limits: DumpLimits) -> Result<(State, usize), DumpError> {
+    let budget = Budget {
+        blocks: Cell::new(0),
+        max: limits.max_blocks,
+    };
+    let reader = std::io::BufReader::with_capacity(64 * 1024, Guarded::new(r, limits.max_bytes));
+    let mut de = serde_json::Deserializer::from_reader(reader);
+    let doc = DocSeed(&budget)
+        .deserialize(&mut de)
+        .and_then(|doc| de.end().map(|()| doc));
+    match doc {
+        Ok(doc) => Ok(doc.into_state()),
+        Err(_) if budget.blocks.get() > budget.max => Err(DumpError::TooManyBlocks(budget.max)),
+        Err(e) if e.is_io() => {
+            let io = std::io::Error::from(e);
+            Err(
+                match io.get_ref().and_then(|e| e.downcast_ref::<Refused>()) {
+                    Some(Refused::Bytes) => DumpError::TooLarge(limits.max_bytes),
+                    Some(r @ Refused::LongString) => DumpError::Malformed(r.to_string()),
+                    None => DumpError::Read(io.to_string()),
+                },
+            )
+        }
+        Err(e) => Err(DumpError::Malformed(e.to_string())),
     }
 }
 
-/// [`parse`], and how many malformed events it skipped.
-fn parse_counted(body: &[u8]) -> Result<(State, usize), RecoveryError> {
-    let doc: BTreeMap<String, Value> =
-        serde_json::from_slice(body).map_err(|e| RecoveryError::Dump(e.to_string()))?;
-    let mut state = State::default();
-    let mut skipped = 0;
-    for (key, ix) in doc {
+/// Blocks kept so far, against the limit.
+struct Budget {
+    blocks: Cell<u64>,
+    max: u64,
+}
+
+/// A worker's blocks as one index of the dump collects them.
+type Workers = BTreeMap<(InstanceKey, DpRank), Vec<SeedBlock>>;
+
+/// The indexes read so far (a key given twice: the later one stands, as a map reads).
+#[derive(Default)]
+struct Doc {
+    indexes: BTreeMap<String, IndexState>,
+    skipped: usize,
+}
+
+impl Doc {
+    fn into_state(self) -> (State, usize) {
+        let state = State {
+            indexes: self.indexes.into_values().collect(),
+        };
+        (state, self.skipped)
+    }
+}
+
+/// Which of `names` a map key is (`None`: a key nobody reads), without keeping it.
+struct KeyOf(&'static [&'static str]);
+
+impl<'de> DeserializeSeed<'de> for KeyOf {
+    type Value = Option<usize>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Option<usize>, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl Visitor<'_> for KeyOf {
+    type Value = Option<usize>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a field name")
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Option<usize>, E> {
+        Ok(self.0.iter().position(|n| *n == v))
+    }
+}
+
+/// Any JSON value, read and dropped (nesting within serde_json's recursion limit).
+struct Skip;
+
+impl<'de> de::Deserialize<'de> for Skip {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Skip, D::Error> {
+        d.deserialize_any(Scalar::Absent).map(|_| Skip)
+    }
+}
+
+/// A JSON value where a scalar is expected: anything else is read through and kept
+/// as [`Scalar::Other`], so a wrong type marks its event malformed rather than
+/// failing the document.
+#[derive(Debug, Default)]
+enum Scalar {
+    #[default]
+    Absent,
+    Null,
+    U64(u64),
+    I64(i64),
+    Str(String),
+    Other,
+}
+
+impl Scalar {
+    /// A 64-bit hash: any integer (negative ones are two's-complement bits).
+    fn hash(&self) -> Option<u64> {
+        match *self {
+            Scalar::U64(v) => Some(v),
+            Scalar::I64(v) => Some(v as u64),
+            _ => None,
+        }
+    }
+
+    fn u64(&self) -> Option<u64> {
+        match *self {
+            Scalar::U64(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    fn is_null(&self) -> bool {
+        matches!(self, Scalar::Absent | Scalar::Null)
+    }
+}
+
+impl<'de> de::Deserialize<'de> for Scalar {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Scalar, D::Error> {
+        d.deserialize_any(Scalar::Absent)
+    }
+}
+
+/// Reads any value as a [`Scalar`] (the visitor is a `Scalar` only to have a type).
+impl<'de> Visitor<'de> for Scalar {
+    type Value = Scalar;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Scalar, E> {
+        Ok(Scalar::Other)
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Scalar, E> {
+        Ok(Scalar::I64(v))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Scalar, E> {
+        Ok(Scalar::U64(v))
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Scalar, E> {
+        Ok(Scalar::Other)
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Scalar, E> {
+        Ok(Scalar::Str(v.to_string()))
+    }
+    fn visit_unit<E>(self) -> Result<Scalar, E> {
+        Ok(Scalar::Null)
+    }
+    fn visit_none<E>(self) -> Result<Scalar, E> {
+        Ok(Scalar::Null)
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Scalar, D::Error> {
+        d.deserialize_any(Scalar::Absent)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Scalar, A::Error> {
+        while seq.next_element::<Skip>()?.is_some() {}
+        Ok(Scalar::Other)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Scalar, A::Error> {
+        while map.next_key::<Skip>()?.is_some() {
+            map.next_value::<Skip>()?;
+        }
+        Ok(Scalar::Other)
+    }
+}
+
+/// The whole document: an object of indexes.
+struct DocSeed<'a>(&'a Budget);
+
+impl<'de> DeserializeSeed<'de> for DocSeed<'_> {
+    type Value = Doc;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Doc, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for DocSeed<'_> {
+    type Value = Doc;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an object of \"model:tenant\" indexes")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Doc, A::Error> {
+        let mut doc = Doc::default();
+        while let Some(key) = map.next_key::<String>()? {
+            let (ix, bad) = map.next_value_seed(IndexSeed {
+                key: &key,
+                budget: self.0,
+            })?;
+            if bad > 0 {
+                tracing::warn!(index = key, bad, "malformed dump events skipped");
+            }
+            doc.skipped += bad;
+            doc.indexes.insert(key, ix);
+        }
+        Ok(doc)
+    }
+}
+
+/// One index: `{"block_size": N, "events": [...]}`; the index and its malformed events.
+struct IndexSeed<'a> {
+    key: &'a str,
+    budget: &'a Budget,
+}
+
+impl<'de> DeserializeSeed<'de> for IndexSeed<'_> {
+    type Value = (IndexState, usize);
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for IndexSeed<'_> {
+    type Value = (IndexState, usize);
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(
+            f,
+            "index {}: an object with block_size and events",
+            self.key
+        )
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let (mut block_size, mut events) = (None, None);
+        while let Some(field) = map.next_key_seed(KeyOf(&["block_size", "events"]))? {
+            match field {
+                Some(0) => block_size = map.next_value::<Scalar>()?.u64(),
+                Some(_) => events = Some(map.next_value_seed(EventsSeed(self.budget))?),
+                None => {
+                    map.next_value::<Skip>()?;
+                }
+            }
+        }
+        let key = self.key;
+        let block_size = block_size
+            .filter(|b| *b > 0 && *b <= u32::MAX as u64)
+            .ok_or_else(|| de::Error::custom(format!("{key}: no block_size")))?
+            as u32;
+        let (workers, bad) =
+            events.ok_or_else(|| de::Error::custom(format!("{key}: no events")))?;
         // Model names may contain ':'; tenants (Dynamo routing groups) do not.
         let (model, tenant) = key
             .rsplit_once(':')
             .map(|(m, t)| (m.to_string(), t.to_string()))
-            .unwrap_or((key.clone(), "default".to_string()));
-        let block_size = ix["block_size"]
-            .as_u64()
-            .filter(|b| *b > 0 && *b <= u32::MAX as u64)
-            .ok_or_else(|| RecoveryError::Dump(format!("{key}: no block_size")))?
-            as u32;
-        let events = ix["events"]
-            .as_array()
-            .ok_or_else(|| RecoveryError::Dump(format!("{key}: no events")))?;
-        let mut workers: BTreeMap<(InstanceKey, DpRank), Vec<SeedBlock>> = BTreeMap::new();
-        let mut bad = 0usize;
-        for e in events {
-            // Dynamo's integer, or the name kvix prints for a Mooncake instance.
-            let worker = match &e["worker_id"] {
-                Value::Number(n) => n.as_u64().map(InstanceKey::Id),
-                Value::String(s) => Some(InstanceKey::parse(s)),
-                _ => None,
-            };
-            let Some(worker) = worker else {
-                bad += 1;
-                continue;
-            };
-            let ev = &e["event"];
-            let Some(dp) = dp_rank(&ev["dp_rank"]) else {
-                bad += 1;
-                continue;
-            };
-            let Some(stored) = ev["data"].get("stored") else {
-                continue; // removed / cleared: nothing held
-            };
-            let t = tier(e["storage_tier"].as_str());
-            let mut parent = match &stored["parent_hash"] {
-                Value::Null => None,
-                v => match hash(v) {
-                    Some(h) => Some(EngineHash(h)),
-                    None => {
-                        bad += 1;
-                        continue;
-                    }
-                },
-            };
-            // kvix peers add the parent's sequence hash: exact even for a block whose
-            // parent was evicted (its engine hash no longer resolves).
-            let mut parent_seq = stored["kvix_parent_seq"].as_u64().map(SeqHash);
-            let Some(blocks) = stored["blocks"].as_array() else {
-                bad += 1;
-                continue;
-            };
-            let out = workers.entry((worker, dp)).or_default();
-            for b in blocks {
-                let (Some(bh), Some(th)) = (hash(&b["block_hash"]), hash(&b["tokens_hash"])) else {
-                    bad += 1;
-                    break;
-                };
-                out.push(SeedBlock {
-                    engine: EngineHash(bh),
-                    parent_engine: parent,
-                    parent_seq,
-                    local: BlockHash(th),
-                    tier: t,
-                });
-                parent = Some(EngineHash(bh));
-                parent_seq = None;
-            }
-        }
-        if bad > 0 {
-            tracing::warn!(index = key, bad, "malformed dump events skipped");
-        }
-        skipped += bad;
-        state.indexes.push(IndexState {
+            .unwrap_or((key.to_string(), "default".to_string()));
+        let ix = IndexState {
             model,
             tenant,
             block_size,
@@ -136,9 +480,361 @@ fn parse_counted(body: &[u8]) -> Result<(State, usize), RecoveryError> {
                     blocks,
                 })
                 .collect(),
-        });
+        };
+        Ok((ix, bad))
     }
-    Ok((state, skipped))
+}
+
+/// An index's events, filed by worker as they are read; and the malformed ones.
+struct EventsSeed<'a>(&'a Budget);
+
+impl<'de> DeserializeSeed<'de> for EventsSeed<'_> {
+    type Value = (Workers, usize);
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for EventsSeed<'_> {
+    type Value = (Workers, usize);
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an array of events")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let (mut workers, mut bad) = (Workers::new(), 0);
+        while let Some(event) = seq.next_element_seed(EventSeed(self.0))? {
+            bad += event.file(&mut workers);
+        }
+        Ok((workers, bad))
+    }
+}
+
+/// One event's fields, as read (each checked only when the event is filed, as the
+/// fields may come in any order).
+#[derive(Default)]
+struct Event {
+    /// Not an object at all.
+    shapeless: bool,
+    worker_id: Scalar,
+    storage_tier: Scalar,
+    dp_rank: Scalar,
+    stored: Option<Stored>,
+}
+
+#[derive(Default)]
+struct Stored {
+    /// Not an object at all.
+    shapeless: bool,
+    parent_hash: Scalar,
+    kvix_parent_seq: Scalar,
+    /// `None`: not an array.
+    blocks: Option<Blocks>,
+}
+
+/// A stored event's blocks up to the first malformed one, and whether there was one.
+#[derive(Default)]
+struct Blocks {
+    hashes: Vec<(u64, u64)>,
+    bad: bool,
+}
+
+impl Event {
+    /// File the event's blocks under its worker; 1 if it is malformed, else 0.
+    fn file(self, workers: &mut Workers) -> usize {
+        if self.shapeless {
+            return 1;
+        }
+        // Dynamo's integer, or the name kvix prints for a Mooncake instance.
+        let worker = match &self.worker_id {
+            Scalar::U64(n) => InstanceKey::Id(*n),
+            Scalar::Str(s) => InstanceKey::parse(s),
+            _ => return 1,
+        };
+        // Absent (or null) is rank 0, a worker without data parallelism; anything
+        // else must be an integer that fits a rank. A wider one is malformed, never
+        // cut down to its low bits (that would be another worker's rank).
+        let dp = match &self.dp_rank {
+            s if s.is_null() => 0,
+            s => match s.u64().and_then(|d| DpRank::try_from(d).ok()) {
+                Some(d) => d,
+                None => return 1,
+            },
+        };
+        let Some(stored) = self.stored else {
+            return 0; // removed / cleared: nothing held
+        };
+        let t = match &self.storage_tier {
+            Scalar::Str(s) => tier(Some(s)),
+            _ => tier(None),
+        };
+        if stored.shapeless {
+            return 1;
+        }
+        let mut parent = match &stored.parent_hash {
+            s if s.is_null() => None,
+            s => match s.hash() {
+                Some(h) => Some(EngineHash(h)),
+                None => return 1,
+            },
+        };
+        // kvix peers add the parent's sequence hash: exact even for a block whose
+        // parent was evicted (its engine hash no longer resolves).
+        let mut parent_seq = stored.kvix_parent_seq.u64().map(SeqHash);
+        let Some(blocks) = stored.blocks else {
+            return 1;
+        };
+        let out = workers.entry((worker, dp)).or_default();
+        for (bh, th) in blocks.hashes {
+            out.push(SeedBlock {
+                engine: EngineHash(bh),
+                parent_engine: parent,
+                parent_seq,
+                local: BlockHash(th),
+                tier: t,
+            });
+            parent = Some(EngineHash(bh));
+            parent_seq = None;
+        }
+        usize::from(blocks.bad)
+    }
+}
+
+/// The cases of a visitor that expects an object (or, with `seq: false`, an array)
+/// other than the one it expects: the value is read through and `$other` returned.
+macro_rules! read_through {
+    ($other:expr) => {
+        fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+            Ok($other)
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+            Ok($other)
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+            Ok($other)
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+            Ok($other)
+        }
+        fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+            Ok($other)
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok($other)
+        }
+        fn visit_none<E>(self) -> Result<Self::Value, E> {
+            Ok($other)
+        }
+    };
+    ($other:expr, seq) => {
+        read_through!($other);
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            while seq.next_element::<Skip>()?.is_some() {}
+            Ok($other)
+        }
+    };
+    ($other:expr, map) => {
+        read_through!($other);
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            while map.next_key::<Skip>()?.is_some() {
+                map.next_value::<Skip>()?;
+            }
+            Ok($other)
+        }
+    };
+}
+
+/// Implements `DeserializeSeed` for a visitor that reads any value.
+macro_rules! seed_of_any {
+    ($t:ident) => {
+        impl<'de> DeserializeSeed<'de> for $t {
+            type Value = <$t as Visitor<'de>>::Value;
+            fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+                d.deserialize_any(self)
+            }
+        }
+    };
+    ($t:ident<'a>) => {
+        impl<'de, 'a> DeserializeSeed<'de> for $t<'a> {
+            type Value = <$t<'a> as Visitor<'de>>::Value;
+            fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+                d.deserialize_any(self)
+            }
+        }
+    };
+}
+
+/// One RouterEvent.
+struct EventSeed<'a>(&'a Budget);
+seed_of_any!(EventSeed<'a>);
+
+impl<'de> Visitor<'de> for EventSeed<'_> {
+    type Value = Event;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an event")
+    }
+    read_through!(
+        Event {
+            shapeless: true,
+            ..Event::default()
+        },
+        seq
+    );
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Event, A::Error> {
+        let mut ev = Event::default();
+        while let Some(field) = map.next_key_seed(KeyOf(&["worker_id", "storage_tier", "event"]))? {
+            match field {
+                Some(0) => ev.worker_id = map.next_value()?,
+                Some(1) => ev.storage_tier = map.next_value()?,
+                Some(_) => {
+                    // Not an object: no data and rank 0, so nothing held.
+                    (ev.dp_rank, ev.stored) =
+                        map.next_value_seed(InnerSeed(self.0))?.unwrap_or_default();
+                }
+                None => {
+                    map.next_value::<Skip>()?;
+                }
+            }
+        }
+        Ok(ev)
+    }
+}
+
+/// An event's `event`: `{"event_id", "data", "dp_rank"}`.
+struct InnerSeed<'a>(&'a Budget);
+seed_of_any!(InnerSeed<'a>);
+
+impl<'de> Visitor<'de> for InnerSeed<'_> {
+    type Value = Option<(Scalar, Option<Stored>)>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an event's `event`")
+    }
+    read_through!(None, seq);
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let (mut dp, mut stored) = (Scalar::Absent, None);
+        while let Some(field) = map.next_key_seed(KeyOf(&["dp_rank", "data"]))? {
+            match field {
+                Some(0) => dp = map.next_value()?,
+                Some(_) => stored = map.next_value_seed(DataSeed(self.0))?,
+                None => {
+                    map.next_value::<Skip>()?;
+                }
+            }
+        }
+        Ok(Some((dp, stored)))
+    }
+}
+
+/// An event's `data`: `{"stored": ...}` holds blocks; anything else does not.
+struct DataSeed<'a>(&'a Budget);
+seed_of_any!(DataSeed<'a>);
+
+impl<'de> Visitor<'de> for DataSeed<'_> {
+    type Value = Option<Stored>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an event's `data`")
+    }
+    read_through!(None, seq);
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut stored = None;
+        while let Some(field) = map.next_key_seed(KeyOf(&["stored"]))? {
+            match field {
+                Some(_) => stored = Some(map.next_value_seed(StoredSeed(self.0))?),
+                None => {
+                    map.next_value::<Skip>()?;
+                }
+            }
+        }
+        Ok(stored)
+    }
+}
+
+/// A `stored` event: `{"parent_hash", "blocks": [...], "kvix_parent_seq"}`.
+struct StoredSeed<'a>(&'a Budget);
+seed_of_any!(StoredSeed<'a>);
+
+impl<'de> Visitor<'de> for StoredSeed<'_> {
+    type Value = Stored;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a stored event")
+    }
+    read_through!(
+        Stored {
+            shapeless: true,
+            ..Stored::default()
+        },
+        seq
+    );
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Stored, A::Error> {
+        let mut st = Stored::default();
+        let names = &["parent_hash", "kvix_parent_seq", "blocks"];
+        while let Some(field) = map.next_key_seed(KeyOf(names))? {
+            match field {
+                Some(0) => st.parent_hash = map.next_value()?,
+                Some(1) => st.kvix_parent_seq = map.next_value()?,
+                Some(_) => st.blocks = map.next_value_seed(BlocksSeed(self.0))?,
+                None => {
+                    map.next_value::<Skip>()?;
+                }
+            }
+        }
+        Ok(st)
+    }
+}
+
+/// A stored event's `blocks`: kept up to the first malformed one, each counted
+/// against the dump's block budget.
+struct BlocksSeed<'a>(&'a Budget);
+seed_of_any!(BlocksSeed<'a>);
+
+impl<'de> Visitor<'de> for BlocksSeed<'_> {
+    type Value = Option<Blocks>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an array of blocks")
+    }
+    read_through!(None, map);
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut blocks = Blocks::default();
+        while let Some(b) = seq.next_element_seed(BlockSeed)? {
+            match b {
+                _ if blocks.bad => {}
+                Some(h) => {
+                    let n = self.0.blocks.get() + 1;
+                    self.0.blocks.set(n);
+                    if n > self.0.max {
+                        return Err(de::Error::custom("too many blocks"));
+                    }
+                    blocks.hashes.push(h);
+                }
+                None => blocks.bad = true,
+            }
+        }
+        Ok(Some(blocks))
+    }
+}
+
+/// One block: `{"block_hash", "tokens_hash"}`; `None` if either is missing or no hash.
+struct BlockSeed;
+seed_of_any!(BlockSeed);
+
+impl<'de> Visitor<'de> for BlockSeed {
+    type Value = Option<(u64, u64)>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a block")
+    }
+    read_through!(None, seq);
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let (mut bh, mut th) = (Scalar::Absent, Scalar::Absent);
+        while let Some(field) = map.next_key_seed(KeyOf(&["block_hash", "tokens_hash"]))? {
+            match field {
+                Some(0) => bh = map.next_value()?,
+                Some(_) => th = map.next_value()?,
+                None => {
+                    map.next_value::<Skip>()?;
+                }
+            }
+        }
+        Ok(bh.hash().zip(th.hash()))
+    }
 }
 
 #[cfg(test)]
@@ -206,5 +902,122 @@ mod tests {
             .map(|w| (w.dp, w.blocks.iter().map(|b| b.engine.0).collect()))
             .collect();
         assert_eq!(got, vec![(0, vec![15, 16]), (u32::MAX, vec![14])]);
+    }
+
+    /// A reader of `n` spaces and then `tail`, made as it is read.
+    struct Spaces {
+        left: u64,
+        tail: std::io::Cursor<Vec<u8>>,
+    }
+
+    impl Read for Spaces {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            if self.left == 0 {
+                return self.tail.read(buf);
+            }
+            let n = buf.len().min(self.left as usize);
+            buf[..n].fill(b' ');
+            self.left -= n as u64;
+            Ok(n)
+        }
+    }
+
+    fn doc(blocks: usize) -> String {
+        let blocks: Vec<String> = (0..blocks)
+            .map(|i| format!(r#"{{"block_hash": {i}, "tokens_hash": {i}}}"#))
+            .collect();
+        format!(
+            r#"{{"m:t": {{"block_size": 4, "events": [{{"worker_id": 1, "event":
+               {{"data": {{"stored": {{"parent_hash": null, "blocks": [{}]}}}}}}}}]}}}}"#,
+            blocks.join(",")
+        )
+    }
+
+    #[test]
+    fn bytes_and_blocks_past_the_limits_refuse_the_dump() {
+        let d = doc(3);
+        let limits = |max_bytes: usize, max_blocks| DumpLimits {
+            max_bytes: max_bytes as u64,
+            max_blocks,
+        };
+        let (s, _) = read(d.as_bytes(), limits(d.len(), 3)).unwrap();
+        assert_eq!(s.blocks(), 3);
+        let e = read(d.as_bytes(), limits(d.len() - 1, 3)).unwrap_err();
+        assert!(matches!(e, DumpError::TooLarge(_)), "{e}");
+        let e = read(d.as_bytes(), limits(d.len(), 2)).unwrap_err();
+        assert!(matches!(e, DumpError::TooManyBlocks(2)), "{e}");
+        assert_eq!(e.reason(), "too_many_blocks");
+    }
+
+    #[test]
+    fn whitespace_streams_through_and_only_whitespace_may_follow() {
+        let limits = DumpLimits {
+            max_bytes: 1 << 30,
+            max_blocks: 10,
+        };
+        let body = Spaces {
+            left: 64 << 20,
+            tail: std::io::Cursor::new(doc(2).into_bytes()),
+        };
+        let (s, skipped) = read(body, limits).unwrap();
+        assert_eq!((s.blocks(), skipped), (2, 0));
+        // Whitespace in strings is kept; between tokens it still separates them.
+        let d = "{\"m \\\"  x\\t:t\" :\n\n {\"block_size\": 4, \"events\": [ ] } }";
+        let (s, _) = read(d.as_bytes(), limits).unwrap();
+        assert_eq!(s.indexes[0].model, "m \"  x\t");
+        let d = r#"{"m:t": {"block_size": 4 2, "events": []}}"#;
+        assert!(matches!(
+            read(d.as_bytes(), limits),
+            Err(DumpError::Malformed(_))
+        ));
+        let tail = std::io::Cursor::new(b"{} x".to_vec());
+        let e = read(Spaces { left: 10, tail }, limits).unwrap_err();
+        assert!(matches!(e, DumpError::Malformed(_)), "{e}");
+        let tail = std::io::Cursor::new(b"{}".to_vec());
+        let e = read(
+            Spaces {
+                left: 1 << 20,
+                tail,
+            },
+            DumpLimits {
+                max_bytes: 4096,
+                ..limits
+            },
+        );
+        assert!(matches!(e, Err(DumpError::TooLarge(4096))));
+    }
+
+    #[test]
+    fn no_single_token_or_nesting_grows_a_buffer() {
+        let limits = DumpLimits::default();
+        // A key longer than any name: refused, wherever it is.
+        let long = "k".repeat(MAX_STRING + 1);
+        for d in [
+            format!(r#"{{"{long}": {{"block_size": 4, "events": []}}}}"#),
+            format!(r#"{{"m:t": {{"block_size": 4, "events": [], "x": "{long}"}}}}"#),
+        ] {
+            let e = read(d.as_bytes(), limits).unwrap_err();
+            assert!(
+                matches!(e, DumpError::Malformed(ref m) if m.contains("string")),
+                "{e}"
+            );
+        }
+        // Escapes count, and an escaped quote does not end the string.
+        let escaped = r#"\""#.repeat(MAX_STRING / 2 + 1);
+        let d = format!(r#"{{"m:t": {{"block_size": 4, "events": [], "x": "{escaped}"}}}}"#);
+        assert!(read(d.as_bytes(), limits).is_err());
+        let d = format!(
+            r#"{{"m:t": {{"block_size": 4, "events": [], "x": "{}"}}}}"#,
+            r#"\""#.repeat(100)
+        );
+        assert!(read(d.as_bytes(), limits).is_ok());
+        // Nesting in a field nobody reads: serde_json's depth limit holds there too.
+        let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+        let d = format!(r#"{{"m:t": {{"block_size": 4, "events": [], "x": {deep}}}}}"#);
+        let e = read(d.as_bytes(), limits).unwrap_err();
+        assert!(matches!(e, DumpError::Malformed(_)), "{e}");
+        // Shallow nesting there is read through.
+        let d = r#"{"m:t": {"block_size": 4, "x": [[{"a": [1, "b"]}]], "events": []}}"#;
+        assert_eq!(read(d.as_bytes(), limits).unwrap().0.indexes.len(), 1);
     }
 }

@@ -29,8 +29,15 @@ use thiserror::Error;
 pub enum RecoveryError {
     #[error("peer {url}: {msg}")]
     Peer { url: String, msg: String },
-    #[error("malformed dump: {0}")]
-    Dump(String),
+    #[error(transparent)]
+    Dump(#[from] dump::DumpError),
+    /// A peer's `/dump` was not taken (unreachable, refused, over a limit, malformed).
+    #[error("peer {url}: {err}")]
+    PeerDump {
+        url: String,
+        #[source]
+        err: dump::DumpError,
+    },
     #[error("snapshot {path}: {msg}")]
     Snapshot { path: String, msg: String },
     #[error("snapshot {path}: i/o: {err}")]
@@ -192,41 +199,47 @@ fn agent(timeout: Duration) -> ureq::Agent {
         .into()
 }
 
-/// GET `url` + `path` and return the body (a recovering peer answers 503: an error).
-fn fetch(
+/// GET `url` + `path` (a recovering peer answers 503: an error).
+fn get(
     url: &str,
     path: &str,
     timeout: Duration,
     token: Option<&Token>,
-) -> Result<Vec<u8>, RecoveryError> {
-    let err = |msg: String| RecoveryError::Peer {
-        url: url.to_string(),
-        msg,
-    };
+) -> Result<ureq::http::Response<ureq::Body>, String> {
     let full = format!("{}{path}", url.trim_end_matches('/'));
     let mut req = agent(timeout).get(&full);
     if let Some(t) = token {
         req = req.header("Authorization", t.header_value());
     }
-    let mut resp = req.call().map_err(|e| err(e.to_string()))?;
-    resp.body_mut()
-        .with_config()
-        .limit(16 * 1024 * 1024 * 1024)
-        .read_to_vec()
-        .map_err(|e| err(e.to_string()))
+    req.call().map_err(|e| e.to_string())
 }
 
-/// Fetch and parse a peer's `/dump`.
+/// The most a peer's `/workers` may hold: a list of registrations, far smaller.
+const MAX_WORKERS_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Fetch a peer's `/dump` and parse it as it streams in, within `limits`: the body is
+/// never held whole.
 pub fn fetch_peer(
     url: &str,
     timeout: Duration,
     token: Option<&Token>,
+    limits: dump::DumpLimits,
 ) -> Result<State, RecoveryError> {
-    let body = fetch(url, "/dump", timeout, token)?;
-    dump::parse(&body).map_err(|e| RecoveryError::Peer {
+    let err = |err| RecoveryError::PeerDump {
         url: url.to_string(),
-        msg: e.to_string(),
-    })
+        err,
+    };
+    let mut resp =
+        get(url, "/dump", timeout, token).map_err(|m| err(dump::DumpError::Unreachable(m)))?;
+    // ureq's own limit is the guard's business: lift it past the guard's.
+    let body = resp
+        .body_mut()
+        .with_config()
+        .limit(limits.max_bytes.saturating_add(1))
+        .reader();
+    dump::read(body, limits)
+        .map(|(state, _)| state)
+        .map_err(err)
 }
 
 /// Fetch a peer's `/workers` and parse the registrations it lists.
@@ -235,7 +248,17 @@ pub fn fetch_workers(
     timeout: Duration,
     token: Option<&Token>,
 ) -> Result<Vec<workers::Adopted>, RecoveryError> {
-    let body = fetch(url, "/workers", timeout, token)?;
+    let err = |msg: String| RecoveryError::Peer {
+        url: url.to_string(),
+        msg,
+    };
+    let body = get(url, "/workers", timeout, token)
+        .map_err(err)?
+        .body_mut()
+        .with_config()
+        .limit(MAX_WORKERS_BYTES)
+        .read_to_vec()
+        .map_err(|e| err(e.to_string()))?;
     workers::parse(&body).map_err(|e| RecoveryError::Peer {
         url: url.to_string(),
         msg: e,
@@ -304,6 +327,8 @@ pub struct Options {
     pub adopt_workers: bool,
     /// Presented to peers (replicas share their read token): `--query-token-file`.
     pub peer_token: Option<Token>,
+    /// What one peer's dump may cost (`--max-peer-dump-bytes`, `--max-peer-dump-blocks`).
+    pub dump_limits: dump::DumpLimits,
 }
 
 /// Startup order (the ingest threads are paused by the caller before `--workers`
@@ -363,7 +388,12 @@ pub fn bootstrap(
         std::thread::sleep(opts.peer_wait);
         let mut recovered = false;
         for url in peers.iter() {
-            match fetch_peer(url, Duration::from_secs(30), opts.peer_token.as_ref()) {
+            match fetch_peer(
+                url,
+                Duration::from_secs(30),
+                opts.peer_token.as_ref(),
+                opts.dump_limits,
+            ) {
                 Ok(state) => {
                     let n = state.blocks();
                     let (seeded, skipped) = apply(control, stats, state, false, true);
@@ -377,7 +407,12 @@ pub fn bootstrap(
                     recovered = true;
                     break;
                 }
-                Err(e) => tracing::warn!("P2P recovery: {e}"),
+                Err(e) => {
+                    if let RecoveryError::PeerDump { err, .. } = &e {
+                        stats.peer_dump_failed(err.reason());
+                    }
+                    tracing::warn!("P2P recovery: {e}; trying the next source");
+                }
             }
         }
         if !recovered {

@@ -146,12 +146,17 @@ pub(super) async fn accept_loop(core: Rc<Core>, opts: &ServeOptions) -> std::io:
             }
         };
         let _ = stream.set_nodelay(true);
+        let client = {
+            use std::os::fd::AsRawFd;
+            http::client::Client::new(stream.as_raw_fd())
+        };
         let (core, http_opts, header_timeout) =
             (core.clone(), http_opts.clone(), opts.header_timeout);
         glommio::spawn_local(async move {
             let _permit = permit;
-            let service = hyper::service::service_fn(move |req| {
+            let service = hyper::service::service_fn(move |mut req: hyper::Request<_>| {
                 core.awake.note();
+                req.extensions_mut().insert(client);
                 let (core, http_opts) = (core.clone(), http_opts.clone());
                 async move {
                     Ok::<_, std::convert::Infallible>(http::handle(&*core, &http_opts, req).await)

@@ -634,7 +634,7 @@ async fn lifecycle_loop(core: Rc<Core>) {
         {
             // Only when every core's executor ran its heartbeat recently: a wedged core
             // stops the keep-alives and systemd restarts the service.
-            if life.all_cores_alive(every / 2) {
+            if life.all_cores_alive(life.stall_after().min(every / 2)) {
                 let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
             }
             next_ping = Instant::now() + every / 4;
@@ -649,11 +649,10 @@ async fn lifecycle_loop(core: Rc<Core>) {
     }
 }
 
-/// Every core: prove the executor runs (for the watchdog).
+/// Every core: prove the executor runs (for `/ready` and the watchdog). A timer
+/// task, so it beats only while the executor gets round to its tasks.
 async fn heartbeat_loop(core: Rc<Core>) {
-    let every = crate::lifecycle::watchdog_interval()
-        .map(|w| (w / 8).max(Duration::from_millis(50)))
-        .unwrap_or(Duration::from_secs(1));
+    let every = core.app.lifecycle().heartbeat_every();
     loop {
         core.app.lifecycle().heartbeat(core.id.0);
         glommio::timer::sleep(every).await;
@@ -678,6 +677,9 @@ pub fn serve(app: Arc<App>, opts: ServeOptions) -> std::io::Result<()> {
         // Storage I/O memory (glommio's DMA file buffers, 10 MiB a core by default):
         // executors read and write no files, so the minimum.
         .io_memory(IO_MEMORY)
+        // Each executor's thread for control calls (`ShardMesh::offload`), left to the
+        // scheduler: glommio's default pins every executor's to the first core.
+        .blocking_thread_pool_placement(PoolPlacement::Unbound(1))
         .spin_before_park(awake::idle_spin(window))
         .on_all_shards(move || {
             let (app, mesh, opts) = (app.clone(), mesh.clone(), opts.clone());
