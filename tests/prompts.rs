@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{Server, kvix_bin, publishers, register, stored};
+use common::{Server, dir_with, error, kvix_bin, publishers, register, stored};
 use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -27,27 +27,6 @@ const TEMPLATE: &str = "{{ bos_token }}{% for m in messages %}\
 {% if m['role'] == 'tool' %}{{ raise_exception('no tool messages here') }}{% endif %}\
 <|{{ m['role'] }}|> {{ m['content'].strip() }} {{ eos_token }}{% endfor %}\
 {% if add_generation_prompt %}<|assistant|>{% endif %}";
-
-/// A fresh directory with `files` written into it.
-fn dir_with(tag: &str, files: &[(&str, String)]) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("kvix-prompts-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    for (name, text) in files {
-        std::fs::write(d.join(name), text).unwrap();
-    }
-    d
-}
-
-/// The error's `(status, field, message)`.
-fn error(s: &Server, path: &str, body: &Value) -> (u16, String, String) {
-    let (st, v) = s.post_json(path, body);
-    (
-        st,
-        v["field"].as_str().unwrap_or_default().to_string(),
-        v["error"].as_str().unwrap_or_default().to_string(),
-    )
-}
 
 /// kvix with a tokenizer and chat template for model `m` and a plain tokenizer (no
 /// template) for `plain`; the two tokenizer directories, to remove at the end.

@@ -32,6 +32,27 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// A fresh directory with `files` written into it (a tokenizer and its config).
+pub fn dir_with(tag: &str, files: &[(&str, String)]) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("kvix-prompts-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    for (name, text) in files {
+        std::fs::write(d.join(name), text).unwrap();
+    }
+    d
+}
+
+/// A refused POST's `(status, field, message)`, from its JSON error.
+pub fn error(s: &Server, path: &str, body: &Value) -> (u16, String, String) {
+    let (st, v) = s.post_json(path, body);
+    (
+        st,
+        v["field"].as_str().unwrap_or_default().to_string(),
+        v["error"].as_str().unwrap_or_default().to_string(),
+    )
+}
+
 /// Registers worker `instance` of `model` (block size 4) at `p`'s endpoint and
 /// waits until `p` has a subscriber. Returns the answer.
 pub fn register(s: &Server, model: &str, instance: u64, p: &Publisher) -> Value {
