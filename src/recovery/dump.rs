@@ -297,6 +297,24 @@ impl Visitor<'_> for KeyOf {
     }
 }
 
+/// Read an object's fields: `read(i, map)` reads the value of `names[i]`; the values
+/// of other keys are read through.
+fn fields<'de, A: MapAccess<'de>>(
+    map: &mut A,
+    names: &'static [&'static str],
+    mut read: impl FnMut(usize, &mut A) -> Result<(), A::Error>,
+) -> Result<(), A::Error> {
+    while let Some(field) = map.next_key_seed(KeyOf(names))? {
+        match field {
+            Some(i) => read(i, map)?,
+            None => {
+                map.next_value::<Skip>()?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Any JSON value, read and dropped (nesting within serde_json's recursion limit).
 struct Skip;
 
@@ -446,15 +464,13 @@ impl<'de> Visitor<'de> for IndexSeed<'_> {
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let (mut block_size, mut events) = (None, None);
-        while let Some(field) = map.next_key_seed(KeyOf(&["block_size", "events"]))? {
+        fields(&mut map, &["block_size", "events"], |field, map| {
             match field {
-                Some(0) => block_size = map.next_value::<Scalar>()?.u64(),
-                Some(_) => events = Some(map.next_value_seed(EventsSeed(self.budget))?),
-                None => {
-                    map.next_value::<Skip>()?;
-                }
+                0 => block_size = map.next_value::<Scalar>()?.u64(),
+                _ => events = Some(map.next_value_seed(EventsSeed(self.budget))?),
             }
-        }
+            Ok(())
+        })?;
         let key = self.key;
         let block_size = block_size
             .filter(|b| *b > 0 && *b <= u32::MAX as u64)
@@ -681,20 +697,22 @@ impl<'de> Visitor<'de> for EventSeed<'_> {
     );
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Event, A::Error> {
         let mut ev = Event::default();
-        while let Some(field) = map.next_key_seed(KeyOf(&["worker_id", "storage_tier", "event"]))? {
-            match field {
-                Some(0) => ev.worker_id = map.next_value()?,
-                Some(1) => ev.storage_tier = map.next_value()?,
-                Some(_) => {
-                    // Not an object: no data and rank 0, so nothing held.
-                    (ev.dp_rank, ev.stored) =
-                        map.next_value_seed(InnerSeed(self.0))?.unwrap_or_default();
+        fields(
+            &mut map,
+            &["worker_id", "storage_tier", "event"],
+            |field, map| {
+                match field {
+                    0 => ev.worker_id = map.next_value()?,
+                    1 => ev.storage_tier = map.next_value()?,
+                    _ => {
+                        // Not an object: no data and rank 0, so nothing held.
+                        (ev.dp_rank, ev.stored) =
+                            map.next_value_seed(InnerSeed(self.0))?.unwrap_or_default();
+                    }
                 }
-                None => {
-                    map.next_value::<Skip>()?;
-                }
-            }
-        }
+                Ok(())
+            },
+        )?;
         Ok(ev)
     }
 }
@@ -711,15 +729,13 @@ impl<'de> Visitor<'de> for InnerSeed<'_> {
     read_through!(None, seq);
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let (mut dp, mut stored) = (Scalar::Absent, None);
-        while let Some(field) = map.next_key_seed(KeyOf(&["dp_rank", "data"]))? {
+        fields(&mut map, &["dp_rank", "data"], |field, map| {
             match field {
-                Some(0) => dp = map.next_value()?,
-                Some(_) => stored = map.next_value_seed(DataSeed(self.0))?,
-                None => {
-                    map.next_value::<Skip>()?;
-                }
+                0 => dp = map.next_value()?,
+                _ => stored = map.next_value_seed(DataSeed(self.0))?,
             }
-        }
+            Ok(())
+        })?;
         Ok(Some((dp, stored)))
     }
 }
@@ -736,14 +752,10 @@ impl<'de> Visitor<'de> for DataSeed<'_> {
     read_through!(None, seq);
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut stored = None;
-        while let Some(field) = map.next_key_seed(KeyOf(&["stored"]))? {
-            match field {
-                Some(_) => stored = Some(map.next_value_seed(StoredSeed(self.0))?),
-                None => {
-                    map.next_value::<Skip>()?;
-                }
-            }
-        }
+        fields(&mut map, &["stored"], |_, map| {
+            stored = Some(map.next_value_seed(StoredSeed(self.0))?);
+            Ok(())
+        })?;
         Ok(stored)
     }
 }
@@ -767,16 +779,14 @@ impl<'de> Visitor<'de> for StoredSeed<'_> {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Stored, A::Error> {
         let mut st = Stored::default();
         let names = &["parent_hash", "kvix_parent_seq", "blocks"];
-        while let Some(field) = map.next_key_seed(KeyOf(names))? {
+        fields(&mut map, names, |field, map| {
             match field {
-                Some(0) => st.parent_hash = map.next_value()?,
-                Some(1) => st.kvix_parent_seq = map.next_value()?,
-                Some(_) => st.blocks = map.next_value_seed(BlocksSeed(self.0))?,
-                None => {
-                    map.next_value::<Skip>()?;
-                }
+                0 => st.parent_hash = map.next_value()?,
+                1 => st.kvix_parent_seq = map.next_value()?,
+                _ => st.blocks = map.next_value_seed(BlocksSeed(self.0))?,
             }
-        }
+            Ok(())
+        })?;
         Ok(st)
     }
 }
@@ -824,15 +834,13 @@ impl<'de> Visitor<'de> for BlockSeed {
     read_through!(None, seq);
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let (mut bh, mut th) = (Scalar::Absent, Scalar::Absent);
-        while let Some(field) = map.next_key_seed(KeyOf(&["block_hash", "tokens_hash"]))? {
+        fields(&mut map, &["block_hash", "tokens_hash"], |field, map| {
             match field {
-                Some(0) => bh = map.next_value()?,
-                Some(_) => th = map.next_value()?,
-                None => {
-                    map.next_value::<Skip>()?;
-                }
+                0 => bh = map.next_value()?,
+                _ => th = map.next_value()?,
             }
-        }
+            Ok(())
+        })?;
         Ok(bh.hash().zip(th.hash()))
     }
 }
