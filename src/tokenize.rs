@@ -200,13 +200,16 @@ fn work(jobs: Receiver<Job>, stats: Arc<Stats>, caps: Caps) {
         });
         // Freed here, on the worker, not on the executor that receives the ids.
         drop(text);
-        let too_long = matches!(answer, Err(PromptError::TooLong { .. }));
-        let outcome = match job.done.send(answer) {
-            Err(_) => &stats.discarded,
-            Ok(()) if too_long => &stats.too_long,
-            Ok(()) => &stats.done,
+        // Counted before the answer goes, so whoever reads the answer sees it counted.
+        let outcome = if job.done.is_canceled() {
+            &stats.discarded
+        } else if matches!(answer, Err(PromptError::TooLong { .. })) {
+            &stats.too_long
+        } else {
+            &stats.done
         };
         outcome.fetch_add(1, Ordering::Relaxed);
+        let _ = job.done.send(answer);
     }
 }
 
