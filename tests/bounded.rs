@@ -110,11 +110,7 @@ impl QueryLoop {
             .map(|_| {
                 let (stop, url, body) = (stop.clone(), format!("{base}/query"), body.to_string());
                 std::thread::spawn(move || {
-                    let agent: ureq::Agent = ureq::Agent::config_builder()
-                        .http_status_as_error(false)
-                        .timeout_global(Some(Duration::from_secs(60)))
-                        .build()
-                        .into();
+                    let agent = common::agent(Some(Duration::from_secs(60)));
                     let (mut worst, mut n) = (Duration::ZERO, 0);
                     while !stop.load(Ordering::Relaxed) {
                         let t = Instant::now();

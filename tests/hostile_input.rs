@@ -363,11 +363,7 @@ fn with_token(
     body: Option<&Value>,
     token: Option<&str>,
 ) -> (u16, Option<String>, String) {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(20)))
-        .build()
-        .into();
+    let agent = common::agent(Some(Duration::from_secs(20)));
     let url = format!("{}{path}", s.base);
     let auth = token.map(|t| format!("Bearer {t}"));
     let resp = match (method, body) {

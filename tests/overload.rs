@@ -99,10 +99,7 @@ fn overload_is_bounded_counted_and_replayed() {
 /// Queries all along, on one connection, until `stop`: their latencies (µs).
 fn query_all_along(stop: Arc<AtomicBool>, base: String) -> JoinHandle<Vec<u64>> {
     std::thread::spawn(move || {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .build()
-            .into();
+        let agent = common::agent(None);
         let body =
             json!({"token_ids": (0..256).collect::<Vec<u32>>(), "model_name": "m"}).to_string();
         let mut lat = Vec::new();

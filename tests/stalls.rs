@@ -145,11 +145,7 @@ fn control_calls_answer_within_a_second_while_clients_send_long_prompts() {
                 s.base.clone(),
             );
             std::thread::spawn(move || {
-                let agent: ureq::Agent = ureq::Agent::config_builder()
-                    .http_status_as_error(false)
-                    .timeout_global(Some(Duration::from_secs(300)))
-                    .build()
-                    .into();
+                let agent = common::agent(Some(Duration::from_secs(300)));
                 while !stop.load(Ordering::Relaxed) {
                     let r = agent
                         .post(format!("{base}/query"))

@@ -135,6 +135,16 @@ pub fn kvix_bin() -> String {
 
 static LAUNCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
+/// An HTTP client that hands back every status as a reply (a 4xx or 5xx is what
+/// a test checks, not an error), within `timeout` a request if given.
+pub fn agent(timeout: Option<Duration>) -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(timeout)
+        .build()
+        .into()
+}
+
 /// One running `kvix` process; killed on drop. Its stderr (the log) goes to a file.
 pub struct Server {
     child: Child,
@@ -187,11 +197,7 @@ impl Server {
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .expect("start kvix");
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(Duration::from_secs(20)))
-            .build()
-            .into();
+        let agent = agent(Some(Duration::from_secs(20)));
         let mut s = Server {
             child,
             port: port.unwrap_or(0),
