@@ -4,12 +4,13 @@
 mod common;
 
 use common::{
-    Publisher, Row, Server, dump_rows, fixture, fixture_with, publishers, register, register_with,
-    worker_flags,
+    Engine, Publisher, Row, Server, dump_rows, fixture, fixture_with, publishers, register,
+    register_with, stored, worker_flags,
 };
 use kvix::hash::{block_seed, local_hash};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
 
 const MODEL: &str = "m";
 
@@ -208,19 +209,25 @@ fn unregister_a_rank_then_the_instance(s: &Server, prompt: &[u32]) {
 fn malformed_frames_are_counted_logged_and_skipped() {
     let s = Server::start(&["--threads", "2"]);
     let ctx = zmq::Context::new();
-    let mut p = Publisher::bind(&ctx);
-    assert_eq!(register(&s, MODEL, 7, &p), json!({"status": "ok"}));
+    // An engine with a replay endpoint: a malformed frame must not make kvix ask it
+    // for anything.
+    let mut e = Engine::start(&ctx);
+    let replay = json!({"replay_endpoint": e.replay_endpoint});
+    assert_eq!(
+        register_with(&s, MODEL, 7, &e.publisher, replay),
+        json!({"status": "ok"})
+    );
 
     let good = fixture("w1_s0_store");
     let unknown_tag = fixture_with("w1_s0_store", b"BlockStored", b"BlockStorex");
-    p.send(&[0xc1]); // a reserved msgpack marker
-    p.send(&good[..good.len() / 2]); // truncated
-    p.send(&unknown_tag);
-    p.send(&[0x93, 0xa1, b'x', 0x90, 0xc0]); // ts of the wrong type
-    p.send_frames(&[b"topic", &0u64.to_be_bytes()]); // two frames instead of three
-    p.send_frames(&[b"topic", b"1234", &good]); // a 4-byte sequence frame
+    e.publish(&[0xc1]); // a reserved msgpack marker
+    e.publish(&good[..good.len() / 2]); // truncated
+    e.publish(&unknown_tag);
+    e.publish(&[0x93, 0xa1, b'x', 0x90, 0xc0]); // ts of the wrong type
+    e.publisher.send_frames(&[b"topic", &0u64.to_be_bytes()]); // two frames instead of three
+    e.publisher.send_frames(&[b"topic", b"1234", &good]); // a 4-byte sequence frame
     // The listener must still be alive and apply the next good frame.
-    p.send(&good);
+    e.publish(&good);
     s.wait_post_eq(
         "/query",
         &query(&tokens(1, 12)),
@@ -231,10 +238,21 @@ fn malformed_frames_are_counted_logged_and_skipped() {
             "instances": {"7": {"longest_matched": 12, "gpu": 12, "dp": {"0": 12}, "cpu": 12, "disk": 12}}
         }),
     );
+    // A malformed frame at seq N between good ones at N-1 and N+1: its sequence was
+    // received, so N+1 is no gap.
+    e.publish(&[0xc1]);
+    e.publish(&stored(&[900], None, &[50, 51, 52, 53], 4));
+    s.wait_scores(&query(&[50, 51, 52, 53]), &json!({"7": {"0": 4}}));
+    assert_eq!(s.metric("kvix_malformed_frames_total", &[]), 7.0);
+    assert_eq!(s.metric("kvix_sequence_gaps_total", &[]), 0.0);
+    assert_eq!(s.metric("kvix_sequence_gap_batches_total", &[]), 0.0);
+    assert_eq!(s.metric("kvix_replay_requests_total", &[]), 0.0);
+    assert_eq!(e.replay_requests.load(Ordering::Relaxed), 0);
     let log = s.stop();
     let skipped = log.matches("malformed frame skipped").count();
-    assert_eq!(skipped, 6, "log:\n{log}");
+    assert_eq!(skipped, 7, "log:\n{log}");
     assert!(log.contains("instance=7"), "log names the worker:\n{log}");
+    assert!(!log.contains("sequence gap"), "log:\n{log}");
 }
 
 #[test]

@@ -853,15 +853,18 @@ impl IngestThread {
             if !self.drain_one(i, &mut pending) {
                 return;
             }
-            if let Some(seq) = pending {
-                self.sequenced(i, seq);
+            if let Some((seq, well_formed)) = pending {
+                self.sequenced(i, seq, well_formed);
             }
         }
     }
 
-    /// Decide what a well-formed frame with sequence `seq` (decoded into the listener's
-    /// batch) means: duplicate of a replay, gap (replayed when possible), or next.
-    fn sequenced(&mut self, i: usize, seq: u64) {
+    /// Decide what a frame with sequence `seq` means: duplicate of a replay, gap
+    /// (replayed when possible), or next. A `well_formed` frame was decoded into the
+    /// listener's batch and is applied; a malformed one (its sequence readable, its
+    /// payload not) was still received, so it advances the sequence and the next
+    /// frame is no gap.
+    fn sequenced(&mut self, i: usize, seq: u64, well_formed: bool) {
         let l = &mut self.listeners[i];
         let last = l.last_seq;
         if let Some(until) = l.dedup_until {
@@ -898,7 +901,7 @@ impl IngestThread {
                     return;
                 }
                 let batch = &mut self.scratch.batch;
-                if wire::decode(&held, batch).is_ok() {
+                if well_formed && wire::decode(&held, batch).is_ok() {
                     l.feed.apply(batch, &held, &self.registry, &mut self.sink);
                 }
                 l.last_seq = Some(seq);
@@ -909,6 +912,9 @@ impl IngestThread {
         let l = &mut self.listeners[i];
         l.last_seq = Some(seq);
         l.feed.stats.last_seq.store(seq, Ordering::Relaxed);
+        if !well_formed {
+            return;
+        }
         l.feed.apply(
             &self.scratch.batch,
             &self.scratch.parts[2],
@@ -918,22 +924,27 @@ impl IngestThread {
     }
 
     /// Receive and decode one frame. Returns false when the socket has nothing more.
-    fn drain_one(&mut self, i: usize, pending: &mut Option<u64>) -> bool {
+    /// `pending` gets the frame's sequence number, when it has a readable one, and
+    /// whether its payload decoded.
+    fn drain_one(&mut self, i: usize, pending: &mut Option<(u64, bool)>) -> bool {
         let l = &mut self.listeners[i];
         let Scratch { batch, parts } = &mut self.scratch;
         match recv_parts(&l.socket, parts) {
             Ok(None) => false,
             Ok(Some(n)) => {
-                let parsed = if n != 3 {
+                let seq = if n != 3 {
                     Err(wire::WireError::FrameCount(n))
                 } else {
                     wire::split_seq(&parts[1])
-                        .and_then(|seq| wire::decode(&parts[2], batch).map(|_| seq))
                 };
+                // Sequence bookkeeping may need a replay (which borrows the whole
+                // thread), so the caller does it outside this borrow.
+                let parsed = seq.and_then(|seq| {
+                    *pending = Some((seq, false));
+                    wire::decode(&parts[2], batch).map(|_| seq)
+                });
                 match parsed {
-                    // Sequence bookkeeping may need a replay (which borrows the whole
-                    // thread), so the caller does it outside this borrow.
-                    Ok(seq) => *pending = Some(seq),
+                    Ok(seq) => *pending = Some((seq, true)),
                     Err(e) => {
                         FeedStats::bump(&l.feed.stats.malformed, 1);
                         tracing::warn!(
