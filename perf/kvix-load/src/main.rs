@@ -33,9 +33,10 @@ use std::time::Duration;
     about = "Load generator for KV-cache indexers with Dynamo's standalone-indexer HTTP API (kvix, dynamo-kv-indexer)",
     long_about = "Load generator for KV-cache indexers with Dynamo's standalone-indexer HTTP API \
 (kvix, dynamo-kv-indexer).\n\n\
-Requests come from a Mooncake trace: each hash id expands deterministically into 512 token ids, \
-cut to input_length and split into --block-size blocks; or, with --workload shared-prefix, from \
-generated conversations that mostly open with a few shared system prompts and few-shot prefixes. Simulated workers (one ZMQ PUB socket \
+Requests come from generated conversations that mostly open with a few shared system prompts \
+and few-shot prefixes (--workload shared-prefix, the default: no file needed); or, given \
+--trace, from a Mooncake trace: each hash id expands deterministically into 512 token ids, \
+cut to input_length and split into --block-size blocks. Simulated workers (one ZMQ PUB socket \
 each, registered through POST /register) keep LRU KV caches and publish vLLM KVEventBatch frames \
 (BlockStored/BlockRemoved). After the last frame each worker publishes a sentinel block; the run \
 polls POST /query until every sentinel is visible, giving blocks applied/s at the indexer. Query \
@@ -45,7 +46,8 @@ reports the requests it never sent.\n\n\
 Exit status: 0 when everything was applied and answered, 2 when the run finished but measured a \
 failure (sentinels not seen before --settle-timeout, query errors, no replies), 1 on errors.\n\n\
 Examples:\n  \
-kvix-load bench --url http://127.0.0.1:8090 --workers-count 64 --pid $(pidof kvix)\n  \
+kvix-load bench --url http://127.0.0.1:8090           # generated shared-prefix workload\n  \
+kvix-load bench --trace tests/data/mooncake_trace_head500.jsonl --pid $(pidof kvix)\n  \
 kvix-load bench --requests 200 --duration 2            # CI smoke, a few seconds\n  \
 kvix-load events --keep && kvix-load query --connections 1,16 --rate 0,2000\n  \
 kvix-load bench --json > result.json"
@@ -116,16 +118,15 @@ struct Common {
     /// Indexer KV block size in tokens (only complete blocks are used)
     #[arg(long, default_value_t = 16)]
     block_size: usize,
-    /// Mooncake trace (JSONL: timestamp, input_length, output_length, hash_ids)
-    #[arg(
-        long,
-        default_value = "../shared/traces/mooncake_conversation_trace.jsonl"
-    )]
-    trace: String,
+    /// Mooncake trace (JSONL: timestamp, input_length, output_length, hash_ids);
+    /// giving one selects the trace workload
+    #[arg(long)]
+    trace: Option<String>,
     /// Where requests come from: the Mooncake trace (--trace), or generated
-    /// conversations opening with a few shared system prompts and few-shot prefixes
-    #[arg(long, value_enum, default_value_t = Workload::Trace)]
-    workload: Workload,
+    /// conversations opening with a few shared system prompts and few-shot prefixes.
+    /// Default: trace when --trace is given, shared-prefix otherwise (needs no file)
+    #[arg(long, value_enum)]
+    workload: Option<Workload>,
     /// Use the first N requests of the trace (or generate N)
     #[arg(long, default_value_t = 6000)]
     requests: usize,
@@ -147,6 +148,18 @@ struct Common {
     /// Seed for routing, engine-hash salts and the shared-prefix workload
     #[arg(long, default_value_t = 42)]
     seed: u64,
+}
+
+impl Common {
+    /// The workload asked for: `--workload`, else the trace when `--trace` names one,
+    /// else the generated one, so that a fresh clone runs with no file at hand.
+    fn workload(&self) -> Workload {
+        self.workload.unwrap_or(if self.trace.is_some() {
+            Workload::Trace
+        } else {
+            Workload::SharedPrefix
+        })
+    }
 }
 
 /// Source of the request list.
@@ -281,7 +294,7 @@ fn run(cmd: Cmd) -> Result<bool, String> {
         url: common.url.clone(),
         model_name: common.model_name.clone(),
         block_size: common.block_size,
-        workload: common.workload,
+        workload: common.workload(),
         requests: reqs.len(),
         ..Default::default()
     };
@@ -351,14 +364,19 @@ fn plots(
 
 /// The requests of `--workload`: the trace's, or generated again for each pass.
 fn requests(common: &Common) -> Result<Requests, String> {
-    match common.workload {
+    match common.workload() {
         Workload::Trace => {
+            let path = common.trace.as_deref().ok_or(
+                "--workload trace needs --trace PATH (a Mooncake JSONL trace, e.g. \
+                 tests/data/mooncake_trace_head500.jsonl); without one the default is \
+                 --workload shared-prefix",
+            )?;
             note(
                 common.quiet,
-                &format!("loading {} requests from {}", common.requests, common.trace),
+                &format!("loading {} requests from {path}", common.requests),
             );
             Ok(Requests::Held(trace::load(
-                &common.trace,
+                path,
                 common.requests,
                 common.block_size,
             )?))

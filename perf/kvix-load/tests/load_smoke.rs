@@ -68,3 +68,37 @@ fn kvix_load_bench_runs_against_kvix() {
         assert!(q["hits"].as_u64().unwrap() > 0, "{q}");
     }
 }
+
+/// A fresh clone: `kvix-load bench --url URL` and nothing else, run from a folder
+/// with no trace in reach, runs the generated workload to the end.
+#[test]
+fn bench_runs_with_nothing_but_the_url() {
+    let s = Server::start(&["--threads", "2"]);
+    let elsewhere = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_kvix-load"))
+        .current_dir(elsewhere.path())
+        .args(["bench", "--url", &s.base])
+        .output()
+        .expect("run kvix-load");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        out.status.success(),
+        "kvix-load failed ({}):\n{stdout}\n{stderr}\nserver log:\n{}",
+        out.status,
+        s.log()
+    );
+    assert!(stdout.contains("workload=SharedPrefix"), "{stdout}");
+
+    // Asking for the trace without one is a clear error, not a missing file.
+    let out = Command::new(env!("CARGO_BIN_EXE_kvix-load"))
+        .current_dir(elsewhere.path())
+        .args(["events", "--url", &s.base, "--workload", "trace"])
+        .output()
+        .expect("run kvix-load");
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("needs --trace"), "{stderr}");
+}
