@@ -96,7 +96,7 @@ pub struct Args {
     #[arg(long, env = "KVIX_ZMQ_MAX_MSG_BYTES", default_value_t = crate::ingest::DEFAULT_MAX_MSG_BYTES)]
     pub zmq_max_msg_bytes: u64,
     /// File holding the bearer token (trimmed) that `/register`, `/unregister`,
-    /// `/register_peer`, `/deregister_peer` (and their /conductor forms) require as
+    /// `/register_peer`, `/deregister_peer`, `/reopen_logs` (and their /conductor forms) require as
     /// `Authorization: Bearer <token>`; unset: those routes are open
     #[arg(long, env = "KVIX_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<std::path::PathBuf>,
@@ -169,6 +169,17 @@ pub struct Args {
     /// answers 503 (and systemd's watchdog is not fed): a stalled core shows
     #[arg(long, env = "KVIX_STALL_TIMEOUT_MS", default_value_t = 1000)]
     pub stall_timeout_ms: u64,
+    /// Access log file: one JSON line per HTTP request (ts, trace_id, method, path,
+    /// model, status, duration_ms), written off the executors; `/metrics` is not
+    /// logged. `POST /reopen_logs` reopens it (logrotate)
+    #[arg(long, env = "KVIX_ACCESS_LOG")]
+    pub access_log: Option<std::path::PathBuf>,
+    /// Request header whose value is the access log's `trace_id` (`-` without one)
+    #[arg(long, env = "KVIX_TRACE_ID_HEADER", default_value = "x-trace-id")]
+    pub trace_id_header: String,
+    /// Access log timestamps in local time with its UTC offset instead of UTC
+    #[arg(long, env = "KVIX_ACCESS_LOG_LOCAL_TIME")]
+    pub access_log_local_time: bool,
     /// Log format on stderr: `text` or `json` (one JSON object per line)
     #[arg(long, env = "KVIX_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,

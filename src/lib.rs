@@ -16,6 +16,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod access;
+pub mod access_log;
 pub mod cli;
 pub mod hash;
 pub mod heap;

@@ -217,9 +217,32 @@ fn run(args: Args) -> Result<(), String> {
         max_connections = opts.max_connections,
         "starting"
     );
-    kvix::runtime::serve(app, opts).map_err(|e| {
+    let access_log = cfg.access_log.clone();
+    let served = kvix::runtime::serve(app, opts).map_err(|e| {
         format!("cannot start the executors ({e}); kvix needs io_uring (Linux 5.8+, not disabled by seccomp or sysctl kernel.io_uring_disabled) and enough RLIMIT_MEMLOCK")
+    });
+    // The requests answered last are written before the process ends.
+    if let Some(log) = access_log {
+        log.shutdown();
+    }
+    served
+}
+
+/// The access log of `--access-log`, opened and its writer started.
+fn access_log(args: &Args) -> Result<Option<Arc<kvix::access_log::AccessLog>>, String> {
+    let Some(path) = args.access_log.clone() else {
+        return Ok(None);
+    };
+    let trace_header = args
+        .trace_id_header
+        .parse()
+        .map_err(|e| format!("--trace-id-header {:?}: {e}", args.trace_id_header))?;
+    kvix::access_log::AccessLog::start(kvix::access_log::Settings {
+        path,
+        trace_header,
+        local_time: args.access_log_local_time,
     })
+    .map(Some)
 }
 
 /// `(shards, cores)`: `--threads`, at most one shard per CPU this process may run on.
@@ -307,6 +330,7 @@ fn config(
             50,
             3_600_000,
         )),
+        access_log: access_log(args)?,
     })
 }
 

@@ -285,7 +285,25 @@ pub fn render(app: &App, shards: &[ShardStats]) -> String {
     shard_families(&mut g, shards);
     http.query_latency(&mut g);
     guards(&mut g, app);
+    access_log(&mut g, app);
     encode(g)
+}
+
+/// What the access log wrote and dropped (zero without `--access-log`).
+fn access_log(g: &mut Gathered, app: &App) {
+    let (written, dropped) = app.access_log().map_or((0, 0), |l| l.counts());
+    g.add(
+        "kvix_access_log_lines",
+        "Access log lines written",
+        MetricType::Counter,
+    )
+    .with(&[], Value::Counter(written));
+    g.add(
+        "kvix_access_log_dropped",
+        "Access log lines dropped because the writer was behind by a full queue",
+        MetricType::Counter,
+    )
+    .with(&[], Value::Counter(dropped));
 }
 
 /// What the guards against costly requests did: the tokenizing pool and the peer

@@ -59,6 +59,8 @@ pub struct Config {
     /// An executor whose heartbeat is older than this is stalled: `/ready` fails
     /// (`--stall-timeout-ms`).
     pub stall_after: std::time::Duration,
+    /// The access log (`--access-log`), already started.
+    pub access_log: Option<Arc<crate::access_log::AccessLog>>,
 }
 
 /// How `/speculate`'s predictions live.
@@ -113,6 +115,7 @@ impl Config {
             max_blocks: None,
             tokenize: crate::tokenize::Limits::default(),
             stall_after: std::time::Duration::from_secs(1),
+            access_log: None,
         }
     }
 }
@@ -160,6 +163,7 @@ pub struct App {
     block_budget: Option<BlockBudget>,
     /// Text prompts' tokenization, off the executors and the control threads.
     tokenize: crate::tokenize::Pool,
+    access_log: Option<Arc<crate::access_log::AccessLog>>,
 }
 
 impl App {
@@ -194,7 +198,13 @@ impl App {
                 ..cfg.tokenize
             })
             .expect("spawn tokenizing threads"),
+            access_log: cfg.access_log.clone(),
         })
+    }
+
+    /// The access log, when `--access-log` names one.
+    pub fn access_log(&self) -> Option<&Arc<crate::access_log::AccessLog>> {
+        self.access_log.as_ref()
     }
 
     pub fn control(&self) -> &Control {

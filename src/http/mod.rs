@@ -57,17 +57,45 @@ impl Default for Options {
     }
 }
 
-/// Serve one request: route it, count it.
+/// Serve one request: route it, count it, hand it to the access log.
 pub async fn handle<M: ShardMesh>(mesh: &M, opts: &Options, req: Request<Incoming>) -> Reply {
     let t0 = std::time::Instant::now();
     let method = req.method().clone();
     let path = req.uri().path().to_string();
-    let reply = route(mesh, opts, req).await;
+    let log = mesh.app().access_log().cloned();
+    let trace_id = log
+        .as_ref()
+        .and_then(|l| req.headers().get(l.trace_header()).cloned());
+    let mut body = Bytes::new();
+    let reply = route(mesh, opts, req, &mut body).await;
+    let status = reply.status().as_u16();
     // Core-local counters (no atomics): gathered from every core on scrape.
     mesh.http_stats()
         .borrow_mut()
-        .record(&path, &method, reply.status().as_u16(), t0.elapsed());
+        .record(&path, &method, status, t0.elapsed());
+    if let Some(log) = log {
+        let route = matched(&path);
+        if route.is_none_or(|(p, _)| p != "/metrics") {
+            log.push(crate::access_log::Request {
+                at: std::time::SystemTime::now(),
+                trace_id,
+                method,
+                route,
+                body,
+                status,
+                duration: t0.elapsed(),
+            });
+        }
+    }
     reply
+}
+
+/// The route `path` names, without its `/conductor` prefix, and whether it had one.
+fn matched(path: &str) -> Option<(&'static str, bool)> {
+    match path.strip_prefix("/conductor") {
+        Some(rest) if rest.starts_with('/') => routes::find(rest).map(|s| (s.path, true)),
+        _ => routes::find(path).map(|s| (s.path, false)),
+    }
 }
 
 async fn body<M: ShardMesh>(
@@ -100,7 +128,13 @@ async fn body<M: ShardMesh>(
     futures_lite::future::or(collect, timeout).await
 }
 
-async fn route<M: ShardMesh>(mesh: &M, opts: &Options, req: Request<Incoming>) -> Reply {
+/// Answer `req`; its body, once read, is left in `body` (for the access log).
+async fn route<M: ShardMesh>(
+    mesh: &M,
+    opts: &Options,
+    req: Request<Incoming>,
+    body_read: &mut Bytes,
+) -> Reply {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let query = req.uri().query().unwrap_or("").to_string();
@@ -125,7 +159,7 @@ async fn route<M: ShardMesh>(mesh: &M, opts: &Options, req: Request<Incoming>) -
     } else {
         match spec {
             Some(s) if s.method == method => {
-                dispatch(mesh, opts, s, req, &query, phase, forced).await
+                dispatch(mesh, opts, s, req, &query, phase, forced, body_read).await
             }
             // A POST's body is read before anything else answers it: a POST to a
             // path kvix does not serve, or to a GET route, is a 404 once its body is
@@ -157,7 +191,8 @@ async fn route<M: ShardMesh>(mesh: &M, opts: &Options, req: Request<Incoming>) -
 }
 
 /// Answers a request for `spec`'s route with its method; a POST's body is read
-/// first (the handler parses it).
+/// first (the handler parses it) and left in `body_read` too (a reference, not a copy).
+#[allow(clippy::too_many_arguments)]
 async fn dispatch<M: ShardMesh>(
     mesh: &M,
     opts: &Options,
@@ -166,6 +201,7 @@ async fn dispatch<M: ShardMesh>(
     query: &str,
     phase: crate::lifecycle::Phase,
     forced: Option<api::Shape>,
+    body_read: &mut Bytes,
 ) -> Result<Reply, ApiError> {
     let client = req.extensions().get::<client::Client>().copied();
     let b = if spec.method == Method::POST {
@@ -173,6 +209,7 @@ async fn dispatch<M: ShardMesh>(
     } else {
         Bytes::new()
     };
+    *body_read = b.clone();
     match spec.route {
         Route::Health => Ok(json::empty(StatusCode::OK)),
         Route::Ready => Ok(ready(mesh.app().lifecycle(), phase)),
@@ -187,7 +224,27 @@ async fn dispatch<M: ShardMesh>(
         Route::Speculate => speculate::speculate(mesh, b).await,
         Route::RegisterPeer => api::register_peer(mesh, &b).await,
         Route::DeregisterPeer => api::deregister_peer(mesh, &b).await,
+        Route::ReopenLogs => reopen_logs(mesh).await,
     }
+}
+
+/// `POST /reopen_logs`: the access log's file is closed and its path opened again
+/// (after logrotate moved it), off the executor. Without `--access-log` there is
+/// nothing to reopen, which is no error (a rotation script need not know).
+async fn reopen_logs<M: ShardMesh>(mesh: &M) -> Result<Reply, ApiError> {
+    let Some(log) = mesh.app().access_log().cloned() else {
+        return Ok(json::bytes(
+            StatusCode::OK,
+            br#"{"status":"ok","reopened":false}"#.to_vec(),
+        ));
+    };
+    mesh.offload(move || log.reopen())
+        .await
+        .map_err(ApiError::Internal)?;
+    Ok(json::bytes(
+        StatusCode::OK,
+        br#"{"status":"ok","reopened":true}"#.to_vec(),
+    ))
 }
 
 /// `GET /ready`: 200 only when Ready and every executor has beaten within the stall

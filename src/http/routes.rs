@@ -25,6 +25,7 @@ pub enum Route {
     Speculate,
     RegisterPeer,
     DeregisterPeer,
+    ReopenLogs,
 }
 
 /// One row of [`ROUTES`].
@@ -51,7 +52,7 @@ const fn spec(route: Route, path: &'static str, method: Method, need: Need, gate
 
 /// Every route. Liveness and readiness stay open and ungated (load balancers and
 /// Kubernetes probes); `/peers` and `/metrics` answer while the service starts.
-pub static ROUTES: [Spec; 13] = {
+pub static ROUTES: [Spec; 14] = {
     use Need::{Admin, Open, Read};
     use Route::*;
     const GET: Method = Method::GET;
@@ -70,6 +71,8 @@ pub static ROUTES: [Spec; 13] = {
         spec(Speculate, "/speculate", POST, Read, true),
         spec(RegisterPeer, "/register_peer", POST, Admin, true),
         spec(DeregisterPeer, "/deregister_peer", POST, Admin, true),
+        // logrotate's postrotate: answers while the service starts too.
+        spec(ReopenLogs, "/reopen_logs", POST, Admin, false),
     ]
 };
 
@@ -100,7 +103,11 @@ mod tests {
             // Changes to who is listened to take the admin token.
             let admin = matches!(
                 s.route,
-                Route::Register | Route::Unregister | Route::RegisterPeer | Route::DeregisterPeer
+                Route::Register
+                    | Route::Unregister
+                    | Route::RegisterPeer
+                    | Route::DeregisterPeer
+                    | Route::ReopenLogs
             );
             assert_eq!(s.need == Need::Admin, admin, "{s:?}");
         }
