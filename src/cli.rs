@@ -169,6 +169,12 @@ pub struct Args {
     /// answers 503 (and systemd's watchdog is not fed): a stalled core shows
     #[arg(long, env = "KVIX_STALL_TIMEOUT_MS", default_value_t = 1000)]
     pub stall_timeout_ms: u64,
+    /// Bind a SUB socket here for engines' publishers to connect to (llm-d's
+    /// centralized delivery; repeatable or comma-separated, e.g. `tcp://*:5557`):
+    /// topics `kv@<pod>@<model>` name the pod and model; pods appear on their first
+    /// message. Needs --block-size (a model's existing index keeps its own)
+    #[arg(long, env = "KVIX_ZMQ_BIND", value_delimiter = ',')]
+    pub zmq_bind: Vec<String>,
     /// Access log file: one JSON line per HTTP request (ts, trace_id, method, path,
     /// model, status, duration_ms), written off the executors; `/metrics` is not
     /// logged. `POST /reopen_logs` reopens it (logrotate)

@@ -271,6 +271,12 @@ fn check_flags(args: &Args, workers: &[kvix::cli::WorkerSpec]) -> Result<(), Str
     if !workers.is_empty() && args.block_size.is_none() {
         return Err("--block-size is required when --workers is specified".into());
     }
+    if !args.zmq_bind.is_empty() && args.block_size.is_none() {
+        return Err("--block-size is required when --zmq-bind is specified".into());
+    }
+    for ep in &args.zmq_bind {
+        kvix::cli::validate_endpoint(ep).map_err(|e| format!("--zmq-bind: {e}"))?;
+    }
     if !args.snapshot_interval.is_finite() || args.snapshot_interval < 0.0 {
         return Err("--snapshot-interval must be a number of seconds ≥ 0".into());
     }
@@ -395,6 +401,15 @@ fn start(
     workers: Vec<kvix::cli::WorkerSpec>,
     access: &kvix::access::Access,
 ) -> Result<(), String> {
+    for (i, ep) in args.zmq_bind.iter().enumerate() {
+        let opts = kvix::ingest::bind::BindOpts {
+            block_size: args.block_size.unwrap_or_default(),
+            tenant: args.tenant_id.clone(),
+        };
+        app.ingest()
+            .bind(i, ep, opts)
+            .map_err(|e| format!("--zmq-bind: {e}"))?;
+    }
     for p in parse_peers(args.peers.as_deref().unwrap_or("")) {
         match kvix::access::check_peer_url(&p, Some(addr)) {
             Ok(()) => app.control().add_peer(p),

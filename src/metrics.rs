@@ -484,6 +484,11 @@ impl Scrape<'_> {
             .sum()
     }
 
+    /// A counter of the bound sockets (`--zmq-bind`).
+    fn bound(&self, counter: fn(&crate::ingest::bind::BindStats) -> &AtomicU64) -> u64 {
+        counter(&self.app.ingest().bind_stats).load(Ordering::Relaxed)
+    }
+
     /// One shard figure summed over the shards.
     fn shards(&self, figure: fn(&ShardStats) -> u64) -> u64 {
         self.shards.iter().map(figure).sum()
@@ -524,7 +529,7 @@ impl Scrape<'_> {
 type Total = (&'static str, &'static str, fn(&Scrape) -> u64);
 
 /// The process-wide counters: ingest, replay, refusals, recovery.
-const TOTALS: [Total; 19] = [
+const TOTALS: [Total; 20] = [
     (
         "kvix_batches_received",
         "Event batches received from engines",
@@ -548,7 +553,12 @@ const TOTALS: [Total; 19] = [
     (
         "kvix_malformed_frames",
         "Frames that failed to decode and were skipped",
-        |s| s.feed(|f| &f.malformed),
+        |s| s.feed(|f| &f.malformed) + s.bound(|b| &b.malformed_frames),
+    ),
+    (
+        "kvix_malformed_topics",
+        "Frames on a --zmq-bind socket whose topic is not kv@<pod>@<model> (skipped)",
+        |s| s.bound(|b| &b.malformed_topics),
     ),
     (
         "kvix_unknown_parent_blocks",

@@ -381,15 +381,7 @@ impl Registry {
         if let Some(id) = self.snapshot().ids.get(name) {
             return *id;
         }
-        self.update(|s| {
-            if let Some(id) = s.ids.get(name) {
-                return *id;
-            }
-            let id = NAMED_BASE + s.names.len() as InstanceId;
-            s.names.insert(id, name.to_string());
-            s.ids.insert(name.to_string(), id);
-            id
-        })
+        self.update(|s| intern_name(s, name))
     }
 
     /// Find or create the index for (model, tenant).
@@ -513,6 +505,77 @@ impl Registry {
         })
     }
 
+    /// Register a pod first heard on a bound socket (`--zmq-bind`): its (model,
+    /// tenant) index, created if need be, and its (pod, dp rank) slot, listed with
+    /// `endpoint` (the bound one). Topics are event data: a new index counts against
+    /// [`EventLimits::indexes`] and a new slot against [`EventLimits::slots`], and a
+    /// pod's name is kept only once it is let in. An existing index keeps its block
+    /// size. Returns the index, the pod's instance id and the index's block size.
+    pub fn register_pod(
+        &self,
+        model: &str,
+        tenant: &str,
+        block_size: u32,
+        pod: &str,
+        dp: DpRank,
+        endpoint: &Endpoint,
+    ) -> Result<(IndexId, InstanceId, u32), RegistryError> {
+        let key = InstanceKey::parse(pod);
+        let limits = self.limits;
+        let r = self.update(|s| {
+            let created = match s.lookup(model, tenant) {
+                Some(_) => false,
+                None if self.event_indexes.load(Ordering::Relaxed) >= limits.indexes => {
+                    return Err(RegistryError::EventLimit {
+                        what: "indexes",
+                        limit: limits.indexes,
+                    });
+                }
+                None => true,
+            };
+            let known = s.find(&key);
+            let ix = s.lookup(model, tenant);
+            let full = ix.is_some_and(|ix| {
+                ix.slots.len() >= limits.slots
+                    && known.is_none_or(|id| !ix.slot_of.contains_key(&(id, dp)))
+            });
+            if full {
+                return Err(RegistryError::EventLimit {
+                    what: "slots",
+                    limit: limits.slots,
+                });
+            }
+            let bs = ix.map_or(block_size, |ix| ix.block_size);
+            let id = ensure_index_in(s, model, tenant, bs)?;
+            let instance = match known {
+                Some(i) => i,
+                None => intern_name(s, pod),
+            };
+            let ix = Arc::make_mut(&mut s.indexes[id.0 as usize]);
+            let eps = ix
+                .endpoints
+                .entry(instance)
+                .or_default()
+                .entry(dp)
+                .or_default();
+            if !eps.contains(endpoint) {
+                eps.push(endpoint.clone());
+            }
+            intern_slot(ix, instance, dp)?;
+            Ok((id, instance, bs, created))
+        });
+        match r {
+            Ok((id, instance, bs, created)) => {
+                if created {
+                    self.event_indexes.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok((id, instance, bs))
+            }
+            Err(e @ RegistryError::EventLimit { .. }) => Err(self.refuse(e)),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Slot of a worker an approximate index's `/speculate` names (no events
     /// feed it, so no registration names its workers), within the same cap on
     /// slots per index as event data; a refusal is not event data's.
@@ -607,6 +670,17 @@ impl Registry {
             Ok(out)
         })
     }
+}
+
+/// The id of instance name `name`, given one from [`NAMED_BASE`] up if it has none.
+fn intern_name(s: &mut Snapshot, name: &str) -> InstanceId {
+    if let Some(id) = s.ids.get(name) {
+        return *id;
+    }
+    let id = NAMED_BASE + s.names.len() as InstanceId;
+    s.names.insert(id, name.to_string());
+    s.ids.insert(name.to_string(), id);
+    id
 }
 
 /// Drop an index's name: it keeps its id (slots and clears in flight stay valid) but

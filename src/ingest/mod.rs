@@ -8,6 +8,7 @@
 //! wait for the thread's reply, so executors make them through
 //! `ShardMesh::offload`.
 
+pub mod bind;
 pub mod feed;
 pub mod replay;
 pub mod wake;
@@ -68,6 +69,12 @@ pub enum Command {
     /// everything after it (after a snapshot load).
     CatchUp {
         done: mpsc::Sender<()>,
+    },
+    /// Bind a SUB socket that pods' publishers connect to (`--zmq-bind`).
+    Bind {
+        endpoint: String,
+        opts: bind::BindOpts,
+        done: mpsc::Sender<Result<(), String>>,
     },
     Shutdown,
 }
@@ -155,8 +162,12 @@ pub struct Ingest {
     /// Any thread may send without a lock (`mpsc::Sender` is `Sync`).
     senders: Vec<CommandTx<Command>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
-    /// Stats of every listener ever started, for metrics.
-    pub listeners: Mutex<Vec<ListenerStats>>,
+    /// Stats of every listener and pod stream ever started, for metrics.
+    pub listeners: Arc<Mutex<Vec<ListenerStats>>>,
+    /// Which thread feeds each pod heard on a bound socket.
+    pods: Arc<bind::PodThreads>,
+    /// What the bound sockets skipped.
+    pub bind_stats: Arc<bind::BindStats>,
     /// While set, ingest threads run commands but leave SUB sockets unread (ZMQ buffers
     /// the frames): startup recovery seeds state first, then live frames apply on top.
     pub paused: Arc<AtomicBool>,
@@ -170,6 +181,9 @@ impl Ingest {
         let mut threads = Vec::new();
         let paused = Arc::new(AtomicBool::new(false));
         let replay_stats = Arc::new(ReplayStats::default());
+        let listener_stats: Arc<Mutex<Vec<ListenerStats>>> = Arc::default();
+        let pods: Arc<bind::PodThreads> = Arc::default();
+        let bind_stats: Arc<bind::BindStats> = Arc::default();
         for producer in 0..rings.producers() {
             let (tx, rx) = mpsc::channel();
             let wake = Arc::new(Wake::new().expect("eventfd for an ingest thread"));
@@ -177,6 +191,8 @@ impl Ingest {
             let (ctx, registry) = (ctx.clone(), registry.clone());
             let (paused, replay_stats) = (paused.clone(), replay_stats.clone());
             let thread_wake = wake.clone();
+            let (stats_list, thread_pods, thread_bind_stats) =
+                (listener_stats.clone(), pods.clone(), bind_stats.clone());
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("kvix-ingest-{producer}"))
@@ -194,6 +210,11 @@ impl Ingest {
                             replay_stats,
                             release: crate::heap::Release::new(crate::heap::Heaps::OwnAndC),
                             sockets,
+                            id: producer,
+                            binds: Vec::new(),
+                            bind_stats: thread_bind_stats,
+                            pods: thread_pods,
+                            listener_stats: stats_list,
                         }
                         .run()
                     })
@@ -204,14 +225,32 @@ impl Ingest {
         Arc::new(Ingest {
             senders,
             threads: Mutex::new(threads),
-            listeners: Mutex::default(),
+            listeners: listener_stats,
+            pods,
+            bind_stats,
             paused,
             replay_stats,
         })
     }
 
+    /// The thread of `instance`'s listeners: the one that heard it on a bound socket,
+    /// else one chosen by its id.
     fn thread_for(&self, instance: InstanceId) -> usize {
-        (instance % self.senders.len() as InstanceId) as usize
+        self.pods
+            .thread_of(instance)
+            .unwrap_or((instance % self.senders.len() as InstanceId) as usize)
+    }
+
+    /// Bind a SUB socket at `endpoint` for pods to publish to, on thread
+    /// `ordinal` modulo the threads; returns once it is bound.
+    pub fn bind(&self, ordinal: usize, endpoint: &str, opts: bind::BindOpts) -> Result<(), String> {
+        let (done, rx) = mpsc::channel();
+        let _ = self.senders[ordinal % self.senders.len()].send(Command::Bind {
+            endpoint: endpoint.to_string(),
+            opts,
+            done,
+        });
+        rx.recv().map_err(|_| "ingest thread stopped".to_string())?
     }
 
     fn send(&self, instance: InstanceId, cmd: Command) {
@@ -424,6 +463,14 @@ struct IngestThread {
     /// When this thread last worked, to give back what work freed once quiet.
     release: crate::heap::Release,
     sockets: SocketOptions,
+    /// This thread's number (its rings' producer id).
+    id: usize,
+    /// Bound sockets pods publish to, with their pods' streams.
+    binds: Vec<bind::Bound>,
+    bind_stats: Arc<bind::BindStats>,
+    pods: Arc<bind::PodThreads>,
+    /// The [`Ingest`]'s list of stats, for pod streams opened here.
+    listener_stats: Arc<Mutex<Vec<ListenerStats>>>,
 }
 
 /// Frames drained from one socket before the others get a turn.
@@ -445,7 +492,9 @@ impl IngestThread {
                     Err(mpsc::TryRecvError::Empty) => break,
                 }
             }
-            if self.listeners.is_empty() || self.paused.load(Ordering::Acquire) {
+            if (self.listeners.is_empty() && self.binds.is_empty())
+                || self.paused.load(Ordering::Acquire)
+            {
                 match self.rx.recv_timeout(Duration::from_millis(50)) {
                     Ok(Command::Shutdown) | Err(mpsc::RecvTimeoutError::Disconnected) => return,
                     Ok(cmd) => self.command(cmd),
@@ -455,7 +504,8 @@ impl IngestThread {
                 }
                 continue;
             }
-            // The wake-up, then per listener: its SUB socket, then its monitor.
+            // The wake-up, then per listener: its SUB socket, then its monitor; then
+            // the bound sockets.
             let ready: Vec<bool> = {
                 let wake = zmq::PollItem::from_fd(self.wake.fd(), zmq::POLLIN);
                 let mut items: Vec<zmq::PollItem<'_>> = std::iter::once(wake)
@@ -465,6 +515,11 @@ impl IngestThread {
                             l.monitor.as_poll_item(zmq::POLLIN),
                         ]
                     }))
+                    .chain(
+                        self.binds
+                            .iter()
+                            .map(|b| b.socket.as_poll_item(zmq::POLLIN)),
+                    )
                     .collect();
                 if let Err(e) = zmq::poll(&mut items, wait.as_millis() as i64) {
                     tracing::warn!("zmq poll failed: {e}");
@@ -482,12 +537,18 @@ impl IngestThread {
             } else {
                 (wait * 2).min(POLL_IDLE_MAX)
             };
-            for (i, r) in ready.chunks_exact(2).enumerate() {
+            let (listeners, binds) = ready.split_at(2 * self.listeners.len());
+            for (i, r) in listeners.chunks_exact(2).enumerate() {
                 if r[0] {
                     self.drain(i);
                 }
                 if r[1] {
                     self.check_connection(i);
+                }
+            }
+            for (b, r) in binds.iter().enumerate() {
+                if *r {
+                    self.drain_bound(b);
                 }
             }
             self.sink.flush();
@@ -597,6 +658,17 @@ impl IngestThread {
                 self.sink.flush();
                 let _ = done.send(());
             }
+            Command::Bind {
+                endpoint,
+                opts,
+                done,
+            } => {
+                let r = bind::bind_socket(&self.ctx, self.sockets, &endpoint).map(|socket| {
+                    tracing::info!(endpoint, "bound for pods' publishers");
+                    self.binds.push(bind::Bound::new(socket, endpoint, opts));
+                });
+                let _ = done.send(r);
+            }
             Command::Shutdown => {}
         }
     }
@@ -660,6 +732,9 @@ impl IngestThread {
             false
         });
         self.last_seq.extend(saved);
+        for b in &mut self.binds {
+            cleared.extend(b.remove(index, instance, dp));
+        }
         cleared.extend(also_clear.into_iter().map(|s| (index, s)));
         cleared.sort();
         cleared.dedup();

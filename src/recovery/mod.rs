@@ -268,7 +268,8 @@ pub fn fetch_workers(
 /// Register a recovered or adopted listener of index `(model, tenant, block_size)`.
 /// Per-listener salt / LoRA defaults are not in the registry, so not in snapshots or
 /// `/workers`: such listeners must be registered again by hand. Returns whether a
-/// listener was started (false: it was already registered).
+/// listener was started (false: it was already registered, or it is a pod heard on a
+/// bound socket, which registers itself again with its next message).
 fn register_listener(
     control: &Control,
     (model, tenant, block_size): (&String, &String, u32),
@@ -276,6 +277,9 @@ fn register_listener(
     dp: DpRank,
     endpoint: &Endpoint,
 ) -> Result<bool, ControlError> {
+    if endpoint.publisher.as_deref() == Some(crate::ingest::bind::POD_PUBLISHER) {
+        return Ok(false);
+    }
     let r = control.register(registration(
         model.clone(),
         tenant.clone(),

@@ -1,0 +1,277 @@
+//! llm-d's centralized delivery over real ZMQ: kvix binds one SUB socket
+//! (`--zmq-bind`), engines' publishers connect to it and name themselves in the
+//! topic `kv@<pod>@<model>`. Pods appear on their first message and are workers
+//! named by their pod identity everywhere.
+
+mod common;
+
+use common::{Server, free_port, stored};
+use serde_json::{Value, json};
+
+/// An engine's publisher that connects to kvix's bound socket (an XPUB, so the test
+/// sees kvix's subscription arrive instead of sleeping through the slow joiner).
+struct Pod {
+    sock: zmq::Socket,
+    topic: String,
+    /// Next sequence number per dp rank: each rank is a stream of its own.
+    next: [u64; 2],
+}
+
+impl Pod {
+    fn connect(ctx: &zmq::Context, endpoint: &str, topic: &str) -> Pod {
+        let sock = ctx.socket(zmq::XPUB).unwrap();
+        sock.set_xpub_verbose(true).unwrap();
+        sock.set_linger(0).unwrap();
+        sock.set_rcvtimeo(10_000).unwrap();
+        sock.connect(endpoint).unwrap();
+        let msg = sock.recv_bytes(0).expect("kvix subscribed within 10 s");
+        assert_eq!(msg.first(), Some(&1u8), "a subscribe message");
+        Pod {
+            sock,
+            topic: topic.to_string(),
+            next: [0; 2],
+        }
+    }
+
+    /// Publish `batch` as dp rank `dp`'s next frame.
+    fn send(&mut self, dp: u64, batch: &[u8]) {
+        let seq = self.next[dp as usize];
+        self.next[dp as usize] += 1;
+        self.send_seq(seq, dp, batch);
+    }
+
+    fn send_seq(&self, seq: u64, dp: u64, batch: &[u8]) {
+        let batch = with_dp(batch, dp);
+        self.sock
+            .send_multipart([self.topic.as_bytes(), &seq.to_be_bytes(), &batch], 0)
+            .unwrap();
+    }
+}
+
+/// A positional `[ts, events]` batch as `[ts, events, dp_rank]`.
+fn with_dp(batch: &[u8], dp: u64) -> Vec<u8> {
+    assert_eq!(batch[0], 0x92, "a two-element batch");
+    let mut b = batch.to_vec();
+    b[0] = 0x93;
+    rmp::encode::write_uint(&mut b, dp).unwrap();
+    b
+}
+
+fn query(model: &str, tokens: &[u32]) -> Value {
+    json!({"model_name": model, "token_ids": tokens})
+}
+
+const A: &str = "10.0.0.1:8000";
+const B: &str = "10.0.0.2:8000";
+const C: &str = "10.0.0.3:8000";
+const M1: &str = "llama";
+/// A model name holding `@`: everything after the topic's second `@`.
+const M2: &str = "org/mistral@v2";
+
+#[test]
+fn pods_publish_to_one_bound_socket() {
+    let endpoint = format!("tcp://127.0.0.1:{}", free_port());
+    let s = Server::start(&[
+        "--threads",
+        "2",
+        "--block-size",
+        "4",
+        "--zmq-bind",
+        &endpoint,
+    ]);
+    let ctx = zmq::Context::new();
+    let mut a = Pod::connect(&ctx, &endpoint, &format!("kv@{A}@{M1}"));
+    let mut b = Pod::connect(&ctx, &endpoint, &format!("kv@{B}@{M1}"));
+    let mut c = Pod::connect(&ctx, &endpoint, &format!("kv@{C}@{M2}"));
+
+    // Pod A: dp rank 0 holds two blocks, rank 1 one (each rank numbers its own frames).
+    a.send(0, &stored(&[11], None, &[1, 2, 3, 4], 4));
+    a.send(1, &stored(&[21], None, &[1, 2, 3, 4], 4));
+    a.send(0, &stored(&[12], Some(11), &[5, 6, 7, 8], 4));
+    b.send(0, &stored(&[31], None, &[1, 2, 3, 4], 4));
+    c.send(0, &stored(&[41, 42], None, &[1, 2, 3, 4, 5, 6, 7, 8], 4));
+
+    let prompt = [1, 2, 3, 4, 5, 6, 7, 8];
+    s.wait_scores(
+        &query(M1, &prompt),
+        &json!({A: {"0": 8, "1": 4}, B: {"0": 4}}),
+    );
+    // Models stay apart: the same tokens on the other model's pod.
+    s.wait_scores(&query(M2, &prompt), &json!({C: {"0": 8}}));
+
+    // /workers lists the pods by identity, at the bound endpoint, per dp rank.
+    let workers = s.get_json("/workers");
+    let mut listed: Vec<(String, String, Vec<String>)> = workers
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| {
+            let eps = w["endpoints"].as_object().unwrap();
+            assert!(eps.values().all(|e| e == &json!(endpoint)), "{w}");
+            let listeners = w["listeners"]["0"].as_array().unwrap();
+            assert_eq!(listeners[0]["type"], "llm-d", "{w}");
+            (
+                w["instance_id"].as_str().unwrap().to_string(),
+                w["model_name"].as_str().unwrap().to_string(),
+                eps.keys().cloned().collect(),
+            )
+        })
+        .collect();
+    listed.sort();
+    assert_eq!(
+        listed,
+        vec![
+            (A.into(), M1.into(), vec!["0".into(), "1".into()]),
+            (B.into(), M1.into(), vec!["0".into()]),
+            (C.into(), M2.into(), vec!["0".into()]),
+        ]
+    );
+    // /dump names them too.
+    let dump = s.get_json("/dump");
+    let holders = |key: &str| -> Vec<(Value, Value)> {
+        let mut v: Vec<(Value, Value)> = dump[key]["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| (e["worker_id"].clone(), e["event"]["dp_rank"].clone()))
+            .collect();
+        v.sort_by_key(|x| x.0.to_string() + &x.1.to_string());
+        v.dedup();
+        v
+    };
+    assert_eq!(
+        holders(&format!("{M1}:default")),
+        vec![
+            (json!(A), json!(0)),
+            (json!(A), json!(1)),
+            (json!(B), json!(0))
+        ],
+        "{dump}"
+    );
+    assert_eq!(
+        holders(&format!("{M2}:default")),
+        vec![(json!(C), json!(0))]
+    );
+    assert_eq!(
+        s.metric(
+            "kvix_listener_last_sequence",
+            &[("instance", A), ("dp", "0")]
+        ),
+        1.0
+    );
+    assert_eq!(s.metric("kvix_sequence_gaps_total", &[]), 0.0);
+
+    // A malformed topic is counted and skipped; the pods go on.
+    b.sock
+        .send_multipart([&b"kv@no-model"[..], &7u64.to_be_bytes(), b"\xc0"], 0)
+        .unwrap();
+    // A gap on pod B's stream: its frame 1 never arrives.
+    b.send_seq(2, 0, &stored(&[32], Some(31), &[5, 6, 7, 8], 4));
+    // Pod A's ranks keep numbering their own frames: no gap there.
+    a.send(1, &stored(&[22], Some(21), &[5, 6, 7, 8], 4));
+    s.wait_scores(
+        &query(M1, &prompt),
+        &json!({A: {"0": 8, "1": 8}, B: {"0": 8}}),
+    );
+    assert_eq!(s.metric("kvix_malformed_topics_total", &[]), 1.0);
+    assert_eq!(s.metric("kvix_sequence_gaps_total", &[]), 1.0);
+    assert_eq!(s.metric("kvix_sequence_gap_batches_total", &[]), 1.0);
+    assert_eq!(s.metric("kvix_replay_requests_total", &[]), 0.0);
+
+    // Unregistering one pod removes its blocks and leaves the others'.
+    s.post_ok("/unregister", &json!({"instance_id": B, "model_name": M1}));
+    s.wait_scores(&query(M1, &prompt), &json!({A: {"0": 8, "1": 8}}));
+    s.wait_scores(&query(M2, &prompt), &json!({C: {"0": 8}}));
+    // ... until it publishes again: a pod appears on its next message.
+    b.send_seq(3, 0, &stored(&[33], None, &[9, 9, 9, 9], 4));
+    s.wait_scores(&query(M1, &[9, 9, 9, 9]), &json!({B: {"0": 4}}));
+    let log = s.stop();
+    assert!(log.contains("topic is not kv@<pod>@<model>"), "{log}");
+}
+
+#[test]
+fn zmq_bind_needs_a_block_size_and_a_free_endpoint() {
+    let out = std::process::Command::new(common::kvix_bin())
+        .args(["--port", "0", "--zmq-bind", "tcp://127.0.0.1:5999"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--block-size is required when --zmq-bind"),
+        "{err}"
+    );
+
+    let endpoint = format!("tcp://127.0.0.1:{}", free_port());
+    let _first = Server::start(&[
+        "--threads",
+        "1",
+        "--block-size",
+        "4",
+        "--zmq-bind",
+        &endpoint,
+    ]);
+    let out = std::process::Command::new(common::kvix_bin())
+        .args(["--port", "0", "--block-size", "4", "--zmq-bind", &endpoint])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("cannot bind {endpoint}")), "{err}");
+}
+
+/// One pod publishing far faster than kvix applies does not cost another pod on
+/// the same socket its frames: each publisher has a pipe of its own, bounded by
+/// `--zmq-rcvhwm`, and the socket takes from the pipes in turn.
+#[test]
+fn a_flooding_pod_loses_only_its_own_frames() {
+    let endpoint = format!("tcp://127.0.0.1:{}", free_port());
+    let s = Server::start(&[
+        "--threads",
+        "1",
+        "--block-size",
+        "4",
+        "--zmq-rcvhwm",
+        "16",
+        "--zmq-bind",
+        &endpoint,
+    ]);
+    let ctx = zmq::Context::new();
+    let mut flood = Pod::connect(&ctx, &endpoint, &format!("kv@{A}@{M1}"));
+    flood.sock.set_sndhwm(16).unwrap();
+    let mut quiet = Pod::connect(&ctx, &endpoint, &format!("kv@{B}@{M1}"));
+    const FLOOD: u32 = 20_000;
+    for i in 0..FLOOD {
+        let t = 1000 + 4 * i;
+        flood.send(
+            0,
+            &stored(&[i as u64 + 1], None, &[t, t + 1, t + 2, t + 3], 4),
+        );
+        if i == FLOOD / 2 {
+            quiet.send(0, &stored(&[7], None, &[1, 2, 3, 4], 4));
+        }
+    }
+    quiet.send(0, &stored(&[8], Some(7), &[5, 6, 7, 8], 4));
+    // Both of the quiet pod's frames, one sent amid the flood, one after it.
+    s.wait_scores(&query(M1, &[1, 2, 3, 4, 5, 6, 7, 8]), &json!({B: {"0": 8}}));
+    assert_eq!(
+        s.metric(
+            "kvix_listener_last_sequence",
+            &[("instance", B), ("dp", "0")]
+        ),
+        1.0
+    );
+    // The flood outran its 16-frame pipes: what it lost shows as its own gaps.
+    assert!(s.metric("kvix_sequence_gaps_total", &[]) > 0.0);
+    let log = s.stop();
+    assert!(
+        !log.lines()
+            .any(|l| l.contains("sequence gap") && l.contains(B)),
+        "the quiet pod lost nothing:\n{log}"
+    );
+    assert!(
+        log.lines()
+            .any(|l| l.contains("sequence gap") && l.contains(A)),
+        "{log}"
+    );
+}
