@@ -230,10 +230,12 @@ impl AccessLog {
 
     /// Append `r`'s line to `out`.
     fn format(&self, r: &Request, out: &mut Vec<u8>) {
-        let trace = r.trace_id.as_ref().map(|v| {
-            let b = v.as_bytes();
-            String::from_utf8_lossy(&b[..b.len().min(MAX_TRACE_ID)])
-        });
+        // As Dynamo's: a value that is not visible ASCII is no trace id.
+        let trace = r
+            .trace_id
+            .as_ref()
+            .and_then(|v| v.to_str().ok())
+            .map(|t| &t[..t.len().min(MAX_TRACE_ID)]);
         let named = serde_json::from_slice::<Named<'_>>(&r.body).ok();
         let model = named.as_ref().and_then(|n| {
             n.model_name
@@ -244,11 +246,11 @@ impl AccessLog {
         let path = match r.route {
             Some((p, true)) => Cow::Owned(format!("/conductor{p}")),
             Some((p, false)) => Cow::Borrowed(p),
-            None => Cow::Borrowed("-"),
+            None => Cow::Borrowed("unknown"),
         };
         let line = Line {
             ts: timestamp(r.at, self.settings.local_time),
-            trace_id: trace.as_deref().unwrap_or("-"),
+            trace_id: trace.unwrap_or("-"),
             method: r.method.as_str(),
             path,
             model: model.map_or("-", |m| m.as_ref()),
@@ -318,12 +320,12 @@ mod tests {
         let v = line(&log, &r);
         assert_eq!((&v["model"], &v["trace_id"]), (&"c".into(), &"-".into()));
         assert_eq!(v["path"], "/conductor/query");
-        // No body, a body that is not JSON, no route: dashes.
+        // No body, a body that is not JSON: no model; no route: unknown.
         for body in ["", "{not json"] {
             let mut r = request(body, None);
             r.route = None;
             let v = line(&log, &r);
-            assert_eq!((&v["model"], &v["path"]), (&"-".into(), &"-".into()));
+            assert_eq!((&v["model"], &v["path"]), (&"-".into(), &"unknown".into()));
         }
         log.shutdown();
     }

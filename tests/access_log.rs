@@ -116,10 +116,10 @@ fn access_log_lines_and_reopen_after_rotation() {
         ),
         "{c}"
     );
-    // /metrics is not logged; a path kvix does not serve is logged as `-`.
+    // /metrics is not logged; a path kvix does not serve is logged as `unknown`.
     assert_eq!(
         (&ours[2]["path"], &ours[2]["status"]),
-        (&json!("-"), &json!(404))
+        (&json!("unknown"), &json!(404))
     );
     assert_eq!(
         (&ours[3]["path"], &ours[3]["model"], &ours[3]["method"]),

@@ -63,6 +63,8 @@ pub async fn handle<M: ShardMesh>(mesh: &M, opts: &Options, req: Request<Incomin
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let log = mesh.app().access_log().cloned();
+    // As Dynamo's: the time the request came in.
+    let at = log.as_ref().map(|_| std::time::SystemTime::now());
     let trace_id = log
         .as_ref()
         .and_then(|l| req.headers().get(l.trace_header()).cloned());
@@ -73,11 +75,11 @@ pub async fn handle<M: ShardMesh>(mesh: &M, opts: &Options, req: Request<Incomin
     mesh.http_stats()
         .borrow_mut()
         .record(&path, &method, status, t0.elapsed());
-    if let Some(log) = log {
+    if let (Some(log), Some(at)) = (log, at) {
         let route = matched(&path);
         if route.is_none_or(|(p, _)| p != "/metrics") {
             log.push(crate::access_log::Request {
-                at: std::time::SystemTime::now(),
+                at,
                 trace_id,
                 method,
                 route,
