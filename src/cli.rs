@@ -100,7 +100,8 @@ pub struct Args {
     /// `Authorization: Bearer <token>`; unset: those routes are open
     #[arg(long, env = "KVIX_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<std::path::PathBuf>,
-    /// File holding the bearer token the read routes (`/query`, `/query_by_hash`, `/speculate`,
+    /// File holding the bearer token the read routes (`/query`, `/query_by_hash`,
+    /// `/query_tiered_by_hash`, `/speculate`,
     /// `/dump`, `/workers`, `/peers`, `/metrics`) require; the admin token works there
     /// too; unset: reads are open. `/health` and `/ready` are always open
     #[arg(long, env = "KVIX_QUERY_TOKEN_FILE")]

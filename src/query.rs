@@ -213,6 +213,67 @@ fn settle(matched: &mut [[u32; 3]], word: usize, k: usize, mut bits: u64, depth:
     }
 }
 
+/// Dynamo's lower tiers in the order its router walks them: host (`host_pinned`),
+/// disk, and `external` (every tier beyond the three well-known ones).
+pub const LOWER_TIERS: [TierSet; 3] = [Tier::HOST.bit(), Tier::DISK.bit(), TierSet(0x78)];
+
+/// One slot's tiered match, as Dynamo's router reads it: the device prefix, then per
+/// lower tier the blocks that extend it there, each walk going on where the one
+/// before stopped.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct TieredSlot {
+    pub device: u32,
+    /// Blocks each of [`LOWER_TIERS`] adds after the device and earlier tiers.
+    pub hits: [u32; 3],
+    /// Whether the slot is listed in each lower tier's hits (even with none): it
+    /// holds the first block on the device or on that tier or one before it, as
+    /// Dynamo's walk lists the workers it carries on from and the tier's roots.
+    pub listed: [bool; 3],
+}
+
+/// Dynamo's tiered lookup over the merged replies: per slot, its device prefix and
+/// the extension of it on each lower tier in turn.
+pub fn tiered(m: &Merged, slots: usize, live: impl Fn(WorkerSlot) -> bool) -> Vec<TieredSlot> {
+    let mut out = vec![TieredSlot::default(); slots];
+    // Per slot: the tier walked now (0: device, 1..=3: lower tiers, 4: done).
+    let mut phase = vec![0u8; slots];
+    let mut tiers = vec![TierSet::NONE; slots];
+    let sets = [TIER_SETS[0], LOWER_TIERS[0], LOWER_TIERS[1], LOWER_TIERS[2]];
+    for (depth, (holders, _)) in HolderLists::new(&m.holders).enumerate() {
+        tiers.fill(TierSet::NONE);
+        for &h in holders {
+            let h = Holder(h);
+            if let Some(t) = tiers.get_mut(h.slot().0 as usize) {
+                *t |= h.tiers();
+            }
+        }
+        let mut advanced = false;
+        for s in (0..slots).filter(|&s| live(WorkerSlot(s as u32))) {
+            if depth == 0 {
+                let t = tiers[s];
+                let mut seen = !(t & sets[0]).is_empty();
+                for (listed, set) in out[s].listed.iter_mut().zip(LOWER_TIERS) {
+                    seen |= !(t & set).is_empty();
+                    *listed = seen;
+                }
+            }
+            while phase[s] < 4 && (tiers[s] & sets[phase[s] as usize]).is_empty() {
+                phase[s] += 1;
+            }
+            match phase[s] {
+                0 => out[s].device += 1,
+                p @ 1..=3 => out[s].hits[p as usize - 1] += 1,
+                _ => continue,
+            }
+            advanced = true;
+        }
+        if !advanced {
+            break;
+        }
+    }
+    out
+}
+
 /// One instance's overlap in Mooncake's conductor terms (counts are blocks).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct InstanceOverlap {
@@ -362,6 +423,47 @@ mod tests {
         assert_eq!(o.matched[1], [1, 1, 1]);
         assert_eq!(o.frequencies, vec![2, 1, 1]);
         assert_eq!(o.tree_sizes, vec![3, 2]);
+    }
+
+    #[test]
+    fn tiered_walks_each_lower_tier_after_the_one_before() {
+        let (d, c, k) = (Tier::DEVICE.bit(), Tier::HOST.bit(), Tier::DISK.bit());
+        let x = Tier(3).bit();
+        // Slot 0: device 0-1, host 2, disk 3, external 4. Slot 1: host 0-1, then
+        // device 2 (not counted: the device walk ended at block 0). Slot 2: disk 0.
+        // Slot 3: device 0 and host 0-1: host extends from block 1.
+        let reply = ShardReply {
+            holders: vec![
+                4,
+                h(0, d),
+                h(1, c),
+                h(2, k),
+                h(3, TierSet(d.0 | c.0)),
+                3,
+                h(0, d),
+                h(1, c),
+                h(3, c),
+                2,
+                h(0, c),
+                h(1, d),
+                1,
+                h(0, k),
+                1,
+                h(0, x),
+            ],
+            per_slot: vec![5, 3, 1, 2],
+        };
+        let t = tiered(&merge(vec![reply]), 5, |s| s.0 != 4);
+        let slot = |device, hits, listed| TieredSlot {
+            device,
+            hits,
+            listed,
+        };
+        assert_eq!(t[0], slot(2, [1, 1, 1], [true; 3]));
+        assert_eq!(t[1], slot(0, [2, 0, 0], [true; 3]));
+        assert_eq!(t[2], slot(0, [0, 1, 0], [false, true, true]));
+        assert_eq!(t[3], slot(1, [1, 0, 0], [true; 3]));
+        assert_eq!(t[4], TieredSlot::default());
     }
 
     /// The rule stated plainly, holder by holder: what [`gather`] must equal.

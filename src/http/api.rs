@@ -431,11 +431,11 @@ pub(super) struct Scope {
 }
 
 /// A resolved query: which index, in which shape, for whom.
-struct Target {
-    ix: Arc<IndexInfo>,
+pub(super) struct Target {
+    pub(super) ix: Arc<IndexInfo>,
     shape: Shape,
     tenant: String,
-    only: Option<InstanceId>,
+    pub(super) only: Option<InstanceId>,
     weights: Option<[f32; Tier::COUNT]>,
     lora: Option<String>,
 }
@@ -486,7 +486,7 @@ pub(super) fn named(sc: &mut Scope, forced: Option<Shape>) -> Result<Named, ApiE
     })
 }
 
-fn resolve<M: ShardMesh>(
+pub(super) fn resolve<M: ShardMesh>(
     mesh: &M,
     mut sc: Scope,
     forced: Option<Shape>,

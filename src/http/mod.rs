@@ -15,6 +15,7 @@ pub mod error;
 pub mod json;
 pub mod routes;
 pub mod speculate;
+pub mod tiered;
 pub mod token_ids;
 
 use crate::access::{Access, Need};
@@ -223,6 +224,7 @@ async fn dispatch<M: ShardMesh>(
         Route::Unregister => api::unregister(mesh, b, forced).await,
         Route::Query => api::query(mesh, &b, forced, client).await,
         Route::QueryByHash => api::query_by_hash(mesh, &b, forced).await,
+        Route::QueryTieredByHash => tiered::query_tiered_by_hash(mesh, &b).await,
         Route::Speculate => speculate::speculate(mesh, b).await,
         Route::RegisterPeer => api::register_peer(mesh, &b).await,
         Route::DeregisterPeer => api::deregister_peer(mesh, &b).await,

@@ -22,6 +22,7 @@ pub enum Route {
     Unregister,
     Query,
     QueryByHash,
+    QueryTieredByHash,
     Speculate,
     RegisterPeer,
     DeregisterPeer,
@@ -52,7 +53,7 @@ const fn spec(route: Route, path: &'static str, method: Method, need: Need, gate
 
 /// Every route. Liveness and readiness stay open and ungated (load balancers and
 /// Kubernetes probes); `/peers` and `/metrics` answer while the service starts.
-pub static ROUTES: [Spec; 14] = {
+pub static ROUTES: [Spec; 15] = {
     use Need::{Admin, Open, Read};
     use Route::*;
     const GET: Method = Method::GET;
@@ -68,6 +69,7 @@ pub static ROUTES: [Spec; 14] = {
         spec(Unregister, "/unregister", POST, Admin, true),
         spec(Query, "/query", POST, Read, true),
         spec(QueryByHash, "/query_by_hash", POST, Read, true),
+        spec(QueryTieredByHash, "/query_tiered_by_hash", POST, Read, true),
         spec(Speculate, "/speculate", POST, Read, true),
         spec(RegisterPeer, "/register_peer", POST, Admin, true),
         spec(DeregisterPeer, "/deregister_peer", POST, Admin, true),

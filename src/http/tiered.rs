@@ -1,0 +1,104 @@
+//! `POST /query_tiered_by_hash`: the tiered lookup Dynamo's router (frontend and
+//! standalone selection service, `--remote-indexer-url`) asks a standalone indexer
+//! for, answered in dynamo-kv-router's `WireTieredMatchDetails` shape.
+//!
+//! Owns the request's parsing and the answer's JSON; the walk itself is
+//! [`crate::query::tiered`]. Never touches shard memory: the shards are asked
+//! through [`ShardMesh::lookup`] as for `/query_by_hash`.
+
+use super::Reply;
+use super::api::{HashNum, Scope, resolve};
+use super::error::{ApiError, parse};
+use super::json;
+use crate::mesh::ShardMesh;
+use crate::query::{self, PromptBlocks};
+use crate::registry::IndexInfo;
+use crate::types::{BlockHash, WorkerSlot};
+use hyper::StatusCode;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::sync::Arc;
+
+#[derive(Deserialize)]
+struct TieredReq {
+    /// Dynamo local block hashes (its router sends them as i64).
+    block_hashes: Option<Vec<HashNum>>,
+    /// Only the device match (dynamo-kv-router's `IndexerQueryRequest`).
+    #[serde(default)]
+    device_only: bool,
+    #[serde(flatten)]
+    scope: Scope,
+}
+
+/// Dynamo's names of [`query::LOWER_TIERS`], in its walk order.
+const LOWER_TIER_NAMES: [&str; 3] = ["host_pinned", "disk", "external"];
+
+pub async fn query_tiered_by_hash<M: ShardMesh>(mesh: &M, body: &[u8]) -> Result<Reply, ApiError> {
+    let r: TieredReq = parse(body)?;
+    let hashes = r.block_hashes.ok_or_else(|| ApiError::Field {
+        field: "block_hashes".into(),
+        msg: "missing field `block_hashes`".into(),
+    })?;
+    // Always Dynamo's shape: its router is the client.
+    let t = resolve(mesh, r.scope, Some(super::api::Shape::Dynamo))?;
+    let ix = &t.ix;
+    let prompt = PromptBlocks::Locals(hashes.iter().map(|h| BlockHash(h.0)).collect());
+    let merged = query::merge(mesh.lookup(ix.id, ix.slots.len(), Arc::new(prompt)).await?);
+    // Dynamo's workers are integers: one registered by name has no id to send, and
+    // is left out of the frequencies too.
+    let live = |s: WorkerSlot| {
+        let info = ix.slot(s);
+        info.live
+            && u64::try_from(info.instance).is_ok()
+            && t.only.is_none_or(|i| i == info.instance)
+    };
+    let overlap = query::gather(&merged, ix.slots.len(), live);
+    let tiers = query::tiered(&merged, ix.slots.len(), live);
+    let body = render(ix, &overlap.frequencies, &tiers, r.device_only);
+    Ok(json::bytes(StatusCode::OK, body.to_string().into_bytes()))
+}
+
+/// `{"block_size", "tiered": {"device": {"scores", "frequencies"}, "lower_tier"}}`,
+/// every lower tier listed (one nothing holds with its workers at 0 hits).
+fn render(
+    ix: &IndexInfo,
+    frequencies: &[u32],
+    tiers: &[query::TieredSlot],
+    device_only: bool,
+) -> Value {
+    let worker = |s: usize| -> Option<Value> {
+        let info = &ix.slots[s];
+        let id = u64::try_from(info.instance).ok()?;
+        Some(json!({"worker_id": id, "dp_rank": info.dp}))
+    };
+    let scores: Vec<Value> = tiers
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| t.device > 0)
+        .filter_map(|(s, t)| Some(json!([worker(s)?, t.device])))
+        .collect();
+    let lower: Vec<Value> = if device_only {
+        Vec::new()
+    } else {
+        LOWER_TIER_NAMES
+            .iter()
+            .enumerate()
+            .map(|(k, name)| {
+                let hits: Vec<Value> = tiers
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, t)| t.listed[k])
+                    .filter_map(|(s, t)| Some(json!([worker(s)?, t.hits[k]])))
+                    .collect();
+                json!([name, {"hits": hits}])
+            })
+            .collect()
+    };
+    json!({
+        "block_size": ix.block_size,
+        "tiered": {
+            "device": {"scores": scores, "frequencies": frequencies},
+            "lower_tier": lower,
+        },
+    })
+}
