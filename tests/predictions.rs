@@ -488,3 +488,52 @@ fn one_long_prediction_prunes_an_approximate_index_to_its_target() {
     let blocks = metric(&s, "kvix_shard_blocks");
     assert!((800.0..=2000.0).contains(&blocks), "{blocks} blocks");
 }
+
+/// P/D disaggregation (llm-d): one call predicts the prompt on the decode worker
+/// and on the prefill worker it was routed to, or on neither.
+#[test]
+fn a_speculation_names_its_prefill_worker_too() {
+    let s = Server::start(&["--threads", "2", "--max-predictions", "5"]);
+    let _decode = add_worker(&s, 1, 0);
+    let _prefill = add_worker(&s, 2, 1);
+    let t = tokens(1, 8);
+    let body = |prefill: Value| {
+        let mut b =
+            json!({"model_name": MODEL, "instance_id": 1, "token_ids": t, "ttl_ms": 60_000});
+        b.as_object_mut()
+            .unwrap()
+            .extend(prefill.as_object().unwrap().clone());
+        b
+    };
+    // A prefill worker that is not registered, or not at that rank: a 404 naming
+    // the prefill field, and nothing predicted on the decode worker either.
+    for (prefill, field) in [
+        (json!({"prefill_instance_id": 9}), "prefill_instance_id"),
+        (
+            json!({"prefill_instance_id": 2, "prefill_dp_rank": 0}),
+            "prefill_dp_rank",
+        ),
+        (json!({"prefill_dp_rank": 1}), "prefill_instance_id"),
+    ] {
+        let (st, f, e) = common::error(&s, "/speculate", &body(prefill));
+        assert_eq!((st >= 400, f.as_str()), (true, field), "{e}");
+    }
+    // Two blocks on each of two workers: four predictions, within the cap of five.
+    let v = speculate(
+        &s,
+        body(json!({"prefill_instance_id": 2, "prefill_dp_rank": 1})),
+    );
+    assert_eq!(
+        v,
+        json!({"predicted_blocks": 2, "prefill_predicted_blocks": 2, "ttl_ms": 60_000})
+    );
+    assert_eq!(scores(&s, MODEL, &t), json!({"1": {"0": 8}, "2": {"1": 8}}));
+    assert_eq!(metric(&s, "kvix_predicted_blocks"), 4.0);
+    // Two more on each would take the index past five: refused whole.
+    let more = json!({"model_name": MODEL, "instance_id": 1, "token_ids": tokens(11, 18),
+                      "prefill_instance_id": 2, "prefill_dp_rank": 1});
+    let (st, v) = s.post_json("/speculate", &more);
+    assert_eq!(st, 429, "{v}");
+    assert_eq!(metric(&s, "kvix_predicted_blocks"), 4.0);
+    assert_eq!(scores(&s, MODEL, &tokens(11, 18)), json!({}));
+}

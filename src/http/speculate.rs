@@ -35,6 +35,10 @@ pub(super) struct SpeculateReq {
     token_ids: Option<TokenIds>,
     block_hashes: Option<Vec<HashNum>>,
     dp_rank: Option<DpRank>,
+    /// P/D disaggregation: the prefill worker the request was also routed to, which
+    /// will hold the same blocks (its dp rank defaults to 0).
+    prefill_instance_id: Option<InstanceRef>,
+    prefill_dp_rank: Option<DpRank>,
     ttl_ms: Option<u64>,
     cache_salt: Option<String>,
     #[serde(flatten)]
@@ -89,6 +93,12 @@ pub(super) fn parse(body: &[u8]) -> Result<Parsed, ApiError> {
             field: "instance_id".into(),
             msg: "missing field `instance_id` (the worker the request was routed to)".into(),
         })?;
+    if req.prefill_dp_rank.is_some() && req.prefill_instance_id.is_none() {
+        return Err(ApiError::Field {
+            field: "prefill_instance_id".into(),
+            msg: "`prefill_dp_rank` names the rank of a `prefill_instance_id`".into(),
+        });
+    }
     let named = named(&mut req.scope, None)?;
     Ok(Parsed {
         req,
@@ -135,7 +145,18 @@ pub async fn speculate<M: ShardMesh>(mesh: &M, body: Bytes) -> Result<Reply, Api
     )
     .await?;
     let dp = parsed.req.dp_rank.unwrap_or(0);
-    let slot = slot(mesh, &ix, &parsed.instance, dp, approximate).await?;
+    let decode = slot(mesh, &ix, &parsed.instance, dp, approximate).await?;
+    // Both workers are checked before anything is predicted.
+    let prefill = match &parsed.req.prefill_instance_id {
+        None => None,
+        Some(p) => {
+            let pdp = parsed.req.prefill_dp_rank.unwrap_or(0);
+            let s = slot(mesh, &ix, p, pdp, approximate)
+                .await
+                .map_err(as_prefill)?;
+            (s != decode).then_some(s)
+        }
+    };
     let field = match parsed.input {
         Input::Ids(_) => "token_ids",
         Input::Locals(_) => "block_hashes",
@@ -156,49 +177,97 @@ pub async fn speculate<M: ShardMesh>(mesh: &M, body: Bytes) -> Result<Reply, Api
     let ttl_ms = parsed.req.ttl_ms.unwrap_or(default_ttl.as_millis() as u64);
     let expires = deadline_after(Duration::from_millis(ttl_ms));
     let shards = mesh.shards();
-    let mut prune = approximate.then(|| {
+    let prune = approximate.then(|| {
         let max = (spec.max_tree_size / shards).max(1);
         PruneBound {
             max,
             target: ((max as f64 * spec.prune_target_ratio) as usize).min(max),
         }
     });
-    // In steps, the executors serving between them; each goes on below the
-    // last block the step before predicted.
-    let mut at = ChainAt::default();
-    let mut steps = locals.chunks(PREDICT_STEP).peekable();
-    let mut total = predicted;
-    loop {
-        let step = PredictStep {
-            slot,
-            locals: steps.next().unwrap_or_default().to_vec(),
-            expires,
-            at,
-            total: std::mem::take(&mut total),
-            live: ix.live_predictions.clone(),
-        };
-        at = match mesh.predict(ix.id, step, prune.take()).await? {
-            Ok(at) => at,
-            Err(r @ PredictRefused::TooLong { .. }) => {
-                return Err(ApiError::TooLong {
-                    field: field.into(),
-                    msg: r.to_string(),
-                });
-            }
-            Err(r @ PredictRefused::Full { .. }) => {
-                return Err(ApiError::AtCapacity(r.to_string()));
-            }
-        };
-        if at.is_lost() || steps.peek().is_none() {
-            break;
-        }
-        mesh.pauser()().await;
-    }
-    let body = serde_json::json!({
+    // The caps are checked once, on the decode worker's first step, for the
+    // request's every block: a refusal leaves nothing predicted.
+    let workers = 1 + usize::from(prefill.is_some());
+    let on = |slot, total| Predict {
+        ix: &ix,
+        slot,
+        locals: &locals,
+        expires,
+        total,
+        prune,
+        field,
+    };
+    on(decode, predicted * workers).run(mesh).await?;
+    let mut body = serde_json::json!({
         "predicted_blocks": predicted,
         "ttl_ms": ttl_ms,
     });
+    if let Some(p) = prefill {
+        on(p, 0).run(mesh).await?;
+    }
+    if parsed.req.prefill_instance_id.is_some() {
+        body["prefill_predicted_blocks"] = predicted.into();
+    }
     Ok(json::bytes(StatusCode::OK, body.to_string().into_bytes()))
+}
+
+/// One worker's prediction of a prompt's blocks.
+struct Predict<'a> {
+    ix: &'a IndexInfo,
+    slot: WorkerSlot,
+    locals: &'a [BlockHash],
+    expires: crate::shard::predict::Tick,
+    /// Blocks the caps are checked against (0: checked already).
+    total: usize,
+    prune: Option<PruneBound>,
+    field: &'static str,
+}
+
+impl Predict<'_> {
+    /// In steps, the executors serving between them; each goes on below the last
+    /// block the step before predicted.
+    async fn run<M: ShardMesh>(self, mesh: &M) -> Result<(), ApiError> {
+        let (mut at, mut total, mut prune) = (ChainAt::default(), self.total, self.prune);
+        let mut steps = self.locals.chunks(PREDICT_STEP).peekable();
+        loop {
+            let step = PredictStep {
+                slot: self.slot,
+                locals: steps.next().unwrap_or_default().to_vec(),
+                expires: self.expires,
+                at,
+                total: std::mem::take(&mut total),
+                live: self.ix.live_predictions.clone(),
+            };
+            at = match mesh.predict(self.ix.id, step, prune.take()).await? {
+                Ok(at) => at,
+                Err(r @ PredictRefused::TooLong { .. }) => {
+                    return Err(ApiError::TooLong {
+                        field: self.field.into(),
+                        msg: r.to_string(),
+                    });
+                }
+                Err(r @ PredictRefused::Full { .. }) => {
+                    return Err(ApiError::AtCapacity(r.to_string()));
+                }
+            };
+            if at.is_lost() || steps.peek().is_none() {
+                return Ok(());
+            }
+            mesh.pauser()().await;
+        }
+    }
+}
+
+/// A prefill worker's 404 names the prefill fields.
+fn as_prefill(e: ApiError) -> ApiError {
+    match e {
+        ApiError::Unknown { field, msg } if field == "instance_id" || field == "dp_rank" => {
+            ApiError::Unknown {
+                field: format!("prefill_{field}"),
+                msg: format!("prefill: {msg}"),
+            }
+        }
+        e => e,
+    }
 }
 
 /// The index a speculation names: it must exist, unless the model is approximate
