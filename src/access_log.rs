@@ -289,6 +289,18 @@ mod tests {
         }
     }
 
+    /// A log in a folder of its own (kept while the log is used).
+    fn started(local_time: bool) -> (tempfile::TempDir, Arc<AccessLog>) {
+        let dir = tempfile::tempdir().unwrap();
+        let log = AccessLog::start(Settings {
+            path: dir.path().join("a.log"),
+            trace_header: "x-trace-id".parse().unwrap(),
+            local_time,
+        })
+        .unwrap();
+        (dir, log)
+    }
+
     fn line(log: &AccessLog, r: &Request) -> serde_json::Value {
         let mut out = Vec::new();
         log.format(r, &mut out);
@@ -298,13 +310,7 @@ mod tests {
 
     #[test]
     fn lines_carry_dynamos_fields() {
-        let dir = tempfile::tempdir().unwrap();
-        let log = AccessLog::start(Settings {
-            path: dir.path().join("a.log"),
-            trace_header: "x-trace-id".parse().unwrap(),
-            local_time: false,
-        })
-        .unwrap();
+        let (_dir, log) = started(false);
         let v = line(
             &log,
             &request(r#"{"token_ids": [1, 2], "model_name": "m"}"#, Some("t-1")),
@@ -332,13 +338,7 @@ mod tests {
 
     #[test]
     fn a_full_queue_drops_and_counts() {
-        let dir = tempfile::tempdir().unwrap();
-        let log = AccessLog::start(Settings {
-            path: dir.path().join("a.log"),
-            trace_header: "x-trace-id".parse().unwrap(),
-            local_time: true,
-        })
-        .unwrap();
+        let (_dir, log) = started(true);
         // Stop the writer first so that nothing is taken off the queue.
         log.shutdown();
         for _ in 0..QUEUE_LINES + 3 {

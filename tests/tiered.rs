@@ -174,3 +174,96 @@ fn tiered_lookup_as_dynamos_router_reads_it() {
     let (st, v) = s.post_json("/query_tiered_by_hash", &json!({"model_name": MODEL}));
     assert_eq!((st, &v["field"]), (422, &json!("block_hashes")), "{v}");
 }
+
+/// Differential: the stores of `tests/data/dynamo_tiered_vectors.json` published
+/// over ZMQ, and kvix's answer equal to what Dynamo's own tiered lookup (its radix
+/// tree and lower-tier indexers, `scripts/dynamo_vectors --bin tiered`) gave for them.
+#[test]
+fn tiered_lookup_equals_dynamos() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/dynamo_tiered_vectors.json"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let block_size = v["block_size"].as_u64().unwrap() as usize;
+    let tokens: Vec<u32> = serde_json::from_value(v["token_ids"].clone()).unwrap();
+    let locals: Vec<u64> = serde_json::from_value(v["local_block_hashes"].clone()).unwrap();
+    for (i, l) in locals.iter().enumerate() {
+        let b = &tokens[i * block_size..(i + 1) * block_size];
+        assert_eq!(local_hash(b, block_seed(None, None)).0, *l, "block {i}");
+    }
+    let s = Server::start(&["--threads", "2"]);
+    let ctx = zmq::Context::new();
+    let mut engines: Vec<((u64, u32), common::Publisher)> = Vec::new();
+    let stores = v["stores"].as_array().unwrap();
+    for st in stores {
+        let key = (
+            st["worker_id"].as_u64().unwrap(),
+            st["dp_rank"].as_u64().unwrap() as u32,
+        );
+        if !engines.iter().any(|(k, _)| *k == key) {
+            let p = common::Publisher::bind(&ctx);
+            common::register_with(&s, MODEL, key.0, &p, json!({"dp_rank": key.1}));
+            engines.push((key, p));
+        }
+        let p = &mut engines.iter_mut().find(|(k, _)| *k == key).unwrap().1;
+        let hashes: Vec<u64> = serde_json::from_value(st["block_hashes"].clone()).unwrap();
+        let first = st["first_block"].as_u64().unwrap() as usize;
+        let t = &tokens[first * block_size..(first + hashes.len()) * block_size];
+        let medium = match st["storage_tier"].as_str().unwrap() {
+            "device" => None,
+            "host_pinned" => Some("CPU_PINNED"),
+            "disk" => Some("DISK"),
+            "external" => Some("EXTERNAL"),
+            other => panic!("tier {other}"),
+        };
+        let parent = st["parent_hash"].as_u64();
+        p.send(&stored_on(&hashes, parent, t, block_size as u32, medium));
+    }
+    s.eventually("every store applied", || {
+        let n = s.metric("kvix_events_applied_total", &[]);
+        (n == stores.len() as f64)
+            .then_some(())
+            .ok_or(format!("{n}"))
+    });
+    let (st, got) = s.post_json(
+        "/query_tiered_by_hash",
+        &json!({"block_hashes": locals.iter().map(|&h| h as i64).collect::<Vec<_>>(),
+                "model_name": MODEL, "routing_group": "default"}),
+    );
+    assert_eq!(st, 200, "{got}");
+    let got: TieredAnswer = serde_json::from_value(got).unwrap();
+    let want: WireTieredMatchDetails = serde_json::from_value(v["tiered"].clone()).unwrap();
+    assert_eq!(got.block_size as usize, block_size);
+    assert_eq!(
+        sorted(&got.tiered.device.scores),
+        sorted(&want.device.scores)
+    );
+    // Dynamo's tiered details leave the frequencies empty; kvix gives those of
+    // /query_by_hash (Dynamo's find_matches), as a client reading them expects.
+    assert!(want.device.frequencies.is_empty());
+    let by_hash = s
+        .post_json(
+            "/query_by_hash",
+            &json!({"block_hashes": locals, "model_name": MODEL}),
+        )
+        .1;
+    assert_eq!(json!(got.tiered.device.frequencies), by_hash["frequencies"]);
+    // Dynamo lists the tiers it has seen events for (all three here), in no order.
+    let tier = |d: &WireTieredMatchDetails, t: StorageTier| {
+        d.lower_tier
+            .iter()
+            .find(|(x, _)| *x == t)
+            .map(|(_, h)| sorted(&h.hits))
+    };
+    for t in [
+        StorageTier::HostPinned,
+        StorageTier::Disk,
+        StorageTier::External,
+    ] {
+        assert!(tier(&want, t).is_some(), "{t:?} in the vectors");
+        assert_eq!(tier(&got.tiered, t), tier(&want, t), "{t:?}");
+    }
+    assert!(tier(&want, StorageTier::Device).is_none());
+}
