@@ -5,8 +5,13 @@
 //! the engine answers one `[b"", seq (8 bytes BE), payload]` per buffered batch with
 //! `seq >= start_seq`, then `[b"", END_SEQ = -1 (8 bytes BE), b""]`. Some publishers put
 //! the topic before the sequence (`[b"", topic, seq, payload]`); both are accepted.
-//! Runs on the ingest thread that owns the listener, bounded by a timeout.
+//! Runs on the ingest thread that owns the listener, bounded by a timeout, and
+//! applies what the engine returns through the listener's feed.
 
+use super::feed::FeedStats;
+use super::{IngestThread, REPLAY_TIMEOUT};
+use crate::wire;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use thiserror::Error;
 
@@ -67,5 +72,103 @@ pub fn fetch(
             .try_into()
             .map_err(|_| ReplayError::Malformed(format!("{}-byte sequence", seq.len())))?;
         out.push((u64::from_be_bytes(seq), payload.clone()));
+    }
+}
+
+impl IngestThread {
+    /// Fetch and apply, in order, every batch after this listener's last sequence
+    /// starting at `from`. Blocks this thread for at most [`REPLAY_TIMEOUT`]; other
+    /// listeners' frames wait in their sockets meanwhile, and this listener's own live
+    /// frames wait in its SUB socket, to be applied after the replay (duplicates skipped).
+    /// `counted` is the last sequence the caller already counted as missing (a gap
+    /// detected up to a live frame). Batches the engine no longer holds are counted as
+    /// unrecovered, and as missing where no gap counted them yet: nothing is skipped
+    /// silently. Returns whether the engine answered.
+    pub(super) fn replay(&mut self, i: usize, from: u64, counted: Option<u64>) -> bool {
+        let Some(ep) = self.listeners[i].endpoint.replay_endpoint.clone() else {
+            return false;
+        };
+        let rs = self.replay_stats.clone();
+        FeedStats::bump(&rs.requests, 1);
+        let pairs = match fetch(
+            &self.ctx,
+            &ep,
+            from,
+            REPLAY_TIMEOUT,
+            self.sockets.max_msg_bytes,
+        ) {
+            Ok(p) => p,
+            Err(e) => {
+                FeedStats::bump(&rs.failures, 1);
+                self.listeners[i].replay_failed_at = Some(std::time::Instant::now());
+                let l = &self.listeners[i];
+                tracing::warn!(
+                    instance = l.feed.instance,
+                    dp = l.feed.dp,
+                    replay_endpoint = ep,
+                    from,
+                    "gap not recovered: replay failed: {e}"
+                );
+                return false;
+            }
+        };
+        let registry = self.registry.clone();
+        let l = &mut self.listeners[i];
+        let mut last = l.last_seq;
+        let mut applied = 0u64;
+        let (mut expected, mut unrecovered, mut uncounted) = (from, 0u64, 0u64);
+        for (seq, payload) in &pairs {
+            if last.is_some_and(|x| *seq <= x) {
+                continue;
+            }
+            if *seq > expected {
+                // The engine's buffer no longer starts where the gap did.
+                unrecovered += seq - expected;
+                let first_uncounted = counted.map_or(expected, |c| expected.max(c + 1));
+                uncounted += seq.saturating_sub(first_uncounted);
+            }
+            expected = seq.wrapping_add(1);
+            match wire::decode(payload, &mut self.scratch.batch) {
+                Ok(_) => {
+                    l.feed
+                        .apply(&self.scratch.batch, payload, &registry, &mut self.sink);
+                    applied += 1;
+                }
+                Err(e) => {
+                    FeedStats::bump(&l.feed.stats.malformed, 1);
+                    tracing::warn!(
+                        instance = l.feed.instance,
+                        seq,
+                        "malformed replayed batch skipped: {e}"
+                    );
+                }
+            }
+            last = Some(*seq);
+        }
+        FeedStats::bump(&rs.batches, applied);
+        if unrecovered > 0 {
+            FeedStats::bump(&rs.unrecovered, unrecovered);
+            FeedStats::bump(&l.feed.stats.gap_batches, uncounted);
+            tracing::warn!(
+                instance = l.feed.instance,
+                dp = l.feed.dp,
+                from,
+                unrecovered,
+                "replay incomplete: the engine no longer holds these batches"
+            );
+        }
+        if let Some(x) = last {
+            l.last_seq = Some(x);
+            l.feed.stats.last_seq.store(x, Ordering::Relaxed);
+            l.dedup_until = Some(x);
+        }
+        tracing::info!(
+            instance = l.feed.instance,
+            dp = l.feed.dp,
+            from,
+            replayed = applied,
+            "replayed missed batches"
+        );
+        true
     }
 }
