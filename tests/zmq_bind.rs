@@ -275,3 +275,40 @@ fn a_flooding_pod_loses_only_its_own_frames() {
         "{log}"
     );
 }
+
+/// A restart from a snapshot does not take pods over (there is nothing to connect
+/// to); a pod comes back with its next message.
+#[test]
+fn pods_come_back_after_a_restart_with_their_next_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dir.path().join("kvix.snap");
+    let endpoint = format!("tcp://127.0.0.1:{}", free_port());
+    let flags = [
+        "--threads",
+        "1",
+        "--block-size",
+        "4",
+        "--zmq-bind",
+        &endpoint,
+        "--snapshot-path",
+        snap.to_str().unwrap(),
+        "--snapshot-interval",
+        "0",
+    ];
+    let s = Server::start(&flags);
+    let ctx = zmq::Context::new();
+    let mut a = Pod::connect(&ctx, &endpoint, &format!("kv@{A}@{M1}"));
+    a.send(0, &stored(&[11], None, &[1, 2, 3, 4], 4));
+    s.wait_scores(&query(M1, &[1, 2, 3, 4]), &json!({A: {"0": 4}}));
+    let (code, log) = s.terminate();
+    assert_eq!(code, Some(0), "{log}");
+    drop(a);
+
+    let s = Server::start(&flags);
+    assert_eq!(s.get_json("/workers"), json!([]));
+    let mut a = Pod::connect(&ctx, &endpoint, &format!("kv@{A}@{M1}"));
+    a.send(0, &stored(&[12], None, &[5, 6, 7, 8], 4));
+    s.wait_scores(&query(M1, &[5, 6, 7, 8]), &json!({A: {"0": 4}}));
+    let log = s.stop();
+    assert!(!log.contains("cannot connect"), "{log}");
+}
