@@ -70,7 +70,9 @@ pub async fn handle<M: ShardMesh>(mesh: &M, opts: &Options, req: Request<Incomin
         .as_ref()
         .and_then(|l| req.headers().get(l.trace_header()).cloned());
     let mut body = Bytes::new();
-    let reply = route(mesh, opts, req, &mut body).await;
+    // The body is kept (a second reference to it) only for the log.
+    let keep = log.as_ref().map(|_| &mut body);
+    let reply = route(mesh, opts, req, keep).await;
     let status = reply.status().as_u16();
     // Core-local counters (no atomics): gathered from every core on scrape.
     mesh.http_stats()
@@ -131,12 +133,13 @@ async fn body<M: ShardMesh>(
     futures_lite::future::or(collect, timeout).await
 }
 
-/// Answer `req`; its body, once read, is left in `body` (for the access log).
+/// Answer `req`; its body, once read, is left in `body_read` if given (for the
+/// access log).
 async fn route<M: ShardMesh>(
     mesh: &M,
     opts: &Options,
     req: Request<Incoming>,
-    body_read: &mut Bytes,
+    body_read: Option<&mut Bytes>,
 ) -> Reply {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
@@ -194,7 +197,8 @@ async fn route<M: ShardMesh>(
 }
 
 /// Answers a request for `spec`'s route with its method; a POST's body is read
-/// first (the handler parses it) and left in `body_read` too (a reference, not a copy).
+/// first (the handler parses it) and left in `body_read` too if given (a reference,
+/// not a copy).
 #[allow(clippy::too_many_arguments)]
 async fn dispatch<M: ShardMesh>(
     mesh: &M,
@@ -204,7 +208,7 @@ async fn dispatch<M: ShardMesh>(
     query: &str,
     phase: crate::lifecycle::Phase,
     forced: Option<api::Shape>,
-    body_read: &mut Bytes,
+    body_read: Option<&mut Bytes>,
 ) -> Result<Reply, ApiError> {
     let client = req.extensions().get::<client::Client>().copied();
     let b = if spec.method == Method::POST {
@@ -212,7 +216,9 @@ async fn dispatch<M: ShardMesh>(
     } else {
         Bytes::new()
     };
-    *body_read = b.clone();
+    if let Some(kept) = body_read {
+        *kept = b.clone();
+    }
     match spec.route {
         Route::Health => Ok(json::empty(StatusCode::OK)),
         Route::Ready => Ok(ready(mesh.app().lifecycle(), phase)),
