@@ -96,6 +96,8 @@ pub fn parse_body(
             named(&mut r.scope, forced)?;
             Ok(None)
         }
+        // Always Dynamo's shape, whatever `forced` says: its router is the client.
+        "/query_tiered_by_hash" => super::tiered::check(body).map(|_| None),
         // Without the service's own address: every URL a peer could have passes.
         "/speculate" => super::speculate::parse(body).map(|_| None),
         "/register_peer" => parse_new_peer(body, None).map(|_| None),
@@ -496,7 +498,11 @@ pub(super) fn resolve<M: ShardMesh>(
 }
 
 /// [`resolve`] once [`named`] has run.
-fn resolve_named<M: ShardMesh>(mesh: &M, n: Named, sc: Scope) -> Result<Target, ApiError> {
+pub(super) fn resolve_named<M: ShardMesh>(
+    mesh: &M,
+    n: Named,
+    sc: Scope,
+) -> Result<Target, ApiError> {
     let Named {
         shape,
         model,
@@ -953,6 +959,12 @@ mod tests {
         );
         assert_eq!(ok("/register_peer", r#"{"url": "http://peer:8091"}"#), None);
         assert_eq!(ok("/deregister_peer", r#"{"url": "gone"}"#), None);
+        let tiered = r#"{"block_hashes": [-1, 2], "model_name": "m"}"#;
+        assert_eq!(ok("/query_tiered_by_hash", tiered), None);
+        assert_eq!(
+            status("/query_tiered_by_hash", None, r#"{"model_name": "m"}"#),
+            422
+        );
 
         assert_eq!(status("/query", None, r#"{"token_ids": [1]}"#), 422);
         assert_eq!(status("/query", None, "{"), 400);

@@ -7,7 +7,7 @@
 //! through [`ShardMesh::lookup`] as for `/query_by_hash`.
 
 use super::Reply;
-use super::api::{HashNum, Scope, resolve};
+use super::api::{HashNum, Named, Scope, named, resolve_named};
 use super::error::{ApiError, parse};
 use super::json;
 use crate::mesh::ShardMesh;
@@ -33,14 +33,39 @@ struct TieredReq {
 /// Dynamo's names of [`query::LOWER_TIERS`], in its walk order.
 const LOWER_TIER_NAMES: [&str; 3] = ["host_pinned", "disk", "external"];
 
-pub async fn query_tiered_by_hash<M: ShardMesh>(mesh: &M, body: &[u8]) -> Result<Reply, ApiError> {
-    let r: TieredReq = parse(body)?;
+/// A request as parsed and checked before the registry is asked: its hashes, and
+/// its scope with the names taken out (for [`super::api::parse_body`] too).
+pub(super) struct Checked {
+    hashes: Vec<HashNum>,
+    device_only: bool,
+    named: Named,
+    scope: Scope,
+}
+
+pub(super) fn check(body: &[u8]) -> Result<Checked, ApiError> {
+    let mut r: TieredReq = parse(body)?;
     let hashes = r.block_hashes.ok_or_else(|| ApiError::Field {
         field: "block_hashes".into(),
         msg: "missing field `block_hashes`".into(),
     })?;
     // Always Dynamo's shape: its router is the client.
-    let t = resolve(mesh, r.scope, Some(super::api::Shape::Dynamo))?;
+    let named = named(&mut r.scope, Some(super::api::Shape::Dynamo))?;
+    Ok(Checked {
+        hashes,
+        device_only: r.device_only,
+        named,
+        scope: r.scope,
+    })
+}
+
+pub async fn query_tiered_by_hash<M: ShardMesh>(mesh: &M, body: &[u8]) -> Result<Reply, ApiError> {
+    let Checked {
+        hashes,
+        device_only,
+        named,
+        scope,
+    } = check(body)?;
+    let t = resolve_named(mesh, named, scope)?;
     let ix = &t.ix;
     let prompt = PromptBlocks::Locals(hashes.iter().map(|h| BlockHash(h.0)).collect());
     let merged = query::merge(mesh.lookup(ix.id, ix.slots.len(), Arc::new(prompt)).await?);
@@ -54,7 +79,7 @@ pub async fn query_tiered_by_hash<M: ShardMesh>(mesh: &M, body: &[u8]) -> Result
     };
     let overlap = query::gather(&merged, ix.slots.len(), live);
     let tiers = query::tiered(&merged, ix.slots.len(), live);
-    let body = render(ix, &overlap.frequencies, &tiers, r.device_only);
+    let body = render(ix, &overlap.frequencies, &tiers, device_only);
     Ok(json::bytes(StatusCode::OK, body.to_string().into_bytes()))
 }
 

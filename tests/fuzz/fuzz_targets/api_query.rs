@@ -3,7 +3,7 @@
 //! token ids by the fast path of `kvix::http::token_ids` when it applies) and
 //! `/query_by_hash` and `/speculate`, each in the shape the body names or, for inputs of odd length,
 //! forced to the conductor's as under `/conductor/...` (half the work of parsing each
-//! input twice).
+//! input twice), and `/query_tiered_by_hash` (Dynamo's shape always).
 //!
 //! Properties: never a panic; a rejection is an ApiError the client is to blame for
 //! (400 or 422; 413 is the body limit's); the fast path agrees with serde_json: a
@@ -45,7 +45,7 @@ fuzz_target!(|data: &[u8]| {
         }
         Err(e) => client_error("/query", &e),
     }
-    for route in ["/query_by_hash", "/speculate"] {
+    for route in ["/query_by_hash", "/speculate", "/query_tiered_by_hash"] {
         match api::parse_body(route, forced, data) {
             Ok(ids) => assert!(ids.is_none()),
             Err(e) => client_error(route, &e),
