@@ -34,6 +34,7 @@ pub mod ring;
 pub mod runtime;
 pub mod service;
 pub mod shard;
+pub mod slots;
 #[cfg(test)]
 mod testing;
 pub mod tokenize;

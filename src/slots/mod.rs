@@ -1,0 +1,450 @@
+//! Load tracking: Dynamo's slot tracker (`dynamo-kv-router` 1.6.1,
+//! `services::slot_tracker`), kvix's own implementation of its rules.
+//!
+//! Owns the requests a router booked on its workers and what they load each
+//! worker's dp ranks with. Never touches the KV index, never does I/O, never
+//! reads a lock: a tracker lives on one shard and only that shard's executor
+//! changes it ([`SlotShard`]), reached by message like the index.
+//!
+//! The rules, as Dynamo 1.6.1 keeps them:
+//! - A tracker is one (model_name, routing_group) (group `default` when not
+//!   named), created by the first `/register` and dropped with its last worker.
+//!   `block_size` must be > 0 and the same for every worker of a tracker (409);
+//!   `dp_size` must be 1..=4096 and `dp_start + dp_size` fit in a u32 (400); a
+//!   worker registers once (409). Unregistering drops the worker's requests.
+//! - `/add` books a request id on a registered (worker, dp_rank) (404 if the rank
+//!   is not registered, checked first; 409 if the id is booked anywhere in the
+//!   tracker). Its `sequence_hashes` become active on that rank: a rank's
+//!   `active_decode_blocks` counts each prompt block once however many active
+//!   requests share it (the same hash under the same prefix). `new_isl_tokens`
+//!   > 0 counts as `active_prefill_tokens` until `/prefill_complete` or `/free`.
+//! - `/prefill_complete` on an unknown request is 404, repeated is 200; `/free`
+//!   is always 200 (unknown and repeated alike) once the tracker exists. Every
+//!   request route answers 404 when the tracker does not exist.
+//! - `/potential_loads` answers, for every registered rank: prefill tokens plus
+//!   `new_isl_tokens`, decode blocks plus the request's blocks beyond the longest
+//!   prefix already active there, and active requests.
+//! - A request never freed expires after a TTL (Dynamo: 300 s); kvix counts
+//!   expiries.
+//!
+//! Where kvix differs, on purpose: a prompt's blocks are matched by their whole
+//! path (Dynamo compares a compressed edge by its last hash, trusting hashes to
+//! chain); `/potential_loads` lists ranks sorted (Dynamo: hash-map order).
+
+mod tracker;
+
+pub use tracker::{DpRange, MAX_DP_RANKS, PotentialLoad, Rank, RankLoad, Tracker, WorkerId};
+
+use crate::types::{SeqHash, ShardId};
+use hashbrown::HashMap;
+use serde::Serialize;
+use std::time::{Duration, Instant};
+use thiserror::Error;
+
+/// Why a slot-tracker call is refused, worded as Dynamo words it.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum SlotError {
+    #[error("block_size must be greater than 0")]
+    InvalidBlockSize,
+    #[error("dp_size must be greater than 0")]
+    InvalidDpSize,
+    #[error("dp_size {dp_size} exceeds the maximum {MAX_DP_RANKS}")]
+    DpSizeTooLarge { dp_size: u32 },
+    #[error("dp range overflows u32: start={dp_start} size={dp_size}")]
+    InvalidDpRange { dp_start: u32, dp_size: u32 },
+    #[error(
+        "block_size mismatch for model={model_name} routing_group={routing_group}: existing={existing}, requested={requested}"
+    )]
+    BlockSizeMismatch {
+        model_name: String,
+        routing_group: String,
+        existing: u32,
+        requested: u32,
+    },
+    #[error(
+        "worker {worker_id} already registered for model={model_name} routing_group={routing_group}"
+    )]
+    DuplicateWorker {
+        worker_id: WorkerId,
+        model_name: String,
+        routing_group: String,
+    },
+    #[error("worker {worker_id} not found for model={model_name} routing_group={routing_group}")]
+    WorkerNotFound {
+        worker_id: WorkerId,
+        model_name: String,
+        routing_group: String,
+    },
+    #[error("no slot tracker for model={model_name} routing_group={routing_group}")]
+    TrackerNotFound {
+        model_name: String,
+        routing_group: String,
+    },
+    #[error("Worker WorkerWithDpRank {{ worker_id: {}, dp_rank: {} }} not found", .0.worker_id, .0.dp_rank)]
+    RankNotFound(Rank),
+    #[error(
+        "Request {request_id} already exists (assigned to worker WorkerWithDpRank {{ worker_id: {}, dp_rank: {} }})",
+        .rank.worker_id, .rank.dp_rank
+    )]
+    DuplicateRequest { request_id: String, rank: Rank },
+    #[error("Request {0} not found")]
+    RequestNotFound(String),
+}
+
+/// A tracker's name: (model_name, routing_group).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TrackerKey {
+    pub model_name: String,
+    pub routing_group: String,
+}
+
+impl TrackerKey {
+    /// The shard that owns this tracker, of `shards`.
+    pub fn owner(&self, shards: usize) -> ShardId {
+        let h = xxhash_rust::xxh3::xxh3_64_with_seed(
+            self.routing_group.as_bytes(),
+            xxhash_rust::xxh3::xxh3_64(self.model_name.as_bytes()),
+        );
+        ShardId((h % shards.max(1) as u64) as usize)
+    }
+
+    fn matches(&self, f: &Filter) -> bool {
+        f.model_name.as_ref().is_none_or(|m| *m == self.model_name)
+            && f.routing_group
+                .as_ref()
+                .is_none_or(|g| *g == self.routing_group)
+    }
+
+    fn not_found(&self) -> SlotError {
+        SlotError::TrackerNotFound {
+            model_name: self.model_name.clone(),
+            routing_group: self.routing_group.clone(),
+        }
+    }
+}
+
+/// `/workers` and `/loads` filters (unset: any).
+#[derive(Clone, Debug, Default)]
+pub struct Filter {
+    pub model_name: Option<String>,
+    pub routing_group: Option<String>,
+}
+
+/// A call to a shard's trackers.
+#[derive(Clone, Debug)]
+pub enum SlotReq {
+    Register {
+        key: TrackerKey,
+        worker: WorkerId,
+        block_size: u32,
+        dp_start: u32,
+        dp_size: u32,
+    },
+    Unregister {
+        key: TrackerKey,
+        worker: WorkerId,
+    },
+    Add {
+        key: TrackerKey,
+        request_id: String,
+        rank: Rank,
+        path: Vec<SeqHash>,
+        new_tokens: usize,
+    },
+    PrefillComplete {
+        key: TrackerKey,
+        request_id: String,
+    },
+    Free {
+        key: TrackerKey,
+        request_id: String,
+    },
+    Workers(Filter),
+    Loads(Filter),
+    Potential {
+        key: TrackerKey,
+        path: std::sync::Arc<[SeqHash]>,
+        new_tokens: usize,
+    },
+}
+
+impl SlotReq {
+    /// The tracker the call is for (`None`: every tracker on every shard).
+    pub fn key(&self) -> Option<&TrackerKey> {
+        match self {
+            SlotReq::Register { key, .. }
+            | SlotReq::Unregister { key, .. }
+            | SlotReq::Add { key, .. }
+            | SlotReq::PrefillComplete { key, .. }
+            | SlotReq::Free { key, .. }
+            | SlotReq::Potential { key, .. } => Some(key),
+            SlotReq::Workers(_) | SlotReq::Loads(_) => None,
+        }
+    }
+}
+
+/// `/workers`: one registered worker, fields in Dynamo's order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct WorkerInfo {
+    pub worker_id: WorkerId,
+    pub model_name: String,
+    pub routing_group: String,
+    pub block_size: u32,
+    pub dp_start: u32,
+    pub dp_size: u32,
+}
+
+/// `/loads`: one registered rank's load, fields in Dynamo's order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LoadInfo {
+    pub model_name: String,
+    pub routing_group: String,
+    pub worker_id: WorkerId,
+    pub dp_rank: u32,
+    pub active_prefill_tokens: usize,
+    pub active_decode_blocks: usize,
+}
+
+/// A shard's answer to a [`SlotReq`].
+#[derive(Debug)]
+pub enum SlotRep {
+    Done(Result<(), SlotError>),
+    Workers(Vec<WorkerInfo>),
+    Loads(Vec<LoadInfo>),
+    Potential(Result<Vec<PotentialLoad>, SlotError>),
+}
+
+/// One rank's figures for `/metrics`.
+#[derive(Clone, Debug)]
+pub struct RankStat {
+    pub key: TrackerKey,
+    pub rank: Rank,
+    pub load: RankLoad,
+}
+
+/// A shard's trackers' figures for `/metrics`.
+#[derive(Clone, Debug, Default)]
+pub struct SlotStats {
+    pub ranks: Vec<RankStat>,
+    /// Requests freed by the TTL, since start.
+    pub expired: u64,
+}
+
+/// The trackers one shard owns ([`TrackerKey::owner`]).
+#[derive(Debug)]
+pub struct SlotShard {
+    trackers: HashMap<TrackerKey, Tracker>,
+    ttl: Duration,
+    swept: Option<Instant>,
+    expired: u64,
+}
+
+/// Dynamo's request TTL.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(300);
+
+impl Default for SlotShard {
+    fn default() -> Self {
+        SlotShard::new(DEFAULT_TTL)
+    }
+}
+
+impl SlotShard {
+    pub fn new(ttl: Duration) -> Self {
+        SlotShard {
+            trackers: HashMap::new(),
+            ttl,
+            swept: None,
+            expired: 0,
+        }
+    }
+
+    /// Answer `req` as of `now`, expiring stale requests first.
+    pub fn answer(&mut self, req: SlotReq, now: Instant) -> SlotRep {
+        self.sweep(now);
+        match req {
+            SlotReq::Register {
+                key,
+                worker,
+                block_size,
+                dp_start,
+                dp_size,
+            } => SlotRep::Done(self.register(key, worker, block_size, dp_start, dp_size)),
+            SlotReq::Unregister { key, worker } => SlotRep::Done(self.unregister(&key, worker)),
+            SlotReq::Add {
+                key,
+                request_id,
+                rank,
+                path,
+                new_tokens,
+            } => SlotRep::Done(
+                self.tracker(&key)
+                    .and_then(|t| t.add(&request_id, rank, path, new_tokens, now)),
+            ),
+            SlotReq::PrefillComplete { key, request_id } => SlotRep::Done(
+                self.tracker(&key)
+                    .and_then(|t| t.prefill_complete(&request_id)),
+            ),
+            SlotReq::Free { key, request_id } => SlotRep::Done(self.tracker(&key).map(|t| {
+                t.free(&request_id);
+            })),
+            SlotReq::Workers(f) => SlotRep::Workers(self.workers(&f)),
+            SlotReq::Loads(f) => SlotRep::Loads(self.loads(&f)),
+            SlotReq::Potential {
+                key,
+                path,
+                new_tokens,
+            } => SlotRep::Potential(
+                self.trackers
+                    .get(&key)
+                    .map(|t| t.potential(&path, new_tokens))
+                    .ok_or_else(|| key.not_found()),
+            ),
+        }
+    }
+
+    fn tracker(&mut self, key: &TrackerKey) -> Result<&mut Tracker, SlotError> {
+        self.trackers.get_mut(key).ok_or_else(|| key.not_found())
+    }
+
+    fn register(
+        &mut self,
+        key: TrackerKey,
+        worker: WorkerId,
+        block_size: u32,
+        dp_start: u32,
+        dp_size: u32,
+    ) -> Result<(), SlotError> {
+        if block_size == 0 {
+            return Err(SlotError::InvalidBlockSize);
+        }
+        let range = DpRange::checked(dp_start, dp_size)?;
+        let t = self
+            .trackers
+            .entry(key.clone())
+            .or_insert_with(|| Tracker::new(block_size));
+        if t.block_size() != block_size {
+            return Err(SlotError::BlockSizeMismatch {
+                model_name: key.model_name.clone(),
+                routing_group: key.routing_group.clone(),
+                existing: t.block_size(),
+                requested: block_size,
+            });
+        }
+        t.register(worker, range)
+            .map_err(|()| SlotError::DuplicateWorker {
+                worker_id: worker,
+                model_name: key.model_name.clone(),
+                routing_group: key.routing_group.clone(),
+            })
+    }
+
+    fn unregister(&mut self, key: &TrackerKey, worker: WorkerId) -> Result<(), SlotError> {
+        let found = self
+            .trackers
+            .get_mut(key)
+            .is_some_and(|t| t.unregister(worker));
+        if !found {
+            return Err(SlotError::WorkerNotFound {
+                worker_id: worker,
+                model_name: key.model_name.clone(),
+                routing_group: key.routing_group.clone(),
+            });
+        }
+        if self.trackers.get(key).is_some_and(Tracker::is_empty) {
+            self.trackers.remove(key);
+        }
+        Ok(())
+    }
+
+    fn workers(&self, f: &Filter) -> Vec<WorkerInfo> {
+        let mut out = Vec::new();
+        for (key, t) in self.trackers.iter().filter(|(k, _)| k.matches(f)) {
+            out.extend(t.workers().map(|(worker_id, r)| WorkerInfo {
+                worker_id,
+                model_name: key.model_name.clone(),
+                routing_group: key.routing_group.clone(),
+                block_size: t.block_size(),
+                dp_start: r.dp_start,
+                dp_size: r.dp_size,
+            }));
+        }
+        out
+    }
+
+    fn loads(&self, f: &Filter) -> Vec<LoadInfo> {
+        let mut out = Vec::new();
+        for (key, t) in self.trackers.iter().filter(|(k, _)| k.matches(f)) {
+            out.extend(t.loads().into_iter().map(|(r, l)| LoadInfo {
+                model_name: key.model_name.clone(),
+                routing_group: key.routing_group.clone(),
+                worker_id: r.worker_id,
+                dp_rank: r.dp_rank,
+                active_prefill_tokens: l.active_prefill_tokens,
+                active_decode_blocks: l.active_decode_blocks,
+            }));
+        }
+        out
+    }
+
+    /// Frees the requests older than the TTL, at most once per tenth of it (and
+    /// at least every 30 s), so that a sweep's cost is spread over many calls.
+    fn sweep(&mut self, now: Instant) {
+        let every = (self.ttl / 10).min(Duration::from_secs(30));
+        if self
+            .swept
+            .is_some_and(|t| now.saturating_duration_since(t) < every)
+        {
+            return;
+        }
+        self.swept = Some(now);
+        let Some(cutoff) = now.checked_sub(self.ttl) else {
+            return;
+        };
+        for t in self.trackers.values_mut() {
+            self.expired += t.expire(cutoff);
+        }
+    }
+
+    /// Figures for `/metrics`, after expiring stale requests.
+    pub fn stats(&mut self, now: Instant) -> SlotStats {
+        self.sweep(now);
+        let mut ranks = Vec::new();
+        for (key, t) in &self.trackers {
+            ranks.extend(t.loads().into_iter().map(|(rank, load)| RankStat {
+                key: key.clone(),
+                rank,
+                load,
+            }));
+        }
+        SlotStats {
+            ranks,
+            expired: self.expired,
+        }
+    }
+}
+
+/// `/workers` from every shard's part, in Dynamo's order.
+pub fn sort_workers(w: &mut [WorkerInfo]) {
+    w.sort_by(|a, b| {
+        (&a.model_name, &a.routing_group, a.worker_id).cmp(&(
+            &b.model_name,
+            &b.routing_group,
+            b.worker_id,
+        ))
+    });
+}
+
+/// `/loads` from every shard's part, in Dynamo's order.
+pub fn sort_loads(l: &mut [LoadInfo]) {
+    l.sort_by(|a, b| {
+        (&a.model_name, &a.routing_group, a.worker_id, a.dp_rank).cmp(&(
+            &b.model_name,
+            &b.routing_group,
+            b.worker_id,
+            b.dp_rank,
+        ))
+    });
+}
+
+#[cfg(test)]
+mod tests;
