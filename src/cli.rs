@@ -187,6 +187,14 @@ pub struct Args {
     /// Access log timestamps in local time with its UTC offset instead of UTC
     #[arg(long, env = "KVIX_ACCESS_LOG_LOCAL_TIME")]
     pub access_log_local_time: bool,
+    /// Port of the slot tracker (Dynamo's standalone slot-tracker API: request
+    /// loads per worker), served by the same executors on --host; unset: off
+    #[arg(long, env = "KVIX_SLOT_TRACKER_PORT")]
+    pub slot_tracker_port: Option<u16>,
+    /// Seconds a request booked on the slot tracker (`/add`) and never freed is
+    /// tracked; then it is freed and counted (kvix_slot_requests_expired_total)
+    #[arg(long, env = "KVIX_SLOT_REQUEST_TTL_SECS", default_value_t = 300.0)]
+    pub slot_request_ttl_secs: f64,
     /// Log format on stderr: `text` or `json` (one JSON object per line)
     #[arg(long, env = "KVIX_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,

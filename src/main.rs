@@ -206,15 +206,26 @@ fn run(args: Args) -> Result<(), String> {
         .next()
         .ok_or("bad --host")?;
     let (addr, _port_guard) = kvix::runtime::claim_port(addr)?;
+    let slots = match args.slot_tracker_port {
+        Some(port) => {
+            let a = SocketAddr::new(addr.ip(), port);
+            let (a, guard) =
+                kvix::runtime::claim_port(a).map_err(|e| format!("--slot-tracker-port: {e}"))?;
+            Some((a, guard))
+        }
+        None => None,
+    };
     let cfg = config(&args, shards, cores, prompts)?;
     let app = App::new(&cfg);
     start(&args, &app, addr, workers, &access)?;
-    let opts = serve_options(&args, shards, addr, access);
+    let mut opts = serve_options(&args, shards, addr, access);
+    opts.slots_addr = slots.as_ref().map(|(a, _)| *a);
     tracing::info!(
         %addr,
         shards,
         ingest_threads = cfg.ingest_threads,
         max_connections = opts.max_connections,
+        slot_tracker = ?opts.slots_addr,
         "starting"
     );
     let access_log = cfg.access_log.clone();
@@ -276,6 +287,12 @@ fn check_flags(args: &Args, workers: &[kvix::cli::WorkerSpec]) -> Result<(), Str
     }
     for ep in &args.zmq_bind {
         kvix::cli::validate_endpoint(ep).map_err(|e| format!("--zmq-bind: {e}"))?;
+    }
+    if !args.slot_request_ttl_secs.is_finite() || args.slot_request_ttl_secs <= 0.0 {
+        return Err("--slot-request-ttl-secs must be a number of seconds > 0".into());
+    }
+    if args.slot_tracker_port.is_some_and(|p| p == args.port) {
+        return Err("--slot-tracker-port must differ from --port".into());
     }
     if !args.snapshot_interval.is_finite() || args.snapshot_interval < 0.0 {
         return Err("--snapshot-interval must be a number of seconds ≥ 0".into());
@@ -526,6 +543,8 @@ fn serve_options(
             )),
             access: Arc::new(access),
         },
+        slots_addr: None,
+        slot_ttl: Duration::from_secs_f64(args.slot_request_ttl_secs.min(1e9)),
     }
 }
 

@@ -10,6 +10,7 @@ use crate::metrics::{HttpStats, ShardStats};
 use crate::query::{PromptBlocks, ShardReply};
 use crate::service::App;
 use crate::shard::{ChainAt, DumpedBlock, PredictRefused, PredictStep, PruneBound};
+use crate::slots::{SlotRep, SlotReq};
 use crate::types::{EngineHash, IndexId, ShardId, WorkerSlot};
 use std::cell::RefCell;
 use std::future::Future;
@@ -67,6 +68,10 @@ pub trait ShardMesh {
         step: PredictStep,
         prune: Option<PruneBound>,
     ) -> impl Future<Output = Result<Result<ChainAt, PredictRefused>, ShardUnavailable>>;
+
+    /// A slot-tracker call ([`crate::slots`]), answered by the shard that owns its
+    /// tracker, or by every shard (one answer each) for a call that names none.
+    fn slots(&self, req: SlotReq) -> impl Future<Output = Result<Vec<SlotRep>, ShardUnavailable>>;
 
     /// Every shard's figures.
     fn stats(&self) -> impl Future<Output = Result<Vec<ShardStats>, ShardUnavailable>>;

@@ -150,6 +150,8 @@ pub struct ShardStats {
     pub engine_map_bytes: u64,
     pub heap_bytes: u64,
     pub http: HttpStats,
+    /// The slot trackers this shard owns.
+    pub slots: crate::slots::SlotStats,
 }
 
 type Labels = Vec<(String, String)>;

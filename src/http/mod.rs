@@ -14,6 +14,7 @@ pub mod client;
 pub mod error;
 pub mod json;
 pub mod routes;
+pub mod slots;
 pub mod speculate;
 pub mod tiered;
 pub mod token_ids;
@@ -103,7 +104,7 @@ fn matched(path: &str) -> Option<(&'static str, bool)> {
     }
 }
 
-async fn body<M: ShardMesh>(
+pub(crate) async fn body<M: ShardMesh>(
     mesh: &M,
     opts: &Options,
     req: Request<Incoming>,

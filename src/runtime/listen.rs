@@ -86,15 +86,32 @@ impl RateLog {
     }
 }
 
+/// Which service a listener serves.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Serve {
+    /// The indexer's API on `--port` (`ServeOptions::addr`).
+    Main,
+    /// The slot tracker's API ([`http::slots`]) on this address.
+    Slots(SocketAddr),
+}
+
 /// Accept connections on this core forever. At most `max_connections` are served at
 /// once; further ones wait in the backlog. Out of descriptors (EMFILE, ENFILE) or
 /// kernel memory, the loop stops accepting for a growing pause (10 ms up to 1 s),
 /// logs once per 10 s, and keeps serving the connections it has.
-pub(super) async fn accept_loop(core: Rc<Core>, opts: &ServeOptions) -> std::io::Result<()> {
-    let listener = TcpListener::bind(opts.addr)?;
-    core.app()
-        .lifecycle()
-        .core_listening(listener.local_addr()?);
+pub(super) async fn accept_loop(
+    core: Rc<Core>,
+    opts: &ServeOptions,
+    serve: Serve,
+) -> std::io::Result<()> {
+    let listener = match serve {
+        Serve::Main => {
+            let l = TcpListener::bind(opts.addr)?;
+            core.app().lifecycle().core_listening(l.local_addr()?);
+            l
+        }
+        Serve::Slots(addr) => TcpListener::bind(addr)?,
+    };
     let slots = Rc::new(glommio::sync::Semaphore::new(
         opts.max_connections.max(1) as u64
     ));
@@ -159,7 +176,10 @@ pub(super) async fn accept_loop(core: Rc<Core>, opts: &ServeOptions) -> std::io:
                 req.extensions_mut().insert(client);
                 let (core, http_opts) = (core.clone(), http_opts.clone());
                 async move {
-                    Ok::<_, std::convert::Infallible>(http::handle(&*core, &http_opts, req).await)
+                    Ok::<_, std::convert::Infallible>(match serve {
+                        Serve::Main => http::handle(&*core, &http_opts, req).await,
+                        Serve::Slots(_) => http::slots::handle(&*core, &http_opts, req).await,
+                    })
                 }
             });
             if let Err(e) = hyper::server::conn::http1::Builder::new()

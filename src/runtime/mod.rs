@@ -25,6 +25,7 @@ use crate::service::App;
 use crate::shard::{
     ChainAt, DumpedBlock, ExportAt, PredictRefused, PredictStep, PruneBound, Shard,
 };
+use crate::slots::{SlotRep, SlotReq, SlotShard};
 use crate::types::{EngineHash, IndexId, ShardId, WorkerSlot};
 use glommio::channels::channel_mesh::{MeshBuilder, Senders};
 use glommio::channels::local_channel::{self, LocalSender};
@@ -68,6 +69,7 @@ enum Req {
         at: Box<ExportAt>,
     },
     Stats,
+    Slots(Box<SlotReq>),
 }
 
 enum Rep {
@@ -78,6 +80,7 @@ enum Rep {
     /// it is done.
     Export(Box<ExportStep>),
     Stats(Box<ShardStats>),
+    Slots(Box<SlotRep>),
 }
 
 enum Msg {
@@ -100,6 +103,10 @@ pub struct ServeOptions {
     /// headers and idle keep-alive connections alike.
     pub header_timeout: Duration,
     pub http: http::Options,
+    /// The slot-tracker listener's address (`--slot-tracker-port`); none: off.
+    pub slots_addr: Option<SocketAddr>,
+    /// How long a booked request that is never freed is tracked.
+    pub slot_ttl: Duration,
 }
 
 /// Per-executor context: this core's shard and its link to the others.
@@ -108,6 +115,8 @@ pub struct Core {
     shards: usize,
     app: Arc<App>,
     shard: RefCell<Shard>,
+    /// The slot trackers this core owns; only this core's executor touches them.
+    slots: RefCell<SlotShard>,
     mesh: Senders<Msg>,
     pending: RefCell<HashMap<u64, LocalSender<Rep>>>,
     next_qid: Cell<u64>,
@@ -138,8 +147,12 @@ impl Core {
                     engine_map_bytes: shard.engine_map_bytes() as u64,
                     heap_bytes: shard.heap_bytes() as u64,
                     http: self.http_stats.borrow().clone(),
+                    slots: self.slots.borrow_mut().stats(Instant::now()),
                 }))
             }
+            Req::Slots(req) => Rep::Slots(Box::new(
+                self.slots.borrow_mut().answer(*req, Instant::now()),
+            )),
             Req::Lookup { index, prompt } => Rep::Lookup(query::answer(
                 &mut self.shard.borrow_mut(),
                 index,
@@ -348,6 +361,27 @@ impl ShardMesh for Core {
         for (i, r) in self.scatter(reqs).await?.into_iter().enumerate() {
             match r {
                 Some(Rep::Stats(s)) => out.push(*s),
+                _ => return Err(ShardUnavailable(ShardId(i))),
+            }
+        }
+        Ok(out)
+    }
+
+    async fn slots(&self, req: SlotReq) -> Result<Vec<SlotRep>, ShardUnavailable> {
+        let owner = req.key().map(|k| k.owner(self.shards));
+        let mut req = Some(req);
+        let reqs = (0..self.shards)
+            .map(|i| match owner {
+                Some(o) if o.0 != i => None,
+                Some(_) => req.take().map(|r| Req::Slots(Box::new(r))),
+                None => req.clone().map(|r| Req::Slots(Box::new(r))),
+            })
+            .collect();
+        let mut out = Vec::new();
+        for (i, r) in self.scatter(reqs).await?.into_iter().enumerate() {
+            match r {
+                Some(Rep::Slots(r)) => out.push(*r),
+                None if owner.is_some_and(|o| o.0 != i) => {}
                 _ => return Err(ShardUnavailable(ShardId(i))),
             }
         }
@@ -694,6 +728,7 @@ pub fn serve(app: Arc<App>, opts: ServeOptions) -> std::io::Result<()> {
                     shards,
                     app,
                     shard: RefCell::new(shard),
+                    slots: RefCell::new(SlotShard::new(opts.slot_ttl)),
                     mesh: senders,
                     pending: RefCell::default(),
                     next_qid: Cell::new(0),
@@ -715,7 +750,19 @@ pub fn serve(app: Arc<App>, opts: ServeOptions) -> std::io::Result<()> {
                 if id.0 == 0 {
                     glommio::spawn_local(lifecycle_loop(core.clone())).detach();
                 }
-                if let Err(e) = listen::accept_loop(core, &opts).await {
+                if let Some(addr) = opts.slots_addr {
+                    let (core, opts) = (core.clone(), opts.clone());
+                    glommio::spawn_local(async move {
+                        if let Err(e) =
+                            listen::accept_loop(core, &opts, listen::Serve::Slots(addr)).await
+                        {
+                            tracing::error!("slot tracker on {addr} failed: {e}");
+                            std::process::exit(1);
+                        }
+                    })
+                    .detach();
+                }
+                if let Err(e) = listen::accept_loop(core, &opts, listen::Serve::Main).await {
                     tracing::error!("HTTP server on {} failed: {e}", opts.addr);
                     std::process::exit(1);
                 }

@@ -1,0 +1,408 @@
+//! The slot tracker's HTTP API (`--slot-tracker-port`), answered as Dynamo
+//! 1.6.1's standalone slot tracker answers it: the same routes, bodies, status
+//! codes and JSON, the same wording of errors, including axum's for bodies it
+//! cannot take (415 without a JSON content type, 400 for bad JSON, 422 for the
+//! wrong shape). The rules live in [`crate::slots`]; this module parses, sends
+//! the call to the shard that owns the tracker ([`ShardMesh::slots`]) and
+//! renders. Never touches tracker state itself and never blocks the executor.
+
+use super::error::ApiError;
+use super::{Options, Reply, json};
+use crate::access::Need;
+use crate::mesh::ShardMesh;
+use crate::slots::{
+    Filter, LoadInfo, PotentialLoad, Rank, SlotError, SlotRep, SlotReq, TrackerKey, WorkerInfo,
+};
+use crate::types::SeqHash;
+use hyper::body::Incoming;
+use hyper::{Method, Request, StatusCode};
+use serde::de::{DeserializeOwned, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer};
+use std::fmt;
+
+/// Dynamo's routing group when a body names none.
+pub const DEFAULT_ROUTING_GROUP: &str = "default";
+
+fn default_group() -> String {
+    DEFAULT_ROUTING_GROUP.to_string()
+}
+
+#[derive(Deserialize)]
+struct RegisterBody {
+    worker_id: u64,
+    model_name: String,
+    #[serde(default = "default_group")]
+    routing_group: String,
+    block_size: u32,
+    dp_start: u32,
+    dp_size: u32,
+}
+
+#[derive(Deserialize)]
+struct UnregisterBody {
+    worker_id: u64,
+    model_name: String,
+    #[serde(default = "default_group")]
+    routing_group: String,
+}
+
+#[derive(Deserialize)]
+struct AddBody {
+    model_name: String,
+    #[serde(default = "default_group")]
+    routing_group: String,
+    request_id: String,
+    worker_id: u64,
+    dp_rank: u32,
+    #[serde(deserialize_with = "signed_hashes")]
+    sequence_hashes: Vec<SeqHash>,
+    #[serde(default)]
+    new_isl_tokens: usize,
+}
+
+#[derive(Deserialize)]
+struct LifecycleBody {
+    model_name: String,
+    #[serde(default = "default_group")]
+    routing_group: String,
+    request_id: String,
+}
+
+#[derive(Deserialize)]
+struct PotentialBody {
+    model_name: String,
+    #[serde(default = "default_group")]
+    routing_group: String,
+    #[serde(deserialize_with = "signed_hashes")]
+    sequence_hashes: Vec<SeqHash>,
+    #[serde(default)]
+    new_isl_tokens: usize,
+}
+
+/// Sequence hashes as Dynamo takes them: signed 64-bit JSON integers, their bits
+/// taken as the unsigned hash (so `-1` is `u64::MAX`); above `i64::MAX` is refused.
+pub fn signed_hashes<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<SeqHash>, D::Error> {
+    struct V;
+    impl<'de> Visitor<'de> for V {
+        type Value = Vec<SeqHash>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("an array of signed 64-bit sequence hashes")
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 16));
+            while let Some(h) = seq.next_element::<i64>()? {
+                out.push(SeqHash(h as u64));
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_seq(V)
+}
+
+/// The status of each refusal, as Dynamo maps them.
+fn status(e: &SlotError) -> StatusCode {
+    match e {
+        SlotError::InvalidBlockSize
+        | SlotError::InvalidDpSize
+        | SlotError::DpSizeTooLarge { .. }
+        | SlotError::InvalidDpRange { .. } => StatusCode::BAD_REQUEST,
+        SlotError::BlockSizeMismatch { .. }
+        | SlotError::DuplicateWorker { .. }
+        | SlotError::DuplicateRequest { .. } => StatusCode::CONFLICT,
+        SlotError::WorkerNotFound { .. }
+        | SlotError::TrackerNotFound { .. }
+        | SlotError::RankNotFound(_)
+        | SlotError::RequestNotFound(_) => StatusCode::NOT_FOUND,
+    }
+}
+
+fn error(status: StatusCode, msg: impl fmt::Display) -> Reply {
+    json::bytes(
+        status,
+        serde_json::json!({ "error": msg.to_string() })
+            .to_string()
+            .into_bytes(),
+    )
+}
+
+/// A body refused the way axum's `Json` extractor refuses it.
+struct Refused(StatusCode, String);
+
+fn is_json(req: &Request<Incoming>) -> bool {
+    let Some(ct) = req
+        .headers()
+        .get(hyper::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return false;
+    };
+    let essence = ct
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    let Some((ty, sub)) = essence.split_once('/') else {
+        return false;
+    };
+    ty == "application" && (sub == "json" || sub.ends_with("+json"))
+}
+
+/// Parse as axum does: no check for trailing data, errors prefixed by where they
+/// are (`field: ...`).
+fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, Refused> {
+    let de = &mut serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        if matches!(e.inner().classify(), serde_json::error::Category::Data) {
+            Refused(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                format!("Failed to deserialize the JSON body into the target type: {e}"),
+            )
+        } else {
+            Refused(
+                StatusCode::BAD_REQUEST,
+                format!("Failed to parse the request body as JSON: {e}"),
+            )
+        }
+    })
+}
+
+/// A route of the slot tracker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Route {
+    Workers,
+    Loads,
+    Health,
+    Post(Post),
+}
+
+/// A route that takes a JSON body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Post {
+    Register,
+    Unregister,
+    Add,
+    PrefillComplete,
+    Free,
+    PotentialLoads,
+}
+
+/// Every route: path, method, and the token it takes (routers book and free with
+/// the query token; adding workers takes the admin token).
+const ROUTES: [(Route, &str, Method, Need); 9] = [
+    (
+        Route::Post(Post::Register),
+        "/register",
+        Method::POST,
+        Need::Admin,
+    ),
+    (
+        Route::Post(Post::Unregister),
+        "/unregister",
+        Method::POST,
+        Need::Admin,
+    ),
+    (Route::Workers, "/workers", Method::GET, Need::Read),
+    (Route::Post(Post::Add), "/add", Method::POST, Need::Read),
+    (
+        Route::Post(Post::PrefillComplete),
+        "/prefill_complete",
+        Method::POST,
+        Need::Read,
+    ),
+    (Route::Post(Post::Free), "/free", Method::POST, Need::Read),
+    (Route::Loads, "/loads", Method::GET, Need::Read),
+    (
+        Route::Post(Post::PotentialLoads),
+        "/potential_loads",
+        Method::POST,
+        Need::Read,
+    ),
+    (Route::Health, "/health", Method::GET, Need::Open),
+];
+
+/// Serve one request of the slot-tracker listener.
+pub async fn handle<M: ShardMesh>(mesh: &M, opts: &Options, req: Request<Incoming>) -> Reply {
+    let path = req.uri().path().to_string();
+    let Some((route, _, method, need)) = ROUTES.iter().find(|r| r.1 == path) else {
+        return error(StatusCode::NOT_FOUND, "route not found");
+    };
+    // Axum answers HEAD on a GET route as the GET.
+    if req.method() != method && !(*method == Method::GET && req.method() == Method::HEAD) {
+        return error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed");
+    }
+    let auth = req
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .map(|v| v.as_bytes());
+    if let Err(denied) = opts.access.authorize(*need, auth) {
+        let e = ApiError::from(denied);
+        return json::bytes(e.status(), e.body());
+    }
+    match serve(mesh, opts, *route, req).await {
+        Ok(r) => r,
+        Err(e) => json::bytes(e.status(), e.body()),
+    }
+}
+
+async fn serve<M: ShardMesh>(
+    mesh: &M,
+    opts: &Options,
+    route: Route,
+    req: Request<Incoming>,
+) -> Result<Reply, ApiError> {
+    let filter = || {
+        let mut f = Filter::default();
+        for (k, v) in form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes()) {
+            match &*k {
+                "model_name" => f.model_name = Some(v.into_owned()),
+                "routing_group" => f.routing_group = Some(v.into_owned()),
+                _ => {}
+            }
+        }
+        f
+    };
+    match route {
+        Route::Health => Ok(json::empty(StatusCode::OK)),
+        Route::Workers => {
+            let mut all: Vec<WorkerInfo> = Vec::new();
+            for rep in mesh.slots(SlotReq::Workers(filter())).await? {
+                if let SlotRep::Workers(mut w) = rep {
+                    all.append(&mut w);
+                }
+            }
+            crate::slots::sort_workers(&mut all);
+            Ok(list(&all))
+        }
+        Route::Loads => {
+            let mut all: Vec<LoadInfo> = Vec::new();
+            for rep in mesh.slots(SlotReq::Loads(filter())).await? {
+                if let SlotRep::Loads(mut l) = rep {
+                    all.append(&mut l);
+                }
+            }
+            crate::slots::sort_loads(&mut all);
+            Ok(list(&all))
+        }
+        Route::Post(post) => post_call(mesh, opts, post, req).await,
+    }
+}
+
+async fn post_call<M: ShardMesh>(
+    mesh: &M,
+    opts: &Options,
+    route: Post,
+    req: Request<Incoming>,
+) -> Result<Reply, ApiError> {
+    if !is_json(&req) {
+        return Ok(error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "Expected request with `Content-Type: application/json`",
+        ));
+    }
+    let body = super::body(mesh, opts, req).await?;
+    let call = match call(route, &body) {
+        Ok(c) => c,
+        Err(Refused(status, msg)) => return Ok(error(status, msg)),
+    };
+    let created = matches!(route, Post::Register | Post::Add);
+    let rep = mesh.slots(call).await?.into_iter().next();
+    Ok(match rep {
+        Some(SlotRep::Done(Ok(()))) if created => json::ok(StatusCode::CREATED),
+        Some(SlotRep::Done(Ok(()))) => json::ok(StatusCode::OK),
+        Some(SlotRep::Potential(Ok(p))) => list(&p),
+        Some(SlotRep::Done(Err(e)) | SlotRep::Potential(Err(e))) => error(status(&e), e),
+        other => {
+            return Err(ApiError::Internal(format!(
+                "slot tracker answered {other:?}"
+            )));
+        }
+    })
+}
+
+/// The call a body asks for.
+fn call(route: Post, body: &[u8]) -> Result<SlotReq, Refused> {
+    let key = |model_name, routing_group| TrackerKey {
+        model_name,
+        routing_group,
+    };
+    Ok(match route {
+        Post::Register => {
+            let b: RegisterBody = parse(body)?;
+            SlotReq::Register {
+                key: key(b.model_name, b.routing_group),
+                worker: b.worker_id,
+                block_size: b.block_size,
+                dp_start: b.dp_start,
+                dp_size: b.dp_size,
+            }
+        }
+        Post::Unregister => {
+            let b: UnregisterBody = parse(body)?;
+            SlotReq::Unregister {
+                key: key(b.model_name, b.routing_group),
+                worker: b.worker_id,
+            }
+        }
+        Post::Add => {
+            let b: AddBody = parse(body)?;
+            SlotReq::Add {
+                key: key(b.model_name, b.routing_group),
+                request_id: b.request_id,
+                rank: Rank {
+                    worker_id: b.worker_id,
+                    dp_rank: b.dp_rank,
+                },
+                path: b.sequence_hashes,
+                new_tokens: b.new_isl_tokens,
+            }
+        }
+        Post::PrefillComplete | Post::Free => {
+            let b: LifecycleBody = parse(body)?;
+            let key = key(b.model_name, b.routing_group);
+            let request_id = b.request_id;
+            if route == Post::Free {
+                SlotReq::Free { key, request_id }
+            } else {
+                SlotReq::PrefillComplete { key, request_id }
+            }
+        }
+        Post::PotentialLoads => {
+            let b: PotentialBody = parse(body)?;
+            SlotReq::Potential {
+                key: key(b.model_name, b.routing_group),
+                path: b.sequence_hashes.into(),
+                new_tokens: b.new_isl_tokens,
+            }
+        }
+    })
+}
+
+fn list<T: serde::Serialize>(items: &[T]) -> Reply {
+    json::bytes(
+        StatusCode::OK,
+        serde_json::to_vec(items).unwrap_or_else(|_| b"[]".to_vec()),
+    )
+}
+
+/// `/query`'s `loads`: `{"<worker_id>": {"<dp_rank>": {...}}}`, what
+/// `/potential_loads` answers for the same hashes and token count.
+pub fn loads_object(p: &[PotentialLoad]) -> serde_json::Value {
+    let mut out = serde_json::Map::new();
+    for l in p {
+        let w = out
+            .entry(l.worker_id.to_string())
+            .or_insert_with(|| serde_json::Value::Object(serde_json::Map::new()));
+        if let serde_json::Value::Object(ranks) = w {
+            ranks.insert(
+                l.dp_rank.to_string(),
+                serde_json::json!({
+                    "potential_prefill_tokens": l.potential_prefill_tokens,
+                    "potential_decode_blocks": l.potential_decode_blocks,
+                    "active_requests": l.active_requests,
+                }),
+            );
+        }
+    }
+    serde_json::Value::Object(out)
+}
