@@ -288,6 +288,7 @@ pub fn render(app: &App, shards: &[ShardStats]) -> String {
     http.query_latency(&mut g);
     guards(&mut g, app);
     access_log(&mut g, app);
+    slot_families(&mut g, shards);
     encode(g)
 }
 
@@ -306,6 +307,51 @@ fn access_log(g: &mut Gathered, app: &App) {
         MetricType::Counter,
     )
     .with(&[], Value::Counter(dropped));
+}
+
+/// The slot tracker's requests and blocks per worker rank, and its expiries.
+fn slot_families(g: &mut Gathered, shards: &[ShardStats]) {
+    type Of = fn(&crate::slots::RankLoad) -> usize;
+    let per_rank: [(&'static str, &'static str, Of); 3] = [
+        (
+            "kvix_slot_active_requests",
+            "Requests booked on the slot tracker (/add, not yet freed), per worker rank",
+            |l| l.active_requests,
+        ),
+        (
+            "kvix_slot_active_blocks",
+            "Decode blocks of the slot tracker's booked requests (shared prefix blocks once), per worker rank",
+            |l| l.active_decode_blocks,
+        ),
+        (
+            "kvix_slot_prefill_tokens",
+            "Prompt tokens of booked requests whose prefill is not complete, per worker rank",
+            |l| l.active_prefill_tokens,
+        ),
+    ];
+    for (name, help, of) in per_rank {
+        let f = g.add(name, help, MetricType::Gauge);
+        for r in shards.iter().flat_map(|s| &s.slots.ranks) {
+            f.with(
+                &[
+                    ("model", r.key.model_name.clone()),
+                    ("routing_group", r.key.routing_group.clone()),
+                    ("worker_id", r.rank.worker_id.to_string()),
+                    ("dp_rank", r.rank.dp_rank.to_string()),
+                ],
+                Value::Gauge(of(&r.load) as i64),
+            );
+        }
+    }
+    g.add(
+        "kvix_slot_requests_expired",
+        "Slot-tracker requests never freed and dropped after --slot-request-ttl-secs",
+        MetricType::Counter,
+    )
+    .with(
+        &[],
+        Value::Counter(shards.iter().map(|s| s.slots.expired).sum()),
+    );
 }
 
 /// What the guards against costly requests did: the tokenizing pool and the peer

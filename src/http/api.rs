@@ -563,9 +563,20 @@ async fn score<M: ShardMesh>(
     mesh: &M,
     t: &Target,
     prompt: PromptBlocks,
+    loads: Option<crate::slots::SlotReq>,
 ) -> Result<Reply, ApiError> {
     let ix = &t.ix;
-    let merged = query::merge(mesh.lookup(ix.id, ix.slots.len(), Arc::new(prompt)).await?);
+    let lookup = mesh.lookup(ix.id, ix.slots.len(), Arc::new(prompt));
+    // Overlap and loads are asked for at once: one round trip to the shards.
+    let (replies, loads) = match loads {
+        None => (lookup.await?, None),
+        Some(call) => {
+            let (replies, loads) =
+                futures_lite::future::zip(lookup, super::slots::potential(mesh, call)).await;
+            (replies?, Some(loads?))
+        }
+    };
+    let merged = query::merge(replies);
     let live = |s: WorkerSlot| {
         let info = ix.slot(s);
         info.live && t.only.is_none_or(|i| i == info.instance)
@@ -583,6 +594,10 @@ async fn score<M: ShardMesh>(
                 .map(|w| query::weighted(&merged, ix.slots.len(), live, &w));
             json::scores(&snap, ix, &overlap, llmd.as_deref(), &live)
         }
+    };
+    let body = match loads {
+        Some(l) => super::slots::append_loads(body, &l),
+        None => body,
     };
     Ok(json::bytes(StatusCode::OK, body))
 }
@@ -653,6 +668,8 @@ struct QueryReq {
     block_mm_hashes: Option<Vec<Option<Vec<HashNum>>>>,
     #[serde(flatten)]
     scope: Scope,
+    #[serde(flatten)]
+    ask: super::slots::LoadsAsk,
 }
 
 /// A `/query` body: the token ids by the fast path when it applies (see
@@ -764,7 +781,20 @@ pub async fn query<M: ShardMesh>(
             }
         }
     }
-    score(mesh, &t, PromptBlocks::Locals(locals)).await
+    let loads = r.ask.call(
+        &t.ix.model,
+        &t.ix.tenant,
+        || seqs_of(&locals),
+        token_ids.len(),
+    );
+    score(mesh, &t, PromptBlocks::Locals(locals), loads).await
+}
+
+/// The sequence hashes (as routers send the slot tracker) of local block hashes.
+fn seqs_of(locals: &[BlockHash]) -> Vec<SeqHash> {
+    let mut seqs = Vec::with_capacity(locals.len());
+    hash::seq_hashes_for_locals(locals, &mut seqs);
+    seqs
 }
 
 /// A block hash as JSON: any integer (negative values are two's-complement u64
@@ -809,6 +839,8 @@ struct QueryByHashReq {
     cache_salt: Option<serde_json::Value>,
     #[serde(flatten)]
     scope: Scope,
+    #[serde(flatten)]
+    ask: super::slots::LoadsAsk,
 }
 
 pub async fn query_by_hash<M: ShardMesh>(
@@ -846,7 +878,20 @@ pub async fn query_by_hash<M: ShardMesh>(
                 .collect(),
         ),
     };
-    score(mesh, &t, prompt).await
+    let blocks = match &prompt {
+        PromptBlocks::Locals(l) => l.len(),
+        PromptBlocks::Seqs(s) => s.len(),
+    };
+    let loads = r.ask.call(
+        &t.ix.model,
+        &t.ix.tenant,
+        || match &prompt {
+            PromptBlocks::Locals(l) => seqs_of(l),
+            PromptBlocks::Seqs(s) => s.clone(),
+        },
+        blocks * t.ix.block_size as usize,
+    );
+    score(mesh, &t, prompt, loads).await
 }
 
 /// `GET /dump`: the one export ([`crate::recovery::export`]) rendered as a chunked

@@ -406,3 +406,60 @@ pub fn loads_object(p: &[PotentialLoad]) -> serde_json::Value {
     }
     serde_json::Value::Object(out)
 }
+
+/// What a `/query` or `/query_by_hash` body asks of the slot tracker: with
+/// `"loads": true`, the answer carries what `/potential_loads` would answer for
+/// the prompt's sequence hashes and `new_isl_tokens` (default: the prompt's
+/// tokens; by hash, its blocks times the block size), in the model's tracker
+/// for its routing group (tenant).
+#[derive(Deserialize, Default, Debug)]
+pub struct LoadsAsk {
+    #[serde(default)]
+    loads: bool,
+    new_isl_tokens: Option<usize>,
+}
+
+impl LoadsAsk {
+    /// The `/potential_loads` call, when loads are asked for.
+    pub fn call(
+        &self,
+        model: &str,
+        group: &str,
+        seqs: impl FnOnce() -> Vec<SeqHash>,
+        tokens: usize,
+    ) -> Option<SlotReq> {
+        self.loads.then(|| SlotReq::Potential {
+            key: TrackerKey {
+                model_name: model.to_string(),
+                routing_group: group.to_string(),
+            },
+            path: seqs().into(),
+            new_tokens: self.new_isl_tokens.unwrap_or(tokens),
+        })
+    }
+}
+
+/// The loads a [`LoadsAsk::call`] finds; none when the tracker does not exist
+/// (no worker registered there).
+pub async fn potential<M: ShardMesh>(
+    mesh: &M,
+    call: SlotReq,
+) -> Result<Vec<PotentialLoad>, crate::mesh::ShardUnavailable> {
+    Ok(match mesh.slots(call).await?.into_iter().next() {
+        Some(SlotRep::Potential(Ok(p))) => p,
+        _ => Vec::new(),
+    })
+}
+
+/// A JSON object's body with `"loads"` added as its last member.
+pub fn append_loads(mut body: Vec<u8>, loads: &[PotentialLoad]) -> Vec<u8> {
+    if body.last() != Some(&b'}') {
+        return body;
+    }
+    body.pop();
+    let empty = body.last() == Some(&b'{');
+    body.extend_from_slice(if empty { b"\"loads\":" } else { b",\"loads\":" });
+    body.extend_from_slice(loads_object(loads).to_string().as_bytes());
+    body.push(b'}');
+    body
+}
