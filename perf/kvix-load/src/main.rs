@@ -14,6 +14,7 @@ mod report;
 mod requests;
 mod shared_prefix;
 mod sim;
+mod slots;
 mod trace;
 
 use clap::{Args, Parser, Subcommand};
@@ -81,6 +82,33 @@ enum Cmd {
         common: Common,
         #[command(flatten)]
         q: QueryArgs,
+    },
+    /// Closed-loop load on a slot tracker (kvix --slot-tracker-port, or Dynamo's):
+    /// `/add` + `/free` pairs, or `/potential_loads` with --potential
+    Slots {
+        /// Slot tracker base URL
+        #[arg(long, default_value = "http://127.0.0.1:8091")]
+        url: String,
+        #[arg(long, default_value = "kvix-load")]
+        model_name: String,
+        /// Workers registered (requests spread over them)
+        #[arg(long, default_value_t = 8)]
+        workers_count: u64,
+        /// Blocks per request's prompt (half of them one of 8 shared prefixes)
+        #[arg(long, default_value_t = 64)]
+        blocks: usize,
+        /// Connections (one thread each), comma-separated; one run per value
+        #[arg(long, value_delimiter = ',', default_value = "1,8")]
+        connections: Vec<usize>,
+        /// Seconds per run
+        #[arg(long, default_value_t = 5.0)]
+        duration: f64,
+        /// Load /potential_loads instead of /add + /free
+        #[arg(long)]
+        potential: bool,
+        /// Requests left booked during the run (what /potential_loads walks)
+        #[arg(long, default_value_t = 0)]
+        active: usize,
     },
     /// SVG plots from `--json` reports (latency vs offered load, applied blocks/s,
     /// figures against the index size)
@@ -243,6 +271,9 @@ struct QueryArgs {
     /// Send /query_by_hash hashes as signed i64 instead of u64
     #[arg(long)]
     signed_hashes: bool,
+    /// Ask for the slot tracker's potential loads too (`"loads": true`, kvix only)
+    #[arg(long)]
+    loads: bool,
 }
 
 fn main() {
@@ -263,6 +294,31 @@ fn run(cmd: Cmd) -> Result<bool, String> {
         Cmd::Bench { common, ev, q } => (common, Some(ev), Some(q)),
         Cmd::Events { common, ev } => (common, Some(ev), None),
         Cmd::Query { common, q } => (common, None, Some(q)),
+        Cmd::Slots {
+            url,
+            model_name,
+            workers_count,
+            blocks,
+            connections,
+            duration,
+            potential,
+            active,
+        } => {
+            for c in connections {
+                let r = slots::run(&slots::SlotsArgs {
+                    url: url.clone(),
+                    model: model_name.clone(),
+                    workers: workers_count.max(1),
+                    blocks,
+                    connections: c.max(1),
+                    duration,
+                    potential,
+                    active,
+                })?;
+                println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
+            }
+            return Ok(true);
+        }
         Cmd::Plot {
             latency,
             events,
@@ -572,6 +628,7 @@ fn query_phases(
                     &common.model_name,
                     q.prompt_pool,
                     q.signed_hashes,
+                    q.loads,
                 ));
                 cache = Some((key, b.clone()));
                 b

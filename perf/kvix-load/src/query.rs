@@ -85,6 +85,7 @@ pub fn bodies(
     model: &str,
     pool: usize,
     signed_hashes: bool,
+    loads: bool,
 ) -> Vec<Vec<u8>> {
     let pool = pool.clamp(1, reqs.len());
     let seed = hash::block_seed(None, None);
@@ -122,7 +123,12 @@ pub fn bodies(
                     }
                 }
             }
-            write!(b, "],\"model_name\":{}}}", serde_json::Value::from(model)).unwrap();
+            write!(b, "],\"model_name\":{}", serde_json::Value::from(model)).unwrap();
+            // kvix: the slot tracker's potential loads beside the overlap.
+            if loads {
+                b.extend_from_slice(b",\"loads\":true");
+            }
+            b.push(b'}');
             target.request("POST", endpoint.path(), &b)
         })
         .collect()
