@@ -138,14 +138,46 @@ fn script() -> Vec<Call> {
         raw("/add", JSON, ""),
         raw("/add", JSON, "{}"),
         raw("/add", JSON, "[]"),
-        raw("/add", JSON, r#"{"model_name":"m","request_id":"x","worker_id":"one","dp_rank":0,"sequence_hashes":[]}"#),
-        raw("/add", JSON, r#"{"model_name":"m","request_id":"x","worker_id":1,"dp_rank":0,"sequence_hashes":"abc"}"#),
-        raw("/add", JSON, r#"{"model_name":"m","request_id":"x","worker_id":1,"dp_rank":0,"sequence_hashes":[1.5]}"#),
-        raw("/add", JSON, r#"{"model_name":"m","request_id":"x","worker_id":1,"dp_rank":-1,"sequence_hashes":[]}"#),
-        raw("/register", None, r#"{"worker_id":5,"model_name":"m","block_size":16,"dp_start":0,"dp_size":1}"#),
-        raw("/register", Some("text/plain"), r#"{"worker_id":5,"model_name":"m","block_size":16,"dp_start":0,"dp_size":1}"#),
-        raw("/register", Some("application/json; charset=utf-8"), r#"{"worker_id":5,"model_name":"m","block_size":16,"dp_start":0,"dp_size":1} trailing"#),
-        raw("/potential_loads", JSON, r#"{"model_name":"m","sequence_hashes":[1],"new_isl_tokens":-1}"#),
+        raw(
+            "/add",
+            JSON,
+            r#"{"model_name":"m","request_id":"x","worker_id":"one","dp_rank":0,"sequence_hashes":[]}"#,
+        ),
+        raw(
+            "/add",
+            JSON,
+            r#"{"model_name":"m","request_id":"x","worker_id":1,"dp_rank":0,"sequence_hashes":"abc"}"#,
+        ),
+        raw(
+            "/add",
+            JSON,
+            r#"{"model_name":"m","request_id":"x","worker_id":1,"dp_rank":0,"sequence_hashes":[1.5]}"#,
+        ),
+        raw(
+            "/add",
+            JSON,
+            r#"{"model_name":"m","request_id":"x","worker_id":1,"dp_rank":-1,"sequence_hashes":[]}"#,
+        ),
+        raw(
+            "/register",
+            None,
+            r#"{"worker_id":5,"model_name":"m","block_size":16,"dp_start":0,"dp_size":1}"#,
+        ),
+        raw(
+            "/register",
+            Some("text/plain"),
+            r#"{"worker_id":5,"model_name":"m","block_size":16,"dp_start":0,"dp_size":1}"#,
+        ),
+        raw(
+            "/register",
+            Some("application/json; charset=utf-8"),
+            r#"{"worker_id":5,"model_name":"m","block_size":16,"dp_start":0,"dp_size":1} trailing"#,
+        ),
+        raw(
+            "/potential_loads",
+            JSON,
+            r#"{"model_name":"m","sequence_hashes":[1],"new_isl_tokens":-1}"#,
+        ),
         raw("/free", JSON, r#"{"model_name":"m"}"#),
         get("/register"),
         get("/nope"),
@@ -181,7 +213,10 @@ fn run(base: &str, calls: &[Call]) -> Vec<Value> {
             let mut resp = resp.unwrap_or_else(|e| panic!("{method} {path}: {e}"));
             let status = resp.status().as_u16();
             let mut text = String::new();
-            resp.body_mut().as_reader().read_to_string(&mut text).unwrap();
+            resp.body_mut()
+                .as_reader()
+                .read_to_string(&mut text)
+                .unwrap();
             let mut v = serde_json::from_str(&text).unwrap_or(Value::String(text));
             if path == "/potential_loads"
                 && let Value::Array(items) = &mut v
@@ -326,14 +361,32 @@ fn query_with_loads_answers_what_potential_loads_answers() {
     let q = json!({"token_ids": tokens, "model_name": MODEL, "loads": true});
     s.eventually("blocks stored", || {
         let v = s.post_ok("/query", &q);
-        (v["scores"]["3"]["0"] == 8).then_some(()).ok_or(v.to_string())
+        (v["scores"]["3"]["0"] == 8)
+            .then_some(())
+            .ok_or(v.to_string())
     });
 
-    slot_ok(&base, "/register", json!({"worker_id": 3, "model_name": MODEL, "block_size": 4, "dp_start": 0, "dp_size": 2}));
-    slot_ok(&base, "/add", json!({"model_name": MODEL, "request_id": "a", "worker_id": 3, "dp_rank": 0, "sequence_hashes": seqs(&tokens[..8]), "new_isl_tokens": 8}));
-    slot_ok(&base, "/add", json!({"model_name": MODEL, "request_id": "b", "worker_id": 3, "dp_rank": 1, "sequence_hashes": seqs(&[1, 2, 3, 4, 9, 9, 9, 9]), "new_isl_tokens": 0}));
+    slot_ok(
+        &base,
+        "/register",
+        json!({"worker_id": 3, "model_name": MODEL, "block_size": 4, "dp_start": 0, "dp_size": 2}),
+    );
+    slot_ok(
+        &base,
+        "/add",
+        json!({"model_name": MODEL, "request_id": "a", "worker_id": 3, "dp_rank": 0, "sequence_hashes": seqs(&tokens[..8]), "new_isl_tokens": 8}),
+    );
+    slot_ok(
+        &base,
+        "/add",
+        json!({"model_name": MODEL, "request_id": "b", "worker_id": 3, "dp_rank": 1, "sequence_hashes": seqs(&[1, 2, 3, 4, 9, 9, 9, 9]), "new_isl_tokens": 0}),
+    );
 
-    let want = slot_ok(&base, "/potential_loads", json!({"model_name": MODEL, "sequence_hashes": seqs(&tokens), "new_isl_tokens": 12}));
+    let want = slot_ok(
+        &base,
+        "/potential_loads",
+        json!({"model_name": MODEL, "sequence_hashes": seqs(&tokens), "new_isl_tokens": 12}),
+    );
     let v = s.post_ok("/query", &q);
     assert_eq!(v["scores"], json!({"3": {"0": 8}}), "{v}");
     assert_eq!(v["loads"], nested(&want), "{v}");
@@ -363,21 +416,46 @@ fn query_with_loads_answers_what_potential_loads_answers() {
         "/query_by_hash",
         &json!({"block_hashes": locals, "model_name": MODEL, "loads": true, "new_isl_tokens": 1}),
     );
-    let want = slot_ok(&base, "/potential_loads", json!({"model_name": MODEL, "sequence_hashes": seqs(&tokens), "new_isl_tokens": 1}));
+    let want = slot_ok(
+        &base,
+        "/potential_loads",
+        json!({"model_name": MODEL, "sequence_hashes": seqs(&tokens), "new_isl_tokens": 1}),
+    );
     assert_eq!(fewer["loads"], nested(&want), "{fewer}");
 
     // A model the slot tracker does not know answers no loads.
-    slot_ok(&base, "/unregister", json!({"worker_id": 3, "model_name": MODEL}));
+    slot_ok(
+        &base,
+        "/unregister",
+        json!({"worker_id": 3, "model_name": MODEL}),
+    );
     assert_eq!(s.post_ok("/query", &q)["loads"], json!({}));
 }
 
 #[test]
 fn requests_never_freed_expire_and_metrics_show_the_load() {
     let (s, base) = slot_server(&["--slot-request-ttl-secs", "1"]);
-    slot_ok(&base, "/register", json!({"worker_id": 7, "model_name": MODEL, "block_size": 4, "dp_start": 0, "dp_size": 1}));
-    slot_ok(&base, "/add", json!({"model_name": MODEL, "request_id": "a", "worker_id": 7, "dp_rank": 0, "sequence_hashes": [1, 2, 3], "new_isl_tokens": 9}));
-    slot_ok(&base, "/add", json!({"model_name": MODEL, "request_id": "b", "worker_id": 7, "dp_rank": 0, "sequence_hashes": [1, 2, 4]}));
-    let labels = [("model", MODEL), ("routing_group", "default"), ("worker_id", "7"), ("dp_rank", "0")];
+    slot_ok(
+        &base,
+        "/register",
+        json!({"worker_id": 7, "model_name": MODEL, "block_size": 4, "dp_start": 0, "dp_size": 1}),
+    );
+    slot_ok(
+        &base,
+        "/add",
+        json!({"model_name": MODEL, "request_id": "a", "worker_id": 7, "dp_rank": 0, "sequence_hashes": [1, 2, 3], "new_isl_tokens": 9}),
+    );
+    slot_ok(
+        &base,
+        "/add",
+        json!({"model_name": MODEL, "request_id": "b", "worker_id": 7, "dp_rank": 0, "sequence_hashes": [1, 2, 4]}),
+    );
+    let labels = [
+        ("model", MODEL),
+        ("routing_group", "default"),
+        ("worker_id", "7"),
+        ("dp_rank", "0"),
+    ];
     let (_, t) = s.call("GET", "/metrics", None);
     assert_eq!(metric_in(&t, "kvix_slot_active_requests", &labels), 2.0);
     assert_eq!(metric_in(&t, "kvix_slot_active_blocks", &labels), 4.0);
@@ -385,12 +463,20 @@ fn requests_never_freed_expire_and_metrics_show_the_load() {
     assert_eq!(metric_in(&t, "kvix_slot_requests_expired_total", &[]), 0.0);
 
     std::thread::sleep(Duration::from_millis(1500));
-    let (st, v) = slot_call(&base, "/prefill_complete", &json!({"model_name": MODEL, "request_id": "a"}));
+    let (st, v) = slot_call(
+        &base,
+        "/prefill_complete",
+        &json!({"model_name": MODEL, "request_id": "a"}),
+    );
     assert_eq!((st, v), (404, json!({"error": "Request a not found"})));
     let (_, t) = s.call("GET", "/metrics", None);
     assert_eq!(metric_in(&t, "kvix_slot_active_requests", &labels), 0.0);
     assert_eq!(metric_in(&t, "kvix_slot_active_blocks", &labels), 0.0);
     assert_eq!(metric_in(&t, "kvix_slot_requests_expired_total", &[]), 2.0);
     // The worker stays; its ids book again.
-    slot_ok(&base, "/add", json!({"model_name": MODEL, "request_id": "a", "worker_id": 7, "dp_rank": 0, "sequence_hashes": [1], "new_isl_tokens": 1}));
+    slot_ok(
+        &base,
+        "/add",
+        json!({"model_name": MODEL, "request_id": "a", "worker_id": 7, "dp_rank": 0, "sequence_hashes": [1], "new_isl_tokens": 1}),
+    );
 }

@@ -27,8 +27,11 @@ fn default_group() -> String {
     DEFAULT_ROUTING_GROUP.to_string()
 }
 
+// The bodies carry Dynamo's type names: serde names them in some refusals
+// ("expected struct AddRequest with 7 elements").
+
 #[derive(Deserialize)]
-struct RegisterBody {
+struct RegisterRequest {
     worker_id: u64,
     model_name: String,
     #[serde(default = "default_group")]
@@ -39,7 +42,7 @@ struct RegisterBody {
 }
 
 #[derive(Deserialize)]
-struct UnregisterBody {
+struct UnregisterRequest {
     worker_id: u64,
     model_name: String,
     #[serde(default = "default_group")]
@@ -47,7 +50,7 @@ struct UnregisterBody {
 }
 
 #[derive(Deserialize)]
-struct AddBody {
+struct AddRequest {
     model_name: String,
     #[serde(default = "default_group")]
     routing_group: String,
@@ -61,7 +64,7 @@ struct AddBody {
 }
 
 #[derive(Deserialize)]
-struct LifecycleBody {
+struct LifecycleRequest {
     model_name: String,
     #[serde(default = "default_group")]
     routing_group: String,
@@ -69,7 +72,7 @@ struct LifecycleBody {
 }
 
 #[derive(Deserialize)]
-struct PotentialBody {
+struct PotentialLoadsRequest {
     model_name: String,
     #[serde(default = "default_group")]
     routing_group: String,
@@ -328,7 +331,7 @@ fn call(route: Post, body: &[u8]) -> Result<SlotReq, Refused> {
     };
     Ok(match route {
         Post::Register => {
-            let b: RegisterBody = parse(body)?;
+            let b: RegisterRequest = parse(body)?;
             SlotReq::Register {
                 key: key(b.model_name, b.routing_group),
                 worker: b.worker_id,
@@ -338,14 +341,14 @@ fn call(route: Post, body: &[u8]) -> Result<SlotReq, Refused> {
             }
         }
         Post::Unregister => {
-            let b: UnregisterBody = parse(body)?;
+            let b: UnregisterRequest = parse(body)?;
             SlotReq::Unregister {
                 key: key(b.model_name, b.routing_group),
                 worker: b.worker_id,
             }
         }
         Post::Add => {
-            let b: AddBody = parse(body)?;
+            let b: AddRequest = parse(body)?;
             SlotReq::Add {
                 key: key(b.model_name, b.routing_group),
                 request_id: b.request_id,
@@ -358,7 +361,7 @@ fn call(route: Post, body: &[u8]) -> Result<SlotReq, Refused> {
             }
         }
         Post::PrefillComplete | Post::Free => {
-            let b: LifecycleBody = parse(body)?;
+            let b: LifecycleRequest = parse(body)?;
             let key = key(b.model_name, b.routing_group);
             let request_id = b.request_id;
             if route == Post::Free {
@@ -368,7 +371,7 @@ fn call(route: Post, body: &[u8]) -> Result<SlotReq, Refused> {
             }
         }
         Post::PotentialLoads => {
-            let b: PotentialBody = parse(body)?;
+            let b: PotentialLoadsRequest = parse(body)?;
             SlotReq::Potential {
                 key: key(b.model_name, b.routing_group),
                 path: b.sequence_hashes.into(),

@@ -102,7 +102,11 @@ pub fn run(a: &SlotsArgs) -> Result<SlotsReport, String> {
     };
     Ok(SlotsReport {
         url: a.url.clone(),
-        mode: if a.potential { "potential_loads" } else { "add+free" },
+        mode: if a.potential {
+            "potential_loads"
+        } else {
+            "add+free"
+        },
         connections: a.connections,
         seconds,
         completed: lat.len() as u64,
