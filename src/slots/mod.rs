@@ -330,12 +330,14 @@ impl SlotShard {
                 requested: block_size,
             });
         }
-        t.register(worker, range)
-            .map_err(|()| SlotError::DuplicateWorker {
+        if !t.register(worker, range) {
+            return Err(SlotError::DuplicateWorker {
                 worker_id: worker,
                 model_name: key.model_name.clone(),
                 routing_group: key.routing_group.clone(),
-            })
+            });
+        }
+        Ok(())
     }
 
     fn unregister(&mut self, key: &TrackerKey, worker: WorkerId) -> Result<(), SlotError> {

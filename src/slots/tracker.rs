@@ -175,11 +175,11 @@ impl Tracker {
         self.block_size
     }
 
-    /// Registers `worker` with its ranks, which start empty. The caller checked
-    /// the block size.
-    pub fn register(&mut self, worker: WorkerId, range: DpRange) -> Result<(), ()> {
+    /// Registers `worker` with its ranks, which start empty; `false` if it is
+    /// registered already. The caller checked the block size.
+    pub fn register(&mut self, worker: WorkerId, range: DpRange) -> bool {
         if self.workers.contains_key(&worker) {
-            return Err(());
+            return false;
         }
         self.workers.insert(worker, range);
         for dp_rank in range.ranks() {
@@ -189,7 +189,7 @@ impl Tracker {
             };
             self.ranks.insert(rank, RankState::default());
         }
-        Ok(())
+        true
     }
 
     /// Drops `worker`, its ranks and every request booked on them; `false` if it
