@@ -195,6 +195,15 @@ pub struct Args {
     /// tracked; then it is freed and counted (kvix_slot_requests_expired_total)
     #[arg(long, env = "KVIX_SLOT_REQUEST_TTL_SECS", default_value_t = 300.0)]
     pub slot_request_ttl_secs: f64,
+    /// Port of a ZMQ PUB socket (on --host) on which the slot tracker shares each
+    /// /add, /prefill_complete and /free with its replicas, in Dynamo's
+    /// replica-sync format (topic `dynamo.slot-tracker.v1`)
+    #[arg(long, env = "KVIX_SLOT_SYNC_PORT")]
+    pub slot_sync_port: Option<u16>,
+    /// ZMQ endpoints of the other replicas' --slot-sync-port (kvix's or Dynamo's
+    /// --replica-sync-port), comma-separated: what they share is applied here
+    #[arg(long, env = "KVIX_SLOT_SYNC_PEERS", value_delimiter = ',')]
+    pub slot_sync_peers: Vec<String>,
     /// Log format on stderr: `text` or `json` (one JSON object per line)
     #[arg(long, env = "KVIX_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,

@@ -220,6 +220,7 @@ fn run(args: Args) -> Result<(), String> {
     start(&args, &app, addr, workers, &access)?;
     let mut opts = serve_options(&args, shards, addr, access);
     opts.slots_addr = slots.as_ref().map(|(a, _)| *a);
+    opts.slot_links = slot_sync(&args, &app, addr, shards)?;
     tracing::info!(
         %addr,
         shards,
@@ -511,6 +512,57 @@ fn start_recovery(
         .map_err(|e| e.to_string())
 }
 
+/// The slot tracker's replica links (`--slot-sync-port`, `--slot-sync-peers`):
+/// their sockets, bound and connected here so a bad flag stops kvix at start, and
+/// the two threads that hold them.
+fn slot_sync(
+    args: &Args,
+    app: &Arc<App>,
+    addr: SocketAddr,
+    shards: usize,
+) -> Result<Option<Arc<kvix::slots::sync::Links>>, String> {
+    if args.slot_sync_port.is_none() && args.slot_sync_peers.is_empty() {
+        return Ok(None);
+    }
+    if args.slot_tracker_port.is_none() {
+        return Err("--slot-sync-port and --slot-sync-peers need --slot-tracker-port".into());
+    }
+    let ctx = zmq::Context::new();
+    // Unique enough to tell this replica's own events from its peers'.
+    let router_id = xxhash_rust::xxh3::xxh3_64(
+        format!("{}-{:?}", std::process::id(), std::time::SystemTime::now()).as_bytes(),
+    );
+    let links = kvix::slots::sync::Links::new(shards, router_id);
+    if let Some(port) = args.slot_sync_port {
+        let ep = format!("tcp://{}", SocketAddr::new(addr.ip(), port));
+        let sock = ctx.socket(zmq::PUB).map_err(|e| e.to_string())?;
+        sock.bind(&ep)
+            .map_err(|e| format!("--slot-sync-port: cannot bind {ep}: {e}"))?;
+        let l = links.clone();
+        std::thread::Builder::new()
+            .name("kvix-slot-pub".into())
+            .spawn(move || l.run_publisher(sock))
+            .map_err(|e| e.to_string())?;
+    }
+    if !args.slot_sync_peers.is_empty() {
+        let sock = ctx.socket(zmq::SUB).map_err(|e| e.to_string())?;
+        for p in &args.slot_sync_peers {
+            kvix::cli::validate_endpoint(p).map_err(|e| format!("--slot-sync-peers: {e}"))?;
+            sock.connect(p)
+                .map_err(|e| format!("--slot-sync-peers: cannot connect {p}: {e}"))?;
+        }
+        sock.set_subscribe(kvix::slots::sync::TOPIC)
+            .map_err(|e| e.to_string())?;
+        let (l, app) = (links.clone(), app.clone());
+        std::thread::Builder::new()
+            .name("kvix-slot-sub".into())
+            .spawn(move || l.run_subscriber(sock, |s| app.rings().wake(s)))
+            .map_err(|e| e.to_string())?;
+    }
+    tracing::info!(router_id, peers = ?args.slot_sync_peers, port = ?args.slot_sync_port, "slot tracker shares its requests with its replicas");
+    Ok(Some(links))
+}
+
 /// How the executors serve HTTP.
 fn serve_options(
     args: &Args,
@@ -544,6 +596,7 @@ fn serve_options(
             access: Arc::new(access),
         },
         slots_addr: None,
+        slot_links: None,
         slot_ttl: Duration::from_secs_f64(args.slot_request_ttl_secs.min(1e9)),
     }
 }

@@ -236,9 +236,14 @@ struct Dynamo {
 
 impl Dynamo {
     fn start(bin: &str) -> Dynamo {
+        Self::start_with(bin, &[])
+    }
+
+    fn start_with(bin: &str, extra: &[&str]) -> Dynamo {
         let port = free_port();
         let child = Command::new(bin)
             .args(["--port", &port.to_string(), "--runtime-threads", "2"])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -479,4 +484,159 @@ fn requests_never_freed_expire_and_metrics_show_the_load() {
         "/add",
         json!({"model_name": MODEL, "request_id": "a", "worker_id": 7, "dp_rank": 0, "sequence_hashes": [1], "new_isl_tokens": 1}),
     );
+}
+
+fn loads_of(base: &str) -> Value {
+    let mut r = agent(Some(Duration::from_secs(10)))
+        .get(format!("{base}/loads"))
+        .call()
+        .unwrap();
+    let mut text = String::new();
+    r.body_mut().as_reader().read_to_string(&mut text).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+/// Poll until `base`'s `/loads` equals `want`.
+fn converges(base: &str, want: &Value) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let got = loads_of(base);
+        if got == *want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{base} /loads stayed {got}, not {want}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Register the same worker on every tracker of `bases`.
+fn register_everywhere(bases: &[&str]) {
+    for b in bases {
+        slot_ok(
+            b,
+            "/register",
+            json!({"worker_id": 1, "model_name": MODEL, "block_size": 4, "dp_start": 0, "dp_size": 2}),
+        );
+    }
+}
+
+/// The same steps, on whichever replica: adds sharing a prefix, a prefill
+/// completion, a free.
+fn steps(a: &str, b: &str) {
+    slot_ok(
+        a,
+        "/add",
+        json!({"model_name": MODEL, "request_id": "x", "worker_id": 1, "dp_rank": 0, "sequence_hashes": [1, 2, 3], "new_isl_tokens": 12}),
+    );
+    slot_ok(
+        b,
+        "/add",
+        json!({"model_name": MODEL, "request_id": "y", "worker_id": 1, "dp_rank": 0, "sequence_hashes": [1, 2, 4, -5], "new_isl_tokens": 16}),
+    );
+    slot_ok(
+        b,
+        "/add",
+        json!({"model_name": MODEL, "request_id": "z", "worker_id": 1, "dp_rank": 1, "sequence_hashes": [7], "new_isl_tokens": 4}),
+    );
+    slot_ok(
+        a,
+        "/prefill_complete",
+        json!({"model_name": MODEL, "request_id": "x"}),
+    );
+    slot_ok(b, "/free", json!({"model_name": MODEL, "request_id": "z"}));
+}
+
+fn settled(a: &str, b: &str) {
+    let want = json!([
+        {"model_name": MODEL, "routing_group": "default", "worker_id": 1, "dp_rank": 0, "active_prefill_tokens": 16, "active_decode_blocks": 5},
+        {"model_name": MODEL, "routing_group": "default", "worker_id": 1, "dp_rank": 1, "active_prefill_tokens": 0, "active_decode_blocks": 0}
+    ]);
+    converges(a, &want);
+    converges(b, &want);
+}
+
+/// ZMQ's slow joiner: steps are lost until the subscriptions are up, so probe
+/// until a booking made on `from` shows on `to`, then its free.
+fn probe(from: &str, to: &str, tag: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let done = |id: &str| {
+        slot_call(
+            to,
+            "/prefill_complete",
+            &json!({"model_name": MODEL, "request_id": id}),
+        )
+        .0
+    };
+    for attempt in 0.. {
+        let id = format!("{tag}-{attempt}");
+        slot_ok(
+            from,
+            "/add",
+            json!({"model_name": MODEL, "request_id": id, "worker_id": 1, "dp_rank": 1, "sequence_hashes": []}),
+        );
+        let seen = (0..20).any(|_| {
+            std::thread::sleep(Duration::from_millis(50));
+            done(&id) == 200
+        });
+        slot_ok(
+            from,
+            "/free",
+            json!({"model_name": MODEL, "request_id": id}),
+        );
+        if seen {
+            while done(&id) != 404 {
+                assert!(
+                    Instant::now() < deadline,
+                    "{to} never heard the free of {id}"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            return;
+        }
+        assert!(Instant::now() < deadline, "{from} never reached {to}");
+    }
+}
+
+#[test]
+fn replicas_converge_on_the_same_loads() {
+    let (pa, pb) = (free_port(), free_port());
+    let peer = |p: u16| format!("tcp://127.0.0.1:{p}");
+    let (a_port, b_port) = (pa.to_string(), pb.to_string());
+    let (a_peer, b_peer) = (peer(pb), peer(pa));
+    let (_a, a) = slot_server(&["--slot-sync-port", &a_port, "--slot-sync-peers", &a_peer]);
+    let (_b, b) = slot_server(&["--slot-sync-port", &b_port, "--slot-sync-peers", &b_peer]);
+    register_everywhere(&[&a, &b]);
+    probe(&a, &b, "probe-a");
+    probe(&b, &a, "probe-b");
+    steps(&a, &b);
+    settled(&a, &b);
+}
+
+/// kvix and Dynamo's own slot tracker as replicas of each other, in Dynamo's
+/// replica-sync format. Needs `DYNAMO_SLOT_TRACKER=<dynamo-slot-tracker binary>`.
+#[test]
+#[ignore = "needs DYNAMO_SLOT_TRACKER (scripts/dynamo_peer)"]
+fn shares_requests_with_dynamos_replicas() {
+    let bin =
+        std::env::var("DYNAMO_SLOT_TRACKER").expect("DYNAMO_SLOT_TRACKER=<dynamo-slot-tracker>");
+    let (pk, pd) = (free_port(), free_port());
+    let (k_port, k_peer) = (pk.to_string(), format!("tcp://127.0.0.1:{pd}"));
+    let (_k, k) = slot_server(&["--slot-sync-port", &k_port, "--slot-sync-peers", &k_peer]);
+    let d = Dynamo::start_with(
+        &bin,
+        &[
+            "--replica-sync-port",
+            &pd.to_string(),
+            "--replica-sync-peers",
+            &format!("tcp://127.0.0.1:{pk}"),
+        ],
+    );
+    register_everywhere(&[&k, &d.base]);
+    probe(&k, &d.base, "probe-k");
+    probe(&d.base, &k, "probe-d");
+    steps(&k, &d.base);
+    settled(&k, &d.base);
 }

@@ -107,6 +107,8 @@ pub struct ServeOptions {
     pub slots_addr: Option<SocketAddr>,
     /// How long a booked request that is never freed is tracked.
     pub slot_ttl: Duration,
+    /// The slot tracker's links to its replicas (`--slot-sync-*`), if any.
+    pub slot_links: Option<Arc<crate::slots::sync::Links>>,
 }
 
 /// Per-executor context: this core's shard and its link to the others.
@@ -482,6 +484,25 @@ fn drain_pass(core: &Core, shard: &mut Shard) -> usize {
     n
 }
 
+/// Steps other slot-tracker replicas took on this core's trackers, at most
+/// [`PASS_STEP_OPS`] a pass; how many.
+fn take_replica_steps(core: &Core) -> usize {
+    let Some(links) = core.slots.borrow().links() else {
+        return 0;
+    };
+    let mut slots = core.slots.borrow_mut();
+    let now = Instant::now();
+    let mut n = 0;
+    while n < PASS_STEP_OPS {
+        let Some(e) = links.next_for(core.id) else {
+            break;
+        };
+        slots.answer(crate::slots::sync::call(e), now);
+        n += 1;
+    }
+    n
+}
+
 /// Drain this core's rings into its shard forever, walk one step of a slot's clear
 /// and of an eviction per pass, and end the predictions that are due (the wheel
 /// slots whose turn came, see [`crate::shard::predict`]). Requests get in between
@@ -518,6 +539,8 @@ async fn drain_loop(core: Rc<Core>) {
             } else {
                 drain_pass(&core, &mut shard)
             };
+            // The slot trackers are a cell of their own, apart from the shard.
+            let n = n + take_replica_steps(&core);
             let clearing = shard.step_clears()
                 | shard.step_budget()
                 | shard.expire(crate::shard::predict::now_tick());
@@ -728,7 +751,7 @@ pub fn serve(app: Arc<App>, opts: ServeOptions) -> std::io::Result<()> {
                     shards,
                     app,
                     shard: RefCell::new(shard),
-                    slots: RefCell::new(SlotShard::new(opts.slot_ttl)),
+                    slots: RefCell::new(SlotShard::new(opts.slot_ttl, opts.slot_links.clone())),
                     mesh: senders,
                     pending: RefCell::default(),
                     next_qid: Cell::new(0),

@@ -31,6 +31,7 @@
 //! path (Dynamo compares a compressed edge by its last hash, trusting hashes to
 //! chain); `/potential_loads` lists ranks sorted (Dynamo: hash-map order).
 
+pub mod sync;
 mod tracker;
 
 pub use tracker::{DpRange, MAX_DP_RANKS, PotentialLoad, Rank, RankLoad, Tracker, WorkerId};
@@ -166,6 +167,9 @@ pub enum SlotReq {
         path: std::sync::Arc<[SeqHash]>,
         new_tokens: usize,
     },
+    /// A step another replica took ([`sync`]): applied if this replica has the
+    /// tracker with the same block size, never published again.
+    Replica(Box<sync::Event>),
 }
 
 impl SlotReq {
@@ -178,6 +182,7 @@ impl SlotReq {
             | SlotReq::PrefillComplete { key, .. }
             | SlotReq::Free { key, .. }
             | SlotReq::Potential { key, .. } => Some(key),
+            SlotReq::Replica(e) => Some(&e.key),
             SlotReq::Workers(_) | SlotReq::Loads(_) => None,
         }
     }
@@ -237,6 +242,8 @@ pub struct SlotShard {
     ttl: Duration,
     swept: Option<Instant>,
     expired: u64,
+    /// Where this replica's steps go to its peers, when it has any.
+    links: Option<std::sync::Arc<sync::Links>>,
 }
 
 /// Dynamo's request TTL.
@@ -244,17 +251,79 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(300);
 
 impl Default for SlotShard {
     fn default() -> Self {
-        SlotShard::new(DEFAULT_TTL)
+        SlotShard::new(DEFAULT_TTL, None)
     }
 }
 
 impl SlotShard {
-    pub fn new(ttl: Duration) -> Self {
+    pub fn new(ttl: Duration, links: Option<std::sync::Arc<sync::Links>>) -> Self {
         SlotShard {
             trackers: HashMap::new(),
             ttl,
             swept: None,
             expired: 0,
+            links,
+        }
+    }
+
+    /// The links to the other replicas, if there are any.
+    pub fn links(&self) -> Option<std::sync::Arc<sync::Links>> {
+        self.links.clone()
+    }
+
+    /// Tell the peers (if any) about a step this replica took.
+    fn publish(&self, key: &TrackerKey, request_id: &str, rank: Rank, step: sync::Step) {
+        let (Some(links), Some(t)) = (&self.links, self.trackers.get(key)) else {
+            return;
+        };
+        links.publish(sync::Event {
+            key: key.clone(),
+            block_size: t.block_size(),
+            request_id: request_id.to_string(),
+            rank,
+            step,
+            router_id: links.router_id,
+        });
+    }
+
+    fn add(
+        &mut self,
+        key: &TrackerKey,
+        request_id: &str,
+        rank: Rank,
+        path: Vec<SeqHash>,
+        new_tokens: usize,
+        now: Instant,
+    ) -> Result<(), SlotError> {
+        let shared = self.links.is_some().then(|| path.clone());
+        self.tracker(key)?
+            .add(request_id, rank, path, new_tokens, now)?;
+        if let Some(path) = shared {
+            self.publish(key, request_id, rank, sync::Step::Add { path, new_tokens });
+        }
+        Ok(())
+    }
+
+    /// A peer's step, on the tracker it names if this replica has it with the
+    /// same block size; refusals (a rank not registered here, a duplicate) are
+    /// dropped, as Dynamo drops them.
+    fn replica(&mut self, e: sync::Event, now: Instant) {
+        let Some(t) = self.trackers.get_mut(&e.key) else {
+            return;
+        };
+        if t.block_size() != e.block_size {
+            return;
+        }
+        match e.step {
+            sync::Step::Add { path, new_tokens } => {
+                let _ = t.add(&e.request_id, e.rank, path, new_tokens, now);
+            }
+            sync::Step::PrefillComplete => {
+                let _ = t.prefill_complete(&e.request_id);
+            }
+            sync::Step::Free => {
+                t.free(&e.request_id);
+            }
         }
     }
 
@@ -276,17 +345,27 @@ impl SlotShard {
                 rank,
                 path,
                 new_tokens,
-            } => SlotRep::Done(
-                self.tracker(&key)
-                    .and_then(|t| t.add(&request_id, rank, path, new_tokens, now)),
-            ),
-            SlotReq::PrefillComplete { key, request_id } => SlotRep::Done(
-                self.tracker(&key)
-                    .and_then(|t| t.prefill_complete(&request_id)),
-            ),
-            SlotReq::Free { key, request_id } => SlotRep::Done(self.tracker(&key).map(|t| {
-                t.free(&request_id);
-            })),
+            } => SlotRep::Done(self.add(&key, &request_id, rank, path, new_tokens, now)),
+            SlotReq::PrefillComplete { key, request_id } => {
+                let r = self
+                    .tracker(&key)
+                    .and_then(|t| t.prefill_complete(&request_id));
+                if let Ok(rank) = r {
+                    self.publish(&key, &request_id, rank, sync::Step::PrefillComplete);
+                }
+                SlotRep::Done(r.map(|_| ()))
+            }
+            SlotReq::Free { key, request_id } => {
+                let r = self.tracker(&key).map(|t| t.free(&request_id));
+                if let Ok(Some(rank)) = r {
+                    self.publish(&key, &request_id, rank, sync::Step::Free);
+                }
+                SlotRep::Done(r.map(|_| ()))
+            }
+            SlotReq::Replica(e) => {
+                self.replica(*e, now);
+                SlotRep::Done(Ok(()))
+            }
             SlotReq::Workers(f) => SlotRep::Workers(self.workers(&f)),
             SlotReq::Loads(f) => SlotRep::Loads(self.loads(&f)),
             SlotReq::Potential {

@@ -223,7 +223,7 @@ fn lifecycle_errors_are_dynamos() {
 
 #[test]
 fn requests_expire_after_the_ttl_and_are_counted() {
-    let mut s = SlotShard::new(Duration::from_secs(10));
+    let mut s = SlotShard::new(Duration::from_secs(10), None);
     let k = key("default");
     let t0 = Instant::now();
     register(&mut s, &k, 1, 16, 0, 1).unwrap();

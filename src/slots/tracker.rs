@@ -252,8 +252,8 @@ impl Tracker {
     }
 
     /// The request's prefill is done: its prompt tokens stop counting. Repeating it
-    /// is no error while the request is booked.
-    pub fn prefill_complete(&mut self, request_id: &str) -> Result<(), SlotError> {
+    /// is no error while the request is booked. Returns where it is booked.
+    pub fn prefill_complete(&mut self, request_id: &str) -> Result<Rank, SlotError> {
         let Some(b) = self.requests.get_mut(request_id) else {
             return Err(SlotError::RequestNotFound(request_id.to_string()));
         };
@@ -261,17 +261,16 @@ impl Tracker {
             state.prefill_tokens = state.prefill_tokens.saturating_sub(b.prefill);
         }
         b.prefill = 0;
-        Ok(())
+        Ok(b.rank)
     }
 
     /// The request is done: its blocks and tokens stop counting. An unknown (or
-    /// already freed) request is no error.
-    pub fn free(&mut self, request_id: &str) -> bool {
-        let Some(b) = self.requests.remove(request_id) else {
-            return false;
-        };
+    /// already freed) request is no error. Returns where it was booked.
+    pub fn free(&mut self, request_id: &str) -> Option<Rank> {
+        let b = self.requests.remove(request_id)?;
+        let rank = b.rank;
         self.release(b);
-        true
+        Some(rank)
     }
 
     fn release(&mut self, b: Booking) {
