@@ -352,6 +352,21 @@ fn slot_families(g: &mut Gathered, shards: &[ShardStats]) {
         &[],
         Value::Counter(shards.iter().map(|s| s.slots.expired).sum()),
     );
+    if let Some(c) = shards.iter().find_map(|s| s.slots.sync) {
+        let f = g.add(
+            "kvix_slot_sync_events",
+            "Slot-tracker steps shared with replicas (--slot-sync-*), by outcome: published, dropped_out (publisher queue full or send failed), received (from peers, handed to a shard), dropped_in (undecodable, or a shard's queue full)",
+            MetricType::Counter,
+        );
+        for (outcome, n) in [
+            ("published", c.published),
+            ("dropped_out", c.dropped_out),
+            ("received", c.received),
+            ("dropped_in", c.dropped_in),
+        ] {
+            f.with(&[("outcome", outcome.into())], Value::Counter(n));
+        }
+    }
 }
 
 /// What the guards against costly requests did: the tokenizing pool and the peer

@@ -606,13 +606,36 @@ fn replicas_converge_on_the_same_loads() {
     let peer = |p: u16| format!("tcp://127.0.0.1:{p}");
     let (a_port, b_port) = (pa.to_string(), pb.to_string());
     let (a_peer, b_peer) = (peer(pb), peer(pa));
-    let (_a, a) = slot_server(&["--slot-sync-port", &a_port, "--slot-sync-peers", &a_peer]);
+    let (sa, a) = slot_server(&["--slot-sync-port", &a_port, "--slot-sync-peers", &a_peer]);
     let (_b, b) = slot_server(&["--slot-sync-port", &b_port, "--slot-sync-peers", &b_peer]);
     register_everywhere(&[&a, &b]);
     probe(&a, &b, "probe-a");
     probe(&b, &a, "probe-b");
     steps(&a, &b);
     settled(&a, &b);
+    let (_, t) = sa.call("GET", "/metrics", None);
+    assert!(
+        metric_in(
+            &t,
+            "kvix_slot_sync_events_total",
+            &[("outcome", "published")]
+        ) >= 3.0
+    );
+    assert!(
+        metric_in(
+            &t,
+            "kvix_slot_sync_events_total",
+            &[("outcome", "received")]
+        ) >= 3.0
+    );
+    assert_eq!(
+        metric_in(
+            &t,
+            "kvix_slot_sync_events_total",
+            &[("outcome", "dropped_in")]
+        ),
+        0.0
+    );
 }
 
 /// kvix and Dynamo's own slot tracker as replicas of each other, in Dynamo's

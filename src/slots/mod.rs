@@ -2,9 +2,10 @@
 //! `services::slot_tracker`), kvix's own implementation of its rules.
 //!
 //! Owns the requests a router booked on its workers and what they load each
-//! worker's dp ranks with. Never touches the KV index, never does I/O, never
-//! reads a lock: a tracker lives on one shard and only that shard's executor
-//! changes it ([`SlotShard`]), reached by message like the index.
+//! worker's dp ranks with. Never touches the KV index and never takes a lock: a
+//! tracker lives on one shard and only that shard's executor changes it
+//! ([`SlotShard`]), reached by message like the index. Its only I/O is
+//! [`sync`]'s, on threads of their own.
 //!
 //! The rules, as Dynamo 1.6.1 keeps them:
 //! - A tracker is one (model_name, routing_group) (group `default` when not
@@ -26,6 +27,9 @@
 //!   prefix already active there, and active requests.
 //! - A request never freed expires after a TTL (Dynamo: 300 s); kvix counts
 //!   expiries.
+//!
+//! - Replicas share each `/add`, `/prefill_complete` (every time) and `/free`
+//!   (when it freed something) in Dynamo's replica-sync format ([`sync`]).
 //!
 //! Where kvix differs, on purpose: a prompt's blocks are matched by their whole
 //! path (Dynamo compares a compressed edge by its last hash, trusting hashes to
@@ -233,6 +237,8 @@ pub struct SlotStats {
     pub ranks: Vec<RankStat>,
     /// Requests freed by the TTL, since start.
     pub expired: u64,
+    /// The replica links' counters (the same on every shard), when there are links.
+    pub sync: Option<sync::Counts>,
 }
 
 /// The trackers one shard owns ([`TrackerKey::owner`]).
@@ -500,6 +506,7 @@ impl SlotShard {
         SlotStats {
             ranks,
             expired: self.expired,
+            sync: self.links.as_ref().map(|l| l.counts()),
         }
     }
 }

@@ -276,6 +276,15 @@ fn data(c: &mut Cursor) -> Result<Step, WireError> {
     })
 }
 
+/// What the replica links did, since start.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub published: u64,
+    pub dropped_out: u64,
+    pub received: u64,
+    pub dropped_in: u64,
+}
+
 /// The queues between the executors and the replica links' threads.
 #[derive(Debug)]
 pub struct Links {
@@ -283,12 +292,13 @@ pub struct Links {
     pub router_id: u64,
     out: (Sender<Event>, Receiver<Event>),
     inboxes: Vec<(Sender<Event>, Receiver<Event>)>,
+    published: AtomicU64,
     /// Events not published (the publisher's queue was full).
-    pub dropped_out: AtomicU64,
+    dropped_out: AtomicU64,
     /// Events heard but not applied (a shard's queue was full, or undecodable).
-    pub dropped_in: AtomicU64,
+    dropped_in: AtomicU64,
     /// Events heard from peers and handed to their shard.
-    pub received: AtomicU64,
+    received: AtomicU64,
 }
 
 impl Links {
@@ -299,10 +309,21 @@ impl Links {
             inboxes: (0..shards)
                 .map(|_| crossbeam_channel::bounded(QUEUE / shards.max(1)))
                 .collect(),
+            published: AtomicU64::new(0),
             dropped_out: AtomicU64::new(0),
             dropped_in: AtomicU64::new(0),
             received: AtomicU64::new(0),
         })
+    }
+
+    pub fn counts(&self) -> Counts {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Counts {
+            published: get(&self.published),
+            dropped_out: get(&self.dropped_out),
+            received: get(&self.received),
+            dropped_in: get(&self.dropped_in),
+        }
     }
 
     /// Queue `e` for the peers; never waits.
@@ -321,8 +342,14 @@ impl Links {
     /// executors queue, until the process ends.
     pub fn run_publisher(self: Arc<Self>, sock: zmq::Socket) {
         while let Ok(e) = self.out.1.recv() {
-            if let Err(err) = sock.send_multipart([TOPIC, &encode(&e)[..]], 0) {
-                tracing::warn!("slot-tracker replica publish failed: {err}");
+            match sock.send_multipart([TOPIC, &encode(&e)[..]], 0) {
+                Ok(()) => {
+                    self.published.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(err) => {
+                    self.dropped_out.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!("slot-tracker replica publish failed: {err}");
+                }
             }
         }
     }
