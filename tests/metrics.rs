@@ -60,12 +60,7 @@ fn metrics_parse_and_move() {
     assert_eq!(metric_in(&t, "dynamo_kvindexer_models", &[]), 0.0);
 
     let ctx = zmq::Context::new();
-    let mut e = Engine::start(&ctx);
-    s.post_ok(
-        "/register",
-        &json!({"instance_id": 3, "endpoint": e.endpoint(), "model_name": MODEL, "block_size": 4}),
-    );
-    e.publisher.wait_subscriber();
+    let mut e = Engine::registered(&ctx, &s, 3, MODEL);
     e.publish(&stored(&[1, 2], None, &[1, 2, 3, 4, 5, 6, 7, 8], 4));
     e.publish(&[0xc1]); // malformed
     e.drop.insert(2); // a gap (no replay endpoint: counted, not recovered)

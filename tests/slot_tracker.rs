@@ -11,9 +11,8 @@
 
 mod common;
 
-use common::{Engine, Server, agent, free_port, metric_in};
+use common::{Engine, Server, agent, free_port, metric_in, reply};
 use serde_json::{Value, json};
-use std::io::Read;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -210,13 +209,7 @@ fn run(base: &str, calls: &[Call]) -> Vec<Value> {
                 }
                 r.send(body.as_bytes())
             };
-            let mut resp = resp.unwrap_or_else(|e| panic!("{method} {path}: {e}"));
-            let status = resp.status().as_u16();
-            let mut text = String::new();
-            resp.body_mut()
-                .as_reader()
-                .read_to_string(&mut text)
-                .unwrap();
+            let (status, text) = reply(resp.unwrap_or_else(|e| panic!("{method} {path}: {e}")));
             let mut v = serde_json::from_str(&text).unwrap_or(Value::String(text));
             if path == "/potential_loads"
                 && let Value::Array(items) = &mut v
@@ -335,14 +328,14 @@ fn nested(list: &Value) -> Value {
 }
 
 fn slot_call(base: &str, path: &str, body: &Value) -> (u16, Value) {
-    let mut r = agent(Some(Duration::from_secs(10)))
-        .post(format!("{base}{path}"))
-        .header("Content-Type", "application/json")
-        .send(body.to_string().as_bytes())
-        .unwrap();
-    let mut text = String::new();
-    r.body_mut().as_reader().read_to_string(&mut text).unwrap();
-    (r.status().as_u16(), serde_json::from_str(&text).unwrap())
+    let (st, text) = reply(
+        agent(Some(Duration::from_secs(10)))
+            .post(format!("{base}{path}"))
+            .header("Content-Type", "application/json")
+            .send(body.to_string().as_bytes())
+            .unwrap(),
+    );
+    (st, serde_json::from_str(&text).unwrap())
 }
 
 fn slot_ok(base: &str, path: &str, body: Value) -> Value {
@@ -355,12 +348,7 @@ fn slot_ok(base: &str, path: &str, body: Value) -> Value {
 fn query_with_loads_answers_what_potential_loads_answers() {
     let (s, base) = slot_server(&[]);
     let ctx = zmq::Context::new();
-    let mut e = Engine::start(&ctx);
-    s.post_ok(
-        "/register",
-        &json!({"instance_id": 3, "endpoint": e.endpoint(), "model_name": MODEL, "block_size": 4}),
-    );
-    e.publisher.wait_subscriber();
+    let mut e = Engine::registered(&ctx, &s, 3, MODEL);
     e.publish(&common::stored(&[1, 2], None, &[1, 2, 3, 4, 5, 6, 7, 8], 4));
     let tokens: Vec<u32> = (1..=12).collect();
     let q = json!({"token_ids": tokens, "model_name": MODEL, "loads": true});
@@ -487,12 +475,12 @@ fn requests_never_freed_expire_and_metrics_show_the_load() {
 }
 
 fn loads_of(base: &str) -> Value {
-    let mut r = agent(Some(Duration::from_secs(10)))
-        .get(format!("{base}/loads"))
-        .call()
-        .unwrap();
-    let mut text = String::new();
-    r.body_mut().as_reader().read_to_string(&mut text).unwrap();
+    let (_, text) = reply(
+        agent(Some(Duration::from_secs(10)))
+            .get(format!("{base}/loads"))
+            .call()
+            .unwrap(),
+    );
     serde_json::from_str(&text).unwrap()
 }
 

@@ -268,27 +268,34 @@ async fn serve<M: ShardMesh>(
     match route {
         Route::Health => Ok(json::empty(StatusCode::OK)),
         Route::Workers => {
-            let mut all: Vec<WorkerInfo> = Vec::new();
-            for rep in mesh.slots(SlotReq::Workers(filter())).await? {
-                if let SlotRep::Workers(mut w) = rep {
-                    all.append(&mut w);
-                }
-            }
+            let all = every_shard(mesh, SlotReq::Workers(filter()), |r| match r {
+                SlotRep::Workers(w) => w,
+                _ => Vec::new(),
+            });
+            let mut all: Vec<WorkerInfo> = all.await?;
             crate::slots::sort_workers(&mut all);
             Ok(list(&all))
         }
         Route::Loads => {
-            let mut all: Vec<LoadInfo> = Vec::new();
-            for rep in mesh.slots(SlotReq::Loads(filter())).await? {
-                if let SlotRep::Loads(mut l) = rep {
-                    all.append(&mut l);
-                }
-            }
+            let all = every_shard(mesh, SlotReq::Loads(filter()), |r| match r {
+                SlotRep::Loads(l) => l,
+                _ => Vec::new(),
+            });
+            let mut all: Vec<LoadInfo> = all.await?;
             crate::slots::sort_loads(&mut all);
             Ok(list(&all))
         }
         Route::Post(post) => post_call(mesh, opts, post, req).await,
     }
+}
+
+/// Every shard's part of a listing, joined.
+async fn every_shard<M: ShardMesh, T>(
+    mesh: &M,
+    req: SlotReq,
+    part: impl Fn(SlotRep) -> Vec<T>,
+) -> Result<Vec<T>, ApiError> {
+    Ok(mesh.slots(req).await?.into_iter().flat_map(part).collect())
 }
 
 async fn post_call<M: ShardMesh>(

@@ -133,6 +133,16 @@ pub fn kvix_bin() -> String {
     bin.display().to_string()
 }
 
+/// `(status, body text)` of a response.
+pub fn reply(mut resp: ureq::http::Response<ureq::Body>) -> (u16, String) {
+    let mut text = String::new();
+    resp.body_mut()
+        .as_reader()
+        .read_to_string(&mut text)
+        .unwrap();
+    (resp.status().as_u16(), text)
+}
+
 static LAUNCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// An HTTP client that hands back every status as a reply (a 4xx or 5xx is what
@@ -284,14 +294,7 @@ impl Server {
             ("PUT", _) => self.agent.put(&url).send_empty(),
             _ => unreachable!(),
         };
-        let mut resp = resp.unwrap_or_else(|e| panic!("{method} {path}: {e}"));
-        let status = resp.status().as_u16();
-        let mut text = String::new();
-        resp.body_mut()
-            .as_reader()
-            .read_to_string(&mut text)
-            .unwrap();
-        (status, text)
+        reply(resp.unwrap_or_else(|e| panic!("{method} {path}: {e}")))
     }
 
     pub fn get_json(&self, path: &str) -> Value {
@@ -709,6 +712,18 @@ pub struct Engine {
 impl Engine {
     pub fn start(ctx: &zmq::Context) -> Engine {
         Self::start_hwm(ctx, 0)
+    }
+
+    /// An engine registered on `s` as `instance` of `model` (block size 4), once
+    /// kvix has subscribed to it.
+    pub fn registered(ctx: &zmq::Context, s: &Server, instance: u64, model: &str) -> Engine {
+        let e = Self::start(ctx);
+        s.post_ok(
+            "/register",
+            &serde_json::json!({"instance_id": instance, "endpoint": e.endpoint(), "model_name": model, "block_size": 4}),
+        );
+        e.publisher.wait_subscriber();
+        e
     }
 
     /// An engine whose publisher drops frames beyond `hwm` queued ones per subscriber,
