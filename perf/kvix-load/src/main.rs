@@ -109,6 +109,9 @@ enum Cmd {
         /// Requests left booked during the run (what /potential_loads walks)
         #[arg(long, default_value_t = 0)]
         active: usize,
+        /// Leave the --active requests booked at the end
+        #[arg(long)]
+        keep_active: bool,
     },
     /// SVG plots from `--json` reports (latency vs offered load, applied blocks/s,
     /// figures against the index size)
@@ -303,6 +306,7 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             duration,
             potential,
             active,
+            keep_active,
         } => {
             for c in connections {
                 let r = slots::run(&slots::SlotsArgs {
@@ -314,6 +318,7 @@ fn run(cmd: Cmd) -> Result<bool, String> {
                     duration,
                     potential,
                     active,
+                    keep_active,
                 })?;
                 println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
             }

@@ -36,6 +36,8 @@ pub struct SlotsArgs {
     pub duration: f64,
     pub potential: bool,
     pub active: usize,
+    /// Leave the --active requests booked at the end (for a later /query --loads).
+    pub keep_active: bool,
 }
 
 fn hashes(prefix: u64, unique: u64, blocks: usize) -> Vec<i64> {
@@ -73,7 +75,11 @@ pub fn run(a: &SlotsArgs) -> Result<SlotsReport, String> {
     let mut c = Conn::new(&target);
     for i in 0..a.active as u64 {
         let raw = target.request("POST", "/add", &add_body(a, &format!("active-{i}"), i));
-        c.send(&raw).map_err(|e| e.to_string())?;
+        // 409: booked by an earlier run with --keep-active.
+        match c.send(&raw) {
+            Ok(201 | 409) => {}
+            r => return Err(format!("/add: {r:?}")),
+        }
     }
     let deadline = Instant::now() + Duration::from_secs_f64(a.duration);
     let t0 = Instant::now();
@@ -91,7 +97,7 @@ pub fn run(a: &SlotsArgs) -> Result<SlotsReport, String> {
         errors += e;
     }
     let seconds = t0.elapsed().as_secs_f64();
-    for i in 0..a.active as u64 {
+    for i in 0..a.active as u64 * u64::from(!a.keep_active) {
         let body = json!({"model_name": a.model, "request_id": format!("active-{i}")});
         let _ = c.send(&target.request("POST", "/free", body.to_string().as_bytes()));
     }
