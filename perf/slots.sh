@@ -24,6 +24,7 @@ if [ "$BUILD" = 1 ]; then
     cargo build --release --locked --manifest-path scripts/dynamo_peer/Cargo.toml --bin dynamo-slot-tracker
 fi
 mkdir -p "$OUT"
+: > "$OUT/slots.jsonl"
 LOAD=target/release/kvix-load
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 KP=$(free_port) KS=$(free_port) DS=$(free_port)

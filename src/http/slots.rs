@@ -154,6 +154,11 @@ fn is_json(req: &Request<Incoming>) -> bool {
 /// Parse as axum does: no check for trailing data, errors prefixed by where they
 /// are (`field: ...`).
 fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, Refused> {
+    // Path tracking costs per element: only a body that fails (or has trailing
+    // data, which axum ignores) is parsed again with it.
+    if let Ok(v) = serde_json::from_slice(body) {
+        return Ok(v);
+    }
     let de = &mut serde_json::Deserializer::from_slice(body);
     serde_path_to_error::deserialize(de).map_err(|e| {
         if matches!(e.inner().classify(), serde_json::error::Category::Data) {
