@@ -117,6 +117,16 @@ pub struct Args {
     /// template for `messages`. Read at start; nothing is downloaded
     #[arg(long, env = "KVIX_TOKENIZER", value_delimiter = ',')]
     pub tokenizer: Vec<String>,
+    /// Chunk size, in tokens, of a hybrid model's chunked local attention groups, as
+    /// MODEL=TOKENS (repeatable, or comma-separated): vLLM's events do not carry it;
+    /// a registration's `attention_chunk_size` overrides it
+    #[arg(long, env = "KVIX_ATTENTION_CHUNK_SIZE", value_delimiter = ',')]
+    pub attention_chunk_size: Vec<String>,
+    /// Alignment, in tokens, of a hybrid model's hits, as MODEL=TOKENS (repeatable, or
+    /// comma-separated); unset: the least common multiple of its groups' block sizes;
+    /// a registration's `hybrid_align_tokens` overrides it
+    #[arg(long, env = "KVIX_HYBRID_ALIGN_TOKENS", value_delimiter = ',')]
+    pub hybrid_align_tokens: Vec<String>,
     /// TTL of a `/speculate` prediction when the request names no `ttl_ms`: until
     /// then (or the worker's BlockStored of the block) it scores as held on the device
     #[arg(long, env = "KVIX_SPECULATIVE_TTL_MS", default_value_t = 2000)]

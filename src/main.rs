@@ -332,6 +332,7 @@ fn config(
         ingest_threads,
         ring_capacity: clamp("ring-capacity", args.ring_capacity, 256, 1 << 24),
         snapshot,
+        hybrid: hybrid_defaults(args)?,
         event_limits: kvix::registry::EventLimits {
             indexes: args.max_event_indexes,
             slots: clamp("max-event-slots", args.max_event_slots, 1, 1 << 20),
@@ -374,6 +375,42 @@ fn tokenize_limits(args: &Args, shards: usize, cores: usize) -> kvix::tokenize::
 }
 
 /// How `/speculate`'s predictions and `--approximate` indexes live.
+/// `--attention-chunk-size` and `--hybrid-align-tokens`, per model.
+fn hybrid_defaults(
+    args: &Args,
+) -> Result<Vec<(String, kvix::registry::HybridDefaults)>, String> {
+    let mut out: Vec<(String, kvix::registry::HybridDefaults)> = Vec::new();
+    let flags = [
+        ("attention-chunk-size", &args.attention_chunk_size),
+        ("hybrid-align-tokens", &args.hybrid_align_tokens),
+    ];
+    for (k, (flag, values)) in flags.into_iter().enumerate() {
+        for v in values {
+            let parsed = v
+                .rsplit_once('=')
+                .and_then(|(m, t)| Some((m, t.trim().parse::<u32>().ok()?)))
+                .filter(|(m, t)| !m.is_empty() && *t > 0);
+            let Some((model, tokens)) = parsed else {
+                return Err(format!("--{flag} {v}: expected MODEL=TOKENS (TOKENS > 0)"));
+            };
+            let at = match out.iter().position(|(m, _)| m == model) {
+                Some(i) => i,
+                None => {
+                    out.push((model.to_string(), Default::default()));
+                    out.len() - 1
+                }
+            };
+            let d = &mut out[at].1;
+            if k == 0 {
+                d.attention_chunk_size = Some(tokens);
+            } else {
+                d.hybrid_align_tokens = Some(tokens);
+            }
+        }
+    }
+    Ok(out)
+}
+
 fn speculation(args: &Args) -> kvix::service::Speculation {
     kvix::service::Speculation {
         ttl: Duration::from_millis(clamp(

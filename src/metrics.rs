@@ -146,6 +146,9 @@ pub struct ShardStats {
     /// their worker does not hold.
     pub unknown_parent: u64,
     pub unknown_removed: u64,
+    /// Blocks of a KV-cache group other than full attention that their worker
+    /// does not hold in full attention (not kept).
+    pub group_unheld: u64,
     /// Heap bytes of the engine-hash maps (part of `heap_bytes`).
     pub engine_map_bytes: u64,
     pub heap_bytes: u64,
@@ -632,6 +635,11 @@ const TOTALS: [Total; 20] = [
         "kvix_unknown_removed_blocks",
         "Removals of blocks their worker does not hold",
         |s| s.shards(|s| s.unknown_removed),
+    ),
+    (
+        "kvix_group_blocks_unheld",
+        "Stores and removals of a sliding-window, chunked or Mamba group's blocks that their worker does not hold in full attention (not kept)",
+        |s| s.shards(|s| s.group_unheld),
     ),
     (
         "kvix_block_size_mismatch",

@@ -26,6 +26,9 @@ pub struct ShardReply {
     pub holders: Vec<u32>,
     /// Blocks held per slot in this shard (for `tree_sizes`).
     pub per_slot: Vec<u32>,
+    /// Per slot with KV-cache groups besides full attention, the blocks it would
+    /// reuse under their rules (its `effective` prefix).
+    pub effective: Vec<(WorkerSlot, u32)>,
 }
 
 /// A query's blocks, as the shards are sent them (see [`Prompt`]).
@@ -57,8 +60,10 @@ pub fn answer(shard: &mut Shard, index: IndexId, prompt: Prompt<'_>) -> ShardRep
     let mut reply = ShardReply {
         holders: Vec::with_capacity(prompt.len() * 3),
         per_slot: Vec::new(),
+        effective: Vec::new(),
     };
     shard.lookup(index, prompt, &mut reply.holders);
+    shard.effective(index, prompt, &mut reply.effective);
     if let Some(ix) = shard.index(index) {
         ix.tree_sizes_into(&mut reply.per_slot);
     }
@@ -74,6 +79,8 @@ pub struct Merged {
     pub holders: Vec<u32>,
     /// Blocks held per slot, summed over shards.
     pub per_slot: Vec<u32>,
+    /// The shards' [`ShardReply::effective`] together (their slots are disjoint).
+    pub effective: Vec<(WorkerSlot, u32)>,
 }
 
 /// Merge the shards' replies (one shard's is taken as it is).
@@ -83,6 +90,7 @@ pub fn merge(mut replies: Vec<ShardReply>) -> Merged {
         return Merged {
             holders: r.holders,
             per_slot: r.per_slot,
+            effective: r.effective,
         };
     }
     let mut per_slot = Vec::new();
@@ -97,7 +105,12 @@ pub fn merge(mut replies: Vec<ShardReply>) -> Merged {
     let parts: Vec<&[u32]> = replies.iter().map(|r| &r.holders[..]).collect();
     let mut holders = Vec::with_capacity(parts.iter().map(|p| p.len()).sum());
     union_holders(&parts, Some, &mut holders);
-    Merged { holders, per_slot }
+    let effective = replies.iter().flat_map(|r| r.effective.iter().copied()).collect();
+    Merged {
+        holders,
+        per_slot,
+        effective,
+    }
 }
 
 /// Cumulative tier sets scored per slot.
@@ -116,6 +129,53 @@ pub struct Overlap {
     pub frequencies: Vec<u32>,
     /// Blocks held per slot, summed over shards.
     pub tree_sizes: Vec<u32>,
+    /// Per slot, the blocks its engine would reuse under its KV-cache groups'
+    /// rules: the device match for a worker with full attention alone.
+    pub effective: Vec<u32>,
+}
+
+/// How a slot's `effective` prefix compares with its full-attention match.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hit {
+    /// All of the full-attention match is reusable (and it is not empty).
+    Full,
+    /// Some of it.
+    Partial,
+    /// None.
+    Miss,
+}
+
+impl Hit {
+    pub fn of(effective: u32, full: u32) -> Hit {
+        if effective == 0 {
+            Hit::Miss
+        } else if effective == full {
+            Hit::Full
+        } else {
+            Hit::Partial
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Hit::Full => "full",
+            Hit::Partial => "partial",
+            Hit::Miss => "miss",
+        }
+    }
+}
+
+/// The merged replies' per-slot effective prefixes over the device matches:
+/// a slot the shards said nothing of reuses its whole device match.
+fn effective(m: &Merged, matched: &[[u32; 3]]) -> Vec<u32> {
+    let mut out: Vec<u32> = matched.iter().map(|x| x[0]).collect();
+    for &(slot, blocks) in &m.effective {
+        if let Some(e) = out.get_mut(slot.0 as usize) {
+            // Never past the device match (a clear under way answers as done).
+            *e = blocks.min(*e);
+        }
+    }
+    out
 }
 
 /// Walk the query's blocks in prefix order over the merged replies. `live`
@@ -130,6 +190,7 @@ pub fn gather(m: &Merged, slots: usize, live: impl Fn(WorkerSlot) -> bool) -> Ov
         matched: vec![[0; 3]; slots],
         frequencies: Vec::new(),
         tree_sizes: vec![0; slots],
+        effective: Vec::new(),
     };
     for (t, c) in out.tree_sizes.iter_mut().zip(&m.per_slot) {
         *t += c;
@@ -201,6 +262,7 @@ pub fn gather(m: &Merged, slots: usize, live: impl Fn(WorkerSlot) -> bool) -> Ov
             settle(&mut out.matched, i, k, left, depth);
         }
     }
+    out.effective = effective(m, &out.matched);
     out
 }
 

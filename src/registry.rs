@@ -236,6 +236,12 @@ pub struct ListenerOpts {
     pub lora_name: Option<String>,
     /// `type`: the publisher kind as registered (`vLLM`, `SGLang`, `Mooncake`), for `/workers`.
     pub publisher: Option<String>,
+    /// `attention_chunk_size`: the chunk (tokens) of the model's chunked local
+    /// attention groups, which vLLM's events do not carry.
+    pub attention_chunk_size: Option<u32>,
+    /// `hybrid_align_tokens`: the alignment (tokens) of a hybrid model's hits,
+    /// when not the least common multiple of its groups' block sizes.
+    pub hybrid_align_tokens: Option<u32>,
 }
 
 /// Per index touched by an unregister: the dp ranks whose listeners went and
@@ -282,9 +288,19 @@ impl Default for EventLimits {
     }
 }
 
+/// A hybrid model's settings from the command line (`--attention-chunk-size`,
+/// `--hybrid-align-tokens`), for registrations that give none.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HybridDefaults {
+    pub attention_chunk_size: Option<u32>,
+    pub hybrid_align_tokens: Option<u32>,
+}
+
 #[derive(Default)]
 pub struct Registry {
     snap: ArcSwap<Snapshot>,
+    /// Per model, its hybrid settings from the command line.
+    hybrid: Vec<(String, HybridDefaults)>,
     write: Mutex<()>,
     limits: EventLimits,
     /// Indexes created by event data so far.
@@ -297,6 +313,21 @@ pub struct Registry {
 }
 
 impl Registry {
+    /// The command line's hybrid settings of `model` (none set: defaults).
+    pub fn hybrid_defaults(&self, model: &str) -> HybridDefaults {
+        self.hybrid
+            .iter()
+            .find(|(m, _)| m == model)
+            .map(|(_, d)| *d)
+            .unwrap_or_default()
+    }
+
+    /// With the command line's per-model hybrid settings.
+    pub fn with_hybrid(mut self, hybrid: Vec<(String, HybridDefaults)>) -> Self {
+        self.hybrid = hybrid;
+        self
+    }
+
     pub fn with_limits(limits: EventLimits) -> Self {
         Registry {
             limits,

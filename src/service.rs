@@ -48,6 +48,9 @@ pub struct Config {
     pub snapshot: Option<SnapshotConfig>,
     /// What event data may create in the registry.
     pub event_limits: EventLimits,
+    /// Per model, hybrid settings the events do not carry (`--attention-chunk-size`,
+    /// `--hybrid-align-tokens`).
+    pub hybrid: Vec<(String, crate::registry::HybridDefaults)>,
     pub sockets: SocketOptions,
     /// Tokenizers and chat templates for text queries (`--tokenizer`).
     pub prompts: Arc<Prompts>,
@@ -109,6 +112,7 @@ impl Config {
             ring_capacity: 16 * 1024,
             snapshot: None,
             event_limits: EventLimits::default(),
+            hybrid: Vec::new(),
             sockets: SocketOptions::default(),
             prompts: Arc::default(),
             speculation: Speculation::default(),
@@ -170,7 +174,8 @@ impl App {
     /// Create the rings and start the ingest threads.
     pub fn new(cfg: &Config) -> Arc<App> {
         let shards = cfg.shards.max(1);
-        let registry = Arc::new(Registry::with_limits(cfg.event_limits));
+        let registry =
+            Arc::new(Registry::with_limits(cfg.event_limits).with_hybrid(cfg.hybrid.clone()));
         let rings = Rings::new(cfg.ingest_threads.max(1), shards, cfg.ring_capacity.max(16));
         let ingest = Ingest::start(rings.clone(), registry.clone(), cfg.sockets);
         Arc::new(App {

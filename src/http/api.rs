@@ -116,6 +116,29 @@ struct RegisterReq {
     routing_group: Option<String>,
     dp_rank: Option<u32>,
     replay_endpoint: Option<String>,
+    #[serde(flatten)]
+    hybrid: HybridReq,
+}
+
+/// A hybrid model's settings that vLLM's events do not carry (see
+/// [`ListenerOpts`]); the command line's per-model ones apply where a
+/// registration gives none.
+#[derive(Deserialize, Default, Clone, Copy)]
+struct HybridReq {
+    attention_chunk_size: Option<u32>,
+    hybrid_align_tokens: Option<u32>,
+}
+
+impl HybridReq {
+    /// `opts` with these settings, or the model's from the command line.
+    fn apply(self, model: &str, registry: &crate::registry::Registry, opts: ListenerOpts) -> ListenerOpts {
+        let d = registry.hybrid_defaults(model);
+        ListenerOpts {
+            attention_chunk_size: self.attention_chunk_size.or(d.attention_chunk_size),
+            hybrid_align_tokens: self.hybrid_align_tokens.or(d.hybrid_align_tokens),
+            ..opts
+        }
+    }
 }
 
 /// Mooncake conductor `/register` (RFC #1403).
@@ -132,6 +155,8 @@ struct ConductorRegisterReq {
     block_size: u32,
     dp_rank: u32,
     additionalsalt: Option<String>,
+    #[serde(flatten)]
+    hybrid: HybridReq,
 }
 
 /// Run a control call (it waits on an ingest thread) off the executor.
@@ -203,10 +228,12 @@ pub async fn register<M: ShardMesh>(
                 salt: r.additionalsalt.filter(|s| !s.is_empty()),
                 lora_name: r.lora_name.filter(|s| !s.is_empty()),
                 publisher: Some(r.publisher),
+                ..ListenerOpts::default()
             };
             let reply_name = key.to_string();
             control(mesh, move |c| {
                 let id = c.registry().intern(&key);
+                let opts = r.hybrid.apply(&r.modelname, c.registry(), opts);
                 c.register(registration(
                     r.modelname,
                     r.tenant_id.unwrap_or_else(|| DEFAULT_TENANT.into()),
@@ -227,6 +254,7 @@ pub async fn register<M: ShardMesh>(
     let tenant = tenant(r.tenant_id, r.routing_group).unwrap_or_else(|| DEFAULT_TENANT.into());
     let key = r.instance_id.key();
     control(mesh, move |c| {
+        let opts = r.hybrid.apply(&r.model_name, c.registry(), ListenerOpts::default());
         c.register(registration(
             r.model_name,
             tenant,
@@ -234,7 +262,7 @@ pub async fn register<M: ShardMesh>(
             c.registry().intern(&key),
             r.dp_rank.unwrap_or(0),
             Endpoint::new(r.endpoint, r.replay_endpoint),
-            ListenerOpts::default(),
+            opts,
         ))
     })
     .await?;

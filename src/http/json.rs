@@ -4,7 +4,7 @@
 //! a byte buffer (this is the hot path); the rare control responses use serde_json.
 
 use super::Reply;
-use crate::query::{InstanceOverlap, Overlap};
+use crate::query::{Hit, InstanceOverlap, Overlap};
 use crate::registry::{IndexInfo, Snapshot};
 use crate::types::{DpRank, InstanceId, Tier, WorkerSlot};
 use bytes::Bytes;
@@ -443,7 +443,26 @@ pub fn scores(
         text(cpu).put(&mut out);
         out.extend_from_slice(b",\"disk\":");
         text(disk).put(&mut out);
-        out.push(b'}');
+        let effective = |s: &WorkerSlot| ov.effective.get(s.0 as usize).copied().unwrap_or(0);
+        out.extend_from_slice(b",\"effective\":{");
+        for (j, s) in group.iter().enumerate() {
+            if j > 0 {
+                out.push(b',');
+            }
+            lay.dp[s.0 as usize].put(&mut out);
+            text(effective(s) as u64 * bs).put(&mut out);
+        }
+        out.extend_from_slice(b"},\"hit\":{");
+        for (j, s) in group.iter().enumerate() {
+            if j > 0 {
+                out.push(b',');
+            }
+            lay.dp[s.0 as usize].put(&mut out);
+            out.push(b'"');
+            out.extend_from_slice(Hit::of(effective(s), matched(*s)[0]).as_str().as_bytes());
+            out.push(b'"');
+        }
+        out.extend_from_slice(b"}}");
     }
     out.push(b'}');
     if let Some(raw) = llmd {

@@ -12,11 +12,13 @@
 use crate::hash;
 use crate::registry::{ListenerOpts, Registry, RegistryError};
 use crate::ring::OpSink;
+use crate::shard::hybrid::{GroupRule, GroupSpec};
+use crate::shard::tree::MAX_GROUPS;
 use crate::shard::{SeedParent, ShardOp};
 use crate::types::{
     BlockHash, DpRank, EngineHash, IndexId, InstanceId, SeqHash, Tier, TierSet, WorkerSlot,
 };
-use crate::wire::{Batch, Dialect, Event, EventOp, HashKind};
+use crate::wire::{Batch, Dialect, Event, EventOp, GroupKind, HashKind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -48,6 +50,9 @@ struct SlotFeed {
     index: IndexId,
     dp: DpRank,
     slot: WorkerSlot,
+    /// The rank's KV-cache groups other than full attention, as their stores
+    /// described them (the shard was told each): (group_idx, spec). Usually empty.
+    groups: Vec<(u32, GroupSpec)>,
 }
 
 /// The feed of one registered listener (instance, registered dp rank).
@@ -181,7 +186,12 @@ impl WorkerFeed {
                 return None;
             }
         };
-        self.slots.push(SlotFeed { index, dp, slot });
+        self.slots.push(SlotFeed {
+            index,
+            dp,
+            slot,
+            groups: Vec::new(),
+        });
         Some(self.slots.len() - 1)
     }
 
@@ -216,26 +226,140 @@ impl WorkerFeed {
         FeedStats::bump(&stats.batches, 1);
         FeedStats::bump(&stats.events, batch.events.len() as u64);
         FeedStats::bump(&stats.ignored_events, batch.ignored as u64);
+        // Full attention first: a step's other groups name the blocks its
+        // full-attention stores file, whichever group vLLM numbered first.
+        let mut grouped = false;
         for ev in batch.events(payload) {
             if ev.op == EventOp::Updated {
                 // A replica list changed; which blocks an object holds did not.
                 FeedStats::bump(&stats.ignored_events, 1);
                 continue;
             }
-            let dp = ev.dp_rank.or(batch.dp_rank).unwrap_or(self.dp);
-            let Some(index) = self.index_for(ev.tenant_id, registry) else {
+            let Some(i) = self.slot_of(&ev, batch, registry) else {
                 continue;
             };
-            let Some(i) = self.slot_feed(index, dp, registry) else {
-                continue;
-            };
-            match ev.op {
-                EventOp::Stored => self.store(i, &ev, registry, sink),
-                EventOp::Removed => self.remove(i, &ev, registry, sink),
-                EventOp::Cleared => self.clear(i, &ev, registry, sink),
-                EventOp::Updated => {}
+            match (ev.op, self.group_of(i, &ev)) {
+                (_, Some(_)) => grouped = true,
+                (EventOp::Stored, None) => self.store(i, &ev, registry, sink),
+                (EventOp::Removed, None) => self.remove(i, &ev, registry, sink),
+                (EventOp::Cleared, None) => self.clear(i, &ev, registry, sink),
+                (EventOp::Updated, None) => {}
             }
         }
+        if grouped {
+            for ev in batch.events(payload) {
+                let Some(i) = self.slot_of(&ev, batch, registry) else {
+                    continue;
+                };
+                if let Some(g) = self.group_of(i, &ev) {
+                    self.group_event(i, g, &ev, sink);
+                }
+            }
+        }
+    }
+
+    /// The slot feed an event goes to.
+    fn slot_of(&mut self, ev: &Event<'_>, batch: &Batch, registry: &Registry) -> Option<usize> {
+        if ev.op == EventOp::Updated {
+            return None;
+        }
+        let dp = ev.dp_rank.or(batch.dp_rank).unwrap_or(self.dp);
+        let index = self.index_for(ev.tenant_id, registry)?;
+        self.slot_feed(index, dp, registry)
+    }
+
+    /// The KV-cache group (other than full attention) an event is of, if any. A
+    /// removal naming a group is of the kind that group's stores said; a removal
+    /// naming a group no store described is the main index's for group 0, and
+    /// dropped (later, counted) for another group, as Dynamo drops it.
+    fn group_of(&self, i: usize, ev: &Event<'_>) -> Option<u32> {
+        match ev.group_kind {
+            GroupKind::Full => None,
+            GroupKind::Named => {
+                let g = ev.group_idx?;
+                let other = self.slots[i].groups.iter().any(|&(x, _)| x == g);
+                (other || g != 0).then_some(g)
+            }
+            _ => Some(ev.group_idx.unwrap_or(0)),
+        }
+    }
+
+    /// An event of a KV-cache group other than full attention: its blocks'
+    /// holds in that group, which the shard keeps beside the full-attention ones.
+    fn group_event(&mut self, i: usize, group: u32, ev: &Event<'_>, sink: &mut impl OpSink) {
+        let stats = self.stats.clone();
+        let learned = self.slots[i].groups.iter().any(|&(g, _)| g == group);
+        let known = learned || (ev.op == EventOp::Stored && ev.group_kind != GroupKind::Named);
+        if group >= MAX_GROUPS || !known || ev.op == EventOp::Cleared {
+            // A clear of the worker is the main index's; a group no store described
+            // has no rule to score by.
+            if ev.op != EventOp::Cleared {
+                FeedStats::bump(&stats.ignored_events, 1);
+            }
+            return;
+        }
+        if ev.op == EventOp::Stored && !self.learn_group(i, group, ev, sink) {
+            return;
+        }
+        let sf = &self.slots[i];
+        let held = ev.op == EventOp::Stored;
+        for &block in ev.hashes {
+            sink.push(ShardOp::GroupHold {
+                index: sf.index,
+                slot: sf.slot,
+                group: group as u8,
+                block,
+                held,
+            });
+        }
+        let counter = if held {
+            &stats.blocks_stored
+        } else {
+            &stats.blocks_removed
+        };
+        FeedStats::bump(counter, ev.hashes.len() as u64);
+    }
+
+    /// What a group's store says of the group, told to the shard when it is new
+    /// or changed. Returns false (and counts) for a store kvix cannot place: a
+    /// block size that is not a multiple of the registration's.
+    fn learn_group(&mut self, i: usize, group: u32, ev: &Event<'_>, sink: &mut impl OpSink) -> bool {
+        let base = self.block_size as u32;
+        let block_size = ev.block_size.unwrap_or(base);
+        if block_size == 0 || block_size % base != 0 {
+            FeedStats::bump(&self.stats.block_size_mismatch, 1);
+            tracing::warn!(
+                instance = self.instance,
+                group,
+                block_size,
+                base,
+                "a KV-cache group's block size is not a multiple of the registration's; skipped"
+            );
+            return false;
+        }
+        let rule = match ev.group_kind {
+            GroupKind::SlidingWindow => GroupRule::SlidingWindow(ev.group_window.unwrap_or(0)),
+            GroupKind::ChunkedLocal => {
+                GroupRule::ChunkedLocal(self.opts.attention_chunk_size.unwrap_or(0))
+            }
+            _ => GroupRule::Mamba,
+        };
+        let spec = GroupSpec { rule, block_size };
+        let sf = &mut self.slots[i];
+        match sf.groups.iter_mut().find(|(g, _)| *g == group) {
+            Some((_, s)) if *s == spec => return true,
+            Some((_, s)) => *s = spec,
+            None => sf.groups.push((group, spec)),
+        }
+        sink.push(ShardOp::GroupSpec {
+            index: sf.index,
+            slot: sf.slot,
+            group: group as u8,
+            spec,
+            align: self.opts.hybrid_align_tokens.unwrap_or(0),
+            base,
+        });
+        true
     }
 
     /// Tier bits an event applies to.

@@ -79,7 +79,12 @@ impl Clearing {
             ShardOp::Store { tier, .. }
             | ShardOp::StoreKeyed { tier, .. }
             | ShardOp::Seed { tier, .. } => clears.contains(tier),
-            ShardOp::Remove { .. } | ShardOp::ClearSlot { .. } | ShardOp::SeedDone { .. } => false,
+            // A group's hold follows the device store it names.
+            ShardOp::GroupHold { held, .. } => held && clears.contains(crate::types::Tier::DEVICE),
+            ShardOp::Remove { .. }
+            | ShardOp::ClearSlot { .. }
+            | ShardOp::SeedDone { .. }
+            | ShardOp::GroupSpec { .. } => false,
         }
     }
 

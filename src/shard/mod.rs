@@ -26,6 +26,7 @@ mod budget;
 mod clear;
 mod export;
 pub mod holders;
+pub mod hybrid;
 pub mod keyed;
 mod op;
 pub mod predict;
@@ -209,6 +210,9 @@ pub struct Shard {
     /// blocks the slot does not hold, since start.
     pub unknown_parent: u64,
     pub unknown_removed: u64,
+    /// Blocks a KV-cache group (not full attention) stored or removed that its
+    /// worker does not hold in full attention, since start.
+    pub group_unheld: u64,
     /// The bound on every shard's blocks together; `None`: unbounded.
     budget: Option<BlockBudget>,
     /// Blocks this shard has added to the budget's count.
@@ -439,6 +443,39 @@ impl Shard {
                 self.applied += 1;
                 self.clear_slot(index, slot, tiers)
             }
+            ShardOp::GroupSpec {
+                index,
+                slot,
+                group,
+                spec,
+                align,
+                base,
+            } => {
+                let ix = index_mut(&mut self.indexes, index, bounded);
+                let align = (align > 0).then_some(align);
+                ix.tree.set_group_spec(slot, group, spec, align, base);
+            }
+            ShardOp::GroupHold {
+                index,
+                slot,
+                group,
+                block,
+                held,
+            } => {
+                self.applied += 1;
+                let ix = index_mut(&mut self.indexes, index, bounded);
+                if !ix.tree.hold_in_group(slot, block, group, held) {
+                    self.group_unheld += 1;
+                }
+            }
+        }
+    }
+
+    /// Per slot of `index` in this shard with KV-cache groups besides full
+    /// attention, the prompt's blocks it would reuse under their rules.
+    pub fn effective(&self, index: IndexId, prompt: Prompt<'_>, out: &mut Vec<(WorkerSlot, u32)>) {
+        if let Some(ix) = self.indexes.get(index.0 as usize) {
+            ix.tree.effective(prompt, out);
         }
     }
 

@@ -3,6 +3,7 @@
 //! few words, `Copy`, and must stay within 48 bytes: the rings' chunks hold ops by
 //! value.
 
+use super::hybrid::GroupSpec;
 use crate::types::{BlockHash, EngineHash, IndexId, SeqHash, Tier, TierSet, WorkerSlot};
 
 /// The one way to change a shard's blocks.
@@ -58,6 +59,26 @@ pub enum ShardOp {
         slot: WorkerSlot,
         tiers: TierSet,
     },
+    /// `slot`'s KV-cache group `group` (not full attention) is described by
+    /// `spec`; `align` is the hit alignment in tokens when set (0: not set).
+    GroupSpec {
+        index: IndexId,
+        slot: WorkerSlot,
+        group: u8,
+        spec: GroupSpec,
+        align: u32,
+        /// The index's block size, in which the tree counts blocks.
+        base: u32,
+    },
+    /// `slot`'s KV-cache group `group` holds (`held`) or no longer holds the
+    /// block the slot names `block` (a block it holds in full attention).
+    GroupHold {
+        index: IndexId,
+        slot: WorkerSlot,
+        group: u8,
+        block: EngineHash,
+        held: bool,
+    },
 }
 
 // A ring chunk holds CHUNK ops; a larger op would cost every op more cache lines.
@@ -105,7 +126,9 @@ impl ShardOp {
             | ShardOp::Seed { index, .. }
             | ShardOp::SeedDone { index }
             | ShardOp::Remove { index, .. }
-            | ShardOp::ClearSlot { index, .. } => index,
+            | ShardOp::ClearSlot { index, .. }
+            | ShardOp::GroupSpec { index, .. }
+            | ShardOp::GroupHold { index, .. } => index,
         }
     }
 
@@ -117,7 +140,9 @@ impl ShardOp {
             | ShardOp::StoreKeyed { slot, .. }
             | ShardOp::Seed { slot, .. }
             | ShardOp::Remove { slot, .. }
-            | ShardOp::ClearSlot { slot, .. } => Some(slot),
+            | ShardOp::ClearSlot { slot, .. }
+            | ShardOp::GroupSpec { slot, .. }
+            | ShardOp::GroupHold { slot, .. } => Some(slot),
             ShardOp::SeedDone { .. } => None,
         }
     }

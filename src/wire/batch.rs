@@ -8,7 +8,7 @@
 //! returned, so a bad event rejects the frame, not half of it.
 
 use super::msgpack::{Class, Cursor, Int};
-use super::{Batch, EventRec, WireError};
+use super::{Batch, EventRec, GroupKind, WireError};
 use crate::types::EngineHash;
 use std::ops::Range;
 
@@ -423,24 +423,49 @@ pub(super) fn lenient_str(c: &mut Cursor<'_>) -> Result<Option<Range<usize>>, Wi
     Ok(None)
 }
 
-/// Whether vLLM's KV-cache group metadata marks an event as belonging to an
-/// auxiliary group (sliding window, Mamba, ...), which the prefix index must
-/// not see: Dynamo's rule, so both indexers agree.
-pub(super) fn aux_group(group_idx: Option<u32>, spec_kind: Option<&[u8]>) -> bool {
+/// What vLLM's KV-cache group fields make of an event: its group kind, or `None`
+/// for an event to drop (a kind kvix has no hit rule for, or a store of a group
+/// other than 0 that names no kind, as Dynamo drops it). A removal names only
+/// its group: any group but 0 is [`GroupKind::Named`], resolved by what the
+/// group's stores said.
+pub(super) fn group_kind(
+    op: super::EventOp,
+    group_idx: Option<u32>,
+    spec_kind: Option<&[u8]>,
+) -> Option<GroupKind> {
     if let Some(kind) = spec_kind {
-        return !matches!(
-            kind,
-            b"full_attention" | b"mla_attention" | b"sink_full_attention"
-        );
+        return GroupKind::of_spec(kind);
     }
-    matches!(group_idx, Some(g) if g != 0)
+    match (op, group_idx) {
+        (_, None | Some(0)) => Some(GroupKind::Full),
+        (super::EventOp::Removed, Some(_)) => Some(GroupKind::Named),
+        _ => None,
+    }
+}
+
+/// A tolerated tail field that should be a token count (`kv_cache_spec_sliding_window`).
+pub(super) fn lenient_window(c: &mut Cursor<'_>) -> Result<Option<u32>, WireError> {
+    if c.peek_class()? == Class::Int {
+        return Ok(u32::try_from(c.int("kv_cache_spec_sliding_window")?.bits()).ok());
+    }
+    c.skip()?;
+    Ok(None)
 }
 
 /// vLLM/SGLang strictness: with a block size, tokens must fill the blocks exactly.
+/// A store of a sliding-window or Mamba group may name fewer blocks than its
+/// tokens fill (vLLM leaves out the blocks it keeps no state for), never more.
 pub(super) fn check_stored(ev: &EventRec) -> Result<(), WireError> {
     if let Some(bs) = ev.block_size {
         let blocks = ev.hashes.len();
-        if bs == 0 || ev.tokens.len() != blocks * bs as usize {
+        let sparse = ev.group_kind != GroupKind::Full;
+        let ok = bs != 0
+            && if sparse {
+                ev.tokens.len() % bs as usize == 0 && ev.tokens.len() >= blocks * bs as usize
+            } else {
+                ev.tokens.len() == blocks * bs as usize
+            };
+        if !ok {
             return Err(WireError::TokenCount {
                 tokens: ev.tokens.len(),
                 blocks,

@@ -22,8 +22,8 @@
 //! Unknown keys are skipped, in every dialect.
 
 use super::batch::{
-    aux_group, check_stored, check_stored_optional_tokens, extra_keys, hashes, lenient_str,
-    lenient_u32, lora_id, numeric_key, opt_hash, opt_u64, seconds_ms, text, tokens, unknown_tag,
+    check_stored, check_stored_optional_tokens, extra_keys, group_kind, hashes, lenient_str,
+    lenient_u32, lenient_window, lora_id, numeric_key, opt_hash, opt_u64, seconds_ms, text, tokens, unknown_tag,
 };
 use super::msgpack::{Class, Cursor};
 use super::{Batch, Dialect, EventOp, EventRec, HashKind, WireError};
@@ -55,6 +55,7 @@ struct Keys {
     saw_tokens: bool,
     group: Option<u32>,
     spec_kind: Option<Range<usize>>,
+    window: Option<u32>,
 }
 
 /// One map event. `Ok(None)`: an auxiliary KV-cache group's event, dropped.
@@ -70,11 +71,17 @@ pub(super) fn event(c: &mut Cursor<'_>, out: &mut Batch) -> Result<Option<EventR
     ev.op = op;
     ev.dialect = dialect;
     choose_hashes(&mut ev, &keys);
-    check(c, out, &mut ev, &keys)?;
-    if aux_group(keys.group, keys.spec_kind.map(|r| c.slice(r))) {
+    let kind = if ev.dialect == Dialect::Engine {
+        group_kind(op, keys.group, keys.spec_kind.clone().map(|r| c.slice(r)))
+    } else {
+        Some(super::GroupKind::Full)
+    };
+    let Some(kind) = kind else {
         return Ok(None);
-    }
-    ev.group_idx = keys.group;
+    };
+    ev.group_kind = kind;
+    check(c, out, &mut ev, &keys)?;
+    (ev.group_idx, ev.group_window) = (keys.group, keys.window);
     Ok(Some(ev))
 }
 
@@ -151,6 +158,7 @@ fn read_value(
         b"base_block_idx" => ev.base_block_idx = c.opt_u32("base_block_idx")?,
         b"group_idx" => keys.group = lenient_u32(c)?,
         b"kv_cache_spec_kind" => keys.spec_kind = lenient_str(c)?,
+        b"kv_cache_spec_sliding_window" => keys.window = lenient_window(c)?,
         b"addr_list" | b"replicas" => ev.replicas = super::mooncake::replicas(c, out)?,
         _ => c.skip()?,
     }

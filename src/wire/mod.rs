@@ -104,6 +104,39 @@ pub enum Dialect {
     MooncakeLegacy,
 }
 
+/// The kind of vLLM KV-cache group an event belongs to, from its
+/// `kv_cache_spec_kind` (or its `group_idx` alone).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Hash)]
+pub enum GroupKind {
+    /// Full attention (`full_attention`, `mla_attention`, `sink_full_attention`),
+    /// or no group fields at all: the prefix index Dynamo keeps.
+    #[default]
+    Full,
+    /// `sliding_window`, `sliding_window_mla`: the window is in `group_window`.
+    SlidingWindow,
+    /// `chunked_local_attention`: the chunk size is a setting, not on the wire.
+    ChunkedLocal,
+    /// `mamba`: one state block stands for the whole prefix before it.
+    Mamba,
+    /// A removal naming a `group_idx` other than 0: its kind is the one that
+    /// group's stores said.
+    Named,
+}
+
+impl GroupKind {
+    /// The kind a `kv_cache_spec_kind` names; `None` for kinds kvix has no hit
+    /// rule for (their events are dropped).
+    pub fn of_spec(kind: &[u8]) -> Option<GroupKind> {
+        match kind {
+            b"full_attention" | b"mla_attention" | b"sink_full_attention" => Some(GroupKind::Full),
+            b"sliding_window" | b"sliding_window_mla" => Some(GroupKind::SlidingWindow),
+            b"chunked_local_attention" => Some(GroupKind::ChunkedLocal),
+            b"mamba" => Some(GroupKind::Mamba),
+            _ => None,
+        }
+    }
+}
+
 /// One replica location of a legacy Mooncake object: byte ranges into the payload.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReplicaRec {
@@ -145,9 +178,12 @@ pub struct EventRec {
     pub dp_rank: Option<u32>,
     /// RFC #1527 `base_block_idx`: zero-based depth of the first block.
     pub base_block_idx: Option<u32>,
-    /// vLLM `group_idx` (KV-cache group). Events of non-main groups are dropped
-    /// by the decoder (see [`Batch::ignored`]), so this is `None` or main.
+    /// vLLM `group_idx` (KV-cache group), as sent.
     pub group_idx: Option<u32>,
+    /// What kind of KV-cache group the event is of (see [`GroupKind`]).
+    pub group_kind: GroupKind,
+    /// `kv_cache_spec_sliding_window` (tokens) of a sliding-window group's store.
+    pub group_window: Option<u32>,
     /// Token ids arrived as `(token, next_token)` pairs (EAGLE / SGLang DSv4);
     /// `tokens` holds the first of each pair, i.e. the block's own tokens.
     pub bigram_tokens: bool,
@@ -185,6 +221,8 @@ impl EventRec {
             dp_rank: None,
             base_block_idx: None,
             group_idx: None,
+            group_kind: GroupKind::Full,
+            group_window: None,
             bigram_tokens: false,
             tenant_id: None,
             backend_id: None,
@@ -212,9 +250,10 @@ pub struct Batch {
     pub replicas: Vec<ReplicaRec>,
     /// (block index within its event, multimodal hash), per event in `EventRec::mm`.
     pub mm: Vec<(u32, u64)>,
-    /// Well-formed events the decoder dropped: vLLM events of a non-main
-    /// KV-cache group (`group_idx` != 0, or a `kv_cache_spec_kind` other than
-    /// full/MLA/sink-full attention), as Dynamo does. For metrics only.
+    /// Well-formed events the decoder dropped: vLLM stores of a KV-cache group
+    /// kvix has no hit rule for (a `kv_cache_spec_kind` such as
+    /// `encoder_only_attention`, or a `group_idx` other than 0 without a kind),
+    /// as Dynamo drops them. For metrics only.
     pub ignored: u32,
 }
 
@@ -250,6 +289,8 @@ pub struct Event<'a> {
     pub dp_rank: Option<u32>,
     pub base_block_idx: Option<u32>,
     pub group_idx: Option<u32>,
+    pub group_kind: GroupKind,
+    pub group_window: Option<u32>,
     pub bigram_tokens: bool,
     pub tenant_id: Option<&'a str>,
     pub backend_id: Option<&'a str>,
@@ -334,6 +375,8 @@ impl Batch {
             dp_rank: e.dp_rank,
             base_block_idx: e.base_block_idx,
             group_idx: e.group_idx,
+            group_kind: e.group_kind,
+            group_window: e.group_window,
             bigram_tokens: e.bigram_tokens,
             tenant_id: text(&e.tenant_id),
             backend_id: text(&e.backend_id),

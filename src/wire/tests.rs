@@ -96,14 +96,17 @@ fn vllm_every_tail_field() {
 }
 
 #[test]
-fn vllm_auxiliary_kv_groups_are_dropped() {
+fn vllm_kv_groups_carry_their_kind_and_window() {
     let (b, p) = decoded("vllm_array_aux_group");
-    assert_eq!(b.ignored, 2);
+    assert_eq!(b.ignored, 0);
     let ev: Vec<_> = b.events(&p).collect();
-    assert_eq!(ev.len(), 1);
+    assert_eq!(ev.len(), 3);
     assert_eq!(ev[0].hashes, &[h(31)]);
-    // Dropped events leave nothing in the shared arrays.
-    assert_eq!((b.hashes.len(), b.tokens.len()), (1, 4));
+    assert_eq!((ev[0].group_idx, ev[0].group_kind), (Some(0), GroupKind::Full));
+    assert_eq!(ev[1].group_kind, GroupKind::SlidingWindow);
+    assert_eq!((ev[1].group_idx, ev[1].group_window), (Some(1), Some(128)));
+    // A removal names its group only: its kind is what the group's stores said.
+    assert_eq!((ev[2].group_idx, ev[2].group_kind), (Some(1), GroupKind::Named));
 }
 
 #[test]

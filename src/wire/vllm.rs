@@ -15,16 +15,17 @@
 //! `BlockRemoved`: hashes [, medium [, group_idx [, locality ...]]].
 //! `AllBlocksCleared`: no fields (tail tolerated). Unknown trailing fields are
 //! skipped; tail fields whose type changed between versions (`group_idx`,
-//! `kv_cache_spec_kind`) are read leniently. Events of a non-main KV-cache
-//! group are dropped (counted in [`Batch::ignored`](super::Batch)), as Dynamo does.
+//! `kv_cache_spec_kind`) are read leniently. The group fields say which
+//! KV-cache group an event is of ([`super::GroupKind`]); events of a group kvix
+//! has no hit rule for are dropped (counted in [`Batch::ignored`](super::Batch)).
 //!
 //! Current vLLM and SGLang encode events as tagged *maps* inside a positional
 //! batch; those are decoded by [`super::map`]. The batch envelope is in
 //! `batch.rs`, and [`super::decode`] is the entry point for every dialect.
 
 use super::batch::{
-    Fields, aux_group, check_stored, extra_keys, hashes, lenient_str, lenient_u32, lora_id,
-    opt_hash, text, tokens,
+    Fields, check_stored, extra_keys, group_kind, hashes, lenient_str, lenient_u32, lenient_window,
+    lora_id, opt_hash, text, tokens,
 };
 use super::msgpack::Cursor;
 use super::{Batch, EventOp, EventRec, WireError};
@@ -49,7 +50,7 @@ pub(super) fn event_array(
 ) -> Result<Option<EventRec>, WireError> {
     let mut ev = EventRec::empty(op, out);
     let mut f = Fields::new(left);
-    let (mut group, mut spec_kind) = (None, None);
+    let (mut group, mut spec_kind, mut window) = (None, None, None);
     match op {
         EventOp::Stored => {
             f.next(true, "block_hashes")?;
@@ -92,7 +93,9 @@ pub(super) fn event_array(
             if f.next(false, "kv_cache_spec_kind")? {
                 spec_kind = lenient_str(c)?;
             }
-            check_stored(&ev)?;
+            if f.next(false, "kv_cache_spec_sliding_window")? {
+                window = lenient_window(c)?;
+            }
         }
         EventOp::Removed => {
             f.next(true, "block_hashes")?;
@@ -106,12 +109,15 @@ pub(super) fn event_array(
         }
         EventOp::Cleared | EventOp::Updated => {}
     }
-    // Newer tail fields (sliding window, locality, ownership, ...) are tolerated.
+    // Newer tail fields (locality, ownership, ...) are tolerated.
     f.skip_rest(c)?;
-    if aux_group(group, spec_kind.map(|r| c.slice(r))) {
+    let Some(kind) = group_kind(op, group, spec_kind.map(|r| c.slice(r))) else {
         return Ok(None);
+    };
+    (ev.group_idx, ev.group_kind, ev.group_window) = (group, kind, window);
+    if op == EventOp::Stored {
+        check_stored(&ev)?;
     }
-    ev.group_idx = group;
     Ok(Some(ev))
 }
 

@@ -66,6 +66,7 @@ impl Tree {
         self.held.remove_pairs(&removed);
         for &node in &ended {
             self.held.slot(slot, -1);
+            self.drop_groups(slot, node);
             if let Some(names) = self.aliases.remove(&(slot, node)) {
                 forget_names(&mut map, names, node, None, &self.chunks);
             }

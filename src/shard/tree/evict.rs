@@ -204,6 +204,7 @@ impl Tree {
                 names.forget(eh, id, chunks);
             }
             self.aliases.remove(&(h.slot(), id));
+            self.drop_groups(h.slot(), id);
         }
         let Tree { chunks, slab, .. } = self;
         at_mut(chunks, id).holders.free(slab);

@@ -69,7 +69,7 @@ impl Tree {
     /// The child of `p` (whose sequence hash is `parent`) with sequence hash `seq`:
     /// every candidate's chain link is computed, since a node keeps only its local
     /// hash.
-    fn child_by_seq(
+    pub(super) fn child_by_seq(
         &self,
         p: Option<NodeId>,
         parent: Option<SeqHash>,

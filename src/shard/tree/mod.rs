@@ -36,12 +36,14 @@ mod arena;
 mod clear;
 mod dump;
 mod evict;
+mod groups;
 mod lookup;
 mod names;
 mod predicted;
 
 pub use arena::NodeId;
 pub use dump::{DumpWalk, Seed};
+pub use groups::{MAX_GROUPS, SlotGroups};
 pub use names::NamesAt;
 pub use predicted::{ChainAt, NodeKey, PredictCounts};
 
@@ -89,6 +91,11 @@ pub struct Tree {
     /// files the same content under two hashes): every engine hash of such a pair is
     /// listed, so that all go when the slot stops holding the node. Usually empty.
     aliases: HashMap<(WorkerSlot, NodeId), Vec<EngineHash>>,
+    /// Per (slot, node) the slot holds, the bits (by `group_idx`) of its other
+    /// KV-cache groups that hold the block too (see [`groups`]). Usually empty.
+    groups: HashMap<(WorkerSlot, NodeId), u32>,
+    /// Per slot, its other KV-cache groups as their stores described them.
+    specs: Vec<SlotGroups>,
     /// Nodes whose hold a clear step ended (scratch, empty between calls).
     ended: Vec<NodeId>,
     /// An evicted block's holders (scratch).
@@ -245,6 +252,7 @@ impl Tree {
             return;
         }
         *self = Tree {
+            specs: std::mem::take(&mut self.specs),
             tracking: self.tracking,
             node_limit: self.node_limit,
             epoch: self.epoch.wrapping_add(1),
@@ -281,6 +289,7 @@ impl Tree {
             return;
         }
         self.held.slot(slot, -1);
+        self.drop_groups(slot, node);
         if let Some(names) = self.aliases.remove(&(slot, node)) {
             let Tree { engine, chunks, .. } = self;
             forget_names(&mut engine[slot.0 as usize], names, node, keep, chunks);
@@ -341,6 +350,7 @@ impl Tree {
             + self.held.heap_bytes()
             + self.used.capacity() * 4
             + self.leaves.heap_bytes()
+            + self.groups_heap_bytes()
     }
 }
 
