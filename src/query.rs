@@ -8,7 +8,11 @@
 //!   on any tier and dp rank, and within it the blocks found on each tier and
 //!   on each dp rank's device;
 //! - llm-d ([`weighted`]): per worker, the longest prefix held on a tier of
-//!   positive weight, each block counting its best tier's weight.
+//!   positive weight, each block counting its best tier's weight;
+//! - hybrid models ([`Hit`]): per worker with KV-cache groups besides full
+//!   attention, the prefix its engine would reuse under their rules (the shards
+//!   compute it, see [`crate::shard::hybrid`]); llm-d's run and the conductor's
+//!   prefix end there too.
 //!
 //! Pure computation: no I/O, no shard access beyond [`answer`].
 
@@ -355,6 +359,14 @@ pub fn conductor(
     instances: usize,
 ) -> Vec<InstanceOverlap> {
     let mut out = vec![InstanceOverlap::default(); instances];
+    // A hybrid worker's instance reaches no further than its ranks' effective
+    // prefixes (the longest of them).
+    let mut cap = vec![None::<u32>; instances];
+    for &(slot, e) in &m.effective {
+        if let Some(Some(i)) = instance_of.get(slot.0 as usize) {
+            cap[*i] = Some(cap[*i].map_or(e, |c| c.max(e)));
+        }
+    }
     let mut mask = vec![TierSet::NONE; instances];
     let mut device = vec![0u32; instance_of.len()];
     for (depth, (holders, _)) in HolderLists::new(&m.holders).enumerate() {
@@ -364,7 +376,7 @@ pub fn conductor(
             let Some(Some(i)) = instance_of.get(h.slot().0 as usize) else {
                 continue;
             };
-            if out[*i].longest == depth {
+            if out[*i].longest == depth && cap[*i].is_none_or(|c| depth < c) {
                 mask[*i] |= h.tiers();
             }
         }
@@ -417,13 +429,20 @@ pub fn weighted(
 ) -> Vec<f32> {
     let mut score = vec![0f32; slots];
     let mut len = vec![0u32; slots];
+    // A hybrid worker's run ends with its effective prefix.
+    let mut cap = vec![u32::MAX; slots];
+    for &(slot, e) in &m.effective {
+        if let Some(c) = cap.get_mut(slot.0 as usize) {
+            *c = e;
+        }
+    }
     for (depth, (holders, _)) in HolderLists::new(&m.holders).enumerate() {
         let mut advanced = false;
         for &h in holders {
             let h = Holder(h);
             let slot = h.slot();
             let s = slot.0 as usize;
-            if s >= slots || len[s] != depth as u32 || !live(slot) {
+            if s >= slots || len[s] != depth as u32 || len[s] >= cap[s] || !live(slot) {
                 continue;
             }
             let best = h
@@ -479,6 +498,7 @@ mod tests {
         let reply = ShardReply {
             holders: vec![2, h(0, d), h(1, d), 1, h(0, d), 2, h(0, d), h(1, d)],
             per_slot: vec![3, 2],
+            effective: Vec::new(),
         };
         let o = gather(&merge(vec![reply]), 2, |_| true);
         assert_eq!(o.matched[0], [3, 3, 3]);
@@ -632,6 +652,7 @@ mod tests {
         let reply = ShardReply {
             holders: vec![1, h(0, d | c), 1, h(0, c), 1, h(0, k)],
             per_slot: vec![3],
+            effective: Vec::new(),
         };
         let o = gather(&merge(vec![reply]), 1, |_| true);
         assert_eq!(o.matched[0], [1, 2, 3]);
@@ -642,6 +663,7 @@ mod tests {
         let reply = ShardReply {
             holders: vec![1, h(0, Tier::DEVICE.bit())],
             per_slot: vec![1],
+            effective: Vec::new(),
         };
         let o = gather(&merge(vec![reply]), 1, |_| false);
         assert_eq!(o.matched[0], [0, 0, 0]);
@@ -657,6 +679,7 @@ mod tests {
         let reply = ShardReply {
             holders: vec![2, h(0, g | c | d), h(1, g), 1, h(0, g | c), 1, h(0, d)],
             per_slot: vec![],
+            effective: Vec::new(),
         };
         let o = conductor(&merge(vec![reply]), &[Some(0), Some(0)], 1);
         assert_eq!(o[0].longest, 3);
@@ -690,6 +713,7 @@ mod tests {
                 h(2, g),
             ],
             per_slot: vec![],
+            effective: Vec::new(),
         };
         let s = weighted(&merge(vec![reply]), 3, |_| true, &LLMD_WEIGHTS);
         assert_eq!(s, vec![4.0, 2.0, 0.0]);
@@ -702,6 +726,7 @@ mod tests {
         let reply = ShardReply {
             holders: vec![1, h(0, g | c), 1, h(0, c), 1, h(0, d)],
             per_slot: vec![],
+            effective: Vec::new(),
         };
         let s = weighted(&merge(vec![reply]), 1, |_| true, &LLMD_WEIGHTS);
         assert!((s[0] - 1.8).abs() < 1e-6, "{s:?}");

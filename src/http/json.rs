@@ -698,6 +698,7 @@ mod tests {
             matched: vec![[2, 2, 2], [1, 2, 3], [3, 3, 3]],
             frequencies: vec![3, 2],
             tree_sizes: vec![5, 6, 7],
+            effective: vec![0, 1, 2],
         };
         let all = |_| true;
         let ix = index(&[(20, 1), (u64::MAX as InstanceId, 0), (20, 0)]);
@@ -709,8 +710,10 @@ mod tests {
                 concat!(
                     r#"{{"scores":{{"20":{{"0":12,"1":8}},"{max}":{{"0":4}}}},"frequencies":[3,2],"#,
                     r#""tree_sizes":{{"20":{{"0":7,"1":5}},"{max}":{{"0":6}}}},"instances":{{"#,
-                    r#""20":{{"longest_matched":12,"gpu":12,"dp":{{"0":12,"1":8}},"cpu":12,"disk":12}},"#,
-                    r#""{max}":{{"longest_matched":12,"gpu":4,"dp":{{"0":4}},"cpu":8,"disk":12}}}}}}"#
+                    r#""20":{{"longest_matched":12,"gpu":12,"dp":{{"0":12,"1":8}},"cpu":12,"disk":12,"#,
+                    r#""effective":{{"0":8,"1":0}},"hit":{{"0":"partial","1":"miss"}}}},"#,
+                    r#""{max}":{{"longest_matched":12,"gpu":4,"dp":{{"0":4}},"cpu":8,"disk":12,"#,
+                    r#""effective":{{"0":4}},"hit":{{"0":"full"}}}}}}}}"#
                 ),
                 max = max
             )

@@ -112,7 +112,7 @@ impl Tree {
 
     /// The prompt's nodes from its first block while they are filed (held or
     /// not: a window's blocks may follow blocks no one holds).
-    fn path(&self, prompt: Prompt<'_>, out: &mut Vec<NodeId>) {
+    fn prompt_path(&self, prompt: Prompt<'_>, out: &mut Vec<NodeId>) {
         let mut p = None;
         for i in 0..prompt.len() {
             let found = match prompt {
@@ -133,7 +133,7 @@ impl Tree {
             return;
         }
         let mut path = Vec::new();
-        self.path(prompt, &mut path);
+        self.prompt_path(prompt, &mut path);
         let scored = TierSet(Tier::DEVICE.bit().0 | Tier::PREDICTED.bit().0);
         let mut specs = Vec::new();
         for (s, g) in self.specs.iter().enumerate() {
