@@ -53,6 +53,9 @@ struct SlotFeed {
     /// The rank's KV-cache groups other than full attention, as their stores
     /// described them (the shard was told each): (group_idx, spec). Usually empty.
     groups: Vec<(u32, GroupSpec)>,
+    /// Groups other than 0 whose stores said full attention: their removals are
+    /// the index's (vLLM's hit needs every group of a kind to hold a block).
+    full_groups: Vec<u32>,
 }
 
 /// The feed of one registered listener (instance, registered dp rank).
@@ -191,6 +194,7 @@ impl WorkerFeed {
             dp,
             slot,
             groups: Vec::new(),
+            full_groups: Vec::new(),
         });
         Some(self.slots.len() - 1)
     }
@@ -238,6 +242,12 @@ impl WorkerFeed {
             let Some(i) = self.slot_of(&ev, batch, registry) else {
                 continue;
             };
+            if let (EventOp::Stored, GroupKind::Full, Some(g @ 1..)) =
+                (ev.op, ev.group_kind, ev.group_idx)
+                && !self.slots[i].full_groups.contains(&g)
+            {
+                self.slots[i].full_groups.push(g);
+            }
             match (ev.op, self.group_of(i, &ev)) {
                 (_, Some(_)) => grouped = true,
                 (EventOp::Stored, None) => self.store(i, &ev, registry, sink),
@@ -270,15 +280,17 @@ impl WorkerFeed {
 
     /// The KV-cache group (other than full attention) an event is of, if any. A
     /// removal naming a group is of the kind that group's stores said; a removal
-    /// naming a group no store described is the main index's for group 0, and
-    /// dropped (later, counted) for another group, as Dynamo drops it.
+    /// naming a full-attention group, or group 0 when no store described it, is
+    /// the index's; one naming another group no store described is dropped
+    /// (later, counted), as Dynamo drops it.
     fn group_of(&self, i: usize, ev: &Event<'_>) -> Option<u32> {
         match ev.group_kind {
             GroupKind::Full => None,
             GroupKind::Named => {
                 let g = ev.group_idx?;
-                let other = self.slots[i].groups.iter().any(|&(x, _)| x == g);
-                (other || g != 0).then_some(g)
+                let sf = &self.slots[i];
+                let other = sf.groups.iter().any(|&(x, _)| x == g);
+                (other || (g != 0 && !sf.full_groups.contains(&g))).then_some(g)
             }
             _ => Some(ev.group_idx.unwrap_or(0)),
         }

@@ -426,8 +426,8 @@ pub(super) fn lenient_str(c: &mut Cursor<'_>) -> Result<Option<Range<usize>>, Wi
 /// What vLLM's KV-cache group fields make of an event: its group kind, or `None`
 /// for an event to drop (a kind kvix has no hit rule for, or a store of a group
 /// other than 0 that names no kind, as Dynamo drops it). A removal names only
-/// its group: any group but 0 is [`GroupKind::Named`], resolved by what the
-/// group's stores said.
+/// its group: it is [`GroupKind::Named`], resolved by what the group's stores
+/// said.
 pub(super) fn group_kind(
     op: super::EventOp,
     group_idx: Option<u32>,
@@ -437,8 +437,9 @@ pub(super) fn group_kind(
         return GroupKind::of_spec(kind);
     }
     match (op, group_idx) {
-        (_, None | Some(0)) => Some(GroupKind::Full),
+        (_, None) => Some(GroupKind::Full),
         (super::EventOp::Removed, Some(_)) => Some(GroupKind::Named),
+        (_, Some(0)) => Some(GroupKind::Full),
         _ => None,
     }
 }
