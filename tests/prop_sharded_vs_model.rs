@@ -8,6 +8,12 @@
 //! hashes or shards: each worker holds a set of token prefixes with tiers, and a
 //! set of predicted prefixes (`/speculate`'s ops, pushed on the same rings) that
 //! score as the device until the worker stores them, clears, or they expire.
+//!
+//! A hybrid model's other KV-cache groups (a sliding window, group 1; Mamba,
+//! group 2) store and remove blocks too, with vLLM's group fields; the model
+//! keeps which prefixes each group holds while the worker holds them, and
+//! applies vLLM's hit rules literally to say what each worker's `effective`
+//! prefix is.
 
 use kvix::hash;
 use kvix::ingest::feed::WorkerFeed;
@@ -54,7 +60,23 @@ enum Action {
     },
     /// Time passes beyond every prediction's TTL.
     Expire,
+    /// KV-cache group `group` (1: sliding window, 2: Mamba) stores (or removes)
+    /// the last `depth` blocks of the chain of the worker's known block `pick`
+    /// names, but those `skip` has a bit for (a sparse run, as vLLM sends).
+    Group {
+        inst: u64,
+        dp: Option<u32>,
+        group: u32,
+        pick: usize,
+        depth: usize,
+        skip: u8,
+        stored: bool,
+    },
 }
+
+/// The sliding window, in tokens, of each instance's group 1: 1, 2 and 3 blocks
+/// of [`BS`] must be present (`ceil((W - 1) / BS)`).
+const WINDOWS: [u32; INSTANCES as usize] = [3, 5, 7];
 
 fn action() -> impl Strategy<Value = Action> {
     let inst = 0..INSTANCES;
@@ -70,6 +92,12 @@ fn action() -> impl Strategy<Value = Action> {
         2 => (inst, dp, prop::collection::vec(block, 1..4))
             .prop_map(|(inst, dp, blocks)| Action::Predict { inst, dp, blocks }),
         1 => Just(Action::Expire),
+        8 => (0..INSTANCES, prop::option::of(0u32..2), 1u32..3, 0usize..64, 1usize..6, any::<u8>(), prop::bool::weighted(0.7))
+            .prop_map(|(inst, dp, group, pick, depth, skip, stored)| {
+                // Mostly dense runs; a quarter skip some blocks.
+                let skip = if skip % 4 == 0 { skip } else { 0 };
+                Action::Group { inst, dp, group, pick, depth, skip, stored }
+            }),
     ]
 }
 
@@ -89,6 +117,9 @@ struct Model {
     workers: HashMap<(u64, u32), Held>,
     /// Predicted prefixes per worker (never one the worker holds on any tier).
     predicted: HashMap<(u64, u32), HashSet<Vec<u32>>>,
+    /// Per (worker, group), the prefixes the group holds (blocks the worker
+    /// holds); a worker's groups once a store named them.
+    groups: HashMap<((u64, u32), u32), HashSet<Vec<u32>>>,
 }
 
 impl Model {
@@ -165,7 +196,98 @@ impl Model {
                 }
             }
         }
+        self.forget_groups();
         hashes
+    }
+
+    /// Group `group` of worker (`inst`, `dp`) stores or removes blocks of the
+    /// chain of its known block `pick` names (see [`Action::Group`]; a pick past
+    /// them: a block it does not hold). Their hashes, parents first.
+    fn group(&mut self, inst: u64, dp: Option<u32>, group: u32, a: (usize, usize, u8), stored: bool) -> Vec<u64> {
+        let (pick, depth, skip) = a;
+        let w = (inst, dp.unwrap_or(0));
+        let known = self.known(w);
+        let prefix = match known.get(pick % (known.len() + 1)) {
+            Some(h) => self.workers[&w][h].0.clone(),
+            None => vec![7; BS],
+        };
+        let blocks = prefix.len() / BS;
+        let hashes: Vec<u64> = (blocks.saturating_sub(depth)..blocks)
+            .filter(|b| skip & (1 << (b % 8)) == 0)
+            .map(|b| engine_hash(inst, &prefix[..(b + 1) * BS]))
+            .collect();
+        // A store describes the group, even of blocks it cannot keep; a removal
+        // of a group no store described is dropped.
+        if stored {
+            self.groups.entry((w, group)).or_default();
+        }
+        let Some(held) = self.groups.get_mut(&(w, group)) else {
+            return hashes;
+        };
+        for h in &hashes {
+            let Some((prefix, _)) = self.workers.get(&w).and_then(|m| m.get(h)) else {
+                continue;
+            };
+            if stored {
+                held.insert(prefix.clone());
+            } else {
+                held.remove(prefix);
+            }
+        }
+        hashes
+    }
+
+    /// A group's holds end with the worker's hold of the block.
+    fn forget_groups(&mut self) {
+        for ((w, _), held) in self.groups.iter_mut() {
+            let m = self.workers.get(w);
+            held.retain(|p| m.is_some_and(|m| m.values().any(|(q, _)| q == p)));
+        }
+    }
+
+    /// vLLM's hit for worker `w` and prompt `q`, in blocks, its rules written as
+    /// `find_longest_cache_hit` loops them; `None` for a worker without other groups.
+    fn effective(&self, w: (u64, u32), q: &[u32]) -> Option<u32> {
+        let groups: Vec<u32> = [1, 2]
+            .into_iter()
+            .filter(|g| self.groups.contains_key(&(w, *g)))
+            .collect();
+        if groups.is_empty() {
+            return None;
+        }
+        let has = |g: u32, b: usize| {
+            q.len() >= (b + 1) * BS && self.groups[&(w, g)].contains(&q[..(b + 1) * BS])
+        };
+        let mut hit = self.matched(w, q)[0] as usize;
+        loop {
+            let mut cur = hit;
+            for &g in &groups {
+                let max = cur;
+                cur = if g == 1 {
+                    let need = (WINDOWS[w.0 as usize] as usize - 1).div_ceil(BS);
+                    let mut run = 0;
+                    let mut found = None;
+                    for i in (0..max).rev() {
+                        if has(g, i) {
+                            run += 1;
+                            if run >= need {
+                                found = Some(i + run);
+                                break;
+                            }
+                        } else {
+                            run = 0;
+                        }
+                    }
+                    found.unwrap_or(run)
+                } else {
+                    (0..max).rev().find(|&i| has(g, i)).map_or(0, |i| i + 1)
+                };
+            }
+            if cur >= hit {
+                return Some(hit as u32);
+            }
+            hit = cur;
+        }
     }
 
     /// Matched blocks per tier set (device; device+host; any) for one worker.
@@ -421,9 +543,23 @@ fn apply(model: &mut Model, sharded: &mut Sharded, a: &Action) {
             model.predicted.clear();
             sharded.expire();
         }
+        Action::Group {
+            inst,
+            dp,
+            group,
+            pick,
+            depth,
+            skip,
+            stored,
+        } => {
+            let hashes = model.group(*inst, *dp, *group, (*pick, *depth, *skip), *stored);
+            let payload = frame(*dp, |b| group_event(b, *inst, *group, &hashes, *stored));
+            sharded.publish(*inst, &payload);
+        }
         Action::Clear { inst, dp } => {
             model.workers.remove(&(*inst, dp.unwrap_or(0)));
             model.predicted.remove(&(*inst, dp.unwrap_or(0)));
+            model.forget_groups();
             let payload = frame(*dp, |b| {
                 rmp::encode::write_array_len(b, 1).unwrap();
                 rmp::encode::write_str(b, "AllBlocksCleared").unwrap();
@@ -453,6 +589,42 @@ fn stored_event(
     rmp::encode::write_uint(b, BS as u64).unwrap();
     rmp::encode::write_nil(b).unwrap();
     rmp::encode::write_str(b, medium).unwrap();
+}
+
+/// A group's event as current vLLM writes it (a tagged map): a store names
+/// its group's kind (and window), a removal its group alone. The tokens span
+/// the named blocks (vLLM's span whole runs; kvix goes by the hashes).
+fn group_event(b: &mut Vec<u8>, inst: u64, group: u32, hashes: &[u64], stored: bool) {
+    let s = |b: &mut Vec<u8>, v: &str| rmp::encode::write_str(b, v).unwrap();
+    if !stored {
+        rmp::encode::write_map_len(b, 3).unwrap();
+        s(b, "type");
+        s(b, "BlockRemoved");
+        s(b, "block_hashes");
+        write_uints(b, hashes);
+        s(b, "group_idx");
+        rmp::encode::write_uint(b, group as u64).unwrap();
+        return;
+    }
+    rmp::encode::write_map_len(b, if group == 1 { 8 } else { 7 }).unwrap();
+    s(b, "type");
+    s(b, "BlockStored");
+    s(b, "block_hashes");
+    write_uints(b, hashes);
+    s(b, "parent_block_hash");
+    rmp::encode::write_nil(b).unwrap();
+    s(b, "token_ids");
+    write_uints(b, &vec![0; hashes.len() * BS]);
+    s(b, "block_size");
+    rmp::encode::write_uint(b, BS as u64).unwrap();
+    s(b, "group_idx");
+    rmp::encode::write_uint(b, group as u64).unwrap();
+    s(b, "kv_cache_spec_kind");
+    s(b, if group == 1 { "sliding_window" } else { "mamba" });
+    if group == 1 {
+        s(b, "kv_cache_spec_sliding_window");
+        rmp::encode::write_uint(b, WINDOWS[inst as usize] as u64).unwrap();
+    }
 }
 
 /// A msgpack array of unsigned integers.
@@ -488,6 +660,11 @@ fn check_query(model: &Model, sharded: &mut Sharded, budget: Option<usize>, q: &
         if budget.is_none() {
             assert_eq!(got, want, "shards={n} worker={w:?} query={q:?}");
             assert_eq!(got_size, size, "tree size, shards={n} worker={w:?}");
+            let effective = model.effective(*w, q).unwrap_or(want[0]);
+            assert_eq!(
+                ov.effective[slot.0 as usize], effective,
+                "effective, shards={n} worker={w:?} query={q:?}"
+            );
         } else {
             for (g, m) in got.iter().zip(want) {
                 assert!(*g <= m, "bounded: shards={n} worker={w:?} query={q:?}");
