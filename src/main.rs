@@ -376,9 +376,7 @@ fn tokenize_limits(args: &Args, shards: usize, cores: usize) -> kvix::tokenize::
 
 /// How `/speculate`'s predictions and `--approximate` indexes live.
 /// `--attention-chunk-size` and `--hybrid-align-tokens`, per model.
-fn hybrid_defaults(
-    args: &Args,
-) -> Result<Vec<(String, kvix::registry::HybridDefaults)>, String> {
+fn hybrid_defaults(args: &Args) -> Result<Vec<(String, kvix::registry::HybridDefaults)>, String> {
     let mut out: Vec<(String, kvix::registry::HybridDefaults)> = Vec::new();
     let flags = [
         ("attention-chunk-size", &args.attention_chunk_size),

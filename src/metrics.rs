@@ -595,7 +595,7 @@ impl Scrape<'_> {
 type Total = (&'static str, &'static str, fn(&Scrape) -> u64);
 
 /// The process-wide counters: ingest, replay, refusals, recovery.
-const TOTALS: [Total; 20] = [
+const TOTALS: [Total; 21] = [
     (
         "kvix_batches_received",
         "Event batches received from engines",
@@ -635,6 +635,11 @@ const TOTALS: [Total; 20] = [
         "kvix_unknown_removed_blocks",
         "Removals of blocks their worker does not hold",
         |s| s.shards(|s| s.unknown_removed),
+    ),
+    (
+        "kvix_ignored_events",
+        "Well-formed events with nothing to index (a KV-cache group kvix has no rule for, Mooncake replica updates, object-key-only events)",
+        |s| s.feed(|f| &f.ignored_events),
     ),
     (
         "kvix_group_blocks_unheld",

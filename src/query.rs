@@ -109,7 +109,10 @@ pub fn merge(mut replies: Vec<ShardReply>) -> Merged {
     let parts: Vec<&[u32]> = replies.iter().map(|r| &r.holders[..]).collect();
     let mut holders = Vec::with_capacity(parts.iter().map(|p| p.len()).sum());
     union_holders(&parts, Some, &mut holders);
-    let effective = replies.iter().flat_map(|r| r.effective.iter().copied()).collect();
+    let effective = replies
+        .iter()
+        .flat_map(|r| r.effective.iter().copied())
+        .collect();
     Merged {
         holders,
         per_slot,

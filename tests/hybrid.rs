@@ -94,7 +94,9 @@ fn batch(events: &[Ev]) -> Vec<u8> {
                 s(kind, &mut b);
                 s("kv_cache_spec_sliding_window", &mut b);
                 match window {
-                    Some(w) => rmp::encode::write_uint(&mut b, *w as u64).map(|_| ()).unwrap(),
+                    Some(w) => rmp::encode::write_uint(&mut b, *w as u64)
+                        .map(|_| ())
+                        .unwrap(),
                     None => rmp::encode::write_nil(&mut b).unwrap(),
                 }
             }
@@ -128,7 +130,14 @@ fn full(group: u32, first: u32, end: u32) -> Ev {
 }
 
 /// Another group's store of `blocks`, its tokens spanning `first..end`.
-fn other(group: u32, kind: &'static str, window: Option<u32>, first: u32, end: u32, blocks: &[u32]) -> Ev {
+fn other(
+    group: u32,
+    kind: &'static str,
+    window: Option<u32>,
+    first: u32,
+    end: u32,
+    blocks: &[u32],
+) -> Ev {
     Ev::Stored {
         first,
         end,
@@ -145,7 +154,15 @@ fn query(model: &str, blocks: u32) -> Value {
 
 /// Wait until worker `instance`'s rank 0 answers `effective` tokens and `hit`
 /// for a prompt of `blocks` blocks, with `scores` (full attention) `full` tokens.
-fn expect(s: &Server, model: &str, instance: u64, blocks: u32, full: u64, effective: u64, hit: &str) {
+fn expect(
+    s: &Server,
+    model: &str,
+    instance: u64,
+    blocks: u32,
+    full: u64,
+    effective: u64,
+    hit: &str,
+) {
     let body = query(model, blocks);
     let id = instance.to_string();
     s.eventually(
@@ -154,7 +171,10 @@ fn expect(s: &Server, model: &str, instance: u64, blocks: u32, full: u64, effect
             let v = s.post_json("/query", &body).1;
             let inst = &v["instances"][&id];
             let score = v["scores"][&id]["0"].as_u64().unwrap_or(0);
-            if inst["effective"]["0"] == json!(effective) && inst["hit"]["0"] == json!(hit) && score == full {
+            if inst["effective"]["0"] == json!(effective)
+                && inst["hit"]["0"] == json!(hit)
+                && score == full
+            {
                 Ok(())
             } else {
                 Err(v.to_string())
@@ -247,6 +267,20 @@ fn mamba_sparse_state_blocks() {
         group: 0,
     }]));
     expect(&s, "qwen-next", 1, 10, 36, 16, "partial");
+    // A state block of a block full attention does not hold (9, just removed) is
+    // not kept, and counted; a group of a kind kvix has no rule for is dropped.
+    w.send(&batch(&[
+        other(1, "mamba", None, 8, 10, &[9]),
+        other(3, "encoder_only_attention", None, 0, 1, &[0]),
+    ]));
+    s.eventually("the unheld and the ignored counted", || {
+        let unheld = s.metric("kvix_group_blocks_unheld_total", &[]);
+        let ignored = s.metric("kvix_ignored_events_total", &[]);
+        (unheld == 1.0 && ignored == 1.0)
+            .then_some(())
+            .ok_or(format!("unheld {unheld}, ignored {ignored}"))
+    });
+    expect(&s, "qwen-next", 1, 10, 36, 16, "partial");
     s.stop();
 }
 
@@ -291,7 +325,12 @@ fn a_model_without_group_fields_is_scored_as_before() {
     w.send(&common::stored(&hashes, None, &tokens(3), BS));
     // Full attention alone: effective is the device match, a hit is whole.
     expect(&s, "plain", 1, 3, 12, 12, "full");
-    let v = s.post_json("/query", &json!({"model_name": "plain", "token_ids": [9, 9, 9, 9]})).1;
+    let v = s
+        .post_json(
+            "/query",
+            &json!({"model_name": "plain", "token_ids": [9, 9, 9, 9]}),
+        )
+        .1;
     assert_eq!(v["instances"]["1"]["effective"], json!({"0": 0}), "{v}");
     assert_eq!(v["instances"]["1"]["hit"], json!({"0": "miss"}), "{v}");
     s.stop();

@@ -203,7 +203,14 @@ impl Model {
     /// Group `group` of worker (`inst`, `dp`) stores or removes blocks of the
     /// chain of its known block `pick` names (see [`Action::Group`]; a pick past
     /// them: a block it does not hold). Their hashes, parents first.
-    fn group(&mut self, inst: u64, dp: Option<u32>, group: u32, a: (usize, usize, u8), stored: bool) -> Vec<u64> {
+    fn group(
+        &mut self,
+        inst: u64,
+        dp: Option<u32>,
+        group: u32,
+        a: (usize, usize, u8),
+        stored: bool,
+    ) -> Vec<u64> {
         let (pick, depth, skip) = a;
         let w = (inst, dp.unwrap_or(0));
         let known = self.known(w);
@@ -620,7 +627,14 @@ fn group_event(b: &mut Vec<u8>, inst: u64, group: u32, hashes: &[u64], stored: b
     s(b, "group_idx");
     rmp::encode::write_uint(b, group as u64).unwrap();
     s(b, "kv_cache_spec_kind");
-    s(b, if group == 1 { "sliding_window" } else { "mamba" });
+    s(
+        b,
+        if group == 1 {
+            "sliding_window"
+        } else {
+            "mamba"
+        },
+    );
     if group == 1 {
         s(b, "kv_cache_spec_sliding_window");
         rmp::encode::write_uint(b, WINDOWS[inst as usize] as u64).unwrap();

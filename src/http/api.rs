@@ -131,7 +131,12 @@ struct HybridReq {
 
 impl HybridReq {
     /// `opts` with these settings, or the model's from the command line.
-    fn apply(self, model: &str, registry: &crate::registry::Registry, opts: ListenerOpts) -> ListenerOpts {
+    fn apply(
+        self,
+        model: &str,
+        registry: &crate::registry::Registry,
+        opts: ListenerOpts,
+    ) -> ListenerOpts {
         let d = registry.hybrid_defaults(model);
         ListenerOpts {
             attention_chunk_size: self.attention_chunk_size.or(d.attention_chunk_size),
@@ -254,7 +259,9 @@ pub async fn register<M: ShardMesh>(
     let tenant = tenant(r.tenant_id, r.routing_group).unwrap_or_else(|| DEFAULT_TENANT.into());
     let key = r.instance_id.key();
     control(mesh, move |c| {
-        let opts = r.hybrid.apply(&r.model_name, c.registry(), ListenerOpts::default());
+        let opts = r
+            .hybrid
+            .apply(&r.model_name, c.registry(), ListenerOpts::default());
         c.register(registration(
             r.model_name,
             tenant,

@@ -335,7 +335,13 @@ impl WorkerFeed {
     /// What a group's store says of the group, told to the shard when it is new
     /// or changed. Returns false (and counts) for a store kvix cannot place: a
     /// block size that is not a multiple of the registration's.
-    fn learn_group(&mut self, i: usize, group: u32, ev: &Event<'_>, sink: &mut impl OpSink) -> bool {
+    fn learn_group(
+        &mut self,
+        i: usize,
+        group: u32,
+        ev: &Event<'_>,
+        sink: &mut impl OpSink,
+    ) -> bool {
         let base = self.block_size as u32;
         let block_size = ev.block_size.unwrap_or(base);
         if block_size == 0 || block_size % base != 0 {

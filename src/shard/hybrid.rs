@@ -182,10 +182,7 @@ mod tests {
     fn the_groups_cap_each_other_to_a_fixed_point() {
         // Full attention holds 6 blocks; the window group (2 blocks) holds 0,1,3;
         // Mamba holds states at 1 and 4.
-        let groups = [
-            spec(GroupRule::SlidingWindow(9)),
-            spec(GroupRule::Mamba),
-        ];
+        let groups = [spec(GroupRule::SlidingWindow(9)), spec(GroupRule::Mamba)];
         let sw = "110100";
         let mamba = "010010";
         let present = |g: usize, b: u64| held([sw, mamba][g])(b);

@@ -23,7 +23,8 @@
 
 use super::batch::{
     check_stored, check_stored_optional_tokens, extra_keys, group_kind, hashes, lenient_str,
-    lenient_u32, lenient_window, lora_id, numeric_key, opt_hash, opt_u64, seconds_ms, text, tokens, unknown_tag,
+    lenient_u32, lenient_window, lora_id, numeric_key, opt_hash, opt_u64, seconds_ms, text, tokens,
+    unknown_tag,
 };
 use super::msgpack::{Class, Cursor};
 use super::{Batch, Dialect, EventOp, EventRec, HashKind, WireError};

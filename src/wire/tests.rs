@@ -102,11 +102,17 @@ fn vllm_kv_groups_carry_their_kind_and_window() {
     let ev: Vec<_> = b.events(&p).collect();
     assert_eq!(ev.len(), 3);
     assert_eq!(ev[0].hashes, &[h(31)]);
-    assert_eq!((ev[0].group_idx, ev[0].group_kind), (Some(0), GroupKind::Full));
+    assert_eq!(
+        (ev[0].group_idx, ev[0].group_kind),
+        (Some(0), GroupKind::Full)
+    );
     assert_eq!(ev[1].group_kind, GroupKind::SlidingWindow);
     assert_eq!((ev[1].group_idx, ev[1].group_window), (Some(1), Some(128)));
     // A removal names its group only: its kind is what the group's stores said.
-    assert_eq!((ev[2].group_idx, ev[2].group_kind), (Some(1), GroupKind::Named));
+    assert_eq!(
+        (ev[2].group_idx, ev[2].group_kind),
+        (Some(1), GroupKind::Named)
+    );
 }
 
 #[test]

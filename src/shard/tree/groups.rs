@@ -67,7 +67,13 @@ impl Tree {
     /// `slot`'s group `group` holds (or, with `held` false, no longer holds) the
     /// block the slot names `eh`. Returns whether the slot holds that block in
     /// full attention (else nothing changes).
-    pub fn hold_in_group(&mut self, slot: WorkerSlot, eh: EngineHash, group: u8, held: bool) -> bool {
+    pub fn hold_in_group(
+        &mut self,
+        slot: WorkerSlot,
+        eh: EngineHash,
+        group: u8,
+        held: bool,
+    ) -> bool {
         let Some(node) = self.named(slot, eh) else {
             return false;
         };
@@ -156,8 +162,9 @@ impl Tree {
                 let (group, spec) = g.groups[i];
                 // The group's block `b` ends where the index's block `last` does.
                 let last = ((b + 1) * spec.block_size as u64 / bs).saturating_sub(1) as usize;
-                path.get(last)
-                    .is_some_and(|&id| self.groups_of(slot, id) & (1 << (group as u32 % MAX_GROUPS)) != 0)
+                path.get(last).is_some_and(|&id| {
+                    self.groups_of(slot, id) & (1 << (group as u32 % MAX_GROUPS)) != 0
+                })
             };
             let hit = hybrid::hybrid_hit(full * bs, &specs, align, present);
             out.push((slot, (hit / bs) as u32));
