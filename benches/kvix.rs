@@ -435,6 +435,7 @@ fn bench_render(c: &mut Criterion) {
             .collect(),
         frequencies: (0..64).map(|d| workers - d / 2).collect(),
         tree_sizes: (0..workers).map(|w| 20_000 + w * 13).collect(),
+        effective: (0..workers).map(|w| 40 + (w * 7) % 24).collect(),
     };
     let live = |_| true;
     let mut g = c.benchmark_group("render");

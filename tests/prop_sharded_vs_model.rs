@@ -108,6 +108,9 @@ fn engine_hash(inst: u64, prefix: &[u32]) -> u64 {
     h.finish()
 }
 
+/// A worker: (instance, dp rank).
+type Worker = (u64, u32);
+
 /// What one worker holds: engine hash → (token prefix, tier bits).
 type Held = HashMap<u64, (Vec<u32>, u8)>;
 
@@ -119,7 +122,7 @@ struct Model {
     predicted: HashMap<(u64, u32), HashSet<Vec<u32>>>,
     /// Per (worker, group), the prefixes the group holds (blocks the worker
     /// holds); a worker's groups once a store named them.
-    groups: HashMap<((u64, u32), u32), HashSet<Vec<u32>>>,
+    groups: HashMap<(Worker, u32), HashSet<Vec<u32>>>,
 }
 
 impl Model {

@@ -344,7 +344,7 @@ impl WorkerFeed {
     ) -> bool {
         let base = self.block_size as u32;
         let block_size = ev.block_size.unwrap_or(base);
-        if block_size == 0 || block_size % base != 0 {
+        if block_size == 0 || !block_size.is_multiple_of(base) {
             FeedStats::bump(&self.stats.block_size_mismatch, 1);
             tracing::warn!(
                 instance = self.instance,

@@ -62,7 +62,7 @@ pub fn alignment(index_block_size: u32, groups: &[GroupSpec], align: Option<u32>
 pub fn group_hit(spec: GroupSpec, max: u64, align: u64, present: impl Fn(u64) -> bool) -> u64 {
     let bs = spec.block_size as u64;
     let blocks = max / bs;
-    let aligned = |b: u64| bs == align || (b * bs) % align == 0;
+    let aligned = |b: u64| bs == align || (b * bs).is_multiple_of(align);
     let down = |mut b: u64| {
         while !aligned(b) {
             b -= 1;

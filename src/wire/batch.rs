@@ -462,7 +462,8 @@ pub(super) fn check_stored(ev: &EventRec) -> Result<(), WireError> {
         let sparse = ev.group_kind != GroupKind::Full;
         let ok = bs != 0
             && if sparse {
-                ev.tokens.len() % bs as usize == 0 && ev.tokens.len() >= blocks * bs as usize
+                ev.tokens.len().is_multiple_of(bs as usize)
+                    && ev.tokens.len() >= blocks * bs as usize
             } else {
                 ev.tokens.len() == blocks * bs as usize
             };
