@@ -265,8 +265,13 @@ impl Model {
         if groups.is_empty() {
             return None;
         }
+        // A predicted block stands for every group's: the worker will compute them.
         let has = |g: u32, b: usize| {
-            q.len() >= (b + 1) * BS && self.groups[&(w, g)].contains(&q[..(b + 1) * BS])
+            let p = q.get(..(b + 1) * BS);
+            p.is_some_and(|p| {
+                self.groups[&(w, g)].contains(p)
+                    || self.predicted.get(&w).is_some_and(|s| s.contains(p))
+            })
         };
         let mut hit = self.matched(w, q)[0] as usize;
         loop {

@@ -133,7 +133,8 @@ impl Tree {
 
     /// Per slot with other groups, the blocks of the prompt it would reuse under
     /// its groups' rules (see [`hybrid::hybrid_hit`]), the full-attention hit
-    /// counting the device tier as `scores` does.
+    /// counting the device tier as `scores` does, and a predicted block as held
+    /// in every group.
     pub fn effective(&self, prompt: Prompt<'_>, out: &mut Vec<(WorkerSlot, u32)>) {
         if !self.is_hybrid() {
             return;
@@ -162,8 +163,15 @@ impl Tree {
                 let (group, spec) = g.groups[i];
                 // The group's block `b` ends where the index's block `last` does.
                 let last = ((b + 1) * spec.block_size as u64 / bs).saturating_sub(1) as usize;
+                // A prediction stands for every group's blocks: the worker will
+                // compute them all.
                 path.get(last).is_some_and(|&id| {
                     self.groups_of(slot, id) & (1 << (group as u32 % MAX_GROUPS)) != 0
+                        || self
+                            .node(id)
+                            .holders
+                            .tiers_of(slot, &self.slab)
+                            .contains(Tier::PREDICTED)
                 })
             };
             let hit = hybrid::hybrid_hit(full * bs, &specs, align, present);
