@@ -36,10 +36,14 @@ fn every_dialect_in_both_shapes() {
             "tree_sizes": {"1": {"0": 0, "1": 2}, "2": {"0": 3}, "3": {"0": 4}, "4": {"0": 2}},
             // Dynamo's cumulative view: cpu and disk extend the device prefix.
             "instances": {
-                "1": {"longest_matched": 8, "gpu": 8, "dp": {"0": 0, "1": 8}, "cpu": 8, "disk": 8},
-                "2": {"longest_matched": 0, "gpu": 0, "dp": {"0": 0}, "cpu": 0, "disk": 0},
-                "3": {"longest_matched": 16, "gpu": 0, "dp": {"0": 0}, "cpu": 0, "disk": 16},
-                "4": {"longest_matched": 8, "gpu": 0, "dp": {"0": 0}, "cpu": 8, "disk": 8}
+                "1": {"longest_matched": 8, "gpu": 8, "dp": {"0": 0, "1": 8}, "cpu": 8, "disk": 8,
+                 "effective": {"0": 0, "1": 8}, "hit": {"0": "miss", "1": "full"}},
+                "2": {"longest_matched": 0, "gpu": 0, "dp": {"0": 0}, "cpu": 0, "disk": 0,
+                 "effective": {"0": 0}, "hit": {"0": "miss"}},
+                "3": {"longest_matched": 16, "gpu": 0, "dp": {"0": 0}, "cpu": 0, "disk": 16,
+                 "effective": {"0": 0}, "hit": {"0": "miss"}},
+                "4": {"longest_matched": 8, "gpu": 0, "dp": {"0": 0}, "cpu": 8, "disk": 8,
+                 "effective": {"0": 0}, "hit": {"0": "miss"}}
             }
         }),
     );

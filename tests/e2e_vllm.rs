@@ -69,8 +69,10 @@ fn vllm_events_to_dynamo_queries() {
             "frequencies": [2],
             "tree_sizes": {"1": {"0": 0}, "2": {"0": 1, "1": 2}},
             "instances": {
-                "1": {"longest_matched": 0, "gpu": 0, "dp": {"0": 0}, "cpu": 0, "disk": 0},
-                "2": {"longest_matched": 4, "gpu": 4, "dp": {"0": 4, "1": 4}, "cpu": 4, "disk": 4}
+                "1": {"longest_matched": 0, "gpu": 0, "dp": {"0": 0}, "cpu": 0, "disk": 0,
+                 "effective": {"0": 0}, "hit": {"0": "miss"}},
+                "2": {"longest_matched": 4, "gpu": 4, "dp": {"0": 4, "1": 4}, "cpu": 4, "disk": 4,
+                 "effective": {"0": 4, "1": 4}, "hit": {"0": "full", "1": "full"}}
             }
         }),
     );
@@ -86,8 +88,10 @@ fn vllm_events_to_dynamo_queries() {
         "frequencies": [3, 1],
         "tree_sizes": {"1": {"0": 2}, "2": {"0": 1, "1": 2}},
         "instances": {
-            "1": {"longest_matched": 8, "gpu": 8, "dp": {"0": 8}, "cpu": 8, "disk": 8},
-            "2": {"longest_matched": 4, "gpu": 4, "dp": {"0": 4, "1": 4}, "cpu": 4, "disk": 4}
+            "1": {"longest_matched": 8, "gpu": 8, "dp": {"0": 8}, "cpu": 8, "disk": 8,
+                 "effective": {"0": 8}, "hit": {"0": "full"}},
+            "2": {"longest_matched": 4, "gpu": 4, "dp": {"0": 4, "1": 4}, "cpu": 4, "disk": 4,
+                 "effective": {"0": 4, "1": 4}, "hit": {"0": "full", "1": "full"}}
         }
     });
     s.wait_post_eq("/query", &query(&prompt), &after_restart);
@@ -107,8 +111,10 @@ fn every_query_shape_answers(s: &Server, prompt: &[u32]) {
         "frequencies": [3, 2, 1, 1],
         "tree_sizes": {"1": {"0": 4}, "2": {"0": 2, "1": 2}},
         "instances": {
-            "1": {"longest_matched": 16, "gpu": 16, "dp": {"0": 16}, "cpu": 16, "disk": 16},
-            "2": {"longest_matched": 8, "gpu": 8, "dp": {"0": 8, "1": 4}, "cpu": 8, "disk": 8}
+            "1": {"longest_matched": 16, "gpu": 16, "dp": {"0": 16}, "cpu": 16, "disk": 16,
+                 "effective": {"0": 16}, "hit": {"0": "full"}},
+            "2": {"longest_matched": 8, "gpu": 8, "dp": {"0": 8, "1": 4}, "cpu": 8, "disk": 8,
+                 "effective": {"0": 8, "1": 4}, "hit": {"0": "full", "1": "full"}}
         }
     });
     s.wait_post_eq("/query", &query(prompt), &want);
@@ -125,8 +131,10 @@ fn every_query_shape_answers(s: &Server, prompt: &[u32]) {
     assert_eq!(
         s.post_json("/query", &query(&[9, 9, 9, 9])).1,
         json!({"scores": {}, "frequencies": [], "tree_sizes": want["tree_sizes"], "instances": {
-            "1": {"longest_matched": 0, "gpu": 0, "dp": {"0": 0}, "cpu": 0, "disk": 0},
-            "2": {"longest_matched": 0, "gpu": 0, "dp": {"0": 0, "1": 0}, "cpu": 0, "disk": 0}
+            "1": {"longest_matched": 0, "gpu": 0, "dp": {"0": 0}, "cpu": 0, "disk": 0,
+                 "effective": {"0": 0}, "hit": {"0": "miss"}},
+            "2": {"longest_matched": 0, "gpu": 0, "dp": {"0": 0, "1": 0}, "cpu": 0, "disk": 0,
+                 "effective": {"0": 0, "1": 0}, "hit": {"0": "miss", "1": "miss"}}
         }})
     );
 }
@@ -235,7 +243,8 @@ fn malformed_frames_are_counted_logged_and_skipped() {
             "scores": {"7": {"0": 12}},
             "frequencies": [1, 1, 1],
             "tree_sizes": {"7": {"0": 3}},
-            "instances": {"7": {"longest_matched": 12, "gpu": 12, "dp": {"0": 12}, "cpu": 12, "disk": 12}}
+            "instances": {"7": {"longest_matched": 12, "gpu": 12, "dp": {"0": 12}, "cpu": 12, "disk": 12,
+                 "effective": {"0": 12}, "hit": {"0": "full"}}}
         }),
     );
     // A malformed frame at seq N between good ones at N-1 and N+1: its sequence was
@@ -274,8 +283,10 @@ fn workers_flag_registers_at_startup() {
             "frequencies": [2, 1],
             "tree_sizes": {"1": {"0": 3}, "2": {"1": 1}},
             "instances": {
-                "1": {"longest_matched": 8, "gpu": 8, "dp": {"0": 8}, "cpu": 8, "disk": 8},
-                "2": {"longest_matched": 4, "gpu": 4, "dp": {"1": 4}, "cpu": 4, "disk": 4}
+                "1": {"longest_matched": 8, "gpu": 8, "dp": {"0": 8}, "cpu": 8, "disk": 8,
+                 "effective": {"0": 8}, "hit": {"0": "full"}},
+                "2": {"longest_matched": 4, "gpu": 4, "dp": {"1": 4}, "cpu": 4, "disk": 4,
+                 "effective": {"1": 4}, "hit": {"1": "full"}}
             }
         }),
     );

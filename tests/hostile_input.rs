@@ -311,9 +311,12 @@ fn instance_ids_of_the_whole_u64_range_round_trip() {
             "frequencies": [3],
             "tree_sizes": {max.to_string(): {"0": 1}, high.to_string(): {"0": 1}, "vllm-1": {"0": 1}},
             "instances": {
-                max.to_string(): {"longest_matched": 4, "gpu": 4, "dp": {"0": 4}, "cpu": 4, "disk": 4},
-                high.to_string(): {"longest_matched": 4, "gpu": 4, "dp": {"0": 4}, "cpu": 4, "disk": 4},
-                "vllm-1": {"longest_matched": 4, "gpu": 4, "dp": {"0": 4}, "cpu": 4, "disk": 4}
+                max.to_string(): {"longest_matched": 4, "gpu": 4, "dp": {"0": 4}, "cpu": 4, "disk": 4,
+                 "effective": {"0": 4}, "hit": {"0": "full"}},
+                high.to_string(): {"longest_matched": 4, "gpu": 4, "dp": {"0": 4}, "cpu": 4, "disk": 4,
+                 "effective": {"0": 4}, "hit": {"0": "full"}},
+                "vllm-1": {"longest_matched": 4, "gpu": 4, "dp": {"0": 4}, "cpu": 4, "disk": 4,
+                 "effective": {"0": 4}, "hit": {"0": "full"}}
             }
         }),
     );

@@ -213,6 +213,18 @@ fn sliding_window_slid_out_evicted_in_the_middle_then_gone() {
     // 8 blocks: 7 alone (6 gone), 5 alone (4 gone), then 3 and 2: the run ends
     // the hit at block 4 (16 tokens); full attention still holds all 8.
     expect(&s, "gemma", 1, 8, 32, 16, "partial");
+    // llm-d's run ends with the effective prefix: 4 device blocks of weight 1.
+    let v = s.post_json(
+        "/query",
+        &json!({"model_name": "gemma", "token_ids": tokens(8), "scoring": "llm-d"}),
+    );
+    assert_eq!(v.1["llm_d"]["1"]["0"]["score"], json!(4.0), "{}", v.1);
+    // So does the conductor's longest prefix, and the blocks counted within it.
+    let v = s.post_json("/query", &json!({"model": "gemma", "token_ids": tokens(8)}));
+    assert_eq!(
+        v.1,
+        json!({"default": {"1": {"longest_matched": 16, "GPU": 16, "DP": {"0": 16}, "CPU": 0, "DISK": 0}}})
+    );
 
     // The window group loses the rest: nothing is reusable.
     w.send(&batch(&[Ev::Removed {

@@ -155,7 +155,8 @@ fn bootstraps_from_a_dynamo_indexer_dump() {
             "scores": {"1": {"0": 12}},
             "frequencies": [1, 1, 1],
             "tree_sizes": {"1": {"0": 3}},
-            "instances": {"1": {"longest_matched": 12, "gpu": 12, "dp": {"0": 12}, "cpu": 12, "disk": 12}}
+            "instances": {"1": {"longest_matched": 12, "gpu": 12, "dp": {"0": 12}, "cpu": 12, "disk": 12,
+                 "effective": {"0": 12}, "hit": {"0": "full"}}}
         }),
     );
     let (rows, _) = dump_set(&s, MODEL);
