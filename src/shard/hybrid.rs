@@ -26,7 +26,8 @@
 pub enum GroupRule {
     /// Sliding window of this many tokens.
     SlidingWindow(u32),
-    /// Chunked local attention with chunks of this many tokens.
+    /// Chunked local attention with chunks of this many tokens (0: not known,
+    /// taken as one chunk spanning the prompt).
     ChunkedLocal(u32),
     /// Mamba (or other linear-attention) state.
     Mamba,
@@ -90,8 +91,13 @@ pub fn group_hit(spec: GroupSpec, max: u64, align: u64, present: impl Fn(u64) ->
             down(run) * bs
         }
         GroupRule::ChunkedLocal(chunk) => {
-            let chunk = (chunk as u64).max(1);
-            let start = if max > 0 { max / chunk * chunk / bs } else { 0 };
+            // An unknown chunk (0) is taken as one spanning the prompt.
+            let chunk = chunk as u64;
+            let start = if chunk > 0 {
+                max / chunk * chunk / bs
+            } else {
+                0
+            };
             let mut hit = start.min(blocks);
             while hit < blocks && present(hit) {
                 hit += 1;
@@ -166,6 +172,9 @@ mod tests {
         assert_eq!(group_hit(cl, 15, 4, held("110")), 8);
         // At 16 tokens the chunk starts at token 16: nothing needs to be present.
         assert_eq!(group_hit(cl, 16, 4, held("0000")), 16);
+        // An unknown chunk spans the prompt: the run from block 0.
+        let unknown = spec(GroupRule::ChunkedLocal(0));
+        assert_eq!(group_hit(unknown, 16, 4, held("1101")), 8);
     }
 
     #[test]
@@ -186,8 +195,9 @@ mod tests {
         let sw = "110100";
         let mamba = "010010";
         let present = |g: usize, b: u64| held([sw, mamba][g])(b);
-        // Window: no run of 2 ending at 6, 5, 4 or 3... run 0,1 ends at 2: 8 tokens.
-        // Mamba capped at 8 tokens: state at block 1: 8. Window again at 8: 8. Fixed.
+        // From 6 blocks the window finds no run of 2 from the right (3 is alone):
+        // the run from block 0 (0, 1) makes 8 tokens. Mamba capped at 8 tokens has
+        // its state at block 1: 8. The window again at 8: 8. Nothing lowers it.
         assert_eq!(hybrid_hit(24, &groups, 4, present), 8);
         assert_eq!(alignment(4, &groups, None), 4);
         let big = [GroupSpec {
