@@ -595,7 +595,7 @@ impl Scrape<'_> {
 type Total = (&'static str, &'static str, fn(&Scrape) -> u64);
 
 /// The process-wide counters: ingest, replay, refusals, recovery.
-const TOTALS: [Total; 21] = [
+const TOTALS: [Total; 22] = [
     (
         "kvix_batches_received",
         "Event batches received from engines",

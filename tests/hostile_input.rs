@@ -202,8 +202,14 @@ fn numeric_flags_are_refused_or_clamped_with_a_message() {
         (&["--snapshot-interval=-1"][..], "--snapshot-interval"),
         (&["--block-size", "0"][..], "--block-size"),
         (&["--threads", "0"][..], "--threads"),
-        (&["--attention-chunk-size", "llama4"][..], "--attention-chunk-size"),
-        (&["--hybrid-align-tokens", "m=0"][..], "--hybrid-align-tokens"),
+        (
+            &["--attention-chunk-size", "llama4"][..],
+            "--attention-chunk-size",
+        ),
+        (
+            &["--hybrid-align-tokens", "m=0"][..],
+            "--hybrid-align-tokens",
+        ),
     ] {
         let (code, err) = run_kvix(args, Duration::from_secs(10));
         assert_eq!(code, Some(2), "{args:?}: {err}");

@@ -249,6 +249,10 @@ impl WorkerFeed {
                 self.slots[i].full_groups.push(g);
             }
             match (ev.op, self.group_of(i, &ev)) {
+                (EventOp::Stored, Some(g)) => {
+                    grouped = true;
+                    self.learn_group(i, g, &ev, sink);
+                }
                 (_, Some(_)) => grouped = true,
                 (EventOp::Stored, None) => self.store(i, &ev, registry, sink),
                 (EventOp::Removed, None) => self.remove(i, &ev, registry, sink),
@@ -298,19 +302,19 @@ impl WorkerFeed {
 
     /// An event of a KV-cache group other than full attention: its blocks'
     /// holds in that group, which the shard keeps beside the full-attention ones.
+    /// Its stores were described to the shard in the batch's first pass
+    /// ([`Self::learn_group`]), so a removal later in the batch finds its group.
     fn group_event(&mut self, i: usize, group: u32, ev: &Event<'_>, sink: &mut impl OpSink) {
         let stats = self.stats.clone();
-        let learned = self.slots[i].groups.iter().any(|&(g, _)| g == group);
-        let known = learned || (ev.op == EventOp::Stored && ev.group_kind != GroupKind::Named);
-        if group >= MAX_GROUPS || !known || ev.op == EventOp::Cleared {
-            // A clear of the worker is the main index's; a group no store described
-            // has no rule to score by.
-            if ev.op != EventOp::Cleared {
+        if !self.slots[i].groups.iter().any(|&(g, _)| g == group) {
+            // A group no store described has no rule to score by (a store that
+            // could not describe it was counted then).
+            if ev.op == EventOp::Removed {
                 FeedStats::bump(&stats.ignored_events, 1);
             }
             return;
         }
-        if ev.op == EventOp::Stored && !self.learn_group(i, group, ev, sink) {
+        if !matches!(ev.op, EventOp::Stored | EventOp::Removed) {
             return;
         }
         let sf = &self.slots[i];
@@ -333,15 +337,13 @@ impl WorkerFeed {
     }
 
     /// What a group's store says of the group, told to the shard when it is new
-    /// or changed. Returns false (and counts) for a store kvix cannot place: a
-    /// block size that is not a multiple of the registration's.
-    fn learn_group(
-        &mut self,
-        i: usize,
-        group: u32,
-        ev: &Event<'_>,
-        sink: &mut impl OpSink,
-    ) -> bool {
+    /// or changed. A store kvix cannot place is counted: a `group_idx` past
+    /// [`MAX_GROUPS`], a block size that is not a multiple of the registration's.
+    fn learn_group(&mut self, i: usize, group: u32, ev: &Event<'_>, sink: &mut impl OpSink) {
+        if group >= MAX_GROUPS {
+            FeedStats::bump(&self.stats.ignored_events, 1);
+            return;
+        }
         let base = self.block_size as u32;
         let block_size = ev.block_size.unwrap_or(base);
         if block_size == 0 || !block_size.is_multiple_of(base) {
@@ -353,7 +355,7 @@ impl WorkerFeed {
                 base,
                 "a KV-cache group's block size is not a multiple of the registration's; skipped"
             );
-            return false;
+            return;
         }
         let rule = match ev.group_kind {
             GroupKind::SlidingWindow => GroupRule::SlidingWindow(ev.group_window.unwrap_or(0)),
@@ -365,7 +367,7 @@ impl WorkerFeed {
         let spec = GroupSpec { rule, block_size };
         let sf = &mut self.slots[i];
         match sf.groups.iter_mut().find(|(g, _)| *g == group) {
-            Some((_, s)) if *s == spec => return true,
+            Some((_, s)) if *s == spec => return,
             Some((_, s)) => *s = spec,
             None => sf.groups.push((group, spec)),
         }
@@ -377,7 +379,6 @@ impl WorkerFeed {
             align: self.opts.hybrid_align_tokens.unwrap_or(0),
             base,
         });
-        true
     }
 
     /// Tier bits an event applies to.
