@@ -537,6 +537,7 @@ mod tests {
                 h(0, x),
             ],
             per_slot: vec![5, 3, 1, 2],
+            effective: Vec::new(),
         };
         let t = tiered(&merge(vec![reply]), 5, |s| s.0 != 4);
         let slot = |device, hits, listed| TieredSlot {

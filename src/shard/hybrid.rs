@@ -93,11 +93,7 @@ pub fn group_hit(spec: GroupSpec, max: u64, align: u64, present: impl Fn(u64) ->
         GroupRule::ChunkedLocal(chunk) => {
             // An unknown chunk (0) is taken as one spanning the prompt.
             let chunk = chunk as u64;
-            let start = if chunk > 0 {
-                max / chunk * chunk / bs
-            } else {
-                0
-            };
+            let start = max.checked_div(chunk).map_or(0, |n| n * chunk / bs);
             let mut hit = start.min(blocks);
             while hit < blocks && present(hit) {
                 hit += 1;
