@@ -443,26 +443,8 @@ pub fn scores(
         text(cpu).put(&mut out);
         out.extend_from_slice(b",\"disk\":");
         text(disk).put(&mut out);
-        let effective = |s: &WorkerSlot| ov.effective.get(s.0 as usize).copied().unwrap_or(0);
-        out.extend_from_slice(b",\"effective\":{");
-        for (j, s) in group.iter().enumerate() {
-            if j > 0 {
-                out.push(b',');
-            }
-            lay.dp[s.0 as usize].put(&mut out);
-            text(effective(s) as u64 * bs).put(&mut out);
-        }
-        out.extend_from_slice(b"},\"hit\":{");
-        for (j, s) in group.iter().enumerate() {
-            if j > 0 {
-                out.push(b',');
-            }
-            lay.dp[s.0 as usize].put(&mut out);
-            out.push(b'"');
-            out.extend_from_slice(Hit::of(effective(s), matched(*s)[0]).as_str().as_bytes());
-            out.push(b'"');
-        }
-        out.extend_from_slice(b"}}");
+        effective_and_hit(&mut out, &lay, ov, group, bs);
+        out.push(b'}');
     }
     out.push(b'}');
     if let Some(raw) = llmd {
@@ -484,6 +466,32 @@ pub fn scores(
     }
     out.push(b'}');
     out
+}
+
+/// An instance's `"effective":{dp:tokens},"hit":{dp:"full"|"partial"|"miss"}`
+/// for its slots `group`.
+fn effective_and_hit(out: &mut Vec<u8>, lay: &Layout, ov: &Overlap, group: &[WorkerSlot], bs: u64) {
+    let at = |v: &[u32], s: WorkerSlot| v.get(s.0 as usize).copied().unwrap_or(0);
+    let device = |s: WorkerSlot| ov.matched.get(s.0 as usize).map_or(0, |m| m[0]);
+    out.extend_from_slice(b",\"effective\":{");
+    for (j, &s) in group.iter().enumerate() {
+        if j > 0 {
+            out.push(b',');
+        }
+        lay.dp[s.0 as usize].put(out);
+        Digits::of(at(&ov.effective, s) as u64 * bs).put(out);
+    }
+    out.extend_from_slice(b"},\"hit\":{");
+    for (j, &s) in group.iter().enumerate() {
+        if j > 0 {
+            out.push(b',');
+        }
+        lay.dp[s.0 as usize].put(out);
+        out.push(b'"');
+        out.extend_from_slice(Hit::of(at(&ov.effective, s), device(s)).as_str().as_bytes());
+        out.push(b'"');
+    }
+    out.push(b'}');
 }
 
 /// Dynamo's `storage_tier` names.
