@@ -1,3 +1,6 @@
+//! The slot shard's examples: registration checks, shared-prefix decode blocks,
+//! potential loads, request lifecycle errors and expiry, each as Dynamo answers them.
+
 use super::*;
 
 fn key(group: &str) -> TrackerKey {
