@@ -68,17 +68,26 @@ const M1: &str = "llama";
 /// A model name holding `@`: everything after the topic's second `@`.
 const M2: &str = "org/mistral@v2";
 
-#[test]
-fn pods_publish_to_one_bound_socket() {
+/// A fresh endpoint on a free port, and kvix bound to it with block size 4 on
+/// `threads` executors, `extra` flags after.
+fn bound(threads: &str, extra: &[&str]) -> (Server, String) {
     let endpoint = format!("tcp://127.0.0.1:{}", free_port());
-    let s = Server::start(&[
+    let mut flags = vec![
         "--threads",
-        "2",
+        threads,
         "--block-size",
         "4",
         "--zmq-bind",
         &endpoint,
-    ]);
+    ];
+    flags.extend_from_slice(extra);
+    let s = Server::start(&flags);
+    (s, endpoint)
+}
+
+#[test]
+fn pods_publish_to_one_bound_socket() {
+    let (s, endpoint) = bound("2", &[]);
     let ctx = zmq::Context::new();
     let mut a = Pod::connect(&ctx, &endpoint, &format!("kv@{A}@{M1}"));
     let mut b = Pod::connect(&ctx, &endpoint, &format!("kv@{B}@{M1}"));
@@ -225,17 +234,7 @@ fn zmq_bind_needs_a_block_size_and_a_free_endpoint() {
 /// `--zmq-rcvhwm`, and the socket takes from the pipes in turn.
 #[test]
 fn a_flooding_pod_loses_only_its_own_frames() {
-    let endpoint = format!("tcp://127.0.0.1:{}", free_port());
-    let s = Server::start(&[
-        "--threads",
-        "1",
-        "--block-size",
-        "4",
-        "--zmq-rcvhwm",
-        "16",
-        "--zmq-bind",
-        &endpoint,
-    ]);
+    let (s, endpoint) = bound("1", &["--zmq-rcvhwm", "16"]);
     let ctx = zmq::Context::new();
     let mut flood = Pod::connect(&ctx, &endpoint, &format!("kv@{A}@{M1}"));
     flood.sock.set_sndhwm(16).unwrap();
