@@ -9,9 +9,9 @@
 use crate::metrics::{HttpStats, ShardStats};
 use crate::query::{PromptBlocks, ShardReply};
 use crate::service::App;
-use crate::shard::{ChainAt, DumpedBlock, PredictRefused, PredictStep, PruneBound};
+use crate::shard::{ChainAt, PredictRefused, PredictStep, PruneBound, ShardExport};
 use crate::slots::{SlotRep, SlotReq};
-use crate::types::{EngineHash, IndexId, ShardId, WorkerSlot};
+use crate::types::{IndexId, ShardId};
 use std::cell::RefCell;
 use std::future::Future;
 use std::pin::Pin;
@@ -45,18 +45,13 @@ pub trait ShardMesh {
     /// Every (block, holder) of one index held by one shard, after the shard applied
     /// what its rings hold, in the steps the shard read it in (joining them is a
     /// copy of the whole index, for a thread off the executor), and how the shard's
-    /// slots name those blocks ([`crate::shard::Shard::engine_names`]).
-    #[allow(clippy::type_complexity)]
+    /// slots name those blocks ([`crate::shard::Shard::engine_names`]) and their
+    /// other KV-cache groups ([`crate::shard::Shard::group_specs`]).
     fn export(
         &self,
         shard: ShardId,
         index: IndexId,
-    ) -> impl Future<
-        Output = Result<
-            (Vec<Vec<DumpedBlock>>, Vec<(WorkerSlot, u32, EngineHash)>),
-            ShardUnavailable,
-        >,
-    >;
+    ) -> impl Future<Output = Result<ShardExport, ShardUnavailable>>;
 
     /// One step of a prediction ([`crate::shard::Shard::predict_step`]) on the
     /// shard owning its slot; with `prune`, every shard bounds the index first.

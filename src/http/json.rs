@@ -554,6 +554,7 @@ pub fn dump_chunk(
             );
             out.extend_from_slice(b":{\"block_size\":");
             num(out, info.block_size);
+            dump_group_specs(out, export, ix);
             out.extend_from_slice(b",\"events\":[");
             cur.opened = true;
             cur.event_id = 0;
@@ -582,6 +583,76 @@ pub fn dump_chunk(
     true
 }
 
+/// A worker as `worker_id` names it: an integer as Dynamo prints it, a Mooncake
+/// name as the string it is.
+fn worker_id(out: &mut Vec<u8>, instance: &crate::registry::InstanceKey) {
+    match instance {
+        crate::registry::InstanceKey::Id(i) => num(out, *i),
+        name => out.extend_from_slice(
+            serde_json::to_string(&name.to_string())
+                .unwrap_or_default()
+                .as_bytes(),
+        ),
+    }
+}
+
+/// kvix's own addition to an index of `/dump` (written only for a hybrid model;
+/// Dynamo readers ignore the field): `"kvix_group_specs": [{"worker_id", "dp_rank",
+/// "align", "groups": [{"group_idx", "kind", "block_size", "sliding_window" |
+/// "attention_chunk_size"}]}]`, each worker's KV-cache groups besides full
+/// attention as their stores described them.
+fn dump_group_specs(
+    out: &mut Vec<u8>,
+    export: &crate::recovery::export::Export,
+    ix: &crate::recovery::export::IndexExport,
+) {
+    use crate::shard::hybrid::GroupRule;
+    let mut first = true;
+    for (instance, dp, g) in ix.slot_groups() {
+        out.extend_from_slice(if first {
+            &b",\"kvix_group_specs\":[{\"worker_id\":"[..]
+        } else {
+            &b",{\"worker_id\":"[..]
+        });
+        first = false;
+        worker_id(out, &export.instance_key(instance));
+        out.extend_from_slice(b",\"dp_rank\":");
+        num(out, dp);
+        out.extend_from_slice(b",\"align\":");
+        match g.align {
+            Some(a) => num(out, a),
+            None => out.extend_from_slice(b"null"),
+        }
+        out.extend_from_slice(b",\"groups\":[");
+        for (j, (group, spec)) in g.groups.iter().enumerate() {
+            if j > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(b"{\"group_idx\":");
+            num(out, *group);
+            out.extend_from_slice(b",\"block_size\":");
+            num(out, spec.block_size);
+            out.extend_from_slice(b",\"kind\":");
+            match spec.rule {
+                GroupRule::SlidingWindow(w) => {
+                    out.extend_from_slice(b"\"sliding_window\",\"sliding_window\":");
+                    num(out, w);
+                }
+                GroupRule::ChunkedLocal(c) => {
+                    out.extend_from_slice(b"\"chunked_local_attention\",\"attention_chunk_size\":");
+                    num(out, c);
+                }
+                GroupRule::Mamba => out.extend_from_slice(b"\"mamba\""),
+            }
+            out.push(b'}');
+        }
+        out.extend_from_slice(b"]}");
+    }
+    if !first {
+        out.push(b']');
+    }
+}
+
 /// One `stored` RouterEvent. Block and parent hashes are the worker's own engine
 /// hashes where kvix knows them (so a peer can resolve later live events), else kvix
 /// sequence hashes.
@@ -593,15 +664,7 @@ fn dump_event(
     event_id: u64,
 ) {
     out.extend_from_slice(b"{\"worker_id\":");
-    // An integer as Dynamo prints it; a Mooncake name as the string it is.
-    match instance {
-        crate::registry::InstanceKey::Id(i) => num(out, *i),
-        name => out.extend_from_slice(
-            serde_json::to_string(&name.to_string())
-                .unwrap_or_default()
-                .as_bytes(),
-        ),
-    }
+    worker_id(out, instance);
     out.extend_from_slice(b",\"storage_tier\":\"");
     out.extend_from_slice(tier_name(b.tier).as_bytes());
     out.extend_from_slice(b"\",\"residency_domain\":\"worker\",\"event\":{\"event_id\":");
@@ -617,6 +680,12 @@ fn dump_event(
     match b.parent_seq {
         Some(p) => num(out, p.0),
         None => out.extend_from_slice(b"null"),
+    }
+    // kvix's too, for a hybrid model: the worker's other KV-cache groups holding
+    // the block, as bits by `group_idx`.
+    if b.groups != 0 {
+        out.extend_from_slice(b",\"kvix_groups\":");
+        num(out, b.groups);
     }
     out.extend_from_slice(b",\"start_position\":null,\"blocks\":[{\"block_hash\":");
     num(out, b.engine.0);

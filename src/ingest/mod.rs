@@ -18,7 +18,7 @@ use crate::ring::{OpSink, RingSink, Rings};
 use crate::shard::ShardOp;
 use crate::types::{DpRank, IndexId, InstanceId, WorkerSlot};
 use crate::wire::{self, Batch};
-use feed::{FeedStats, SeedBlock, WorkerFeed};
+use feed::{FeedStats, SeedBlock, SeedGroups, WorkerFeed};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
@@ -53,6 +53,7 @@ pub enum Command {
         instance: InstanceId,
         dp: DpRank,
         blocks: Vec<SeedBlock>,
+        groups: SeedGroups,
         replace: bool,
         done: mpsc::Sender<SeedOutcome>,
     },
@@ -320,6 +321,7 @@ impl Ingest {
         instance: InstanceId,
         dp: DpRank,
         blocks: Vec<SeedBlock>,
+        groups: SeedGroups,
         replace: bool,
     ) -> SeedOutcome {
         let (done, rx) = mpsc::channel();
@@ -330,6 +332,7 @@ impl Ingest {
                 instance,
                 dp,
                 blocks,
+                groups,
                 replace,
                 done,
             },
@@ -611,6 +614,7 @@ impl IngestThread {
                 instance,
                 dp,
                 blocks,
+                groups,
                 replace,
                 done,
             } => {
@@ -618,8 +622,9 @@ impl IngestThread {
                     Some(i) => {
                         let registry = self.registry.clone();
                         let feed = &mut self.listeners[i].feed;
+                        let sink = &mut self.sink;
                         let seeded =
-                            feed.seed(index, dp, &blocks, replace, &registry, &mut self.sink);
+                            feed.seed(index, dp, (&blocks, &groups), replace, &registry, sink);
                         SeedOutcome::Seeded {
                             skipped: if seeded { 0 } else { blocks.len() as u64 },
                         }

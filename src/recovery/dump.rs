@@ -7,7 +7,11 @@
 //! `block_hash`/`parent_hash` are the worker's engine hashes, `tokens_hash` the Dynamo
 //! local hash. Several blocks in one stored event chain on each other. `removed` and
 //! `cleared` events are ignored (a dump describes what is held). A malformed event is
-//! skipped and counted; a malformed document is an error.
+//! skipped and counted; a malformed document is an error. kvix's own additions, which
+//! Dynamo's readers ignore: a stored event's `kvix_parent_seq` (the parent's sequence
+//! hash) and, for a hybrid model, `kvix_groups` (the other KV-cache groups holding its
+//! blocks, as bits by `group_idx`), and an index's `kvix_group_specs` (each worker's
+//! groups: `dump/groups.rs`). A dump without them holds full attention alone.
 //!
 //! The body is never held whole: events are read one at a time into the blocks being
 //! recovered, so memory follows the blocks, not the bytes. [`DumpLimits`] bounds the
@@ -258,6 +262,18 @@ struct Budget {
     max: u64,
 }
 
+impl Budget {
+    /// Count one more block (or group description) kept; an error past the limit.
+    fn take<E: de::Error>(&self) -> Result<(), E> {
+        let n = self.blocks.get() + 1;
+        self.blocks.set(n);
+        if n > self.max {
+            return Err(E::custom("too many blocks"));
+        }
+        Ok(())
+    }
+}
+
 /// A worker's blocks as one index of the dump collects them.
 type Workers = BTreeMap<(InstanceKey, DpRank), Vec<SeedBlock>>;
 
@@ -463,11 +479,13 @@ impl<'de> Visitor<'de> for IndexSeed<'_> {
         )
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let (mut block_size, mut events) = (None, None);
-        fields(&mut map, &["block_size", "events"], |field, map| {
+        let (mut block_size, mut events, mut specs) = (None, None, (Specs::new(), 0));
+        let names = &["block_size", "events", "kvix_group_specs"];
+        fields(&mut map, names, |field, map| {
             match field {
                 0 => block_size = map.next_value::<Scalar>()?.u64(),
-                _ => events = Some(map.next_value_seed(EventsSeed(self.budget))?),
+                1 => events = Some(map.next_value_seed(EventsSeed(self.budget))?),
+                _ => specs = map.next_value_seed(SpecListSeed(self.budget))?,
             }
             Ok(())
         })?;
@@ -478,6 +496,7 @@ impl<'de> Visitor<'de> for IndexSeed<'_> {
             as u32;
         let (workers, bad) =
             events.ok_or_else(|| de::Error::custom(format!("{key}: no events")))?;
+        let (mut specs, bad_specs) = specs;
         // Model names may contain ':'; tenants (Dynamo routing groups) do not.
         let (model, tenant) = key
             .rsplit_once(':')
@@ -490,14 +509,16 @@ impl<'de> Visitor<'de> for IndexSeed<'_> {
             listeners: Vec::new(),
             workers: workers
                 .into_iter()
-                .map(|((instance, dp), blocks)| WorkerBlocks {
-                    instance,
-                    dp,
+                .map(|(worker, blocks)| WorkerBlocks {
+                    // A worker without blocks has nothing its groups could hold.
+                    groups: specs.remove(&worker).unwrap_or_default(),
+                    instance: worker.0,
+                    dp: worker.1,
                     blocks,
                 })
                 .collect(),
         };
-        Ok((ix, bad))
+        Ok((ix, bad + bad_specs))
     }
 }
 
@@ -543,6 +564,7 @@ struct Stored {
     shapeless: bool,
     parent_hash: Scalar,
     kvix_parent_seq: Scalar,
+    kvix_groups: Scalar,
     /// `None`: not an array.
     blocks: Option<Blocks>,
 }
@@ -560,21 +582,8 @@ impl Event {
         if self.shapeless {
             return 1;
         }
-        // Dynamo's integer, or the name kvix prints for a Mooncake instance.
-        let worker = match &self.worker_id {
-            Scalar::U64(n) => InstanceKey::Id(*n),
-            Scalar::Str(s) => InstanceKey::parse(s),
-            _ => return 1,
-        };
-        // Absent (or null) is rank 0, a worker without data parallelism; anything
-        // else must be an integer that fits a rank. A wider one is malformed, never
-        // cut down to its low bits (that would be another worker's rank).
-        let dp = match &self.dp_rank {
-            s if s.is_null() => 0,
-            s => match s.u64().and_then(|d| DpRank::try_from(d).ok()) {
-                Some(d) => d,
-                None => return 1,
-            },
+        let Some((worker, dp)) = worker_of(&self.worker_id, &self.dp_rank) else {
+            return 1;
         };
         let Some(stored) = self.stored else {
             return 0; // removed / cleared: nothing held
@@ -596,6 +605,9 @@ impl Event {
         // kvix peers add the parent's sequence hash: exact even for a block whose
         // parent was evicted (its engine hash no longer resolves).
         let mut parent_seq = stored.kvix_parent_seq.u64().map(SeqHash);
+        let Some(groups) = opt_u32(&stored.kvix_groups) else {
+            return 1;
+        };
         let Some(blocks) = stored.blocks else {
             return 1;
         };
@@ -607,11 +619,39 @@ impl Event {
                 parent_seq,
                 local: BlockHash(th),
                 tier: t,
+                groups: groups.unwrap_or(0),
             });
             parent = Some(EngineHash(bh));
             parent_seq = None;
         }
         usize::from(blocks.bad)
+    }
+}
+
+/// The worker an event or a group description names: Dynamo's integer, or the
+/// name kvix prints for a Mooncake instance, and its dp rank. An absent (or
+/// null) rank is 0, a worker without data parallelism; anything else must be an
+/// integer that fits a rank. A wider one is malformed, never cut down to its low
+/// bits (that would be another worker's rank).
+fn worker_of(worker_id: &Scalar, dp_rank: &Scalar) -> Option<(InstanceKey, DpRank)> {
+    let worker = match worker_id {
+        Scalar::U64(n) => InstanceKey::Id(*n),
+        Scalar::Str(s) => InstanceKey::parse(s),
+        _ => return None,
+    };
+    let dp = match dp_rank {
+        s if s.is_null() => 0,
+        s => s.u64().and_then(|d| DpRank::try_from(d).ok())?,
+    };
+    Some((worker, dp))
+}
+
+/// An optional `u32`: `Some(None)` when absent or null, `None` when it is no
+/// `u32`.
+fn opt_u32(v: &Scalar) -> Option<Option<u32>> {
+    match v {
+        s if s.is_null() => Some(None),
+        s => s.u64().and_then(|n| u32::try_from(n).ok()).map(Some),
     }
 }
 
@@ -778,12 +818,13 @@ impl<'de> Visitor<'de> for StoredSeed<'_> {
     );
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Stored, A::Error> {
         let mut st = Stored::default();
-        let names = &["parent_hash", "kvix_parent_seq", "blocks"];
+        let names = &["parent_hash", "kvix_parent_seq", "blocks", "kvix_groups"];
         fields(&mut map, names, |field, map| {
             match field {
                 0 => st.parent_hash = map.next_value()?,
                 1 => st.kvix_parent_seq = map.next_value()?,
-                _ => st.blocks = map.next_value_seed(BlocksSeed(self.0))?,
+                2 => st.blocks = map.next_value_seed(BlocksSeed(self.0))?,
+                _ => st.kvix_groups = map.next_value()?,
             }
             Ok(())
         })?;
@@ -808,11 +849,7 @@ impl<'de> Visitor<'de> for BlocksSeed<'_> {
             match b {
                 _ if blocks.bad => {}
                 Some(h) => {
-                    let n = self.0.blocks.get() + 1;
-                    self.0.blocks.set(n);
-                    if n > self.0.max {
-                        return Err(de::Error::custom("too many blocks"));
-                    }
+                    self.0.take()?;
                     blocks.hashes.push(h);
                 }
                 None => blocks.bad = true,
@@ -821,6 +858,10 @@ impl<'de> Visitor<'de> for BlocksSeed<'_> {
         Ok(Some(blocks))
     }
 }
+
+// After the macros: it uses them.
+mod groups;
+use groups::{SpecListSeed, Specs};
 
 /// One block: `{"block_hash", "tokens_hash"}`; `None` if either is missing or no hash.
 struct BlockSeed;
@@ -877,6 +918,82 @@ mod tests {
         assert_eq!(w.blocks[1].engine, EngineHash(u64::MAX - 1));
         assert!(parse(b"[1,2]").is_err());
         assert!(parse(b"{\"a:b\": {\"events\": []}}").is_err());
+    }
+
+    #[test]
+    fn kvix_group_fields_give_each_worker_its_groups_and_each_block_its_bits() {
+        use crate::ingest::feed::SeedGroups;
+        use crate::shard::hybrid::{GroupRule, GroupSpec};
+        let doc = br#"{"m:t": {"block_size": 4, "kvix_group_specs": [
+            {"worker_id": 1, "dp_rank": 1, "align": 8, "groups": [
+              {"group_idx": 2, "kind": "mamba", "block_size": 8},
+              {"group_idx": 0, "kind": "sliding_window", "block_size": 4, "sliding_window": 9}]},
+            {"worker_id": 2, "groups": [{"group_idx": 1, "kind": "chunked_local_attention",
+              "block_size": 4, "attention_chunk_size": 16}]},
+            {"worker_id": 3, "groups": [{"group_idx": 32, "kind": "mamba", "block_size": 4}]},
+            {"worker_id": 3, "groups": [{"group_idx": 1, "kind": "cross_attention", "block_size": 4}]},
+            {"worker_id": 9, "groups": []},
+            7
+          ], "events": [
+          {"worker_id": 1, "event": {"data": {"stored": {"parent_hash": null, "kvix_groups": 5,
+            "blocks": [{"block_hash": 10, "tokens_hash": 100}, {"block_hash": 11, "tokens_hash": 110}]}},
+            "dp_rank": 1}},
+          {"worker_id": 2, "event": {"data": {"stored": {"parent_hash": null,
+            "blocks": [{"block_hash": 20, "tokens_hash": 200}]}}}},
+          {"worker_id": 2, "event": {"data": {"stored": {"parent_hash": null, "kvix_groups": -1,
+            "blocks": [{"block_hash": 21, "tokens_hash": 210}]}}}}
+        ]}}"#;
+        let (s, skipped) = parse_counted(doc).unwrap();
+        // Worker 3's two entries (a group past 31, a kind with no rule), the bare 7
+        // and the event whose bits are no u32.
+        assert_eq!(skipped, 4);
+        let ix = &s.indexes[0];
+        let w1 = &ix.workers[0];
+        assert_eq!(
+            w1.groups,
+            SeedGroups {
+                groups: vec![
+                    (
+                        0,
+                        GroupSpec {
+                            rule: GroupRule::SlidingWindow(9),
+                            block_size: 4
+                        }
+                    ),
+                    (
+                        2,
+                        GroupSpec {
+                            rule: GroupRule::Mamba,
+                            block_size: 8
+                        }
+                    ),
+                ],
+                align: Some(8),
+            }
+        );
+        assert_eq!(
+            w1.blocks.iter().map(|b| b.groups).collect::<Vec<_>>(),
+            [5, 5]
+        );
+        let w2 = &ix.workers[1];
+        assert_eq!(w2.groups.align, None);
+        assert_eq!(w2.groups.groups[0].1.rule, GroupRule::ChunkedLocal(16));
+        assert_eq!(
+            w2.blocks
+                .iter()
+                .map(|b| (b.engine.0, b.groups))
+                .collect::<Vec<_>>(),
+            [(20, 0)]
+        );
+        // Worker 9 has groups and no block: nothing to hold them.
+        assert_eq!(ix.workers.len(), 2);
+        // Group descriptions count against the block limit too.
+        let limits = DumpLimits {
+            max_bytes: doc.len() as u64,
+            max_blocks: 5,
+        };
+        let e = read(&doc[..], limits).unwrap_err();
+        assert!(matches!(e, DumpError::TooManyBlocks(5)), "{e}");
     }
 
     #[test]

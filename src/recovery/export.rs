@@ -11,9 +11,10 @@
 
 use super::{IndexState, ListenerState, State, WorkerBlocks};
 use crate::ingest::SeqKey;
-use crate::ingest::feed::SeedBlock;
+use crate::ingest::feed::{SeedBlock, SeedGroups};
 use crate::mesh::{ShardMesh, ShardUnavailable};
 use crate::registry::{IndexInfo, Snapshot};
+use crate::shard::tree::SlotGroups;
 use crate::shard::{DumpedBlock, NO_NODE};
 use crate::types::{DpRank, EngineHash, InstanceId, SeqHash, ShardId, Tier, WorkerSlot};
 use std::collections::HashMap;
@@ -26,6 +27,8 @@ pub struct IndexExport {
     /// The exported pairs, grouped by slot (ascending), parents before children
     /// within a slot, each already named (so rendering does no lookups).
     order: Vec<Named>,
+    /// Live slots with KV-cache groups besides full attention, by slot.
+    groups: Vec<(WorkerSlot, SlotGroups)>,
 }
 
 /// One exported pair: its position in `blocks` and how the worker names the block
@@ -54,19 +57,20 @@ pub async fn export<M: ShardMesh>(mesh: &M) -> Result<Export, ShardUnavailable> 
     let snap = mesh.app().registry().snapshot_arc();
     let mut indexes = Vec::new();
     for ix in snap.live_indexes() {
-        let (mut parts, mut engine) = (Vec::new(), Vec::new());
+        let mut all = crate::shard::ShardExport::default();
         for s in 0..mesh.shards() {
-            let (mut p, mut e) = mesh.export(ShardId(s), ix.id).await?;
-            parts.append(&mut p);
-            engine.append(&mut e);
+            let mut e = mesh.export(ShardId(s), ix.id).await?;
+            all.parts.append(&mut e.parts);
+            all.names.append(&mut e.names);
+            all.groups.append(&mut e.groups);
         }
         let info = ix.clone();
         // Joined off the executor: a copy of every pair at once would hold queries.
         indexes.push(
             mesh.offload(move || {
-                let blocks = parts.concat();
-                drop(parts);
-                IndexExport::new(info, blocks, engine)
+                let blocks = all.parts.concat();
+                drop(all.parts);
+                IndexExport::new(info, blocks, all.names).with_groups(all.groups)
             })
             .await,
         );
@@ -179,7 +183,34 @@ impl IndexExport {
             info,
             blocks,
             order,
+            groups: Vec::new(),
         }
+    }
+
+    /// The index's slots with other KV-cache groups (those of slots no longer
+    /// live are left out, as their blocks are).
+    pub fn with_groups(mut self, mut groups: Vec<(WorkerSlot, SlotGroups)>) -> Self {
+        let info = &self.info;
+        groups.retain(|(s, _)| info.slots.get(s.0 as usize).is_some_and(|s| s.live));
+        groups.sort_unstable_by_key(|g| g.0);
+        self.groups = groups;
+        self
+    }
+
+    /// Every live slot with other KV-cache groups: its instance, dp rank and
+    /// groups, by slot.
+    pub fn slot_groups(&self) -> impl Iterator<Item = (InstanceId, DpRank, SeedGroups)> + '_ {
+        self.groups.iter().map(|(slot, g)| {
+            let s = self.info.slot(*slot);
+            (s.instance, s.dp, seed_groups(g))
+        })
+    }
+
+    fn groups_of(&self, slot: WorkerSlot) -> SeedGroups {
+        self.groups
+            .binary_search_by_key(&slot, |g| g.0)
+            .map(|i| seed_groups(&self.groups[i].1))
+            .unwrap_or_default()
     }
 
     /// Exported (block, holder) pairs.
@@ -206,11 +237,21 @@ impl IndexExport {
                     parent_seq: b.parent,
                     local: b.local,
                     tier: Tier(t),
+                    groups: b.groups,
                 });
             }
         }
         let s = self.info.slot(slot);
         (slot, s.instance, s.dp)
+    }
+}
+
+/// A slot's groups as recovered state records them (the index's block size
+/// is the index's own).
+fn seed_groups(g: &SlotGroups) -> SeedGroups {
+    SeedGroups {
+        groups: g.groups.clone(),
+        align: g.align,
     }
 }
 
@@ -236,6 +277,7 @@ impl Export {
                             instance: self.snap.instance_key(instance),
                             dp,
                             blocks: Vec::new(),
+                            groups: ix.groups_of(slot),
                         },
                     ));
                 }
@@ -282,6 +324,7 @@ mod tests {
             local: BlockHash(seq + 1000),
             holder: Holder::new(WorkerSlot(slot), Tier::DEVICE.bit()),
             node: NO_NODE,
+            groups: 0,
         }
     }
 

@@ -14,7 +14,7 @@ pub mod workers;
 
 use crate::access::Token;
 use crate::ingest::SeedOutcome;
-use crate::ingest::feed::SeedBlock;
+use crate::ingest::feed::{SeedBlock, SeedGroups};
 use crate::lifecycle::Lifecycle;
 use crate::registry::{Endpoint, InstanceKey};
 use crate::ring::Rings;
@@ -58,12 +58,14 @@ pub struct ListenerState {
     pub last_seq: Option<u64>,
 }
 
-/// One worker's blocks, parents first.
+/// One worker's blocks, parents first, and its KV-cache groups other than full
+/// attention (empty for a model without them).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WorkerBlocks {
     pub instance: InstanceKey,
     pub dp: DpRank,
     pub blocks: Vec<SeedBlock>,
+    pub groups: SeedGroups,
 }
 
 /// One (model, tenant) index.
@@ -166,7 +168,10 @@ pub fn apply(
             let n = w.blocks.len() as u64;
             // A name nobody registered here has no listener: nothing to seed.
             let outcome = match control.registry().snapshot().find(&w.instance) {
-                Some(id) => control.ingest().seed(info.id, id, w.dp, w.blocks, replace),
+                Some(id) => {
+                    let ingest = control.ingest();
+                    ingest.seed(info.id, id, w.dp, w.blocks, w.groups, replace)
+                }
                 None => SeedOutcome::NoListener,
             };
             match outcome {
@@ -267,7 +272,8 @@ pub fn fetch_workers(
 
 /// Register a recovered or adopted listener of index `(model, tenant, block_size)`.
 /// Per-listener salt / LoRA defaults are not in the registry, so not in snapshots or
-/// `/workers`: such listeners must be registered again by hand. Returns whether a
+/// `/workers`: such listeners must be registered again by hand. A hybrid model's
+/// settings are the command line's. Returns whether a
 /// listener was started (false: it was already registered, or it is a pod heard on a
 /// bound socket, which registers itself again with its next message).
 fn register_listener(
@@ -287,9 +293,17 @@ fn register_listener(
         instance,
         dp,
         endpoint.clone(),
-        crate::registry::ListenerOpts {
-            publisher: endpoint.publisher.clone(),
-            ..Default::default()
+        // The model's hybrid settings from the command line; a registration's
+        // own are not recorded (the recovered groups carry them: see
+        // `WorkerFeed::seed`).
+        {
+            let d = control.registry().hybrid_defaults(model);
+            crate::registry::ListenerOpts {
+                publisher: endpoint.publisher.clone(),
+                attention_chunk_size: d.attention_chunk_size,
+                hybrid_align_tokens: d.hybrid_align_tokens,
+                ..Default::default()
+            }
         },
     ));
     match r {

@@ -3,15 +3,18 @@
 //! Layout (little-endian): `b"KVIXSNAP"`, version `u32`, body length `u64`, XXH3-64 of
 //! the body `u64`, then the body: indexes (model, tenant, block size, listeners with
 //! instance, endpoint, replay endpoint, last sequence, publisher kind), and per worker
-//! (instance, dp rank) its blocks parents
-//! first as (engine hash, flags [bit 0: has parent, bits 1..3: tier], parent sequence
-//! hash if any, local hash). Written to `FILE.tmp`, fsynced, renamed over `FILE`,
+//! (instance, dp rank) its KV-cache groups besides full attention (count, then per
+//! group its index, rule tag, rule parameter and block size; then the hit alignment,
+//! 0 for none) and its blocks parents first as (engine hash, flags [bit 0: has
+//! parent, bits 1..3: tier, bit 4: held in other groups], parent sequence hash if
+//! any, local hash, the groups' bits if any). Written to `FILE.tmp`, fsynced, renamed over `FILE`,
 //! directory fsynced: a crash leaves the old or the new snapshot, never a mix. A file
 //! that fails any check is rejected whole before anything is applied.
 
 use super::{IndexState, ListenerState, RecoveryError, State, WorkerBlocks};
-use crate::ingest::feed::SeedBlock;
+use crate::ingest::feed::{SeedBlock, SeedGroups};
 use crate::registry::{Endpoint, InstanceKey};
+use crate::shard::hybrid::{GroupRule, GroupSpec};
 use crate::types::{BlockHash, EngineHash, SeqHash, Tier};
 use std::io::Write;
 use std::path::Path;
@@ -19,8 +22,9 @@ use xxhash_rust::xxh3::xxh3_64;
 
 const MAGIC: &[u8; 8] = b"KVIXSNAP";
 /// 2: an instance is a tag (0: integer id `u64`, 1: name string). Version 1 wrote
-/// the id alone, and is still read.
-const VERSION: u32 = 2;
+/// the id alone, and is still read. 3: a worker's KV-cache groups and its blocks'
+/// group bits; version 2 had none, and is still read.
+const VERSION: u32 = 3;
 const HEADER: usize = 8 + 4 + 8 + 8;
 
 struct W(Vec<u8>);
@@ -38,6 +42,21 @@ impl W {
     fn str(&mut self, s: &str) {
         self.u32(s.len() as u32);
         self.0.extend_from_slice(s.as_bytes());
+    }
+    fn groups(&mut self, g: &SeedGroups) {
+        self.u8(g.groups.len() as u8);
+        for &(group, spec) in &g.groups {
+            let (tag, param) = match spec.rule {
+                GroupRule::SlidingWindow(w) => (0, w),
+                GroupRule::ChunkedLocal(c) => (1, c),
+                GroupRule::Mamba => (2, 0),
+            };
+            self.u8(group);
+            self.u8(tag);
+            self.u32(param);
+            self.u32(spec.block_size);
+        }
+        self.u32(g.align.unwrap_or(0));
     }
     fn instance(&mut self, k: &InstanceKey) {
         match k {
@@ -92,15 +111,20 @@ pub fn encode(state: &State) -> Vec<u8> {
         for wk in &ix.workers {
             w.instance(&wk.instance);
             w.u32(wk.dp);
+            w.groups(&wk.groups);
             w.u64(wk.blocks.len() as u64);
             for b in &wk.blocks {
                 w.u64(b.engine.0);
                 // The parent is kept as its sequence hash (exact, see SeedBlock).
-                w.u8(b.parent_seq.is_some() as u8 | (b.tier.0 & 7) << 1);
+                let grouped = b.groups != 0;
+                w.u8(b.parent_seq.is_some() as u8 | ((b.tier.0 & 7) << 1) | ((grouped as u8) << 4));
                 if let Some(p) = b.parent_seq {
                     w.u64(p.0);
                 }
                 w.u64(b.local.0);
+                if grouped {
+                    w.u32(b.groups);
+                }
             }
         }
     }
@@ -151,6 +175,27 @@ impl R<'_> {
             1 => Ok(InstanceKey::Name(self.str()?)),
             t => Err(format!("unknown instance tag {t}")),
         }
+    }
+    /// A worker's groups (version 3 on; none before).
+    fn groups(&mut self, version: u32) -> Result<SeedGroups, String> {
+        if version < 3 {
+            return Ok(SeedGroups::default());
+        }
+        let n = self.u8()?;
+        let mut groups = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            let group = self.u8()?;
+            let (tag, param, block_size) = (self.u8()?, self.u32()?, self.u32()?);
+            let rule = match tag {
+                0 => GroupRule::SlidingWindow(param),
+                1 => GroupRule::ChunkedLocal(param),
+                2 => GroupRule::Mamba,
+                t => return Err(format!("unknown group rule {t}")),
+            };
+            groups.push((group, GroupSpec { rule, block_size }));
+        }
+        let align = Some(self.u32()?).filter(|&a| a > 0);
+        Ok(SeedGroups { groups, align })
     }
     /// A count, bounded by what the remaining bytes could hold (no huge allocations).
     fn count(&mut self, wide: bool, min_item: usize) -> Result<usize, String> {
@@ -217,6 +262,7 @@ pub fn decode(data: &[u8]) -> Result<State, String> {
         for _ in 0..r.count(false, 17)? {
             let instance = r.instance(version)?;
             let dp = r.u32()?;
+            let groups = r.groups(version)?;
             let n = r.count(true, 17)?;
             let mut blocks = Vec::with_capacity(n);
             for _ in 0..n {
@@ -232,18 +278,22 @@ pub fn decode(data: &[u8]) -> Result<State, String> {
                     // Snapshots hold the engines' state; a prediction is never written.
                     return Err("a block on the predicted tier".into());
                 }
+                let local = BlockHash(r.u64()?);
+                let bits = if flags & (1 << 4) != 0 { r.u32()? } else { 0 };
                 blocks.push(SeedBlock {
                     engine,
                     parent_engine: None,
                     parent_seq,
-                    local: BlockHash(r.u64()?),
+                    local,
                     tier,
+                    groups: bits,
                 });
             }
             workers.push(WorkerBlocks {
                 instance,
                 dp,
                 blocks,
+                groups,
             });
         }
         state.indexes.push(IndexState {
@@ -335,8 +385,28 @@ mod tests {
                             parent_seq: (i > 0).then_some(SeqHash(i)),
                             local: BlockHash(i * 31),
                             tier: Tier((i % 3) as u8),
+                            groups: (i % 4) as u32,
                         })
                         .collect(),
+                    groups: SeedGroups {
+                        groups: vec![
+                            (
+                                0,
+                                GroupSpec {
+                                    rule: GroupRule::SlidingWindow(9),
+                                    block_size: 16,
+                                },
+                            ),
+                            (
+                                2,
+                                GroupSpec {
+                                    rule: GroupRule::Mamba,
+                                    block_size: 32,
+                                },
+                            ),
+                        ],
+                        align: Some(64),
+                    },
                 }],
             }],
         }
@@ -388,6 +458,53 @@ mod tests {
         let s = decode(&img).unwrap();
         assert_eq!(s.indexes[0].listeners[0].instance, InstanceKey::Id(9));
         assert_eq!(s.indexes[0].listeners[0].endpoint.endpoint, ep);
+    }
+
+    /// A version 2 image of `body` (no groups anywhere).
+    fn v2_image(body: &[u8]) -> Vec<u8> {
+        let mut img = MAGIC.to_vec();
+        img.extend_from_slice(&2u32.to_le_bytes());
+        img.extend_from_slice(&(body.len() as u64).to_le_bytes());
+        img.extend_from_slice(&xxh3_64(body).to_le_bytes());
+        img.extend_from_slice(body);
+        img
+    }
+
+    #[test]
+    fn version_2_images_still_read_without_groups() {
+        // One index "m"/"t", block size 4, no listener; worker 7 (rank 1) with one
+        // block: engine hash 5, no parent, device tier, local hash 6.
+        let mut body = Vec::new();
+        body.extend_from_slice(&1u32.to_le_bytes());
+        for s in ["m", "t"] {
+            body.extend_from_slice(&(s.len() as u32).to_le_bytes());
+            body.extend_from_slice(s.as_bytes());
+        }
+        body.extend_from_slice(&4u32.to_le_bytes());
+        body.extend_from_slice(&0u32.to_le_bytes());
+        body.extend_from_slice(&1u32.to_le_bytes());
+        body.push(0);
+        body.extend_from_slice(&7u64.to_le_bytes());
+        body.extend_from_slice(&1u32.to_le_bytes());
+        body.extend_from_slice(&1u64.to_le_bytes());
+        body.extend_from_slice(&5u64.to_le_bytes());
+        body.push(0);
+        body.extend_from_slice(&6u64.to_le_bytes());
+        let s = decode(&v2_image(&body)).unwrap();
+        let w = &s.indexes[0].workers[0];
+        assert_eq!((&w.instance, w.dp), (&InstanceKey::Id(7), 1));
+        assert_eq!(w.groups, SeedGroups::default());
+        assert_eq!(
+            w.blocks,
+            vec![SeedBlock {
+                engine: EngineHash(5),
+                parent_engine: None,
+                parent_seq: None,
+                local: BlockHash(6),
+                tier: Tier::DEVICE,
+                groups: 0,
+            }]
+        );
     }
 
     #[test]

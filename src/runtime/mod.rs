@@ -22,8 +22,9 @@ use crate::mesh::{ShardMesh, ShardUnavailable};
 use crate::metrics::{HttpStats, ShardStats};
 use crate::query::{self, PromptBlocks, ShardReply};
 use crate::service::App;
+use crate::shard::tree::SlotGroups;
 use crate::shard::{
-    ChainAt, DumpedBlock, ExportAt, PredictRefused, PredictStep, PruneBound, Shard,
+    ChainAt, DumpedBlock, ExportAt, PredictRefused, PredictStep, PruneBound, Shard, ShardExport,
 };
 use crate::slots::{SlotRep, SlotReq, SlotShard};
 use crate::types::{EngineHash, IndexId, ShardId, WorkerSlot};
@@ -42,6 +43,8 @@ use std::time::{Duration, Instant};
 struct ExportStep {
     blocks: Vec<DumpedBlock>,
     names: Vec<(WorkerSlot, u32, EngineHash)>,
+    /// With the last step: the slots' other KV-cache groups.
+    groups: Vec<(WorkerSlot, SlotGroups)>,
     at: ExportAt,
     done: bool,
 }
@@ -183,9 +186,14 @@ impl Core {
                 shard.finish_deferred();
                 let (mut blocks, mut names) = (Vec::new(), Vec::new());
                 let done = shard.export_step(index, &mut at, &mut blocks, &mut names);
+                let mut groups = Vec::new();
+                if done {
+                    shard.group_specs(index, &mut groups);
+                }
                 Rep::Export(Box::new(ExportStep {
                     blocks,
                     names,
+                    groups,
                     at: *at,
                     done,
                 }))
@@ -294,7 +302,7 @@ impl ShardMesh for Core {
         &self,
         shard: ShardId,
         index: IndexId,
-    ) -> Result<(Vec<Vec<DumpedBlock>>, Vec<(WorkerSlot, u32, EngineHash)>), ShardUnavailable> {
+    ) -> Result<ShardExport, ShardUnavailable> {
         let ask = |req: Req| {
             let mut reqs: Vec<Option<Req>> = (0..self.shards).map(|_| None).collect();
             if let Some(r) = reqs.get_mut(shard.0) {
@@ -302,7 +310,7 @@ impl ShardMesh for Core {
             }
             self.scatter(reqs)
         };
-        let (mut parts, mut names) = (Vec::new(), Vec::new());
+        let mut out = ShardExport::default();
         let mut at = Box::default();
         loop {
             match ask(Req::Export { index, at })
@@ -313,17 +321,19 @@ impl ShardMesh for Core {
                 Some(Rep::Export(step)) => {
                     let ExportStep {
                         blocks,
-                        names: mut n,
+                        mut names,
+                        mut groups,
                         at: next,
                         done,
                     } = *step;
                     if !blocks.is_empty() {
-                        parts.push(blocks);
+                        out.parts.push(blocks);
                     }
-                    names.append(&mut n);
+                    out.names.append(&mut names);
+                    out.groups.append(&mut groups);
                     at = Box::new(next);
                     if done {
-                        return Ok((parts, names));
+                        return Ok(out);
                     }
                 }
                 _ => return Err(ShardUnavailable(shard)),

@@ -5,7 +5,7 @@
 
 use super::Shard;
 use super::holders::Holder;
-use super::tree::DumpWalk;
+use super::tree::{DumpWalk, SlotGroups};
 use crate::types::{BlockHash, EngineHash, IndexId, SeqHash, TierSet, WorkerSlot};
 
 /// An export of a keyed table splits it into at most `1 << EXPORT_BITS_MAX`
@@ -25,6 +25,21 @@ pub struct DumpedBlock {
     /// The block's node in its shard's tree (its slot's engine hashes name it:
     /// [`Shard::engine_names`]); [`NO_NODE`] for a block of the keyed table.
     pub node: u32,
+    /// The slot's KV-cache groups other than full attention holding the block,
+    /// as bits by `group_idx` ([`super::tree::Tree::groups_of`]).
+    pub groups: u32,
+}
+
+/// One index shard's export, as its steps read it.
+#[derive(Debug, Default)]
+pub struct ShardExport {
+    /// Every (block, holder), in the steps the shard read them in.
+    pub parts: Vec<Vec<DumpedBlock>>,
+    /// How the shard's slots name those blocks ([`Shard::engine_names`]).
+    pub names: Vec<(WorkerSlot, u32, EngineHash)>,
+    /// The shard's slots with KV-cache groups besides full attention, and what
+    /// their stores said of them ([`Shard::group_specs`]).
+    pub groups: Vec<(WorkerSlot, SlotGroups)>,
 }
 
 /// A [`DumpedBlock`]'s node when it is not in a tree.
@@ -111,6 +126,14 @@ impl Shard {
         }
         out.truncate(k);
         false
+    }
+
+    /// Every slot of `index` in this shard with KV-cache groups besides full
+    /// attention, and what its stores said of them.
+    pub fn group_specs(&self, index: IndexId, out: &mut Vec<(WorkerSlot, SlotGroups)>) {
+        if let Some(ix) = self.index(index) {
+            out.extend(ix.tree.slot_groups().map(|(s, g)| (s, g.clone())));
+        }
     }
 
     /// Every (slot, node, engine hash) by which this shard's slots name the blocks

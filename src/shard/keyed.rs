@@ -191,6 +191,7 @@ impl KeyedBlocks {
                     local: BlockHash(0),
                     holder: Holder(h),
                     node: NO_NODE,
+                    groups: 0,
                 });
             }
         }

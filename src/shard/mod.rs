@@ -35,7 +35,7 @@ pub mod table;
 pub mod tree;
 
 pub use budget::BlockBudget;
-pub use export::{DumpedBlock, ExportAt, NO_NODE};
+pub use export::{DumpedBlock, ExportAt, NO_NODE, ShardExport};
 pub use op::{SeedParent, ShardOp};
 pub use reply::{HolderLists, Prompt, SAME_HOLDERS, union_holders};
 pub use table::SeqHasherBuilder;

@@ -488,3 +488,48 @@ fn export_stall() {
     }
     println!("{n} blocks: export with engine names in {steps} steps, worst {worst:?}");
 }
+
+#[test]
+fn an_export_reads_each_blocks_groups_and_each_slots_specs() {
+    use crate::shard::hybrid::{GroupRule, GroupSpec};
+    let mut s = Shard::default();
+    s.apply_all(&run(1, DEV, None, &[10, 11, 12]));
+    s.apply_all(&run(2, DEV, None, &[10]));
+    let spec = GroupSpec {
+        rule: GroupRule::SlidingWindow(9),
+        block_size: 4,
+    };
+    let mut ops = vec![ShardOp::GroupSpec {
+        index: IX,
+        slot: WorkerSlot(1),
+        group: 3,
+        spec,
+        align: 8,
+        base: 4,
+    }];
+    // Slot 1's group 3 holds blocks 11 and 12, then loses 12.
+    for (local, held) in [(11, true), (12, true), (12, false)] {
+        ops.push(ShardOp::GroupHold {
+            index: IX,
+            slot: WorkerSlot(1),
+            group: 3,
+            block: eh(1, local),
+            held,
+        });
+    }
+    s.apply_all(&ops);
+    let (mut at, mut out, mut names) = (ExportAt::default(), Vec::new(), Vec::new());
+    while !s.export_step(IX, &mut at, &mut out, &mut names) {}
+    let mut got: Vec<(u32, u64, u32)> = out
+        .iter()
+        .map(|b| (b.holder.slot().0, b.local.0, b.groups))
+        .collect();
+    got.sort();
+    assert_eq!(got, [(1, 10, 0), (1, 11, 1 << 3), (1, 12, 0), (2, 10, 0)]);
+    let mut specs = Vec::new();
+    s.group_specs(IX, &mut specs);
+    assert_eq!(specs.len(), 1);
+    assert_eq!(specs[0].0, WorkerSlot(1));
+    assert_eq!(specs[0].1.groups, [(3, spec)]);
+    assert_eq!(specs[0].1.align, Some(8));
+}

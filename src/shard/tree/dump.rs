@@ -147,6 +147,7 @@ impl Tree {
                         local,
                         holder: Holder::new(h.slot(), tiers),
                         node: id.index(),
+                        groups: self.groups_of(h.slot(), id),
                     });
                 }
             }

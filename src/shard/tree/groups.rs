@@ -59,6 +59,15 @@ impl Tree {
             .filter(|s| !s.groups.is_empty())
     }
 
+    /// Every slot a store described groups of, with them.
+    pub fn slot_groups(&self) -> impl Iterator<Item = (WorkerSlot, &SlotGroups)> {
+        self.specs
+            .iter()
+            .enumerate()
+            .filter(|(_, g)| !g.groups.is_empty())
+            .map(|(s, g)| (WorkerSlot(s as u32), g))
+    }
+
     /// Whether some slot has groups besides full attention.
     pub fn is_hybrid(&self) -> bool {
         self.specs.iter().any(|s| !s.groups.is_empty())
@@ -91,6 +100,9 @@ impl Tree {
 
     /// The groups `slot` holds `node` in, as bits by `group_idx`.
     pub fn groups_of(&self, slot: WorkerSlot, node: NodeId) -> u32 {
+        if self.groups.is_empty() {
+            return 0;
+        }
         self.groups.get(&(slot, node)).copied().unwrap_or(0)
     }
 

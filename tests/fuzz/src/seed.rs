@@ -81,6 +81,7 @@ fn block(i: u64, tier: u8) -> SeedBlock {
         parent_seq: (i % 4 != 0).then_some(SeqHash(i * 1000 + 7)),
         local: BlockHash(i * 31 + 1),
         tier: Tier(tier),
+        groups: 0,
     }
 }
 
@@ -112,11 +113,13 @@ fn small_state() -> State {
                         instance: InstanceKey::Id(7),
                         dp: 0,
                         blocks: (0..5).map(|i| block(i, (i % 3) as u8)).collect(),
+                        groups: Default::default(),
                     },
                     WorkerBlocks {
                         instance: InstanceKey::Name("vllm-1".into()),
                         dp: 1,
                         blocks: vec![block(9, 3)],
+                        groups: Default::default(),
                     },
                 ],
             },
