@@ -3,6 +3,9 @@
 //! `/query`'s per-instance `effective` and `hit` under vLLM's hit rules, while
 //! `scores` stays the full-attention answer.
 //!
+//! A replica recovering such an index from a peer's `/dump`, and a restart
+//! from a snapshot, answer as the original did.
+//!
 //! Every prompt here has blocks of 4 tokens, block `i` being tokens
 //! `4i+1 ..= 4i+4`, named by the engine (in every group alike) `100 + i`.
 
@@ -345,5 +348,150 @@ fn a_model_without_group_fields_is_scored_as_before() {
         .1;
     assert_eq!(v["instances"]["1"]["effective"], json!({"0": 0}), "{v}");
     assert_eq!(v["instances"]["1"]["hit"], json!({"0": "miss"}), "{v}");
+    // Its `/dump` is Dynamo's, without kvix's group fields.
+    let dump = s.get_json("/dump");
+    assert!(
+        dump["plain:default"].get("kvix_group_specs").is_none(),
+        "{dump}"
+    );
+    assert!(!dump.to_string().contains("kvix_groups"), "{dump}");
     s.stop();
+}
+
+/// The state the recovery tests build: worker 1 of `gemma` (group 0 a sliding
+/// window of 9 tokens, 2 blocks; group 1 full attention) and worker 2 of
+/// `qwen-next` (group 0 full attention, group 1 Mamba), both holding blocks
+/// 0..8 in full attention.
+fn hybrid_state(s: &Server, w1: &mut Publisher, w2: &mut Publisher) {
+    register(s, "gemma", 1, w1);
+    register(s, "qwen-next", 2, w2);
+    // The window keeps 2..8, then loses 4 and 6: it holds 2, 3, 5 and 7.
+    w1.send(&batch(&[
+        other(0, "sliding_window", Some(9), 0, 8, &[2, 3, 4, 5, 6, 7]),
+        full(1, 0, 8),
+    ]));
+    w1.send(&batch(&[Ev::Removed {
+        blocks: vec![4, 6],
+        group: 0,
+    }]));
+    // Mamba keeps the states after blocks 3 and 7.
+    w2.send(&batch(&[
+        full(0, 0, 8),
+        other(1, "mamba", None, 0, 8, &[3, 7]),
+    ]));
+}
+
+/// What [`hybrid_state`] answers (the rules as in the tests above).
+fn expect_hybrid_state(s: &Server) {
+    // gemma, 8 blocks: from the right 7 alone, 5 alone, then 3 and 2 make the
+    // run of 2: the hit ends at block 4 (16 tokens).
+    expect(s, "gemma", 1, 8, 32, 16, "partial");
+    // 4 blocks: 3 and 2 end the prompt: all of it.
+    expect(s, "gemma", 1, 4, 16, 16, "full");
+    // 2 blocks: neither is in the window, and there is no run from block 0.
+    expect(s, "gemma", 1, 2, 8, 0, "miss");
+    // qwen-next: 8 blocks end on block 7's state; 6 blocks fall back to block
+    // 3's (4 blocks); 3 blocks have none.
+    expect(s, "qwen-next", 2, 8, 32, 32, "full");
+    expect(s, "qwen-next", 2, 6, 24, 16, "partial");
+    expect(s, "qwen-next", 2, 3, 12, 0, "miss");
+}
+
+/// After recovery, live removals in the other groups apply where they would
+/// have applied on the original: the recovered index knows each group.
+fn live_group_removals_apply(s: &[&Server], w1: &mut Publisher, w2: &mut Publisher) {
+    w1.send(&batch(&[Ev::Removed {
+        blocks: vec![3],
+        group: 0,
+    }]));
+    w2.send(&batch(&[Ev::Removed {
+        blocks: vec![3],
+        group: 1,
+    }]));
+    for s in s {
+        // gemma's window holds 2, 5 and 7: no run of 2 anywhere, none from block 0.
+        expect(s, "gemma", 1, 8, 32, 0, "miss");
+        // qwen-next's only state is block 7's: 6 blocks have none; 8 still do.
+        expect(s, "qwen-next", 2, 6, 24, 0, "miss");
+        expect(s, "qwen-next", 2, 8, 32, 32, "full");
+    }
+}
+
+#[test]
+fn a_replica_recovers_each_group_from_its_peer() {
+    let a = Server::start(&["--threads", "2"]);
+    let ctx = zmq::Context::new();
+    let [mut w1, mut w2]: [Publisher; 2] = publishers(&ctx);
+    hybrid_state(&a, &mut w1, &mut w2);
+    expect_hybrid_state(&a);
+    // The dump carries the groups in kvix's own fields, beside Dynamo's shape: the
+    // worker's groups on the index, a block's groups on its stored event, and
+    // nothing more for a block no other group holds.
+    let dump = a.get_json("/dump");
+    assert_eq!(
+        dump["gemma:default"]["kvix_group_specs"],
+        json!([{"worker_id": 1, "dp_rank": 0, "align": null, "groups": [
+            {"group_idx": 0, "block_size": 4, "kind": "sliding_window", "sliding_window": 9}]}]),
+        "{dump}"
+    );
+    let stored = |block: u32| {
+        let events = dump["gemma:default"]["events"].as_array().unwrap();
+        let ev = events
+            .iter()
+            .find(|e| e["event"]["data"]["stored"]["blocks"][0]["block_hash"] == json!(hash(block)))
+            .unwrap();
+        ev["event"]["data"]["stored"].clone()
+    };
+    assert_eq!(stored(5)["kvix_groups"], json!(1), "{dump}");
+    assert!(stored(4).get("kvix_groups").is_none(), "{dump}");
+    // B adopts A's workers (`/workers`), then seeds from A's `/dump`; nothing was
+    // published since, so what B answers came from the dump.
+    let b = Server::start(&[
+        "--threads",
+        "2",
+        "--peers",
+        &a.base,
+        "--peer-wait-ms",
+        "100",
+    ]);
+    b.wait_log("recovered from peer");
+    w1.wait_subscriber();
+    w2.wait_subscriber();
+    expect_hybrid_state(&b);
+    live_group_removals_apply(&[&a, &b], &mut w1, &mut w2);
+    a.stop();
+    b.stop();
+}
+
+#[test]
+fn a_restart_from_a_snapshot_keeps_each_group() {
+    let dir = std::env::temp_dir().join(format!("kvix-hybrid-snap-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("hybrid.snap");
+    let _ = std::fs::remove_file(&path);
+    let p = path.to_str().unwrap();
+    let flags = [
+        "--threads",
+        "2",
+        "--snapshot-path",
+        p,
+        "--snapshot-interval",
+        "0",
+    ];
+    let s = Server::start(&flags);
+    let ctx = zmq::Context::new();
+    let [mut w1, mut w2]: [Publisher; 2] = publishers(&ctx);
+    hybrid_state(&s, &mut w1, &mut w2);
+    expect_hybrid_state(&s);
+    // SIGTERM writes the snapshot; the restart registers the workers from it.
+    let (code, log) = s.terminate();
+    assert_eq!(code, Some(0), "{log}");
+    let s = Server::start(&flags);
+    s.wait_log("loaded snapshot");
+    w1.wait_subscriber();
+    w2.wait_subscriber();
+    expect_hybrid_state(&s);
+    live_group_removals_apply(&[&s], &mut w1, &mut w2);
+    s.stop();
+    let _ = std::fs::remove_dir_all(&dir);
 }

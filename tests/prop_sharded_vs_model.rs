@@ -14,17 +14,22 @@
 //! keeps which prefixes each group holds while the worker holds them, and
 //! applies vLLM's hit rules literally to say what each worker's `effective`
 //! prefix is.
+//!
+//! Then a replica is seeded from the index's export (what `/dump` and snapshots
+//! carry, group residency included) through the seeding path recovery takes, and
+//! must answer every query as the index does once its predictions expired.
 
 use kvix::hash;
-use kvix::ingest::feed::WorkerFeed;
+use kvix::ingest::feed::{SeedBlock, SeedGroups, WorkerFeed};
 use kvix::query::{self, Overlap};
+use kvix::recovery::export::IndexExport;
 use kvix::registry::{Endpoint, Registration, Registry};
 use kvix::ring::{OpSink, RingSink, Rings};
 use kvix::shard::Shard;
 use kvix::types::{IndexId, ShardId, Tier, WorkerSlot};
 use kvix::wire::{self, Batch};
 use proptest::prelude::*;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 const BS: usize = 2;
@@ -425,6 +430,49 @@ impl Sharded {
         self.drain();
     }
 
+    /// A replica seeded from this index's export as recovery seeds one (a peer's
+    /// `/dump`, a snapshot): every worker's blocks parents first, its other
+    /// KV-cache groups and the group bits of each block.
+    fn replica(&mut self) -> Sharded {
+        let (mut blocks, mut names, mut groups) = (Vec::new(), Vec::new(), Vec::new());
+        for s in &mut self.shards {
+            s.finish_deferred();
+            let mut at = kvix::shard::ExportAt::default();
+            while !s.export_step(self.index, &mut at, &mut blocks, &mut names) {}
+            s.group_specs(self.index, &mut groups);
+        }
+        let info = self.registry.snapshot().indexes[self.index.0 as usize].clone();
+        let export = IndexExport::new(info, blocks, names).with_groups(groups);
+        let mut workers: BTreeMap<(u64, u32), (Vec<SeedBlock>, SeedGroups)> = BTreeMap::new();
+        let mut tiers = Vec::new();
+        for k in 0..export.len() {
+            tiers.clear();
+            let (_, inst, dp) = export.pair(k, &mut tiers);
+            let w = workers.entry((u64::try_from(inst).unwrap(), dp));
+            w.or_default().0.extend_from_slice(&tiers);
+        }
+        for (inst, dp, g) in export.slot_groups() {
+            workers
+                .entry((u64::try_from(inst).unwrap(), dp))
+                .or_default()
+                .1 = g;
+        }
+        let mut r = Sharded::new(self.shards.len());
+        for ((inst, dp), (blocks, groups)) in &workers {
+            let feed = &mut r.feeds[*inst as usize];
+            assert!(feed.seed(
+                r.index,
+                *dp,
+                (blocks, groups),
+                false,
+                &r.registry,
+                &mut r.sink
+            ));
+        }
+        r.drain();
+        r
+    }
+
     /// Answers as the model does once every op has applied: ops that wait for a
     /// clear still walking apply first (the walks themselves stay partway, and
     /// their slots are answered as if cleared).
@@ -498,6 +546,7 @@ fn run(n: usize, budget: Option<usize>, actions: &[Action], queries: &[(usize, u
         .chain(model.predicted.values().flatten().cloned())
         .collect();
     prefixes.sort();
+    let mut asked = Vec::new();
     for (pick, cut, tail) in queries {
         let mut q = match prefixes.len() {
             0 => Vec::new(),
@@ -506,6 +555,33 @@ fn run(n: usize, budget: Option<usize>, actions: &[Action], queries: &[(usize, u
         q.truncate(q.len().saturating_sub(BS * (cut % 2)));
         q.extend_from_slice(tail);
         check_query(&model, &mut sharded, budget, &q);
+        asked.push(q);
+    }
+    sharded.expire();
+    let mut replica = sharded.replica();
+    for q in &asked {
+        check_replica(&mut sharded, &mut replica, q);
+    }
+}
+
+/// The replica answers `q` as the index it was seeded from: every worker's
+/// matches per tier and its `effective` prefix (a worker the replica has no slot
+/// for held nothing).
+fn check_replica(sharded: &mut Sharded, replica: &mut Sharded, q: &[u32]) {
+    let n = sharded.shards.len();
+    let (ov, who) = sharded.query(q);
+    let (rov, rwho) = replica.query(q);
+    let at: HashMap<(u64, u32), WorkerSlot> = rwho.iter().map(|(s, w)| (*w, *s)).collect();
+    for (slot, w) in &who {
+        let (matched, effective) = match at.get(w) {
+            Some(r) => (rov.matched[r.0 as usize], rov.effective[r.0 as usize]),
+            None => ([0; 3], 0),
+        };
+        assert_eq!(
+            (matched, effective),
+            (ov.matched[slot.0 as usize], ov.effective[slot.0 as usize]),
+            "replica, shards={n} worker={w:?} query={q:?}"
+        );
     }
 }
 
