@@ -465,10 +465,8 @@ fn a_replica_recovers_each_group_from_its_peer() {
 
 #[test]
 fn a_restart_from_a_snapshot_keeps_each_group() {
-    let dir = std::env::temp_dir().join(format!("kvix-hybrid-snap-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::dir_with("hybrid-snapshot", &[]);
     let path = dir.join("hybrid.snap");
-    let _ = std::fs::remove_file(&path);
     let p = path.to_str().unwrap();
     let flags = [
         "--threads",

@@ -431,10 +431,18 @@ mod tests {
         assert!(decode(&v2).unwrap_err().contains("version"));
     }
 
-    #[test]
-    fn version_1_images_still_read_with_integer_instances() {
-        // Version 1: one index "m"/"t", block size 4, one listener of instance 9 (dp 0,
-        // no replay, no last sequence, no publisher), no worker.
+    /// A snapshot image of `version` around `body`.
+    fn image(version: u32, body: &[u8]) -> Vec<u8> {
+        let mut img = MAGIC.to_vec();
+        img.extend_from_slice(&version.to_le_bytes());
+        img.extend_from_slice(&(body.len() as u64).to_le_bytes());
+        img.extend_from_slice(&xxh3_64(body).to_le_bytes());
+        img.extend_from_slice(body);
+        img
+    }
+
+    /// The start of a body holding one index "m"/"t" of block size 4.
+    fn one_index() -> Vec<u8> {
         let mut body = Vec::new();
         body.extend_from_slice(&1u32.to_le_bytes());
         for s in ["m", "t"] {
@@ -442,6 +450,14 @@ mod tests {
             body.extend_from_slice(s.as_bytes());
         }
         body.extend_from_slice(&4u32.to_le_bytes());
+        body
+    }
+
+    #[test]
+    fn version_1_images_still_read_with_integer_instances() {
+        // Version 1: one listener of instance 9 (dp 0, no replay, no last sequence,
+        // no publisher), no worker.
+        let mut body = one_index();
         body.extend_from_slice(&1u32.to_le_bytes());
         body.extend_from_slice(&9u64.to_le_bytes());
         body.extend_from_slice(&0u32.to_le_bytes());
@@ -450,37 +466,16 @@ mod tests {
         body.extend_from_slice(ep.as_bytes());
         body.extend_from_slice(&[0, 0, 0]);
         body.extend_from_slice(&0u32.to_le_bytes());
-        let mut img = MAGIC.to_vec();
-        img.extend_from_slice(&1u32.to_le_bytes());
-        img.extend_from_slice(&(body.len() as u64).to_le_bytes());
-        img.extend_from_slice(&xxh3_64(&body).to_le_bytes());
-        img.extend_from_slice(&body);
-        let s = decode(&img).unwrap();
+        let s = decode(&image(1, &body)).unwrap();
         assert_eq!(s.indexes[0].listeners[0].instance, InstanceKey::Id(9));
         assert_eq!(s.indexes[0].listeners[0].endpoint.endpoint, ep);
     }
 
-    /// A version 2 image of `body` (no groups anywhere).
-    fn v2_image(body: &[u8]) -> Vec<u8> {
-        let mut img = MAGIC.to_vec();
-        img.extend_from_slice(&2u32.to_le_bytes());
-        img.extend_from_slice(&(body.len() as u64).to_le_bytes());
-        img.extend_from_slice(&xxh3_64(body).to_le_bytes());
-        img.extend_from_slice(body);
-        img
-    }
-
     #[test]
     fn version_2_images_still_read_without_groups() {
-        // One index "m"/"t", block size 4, no listener; worker 7 (rank 1) with one
-        // block: engine hash 5, no parent, device tier, local hash 6.
-        let mut body = Vec::new();
-        body.extend_from_slice(&1u32.to_le_bytes());
-        for s in ["m", "t"] {
-            body.extend_from_slice(&(s.len() as u32).to_le_bytes());
-            body.extend_from_slice(s.as_bytes());
-        }
-        body.extend_from_slice(&4u32.to_le_bytes());
+        // No listener; worker 7 (rank 1) with one block: engine hash 5, no parent,
+        // device tier, local hash 6.
+        let mut body = one_index();
         body.extend_from_slice(&0u32.to_le_bytes());
         body.extend_from_slice(&1u32.to_le_bytes());
         body.push(0);
@@ -490,7 +485,7 @@ mod tests {
         body.extend_from_slice(&5u64.to_le_bytes());
         body.push(0);
         body.extend_from_slice(&6u64.to_le_bytes());
-        let s = decode(&v2_image(&body)).unwrap();
+        let s = decode(&image(2, &body)).unwrap();
         let w = &s.indexes[0].workers[0];
         assert_eq!((&w.instance, w.dp), (&InstanceKey::Id(7), 1));
         assert_eq!(w.groups, SeedGroups::default());
