@@ -8,7 +8,7 @@ mod common;
 use common::{Server, publishers, register, stored_on};
 use kvix::hash::{block_seed, local_hash};
 use serde::Deserialize;
-use serde_json::json;
+use serde_json::{Value, json};
 
 const MODEL: &str = "m";
 
@@ -110,10 +110,19 @@ fn tiered_lookup_as_dynamos_router_reads_it() {
         .map(|i| local_hash(b(i), block_seed(None, None)).0 as i64)
         .collect();
     let by_hash = json!({"block_hashes": locals, "model_name": MODEL});
+    // Every live worker is listed in `tree_sizes`, holding or not: wait for the
+    // blocks, 4 + 2 + 3 + 4 of them.
     s.eventually("every store applied", || {
         let v = s.post_json("/query_by_hash", &by_hash).1;
-        let n = v["tree_sizes"].as_object().map_or(0, |t| t.len());
-        (n == 4).then_some(()).ok_or(v.to_string())
+        let held: u64 = v["tree_sizes"]
+            .as_object()
+            .into_iter()
+            .flat_map(|t| t.values())
+            .filter_map(|dp| dp.as_object())
+            .flat_map(|dp| dp.values())
+            .filter_map(Value::as_u64)
+            .sum();
+        (held == 13).then_some(()).ok_or(v.to_string())
     });
     let body = json!({"block_hashes": locals, "model_name": MODEL, "routing_group": "default"});
     let (st, v) = s.post_json("/query_tiered_by_hash", &body);
