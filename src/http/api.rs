@@ -100,8 +100,8 @@ pub fn parse_body(
         "/query_tiered_by_hash" => super::tiered::check(body).map(|_| None),
         // Without the service's own address: every URL a peer could have passes.
         "/speculate" => super::speculate::parse(body).map(|_| None),
-        "/register_peer" => parse_new_peer(body, None).map(|_| None),
-        "/deregister_peer" => parse::<PeerReq>(body).map(|_| None),
+        "/register_peer" => super::peers::parse_new_peer(body, None).map(|_| None),
+        "/deregister_peer" => parse::<super::peers::PeerReq>(body).map(|_| None),
         _ => Err(ApiError::NoRoute(route.to_string())),
     }
 }
@@ -960,47 +960,6 @@ pub async fn dump<M: ShardMesh>(mesh: &M) -> Result<Reply, ApiError> {
         hyper::header::HeaderValue::from_static("application/json"),
     );
     Ok(r)
-}
-
-#[derive(Deserialize)]
-struct PeerReq {
-    url: String,
-}
-
-/// A `/register_peer` body whose URL a peer may have (`own`: this service's address,
-/// when known, which a peer must not be).
-fn parse_new_peer(body: &[u8], own: Option<std::net::SocketAddr>) -> Result<PeerReq, ApiError> {
-    let r: PeerReq = parse(body)?;
-    crate::access::check_peer_url(&r.url, own).map_err(|e| match e {
-        crate::access::PeerUrlError::Invalid(msg) => ApiError::Field {
-            field: "url".into(),
-            msg,
-        },
-        e @ crate::access::PeerUrlError::Itself(_) => ApiError::BadRequest(e.to_string()),
-    })?;
-    Ok(r)
-}
-
-pub async fn register_peer<M: ShardMesh>(mesh: &M, body: &[u8]) -> Result<Reply, ApiError> {
-    let r = parse_new_peer(body, mesh.app().lifecycle().addr())?;
-    mesh.app().control().add_peer(r.url);
-    Ok(json::ok(StatusCode::CREATED))
-}
-
-pub async fn deregister_peer<M: ShardMesh>(mesh: &M, body: &[u8]) -> Result<Reply, ApiError> {
-    let r: PeerReq = parse(body)?;
-    if mesh.app().control().remove_peer(&r.url) {
-        Ok(json::ok(StatusCode::OK))
-    } else {
-        Err(ApiError::NotFound("peer not found".into()))
-    }
-}
-
-pub fn peers<M: ShardMesh>(mesh: &M) -> Result<Reply, ApiError> {
-    Ok(json::bytes(
-        StatusCode::OK,
-        serde_json::to_vec(&*mesh.app().control().peers()).unwrap_or_default(),
-    ))
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ pub mod api;
 pub mod client;
 pub mod error;
 pub mod json;
+pub mod peers;
 pub mod routes;
 pub mod slots;
 pub mod speculate;
@@ -225,7 +226,7 @@ async fn dispatch<M: ShardMesh>(
         Route::Ready => Ok(ready(mesh.app().lifecycle(), phase)),
         Route::Workers => api::workers(mesh, query),
         Route::Dump => api::dump(mesh).await,
-        Route::Peers => api::peers(mesh),
+        Route::Peers => peers::peers(mesh),
         Route::Metrics => metrics(mesh).await,
         Route::Register => api::register(mesh, &opts.access, b, forced).await,
         Route::Unregister => api::unregister(mesh, b, forced).await,
@@ -233,8 +234,8 @@ async fn dispatch<M: ShardMesh>(
         Route::QueryByHash => api::query_by_hash(mesh, &b, forced).await,
         Route::QueryTieredByHash => tiered::query_tiered_by_hash(mesh, &b).await,
         Route::Speculate => speculate::speculate(mesh, b).await,
-        Route::RegisterPeer => api::register_peer(mesh, &b).await,
-        Route::DeregisterPeer => api::deregister_peer(mesh, &b).await,
+        Route::RegisterPeer => peers::register_peer(mesh, &b).await,
+        Route::DeregisterPeer => peers::deregister_peer(mesh, &b).await,
         Route::ReopenLogs => reopen_logs(mesh).await,
     }
 }
