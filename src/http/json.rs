@@ -432,6 +432,7 @@ pub fn scores(
         out.extend_from_slice(b",\"gpu\":");
         gpu_text.put(&mut out);
         out.extend_from_slice(b",\"dp\":{");
+        let dp_start = out.len() - 1;
         for (j, s) in group.iter().enumerate() {
             if j > 0 {
                 out.push(b',');
@@ -439,11 +440,12 @@ pub fn scores(
             lay.dp[s.0 as usize].put(&mut out);
             text(matched(*s)[0] as u64 * bs).put(&mut out);
         }
+        let dp = dp_start..out.len() + 1;
         out.extend_from_slice(b"},\"cpu\":");
         text(cpu).put(&mut out);
         out.extend_from_slice(b",\"disk\":");
         text(disk).put(&mut out);
-        effective_and_hit(&mut out, &lay, ov, group, bs);
+        effective_and_hit(&mut out, &lay, ov, group, bs, dp);
         out.push(b'}');
     }
     out.push(b'}');
@@ -469,19 +471,34 @@ pub fn scores(
 }
 
 /// An instance's `"effective":{dp:tokens},"hit":{dp:"full"|"partial"|"miss"}`
-/// for its slots `group`.
-fn effective_and_hit(out: &mut Vec<u8>, lay: &Layout, ov: &Overlap, group: &[WorkerSlot], bs: u64) {
+/// for its slots `group`; `dp` is where its `dp` object (the device match per
+/// rank) already lies in `out`.
+fn effective_and_hit(
+    out: &mut Vec<u8>,
+    lay: &Layout,
+    ov: &Overlap,
+    group: &[WorkerSlot],
+    bs: u64,
+    dp: std::ops::Range<usize>,
+) {
     let at = |v: &[u32], s: WorkerSlot| v.get(s.0 as usize).copied().unwrap_or(0);
     let device = |s: WorkerSlot| ov.matched.get(s.0 as usize).map_or(0, |m| m[0]);
-    out.extend_from_slice(b",\"effective\":{");
-    for (j, &s) in group.iter().enumerate() {
-        if j > 0 {
-            out.push(b',');
+    out.extend_from_slice(b",\"effective\":");
+    if group.iter().all(|&s| at(&ov.effective, s) == device(s)) {
+        // Every worker without other groups: the same object, byte for byte.
+        out.extend_from_within(dp);
+    } else {
+        out.push(b'{');
+        for (j, &s) in group.iter().enumerate() {
+            if j > 0 {
+                out.push(b',');
+            }
+            lay.dp[s.0 as usize].put(out);
+            Digits::of(at(&ov.effective, s) as u64 * bs).put(out);
         }
-        lay.dp[s.0 as usize].put(out);
-        Digits::of(at(&ov.effective, s) as u64 * bs).put(out);
+        out.push(b'}');
     }
-    out.extend_from_slice(b"},\"hit\":{");
+    out.extend_from_slice(b",\"hit\":{");
     for (j, &s) in group.iter().enumerate() {
         if j > 0 {
             out.push(b',');
