@@ -228,6 +228,11 @@ struct EventArgs {
     /// share blocks, so comparisons with it use this
     #[arg(long)]
     shared_engine_hashes: bool,
+    /// A hybrid model: a second KV-cache group, a sliding window of this many
+    /// tokens, stores and removes the same blocks beside full attention (vLLM's
+    /// `group_idx` 1, `kv_cache_spec_kind` "sliding_window"); 0: full attention only
+    #[arg(long, default_value_t = 0)]
+    window_tokens: u32,
     /// Add a CPU offload tier: GPU evictions are re-stored with medium "CPU"
     #[arg(long)]
     offload: bool,
@@ -505,6 +510,7 @@ fn event_phase(
         batch_events: ev.batch_events.max(1),
         batch_dp_rank: ev.batch_dp_rank,
         shared_engine_hashes: ev.shared_engine_hashes,
+        window_tokens: ev.window_tokens,
         seed: common.seed,
     };
     let survey = sim::survey(reqs);

@@ -32,6 +32,10 @@ pub struct SimConfig {
     pub batch_dp_rank: bool,
     /// Every worker gives a block the same engine hash (else each its own).
     pub shared_engine_hashes: bool,
+    /// A hybrid model's second KV-cache group: a sliding window of this many tokens
+    /// (group 1) storing and removing the same blocks beside full attention
+    /// (group 0), as vLLM's hybrid models announce them; 0: full attention only.
+    pub window_tokens: u32,
     pub seed: u64,
 }
 
@@ -45,6 +49,10 @@ pub struct SimStats {
     pub blocks_removed: u64,
     pub cpu_blocks_stored: u64,
     pub cpu_blocks_removed: u64,
+    /// The sliding-window group's blocks (counted in `blocks_stored` and
+    /// `blocks_removed` too).
+    pub window_blocks_stored: u64,
+    pub window_blocks_removed: u64,
     /// GPU blocks a routed request found already cached on its worker.
     pub blocks_hit: u64,
     /// Live (block, worker) pairs at the end, over all tiers.
@@ -230,6 +238,41 @@ pub fn enc_stored(
     w(rmp::encode::write_str(out, medium));
 }
 
+/// The sliding-window group's `group_idx`.
+const WINDOW_GROUP: u64 = 1;
+
+/// Append a positional vLLM `BlockStored` of a sliding-window group (`stored`:
+/// hashes, parent, tokens, block size), with every optional field up to the
+/// group's: lora_id, medium, lora_name, extra_keys, group_idx, kind, window.
+fn enc_window_stored(
+    out: &mut Vec<u8>,
+    (hashes, parent, tokens, block_size): (&[u64], Option<u64>, &[u32], usize),
+    window: u32,
+) {
+    let mut head = Vec::new();
+    enc_stored(&mut head, hashes, parent, tokens, block_size, "GPU");
+    // The 7-element array's header, one byte (0x97), becomes a 12-element one.
+    out.push(0x9c);
+    out.extend_from_slice(&head[1..]);
+    w(rmp::encode::write_nil(out)); // lora_name
+    w(rmp::encode::write_nil(out)); // extra_keys
+    w(rmp::encode::write_uint(out, WINDOW_GROUP));
+    w(rmp::encode::write_str(out, "sliding_window"));
+    w(rmp::encode::write_uint(out, window as u64));
+}
+
+/// Append a positional vLLM `BlockRemoved` of KV-cache group `group`.
+fn enc_removed_from(out: &mut Vec<u8>, hashes: &[u64], medium: &str, group: u64) {
+    w(rmp::encode::write_array_len(out, 4));
+    w(rmp::encode::write_str(out, "BlockRemoved"));
+    w(rmp::encode::write_array_len(out, hashes.len() as u32));
+    for &h in hashes {
+        w(rmp::encode::write_uint(out, h));
+    }
+    w(rmp::encode::write_str(out, medium));
+    w(rmp::encode::write_uint(out, group));
+}
+
 /// Append a positional vLLM `BlockRemoved` event.
 fn enc_removed(out: &mut Vec<u8>, hashes: &[u64], medium: &str) {
     w(rmp::encode::write_array_len(out, 3));
@@ -309,8 +352,8 @@ pub fn simulate(
     for (wi, wk) in workers.iter_mut().enumerate() {
         flush(wk, wi, cfg.batch_dp_rank, &mut order, &mut st);
     }
-    st.blocks_stored += st.cpu_blocks_stored;
-    st.blocks_removed += st.cpu_blocks_removed;
+    st.blocks_stored += st.cpu_blocks_stored + st.window_blocks_stored;
+    st.blocks_removed += st.cpu_blocks_removed + st.window_blocks_removed;
     let mut unique = hashbrown::HashSet::new();
     for wk in &workers {
         let both = wk.cpu.map.keys().filter(|k| wk.gpu.contains(**k)).count();
@@ -409,6 +452,11 @@ impl Sim<'_> {
         if !self.gpu_victims.is_empty() {
             wk.removed(&self.gpu_victims, "GPU", &mut self.hashes);
             self.st.blocks_removed += self.gpu_victims.len() as u64;
+            if self.cfg.window_tokens > 0 {
+                enc_removed_from(&mut wk.events, &self.hashes, "GPU", WINDOW_GROUP);
+                wk.n_events += 1;
+                self.st.window_blocks_removed += self.gpu_victims.len() as u64;
+            }
         }
         if p < n {
             self.hashes.clear();
@@ -424,6 +472,13 @@ impl Sim<'_> {
             );
             wk.n_events += 1;
             self.st.blocks_stored += (n - p) as u64;
+            if self.cfg.window_tokens > 0 {
+                let tokens = &req.tokens[p * bs..n * bs];
+                let stored = (&self.hashes[..], parent, tokens, bs);
+                enc_window_stored(&mut wk.events, stored, self.cfg.window_tokens);
+                wk.n_events += 1;
+                self.st.window_blocks_stored += (n - p) as u64;
+            }
         }
     }
 
@@ -512,6 +567,7 @@ mod tests {
             batch_events: 4,
             batch_dp_rank: true,
             shared_engine_hashes: false,
+            window_tokens: 0,
             seed: 1,
         };
         let run = |reqs: &Requests| {
@@ -521,6 +577,37 @@ mod tests {
         let (a, b) = (run(&held), run(&generated));
         assert!(a.2 > 0, "no block was offloaded");
         assert_eq!(a, b);
+    }
+
+    /// kvix reads the window group's events as vLLM's hybrid models send them.
+    #[test]
+    fn window_group_events_decode_as_a_sliding_window_group() {
+        use kvix::wire::{Batch, EventOp, GroupKind, decode};
+        let tokens: Vec<u32> = (0..32).collect();
+        let mut ev = Vec::new();
+        enc_window_stored(&mut ev, (&[5, 6], Some(4), &tokens, 16), 4096);
+        enc_removed_from(&mut ev, &[6], "GPU", WINDOW_GROUP);
+        let frame = enc_batch(1.0, 2, &ev, false);
+        let mut batch = Batch::default();
+        decode(&frame, &mut batch).expect("kvix decodes the frame");
+        let got: Vec<_> = batch
+            .events(&frame)
+            .map(|e| {
+                (
+                    e.op,
+                    e.hashes.len(),
+                    e.group_idx,
+                    e.group_kind,
+                    e.group_window,
+                )
+            })
+            .collect();
+        let window = GroupKind::SlidingWindow;
+        assert_eq!(got[0], (EventOp::Stored, 2, Some(1), window, Some(4096)));
+        assert_eq!(
+            (got[1].0, got[1].1, got[1].2),
+            (EventOp::Removed, 1, Some(1))
+        );
     }
 
     #[test]
