@@ -21,7 +21,7 @@ use crate::registry::{Endpoint, Registry, RegistryError};
 use crate::types::{DpRank, IndexId, InstanceId, WorkerSlot};
 use crate::wire::{self, WireError};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 
 /// The publisher kind pods are listed with in `/workers`.
 pub const POD_PUBLISHER: &str = "llm-d";
@@ -216,24 +216,19 @@ impl IngestThread {
             .get_mut(&*self.scratch.parts[0])
             .expect("stream() made the topic");
         let s = &mut topic.streams[i];
-        if let Some(last) = s.last_seq
-            && seq > last.wrapping_add(1)
-        {
-            // No replay: a pod names no replay endpoint.
-            FeedStats::bump(&s.feed.stats.gaps, 1);
-            FeedStats::bump(&s.feed.stats.gap_batches, seq - last - 1);
+        // No replay: a pod names no replay endpoint.
+        if let Some(missing) = s.feed.stats.gap(s.last_seq, seq) {
             tracing::warn!(
                 pod = topic.pod,
                 model = topic.model,
                 dp,
-                last,
+                last = seq - missing - 1,
                 seq,
-                missing = seq - last - 1,
+                missing,
                 "sequence gap"
             );
         }
-        s.last_seq = Some(seq);
-        s.feed.stats.last_seq.store(seq, Ordering::Relaxed);
+        s.feed.stats.received(&mut s.last_seq, seq);
         s.feed.apply(
             &self.scratch.batch,
             &self.scratch.parts[2],
@@ -258,8 +253,7 @@ impl IngestThread {
         if let (Some(seq), Some(t)) = (seq, topic)
             && let [s] = &mut t.streams[..]
         {
-            s.last_seq = Some(seq);
-            s.feed.stats.last_seq.store(seq, Ordering::Relaxed);
+            s.feed.stats.received(&mut s.last_seq, seq);
         }
     }
 

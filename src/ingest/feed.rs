@@ -44,6 +44,25 @@ impl FeedStats {
     pub fn bump(c: &AtomicU64, n: u64) {
         c.fetch_add(n, Ordering::Relaxed);
     }
+
+    /// A frame with sequence `seq` arrived after `last`: the batches missed between
+    /// them, counted as one gap, or `None` if it is the next (or no earlier one).
+    pub fn gap(&self, last: Option<u64>, seq: u64) -> Option<u64> {
+        let last = last?;
+        if seq <= last.wrapping_add(1) {
+            return None;
+        }
+        let missing = seq - last - 1;
+        Self::bump(&self.gaps, 1);
+        Self::bump(&self.gap_batches, missing);
+        Some(missing)
+    }
+
+    /// The stream received the frame with sequence `seq` (`last`: its own record).
+    pub fn received(&self, last: &mut Option<u64>, seq: u64) {
+        *last = Some(seq);
+        self.last_seq.store(seq, Ordering::Relaxed);
+    }
 }
 
 struct SlotFeed {

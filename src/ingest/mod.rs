@@ -858,17 +858,14 @@ impl IngestThread {
             }
             l.dedup_until = None;
         }
-        if let Some(last) = last
-            && seq > last.wrapping_add(1)
-        {
-            FeedStats::bump(&l.feed.stats.gaps, 1);
-            FeedStats::bump(&l.feed.stats.gap_batches, seq - last - 1);
+        if let Some(missing) = l.feed.stats.gap(last, seq) {
+            let last = seq - missing - 1;
             tracing::warn!(
                 instance = l.feed.instance,
                 dp = l.feed.dp,
                 last,
                 seq,
-                missing = seq - last - 1,
+                missing,
                 "sequence gap"
             );
             let cooling = l
@@ -888,14 +885,12 @@ impl IngestThread {
                 if well_formed && wire::decode(&held, batch).is_ok() {
                     l.feed.apply(batch, &held, &self.registry, &mut self.sink);
                 }
-                l.last_seq = Some(seq);
-                l.feed.stats.last_seq.store(seq, Ordering::Relaxed);
+                l.feed.stats.received(&mut l.last_seq, seq);
                 return;
             }
         }
         let l = &mut self.listeners[i];
-        l.last_seq = Some(seq);
-        l.feed.stats.last_seq.store(seq, Ordering::Relaxed);
+        l.feed.stats.received(&mut l.last_seq, seq);
         if !well_formed {
             return;
         }

@@ -11,7 +11,6 @@
 use super::feed::FeedStats;
 use super::{IngestThread, REPLAY_TIMEOUT};
 use crate::wire;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use thiserror::Error;
 
@@ -158,8 +157,7 @@ impl IngestThread {
             );
         }
         if let Some(x) = last {
-            l.last_seq = Some(x);
-            l.feed.stats.last_seq.store(x, Ordering::Relaxed);
+            l.feed.stats.received(&mut l.last_seq, x);
             l.dedup_until = Some(x);
         }
         tracing::info!(
