@@ -211,15 +211,7 @@ fn zmq_bind_needs_a_block_size_and_a_free_endpoint() {
         "{err}"
     );
 
-    let endpoint = format!("tcp://127.0.0.1:{}", free_port());
-    let _first = Server::start(&[
-        "--threads",
-        "1",
-        "--block-size",
-        "4",
-        "--zmq-bind",
-        &endpoint,
-    ]);
+    let (_first, endpoint) = bound("1", &[]);
     let out = std::process::Command::new(common::kvix_bin())
         .args(["--port", "0", "--block-size", "4", "--zmq-bind", &endpoint])
         .output()
