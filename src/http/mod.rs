@@ -97,12 +97,19 @@ pub async fn handle<M: ShardMesh>(mesh: &M, opts: &Options, req: Request<Incomin
     reply
 }
 
+/// `path` without its `/conductor` prefix, and whether it had one (the conductor
+/// API under `/conductor/...`).
+fn conductor(path: &str) -> (&str, bool) {
+    match path.strip_prefix("/conductor") {
+        Some(rest) if rest.starts_with('/') => (rest, true),
+        _ => (path, false),
+    }
+}
+
 /// The route `path` names, without its `/conductor` prefix, and whether it had one.
 fn matched(path: &str) -> Option<(&'static str, bool)> {
-    match path.strip_prefix("/conductor") {
-        Some(rest) if rest.starts_with('/') => routes::find(rest).map(|s| (s.path, true)),
-        _ => routes::find(path).map(|s| (s.path, false)),
-    }
+    let (route, under) = conductor(path);
+    routes::find(route).map(|s| (s.path, under))
 }
 
 pub(crate) async fn body<M: ShardMesh>(
@@ -148,10 +155,8 @@ async fn route<M: ShardMesh>(
     let query = req.uri().query().unwrap_or("").to_string();
     // The conductor API under `/conductor/...` forces Mooncake's shapes; the shared
     // routes tell the two APIs apart by their bodies (`model_name` vs `model`/`modelname`).
-    let (route, forced) = match path.strip_prefix("/conductor") {
-        Some(rest) if rest.starts_with('/') => (rest, Some(api::Shape::Conductor)),
-        _ => (path.as_str(), None),
-    };
+    let (route, under) = conductor(&path);
+    let forced = under.then_some(api::Shape::Conductor);
     let phase = mesh.app().lifecycle().phase();
     let auth = req
         .headers()
