@@ -66,12 +66,12 @@ describe_machine() {
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
-# start_indexer SYSTEM THREADS LOG: a fresh kvix ($BIN) or dynamo-peer ($PEER_BIN) on a
-# free port, answering /health; sets PID and PORT.
+# start_indexer SYSTEM THREADS LOG: a fresh kvix ($BIN, with $KVIX_ARGS) or dynamo-peer
+# ($PEER_BIN) on a free port, answering /health; sets PID and PORT.
 start_indexer() {
     PORT=$(free_port)
     case "$1" in
-        kvix) "$BIN/kvix" --host 127.0.0.1 --port "$PORT" --threads "$2" 2>"$3" & ;;
+        kvix) "$BIN/kvix" --host 127.0.0.1 --port "$PORT" --threads "$2" ${KVIX_ARGS:-} 2>"$3" & ;;
         dynamo) "$PEER_BIN/dynamo-peer" --port "$PORT" --threads "$2" --runtime-threads "$2" \
             2>"$3" & ;;
     esac

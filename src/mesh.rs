@@ -33,7 +33,7 @@ pub trait ShardMesh {
     fn http_stats(&self) -> &RefCell<HttpStats>;
 
     /// The holders of the prompt's blocks, one reply per shard that can hold one
-    /// of the index's first `slots` slots ([`crate::partition::holds_any`]): the
+    /// of the index's first `slots` slots ([`crate::partition::Partition::holds_any`]): the
     /// others are not asked.
     fn lookup(
         &self,

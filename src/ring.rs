@@ -14,7 +14,7 @@
 //! (one byte on a socket the shard's executor reads), so an idle executor costs no
 //! CPU and an event after a quiet spell is applied at once.
 
-use crate::partition::shard_of;
+use crate::partition::Partition;
 use crate::shard::ShardOp;
 use crate::types::ShardId;
 use crossbeam_queue::ArrayQueue;
@@ -52,17 +52,26 @@ struct Bell {
 pub struct Rings {
     producers: usize,
     shards: usize,
+    partition: Partition,
     rings: Vec<Ring>,
     bells: Vec<Bell>,
 }
 
 impl Rings {
     /// `capacity` is in ops; each ring holds `capacity / CHUNK` chunks (at least 4).
+    /// One slot a shard in turn.
     pub fn new(producers: usize, shards: usize, capacity: usize) -> Arc<Self> {
+        Self::partitioned(producers, Partition::new(shards, 1), capacity)
+    }
+
+    /// Rings to `partition`'s shards, each slot's ops to the shard that owns it.
+    pub fn partitioned(producers: usize, partition: Partition, capacity: usize) -> Arc<Self> {
         let chunks = (capacity / CHUNK).max(4);
+        let shards = partition.shards();
         Arc::new(Rings {
             producers,
             shards,
+            partition,
             rings: (0..producers * shards)
                 .map(|_| Ring {
                     full: ArrayQueue::new(chunks),
@@ -77,6 +86,10 @@ impl Rings {
 
     pub fn shards(&self) -> usize {
         self.shards
+    }
+
+    pub fn partition(&self) -> Partition {
+        self.partition
     }
 
     pub fn producers(&self) -> usize {
@@ -246,7 +259,7 @@ impl OpSink for RingSink {
         let Some(slot) = op.slot() else {
             return self.broadcast(op);
         };
-        let shard = shard_of(op.index(), slot, self.rings.shards);
+        let shard = self.rings.partition.shard_of(op.index(), slot);
         self.stage(shard, op);
     }
 

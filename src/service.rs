@@ -9,6 +9,7 @@
 use crate::cli::validate_endpoint;
 use crate::ingest::{Ingest, SocketOptions};
 use crate::lifecycle::Lifecycle;
+use crate::partition::Partition;
 use crate::prompt::Prompts;
 use crate::registry::{Endpoint, EventLimits, ListenerOpts, Registration, Registry, RegistryError};
 use crate::ring::Rings;
@@ -42,6 +43,8 @@ pub struct SnapshotConfig {
 pub struct Config {
     /// Executors, one shard each.
     pub shards: usize,
+    /// Consecutive worker slots of an index that share a shard (`--slots-per-shard`).
+    pub slots_per_shard: usize,
     pub ingest_threads: usize,
     /// Ops per ingest→shard ring.
     pub ring_capacity: usize,
@@ -108,6 +111,7 @@ impl Config {
     pub fn new(shards: usize) -> Self {
         Config {
             shards,
+            slots_per_shard: 1,
             ingest_threads: shards,
             ring_capacity: 16 * 1024,
             snapshot: None,
@@ -176,7 +180,11 @@ impl App {
         let shards = cfg.shards.max(1);
         let registry =
             Arc::new(Registry::with_limits(cfg.event_limits).with_hybrid(cfg.hybrid.clone()));
-        let rings = Rings::new(cfg.ingest_threads.max(1), shards, cfg.ring_capacity.max(16));
+        let rings = Rings::partitioned(
+            cfg.ingest_threads.max(1),
+            Partition::new(shards, cfg.slots_per_shard),
+            cfg.ring_capacity.max(16),
+        );
         let ingest = Ingest::start(rings.clone(), registry.clone(), cfg.sockets);
         Arc::new(App {
             control: Control {

@@ -34,6 +34,34 @@ fn query_by_hash(t: &[u32]) -> Value {
 #[test]
 fn vllm_events_to_dynamo_queries() {
     let s = Server::start(&["--threads", "2"]);
+    events_to_queries(&s);
+    // One slot a shard: the three slots take both shards.
+    assert!(
+        [("shard", "0"), ("shard", "1")]
+            .iter()
+            .all(|l| s.metric("kvix_shard_ops_applied_total", &[*l]) > 0.0)
+    );
+    s.stop();
+}
+
+/// The same events and answers when an index's slots share a shard (the default
+/// grouping): only that shard files anything, and a query asks it alone.
+#[test]
+fn vllm_events_to_dynamo_queries_with_slots_grouped() {
+    let s = Server::start(&["--threads", "2", "--slots-per-shard", "16"]);
+    events_to_queries(&s);
+    let held: Vec<f64> = ["0", "1"]
+        .iter()
+        .map(|i| s.metric("kvix_shard_ops_applied_total", &[("shard", i)]))
+        .collect();
+    assert!(
+        held.iter().filter(|n| **n > 0.0).count() == 1,
+        "one shard applies every op of the index: {held:?}"
+    );
+    s.stop();
+}
+
+fn events_to_queries(s: &Server) {
     let ctx = zmq::Context::new();
     let [mut w1, mut w2d0, mut w2d1] = publishers(&ctx);
     assert_eq!(register(&s, MODEL, 1, &w1), json!({"status": "ok"}));
@@ -99,8 +127,7 @@ fn vllm_events_to_dynamo_queries() {
         s.post_json("/query_by_hash", &query_by_hash(&prompt)).1,
         after_restart
     );
-    unregister_a_rank_then_the_instance(&s, &prompt);
-    s.stop();
+    unregister_a_rank_then_the_instance(s, &prompt);
 }
 
 /// The first stores' answer for `prompt`, by token ids, by local hashes, with a

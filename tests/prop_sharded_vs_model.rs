@@ -21,6 +21,7 @@
 
 use kvix::hash;
 use kvix::ingest::feed::{SeedBlock, SeedGroups, WorkerFeed};
+use kvix::partition::Partition;
 use kvix::query::{self, Overlap};
 use kvix::recovery::export::IndexExport;
 use kvix::registry::{Endpoint, Registration, Registry};
@@ -339,13 +340,14 @@ struct Sharded {
     rings: std::sync::Arc<Rings>,
     sink: RingSink,
     shards: Vec<Shard>,
+    partition: Partition,
     batch: Batch,
     /// The shards' clock, in prediction ticks.
     now: u32,
 }
 
 impl Sharded {
-    fn new(n: usize) -> Self {
+    fn new(partition: Partition) -> Self {
         let registry = Registry::default();
         let mut index = IndexId(0);
         for inst in 0..INSTANCES {
@@ -367,7 +369,7 @@ impl Sharded {
                 .index;
             index = ix;
         }
-        let rings = Rings::new(1, n, 1 << 16);
+        let rings = Rings::partitioned(1, partition, 1 << 16);
         Sharded {
             feeds: (0..INSTANCES)
                 .map(|i| WorkerFeed::new(index, i.into(), 0, BS as u32))
@@ -376,7 +378,8 @@ impl Sharded {
             rings,
             registry,
             index,
-            shards: (0..n)
+            partition,
+            shards: (0..partition.shards())
                 .map(|_| {
                     let mut s = Shard::default();
                     // Clears walk a few buckets per drain, so queries and later ops
@@ -413,7 +416,7 @@ impl Sharded {
             .chunks_exact(BS)
             .map(|c| hash::local_hash(c, seed))
             .collect();
-        let owner = kvix::partition::shard_of(self.index, slot, self.shards.len());
+        let owner = self.partition.shard_of(self.index, slot);
         self.shards[owner.0].predict(self.index, slot, &locals, self.now + 1000);
     }
 
@@ -457,7 +460,7 @@ impl Sharded {
                 .or_default()
                 .1 = g;
         }
-        let mut r = Sharded::new(self.shards.len());
+        let mut r = Sharded::new(self.partition);
         for ((inst, dp), (blocks, groups)) in &workers {
             let feed = &mut r.feeds[*inst as usize];
             assert!(feed.seed(
@@ -528,9 +531,14 @@ fn frame(dp: Option<u32>, event: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
 /// With `budget`, the shards together hold at most that many blocks
 /// (`--max-blocks`): they may then have evicted what the model holds, so every
 /// answer is at most the model's instead of equal to it.
-fn run(n: usize, budget: Option<usize>, actions: &[Action], queries: &[(usize, usize, Vec<u32>)]) {
+fn run(
+    partition: Partition,
+    budget: Option<usize>,
+    actions: &[Action],
+    queries: &[(usize, usize, Vec<u32>)],
+) {
     let mut model = Model::default();
-    let mut sharded = Sharded::new(n);
+    let mut sharded = Sharded::new(partition);
     let shared = budget.map(kvix::shard::BlockBudget::new);
     for shard in &mut sharded.shards {
         shard.set_block_budget(shared.clone());
@@ -796,8 +804,9 @@ proptest! {
         queries in prop::collection::vec(
             (0usize..1000, 0usize..2, prop::collection::vec(0u32..3, 0..6)), 1..8),
     ) {
-        for n in [1, 2, 4] {
-            run(n, None, &actions, &queries);
+        // One slot a shard in turn, and slots grouped (some shards then hold none).
+        for (n, per) in [(1, 1), (2, 1), (4, 1), (2, 2), (4, 16)] {
+            run(Partition::new(n, per), None, &actions, &queries);
         }
         // Eviction forgets that a worker holds a block, so a later prediction of it
         // counts where the model (which never forgets) would not predict it: the
@@ -807,6 +816,6 @@ proptest! {
             .filter(|a| !matches!(a, Action::Predict { .. }))
             .cloned()
             .collect();
-        run(2, Some(5), &stored_only, &queries);
+        run(Partition::new(2, 1), Some(5), &stored_only, &queries);
     }
 }

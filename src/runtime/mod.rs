@@ -278,7 +278,8 @@ impl ShardMesh for Core {
         slots: usize,
         prompt: Arc<PromptBlocks>,
     ) -> Result<Vec<ShardReply>, ShardUnavailable> {
-        let asked = |i: usize| crate::partition::holds_any(index, slots, ShardId(i), self.shards);
+        let partition = self.app.rings().partition();
+        let asked = |i: usize| partition.holds_any(index, slots, ShardId(i));
         let reqs = (0..self.shards)
             .map(|i| {
                 asked(i).then(|| Req::Lookup {
@@ -349,7 +350,7 @@ impl ShardMesh for Core {
         step: PredictStep,
         prune: Option<PruneBound>,
     ) -> Result<Result<ChainAt, PredictRefused>, ShardUnavailable> {
-        let owner = crate::partition::shard_of(index, step.slot, self.shards);
+        let owner = self.app.rings().partition().shard_of(index, step.slot);
         let mut step = Some(Box::new(step));
         let reqs = (0..self.shards)
             .map(|s| {
