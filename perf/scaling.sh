@@ -7,14 +7,14 @@
 #
 #   perf/scaling.sh [--no-build] [--threads "1 2 4 8 16"] [--workload trace|shared-prefix]
 #                   [--duration S] [--rate R] [--requests N] [--out DIR] [--bin DIR]
-#                   [--peer-bin DIR] [--slots-per-shard "1 16"] [--systems "kvix dynamo"]
+#                   [--peer-bin DIR] [--shards-per-index "1 4 16"] [--systems "kvix dynamo"]
 #
 # A query visits every shard that can hold one of the index's slots (a shard owns
-# whole slots, partition.rs): with W workers, S shards and K --slots-per-shard it is
-# min(ceil(W / K), S) shard lookups of the whole prompt plus one gather, so the CPU a
-# query costs grows with the shard count until the index's slot groups each have a
-# shard of their own, and stays flat beyond. kvix runs once per K in the list (rows
-# `kvix K=…` when more than one). Run it where there are at least as many cores as the largest thread
+# whole slots, partition.rs): with W workers, S shards and an index spread over at
+# most N of them (--shards-per-index) it is min(W, N, S) shard lookups of the whole
+# prompt plus one gather, so the CPU a query costs grows with the shards it visits,
+# and the index's events are filed by as many cores. kvix runs once per N in the list
+# (rows `kvix N=…` when more than one; none given: kvix's default). Run it where there are at least as many cores as the largest thread
 # count plus one for the client: kvix clamps --threads to the cores it may use
 # (its log's `shards=`), so on fewer cores its larger counts repeat the largest
 # that fits, while Dynamo's threads oversubscribe (machine.txt records nproc). --bin / --peer-bin take prebuilt
@@ -24,10 +24,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 BUILD=1 THREADS="1 2 4 8 16" WORKLOAD=trace DURATION=8 RATE=6000 REQUESTS=6000
-BIN=target/release PEER_BIN=scripts/dynamo_peer/target/release SLOTS_PER_SHARD=1 SYSTEMS=""
+BIN=target/release PEER_BIN=scripts/dynamo_peer/target/release SHARDS_PER_INDEX="" SYSTEMS=""
 OUT="perf/out/scaling-$(date +%Y%m%d-%H%M%S)"
 . perf/lib.sh
-parse_options "NO_BUILD THREADS WORKLOAD DURATION RATE REQUESTS OUT BIN PEER_BIN SLOTS_PER_SHARD SYSTEMS" "$@"
+parse_options "NO_BUILD THREADS WORKLOAD DURATION RATE REQUESTS OUT BIN PEER_BIN SHARDS_PER_INDEX SYSTEMS" "$@"
 pick_trace
 mkdir -p "$OUT"
 if [ "$BUILD" = 1 ]; then
@@ -38,17 +38,17 @@ if [ -z "$SYSTEMS" ]; then
     SYSTEMS="kvix"
     [ -x "$PEER_BIN/dynamo-peer" ] && SYSTEMS="kvix dynamo"
 fi
-# kvix once per --slots-per-shard: runs named kvix (one K) or kvix-k<K>.
+# kvix once per --shards-per-index: runs named kvix (one or none) or kvix-n<N>.
 RUNS=""
 for s in $SYSTEMS; do
-    if [ "$s" = kvix ] && [ "$(wc -w <<<"$SLOTS_PER_SHARD")" -gt 1 ]; then
-        for k in $SLOTS_PER_SHARD; do RUNS="$RUNS kvix-k$k"; done
+    if [ "$s" = kvix ] && [ "$(wc -w <<<"$SHARDS_PER_INDEX")" -gt 1 ]; then
+        for n in $SHARDS_PER_INDEX; do RUNS="$RUNS kvix-n$n"; done
     else
         RUNS="$RUNS $s"
     fi
 done
 describe_machine "$OUT/machine.txt" "threads: $THREADS workload: $WORKLOAD duration: $DURATION rate: $RATE
-systems: $SYSTEMS slots per shard: $SLOTS_PER_SHARD"
+systems: $SYSTEMS shards per index: ${SHARDS_PER_INDEX:-default}"
 
 PID=""
 cleanup() { [ -n "$PID" ] && kill "$PID" 2>/dev/null; wait 2>/dev/null || true; }
@@ -58,9 +58,9 @@ read -r -a wl <<<"$(workload_args "$WORKLOAD")"
 read -r -a ev <<<"$(worker_args "$WORKLOAD")"
 for t in $THREADS; do
     for system in $RUNS; do
-        k=${system#kvix-k}
-        [ "$k" = "$system" ] && k=$SLOTS_PER_SHARD
-        KVIX_ARGS="--slots-per-shard $k" start_indexer "${system%%-k*}" "$t" "$OUT/$system-t$t.log"
+        n=${system#kvix-n}
+        [ "$n" = "$system" ] && n=$SHARDS_PER_INDEX
+        KVIX_ARGS=${n:+--shards-per-index $n} start_indexer "${system%%-n*}" "$t" "$OUT/$system-t$t.log"
         common=(--url "http://127.0.0.1:$PORT" --quiet --json "${wl[@]}")
         "$BIN/kvix-load" events "${common[@]}" "${ev[@]}" --pid "$PID" --keep \
             >"$OUT/$system-t$t-events.json" || [ $? = 2 ]
@@ -104,7 +104,7 @@ for s in systems:
             f"{cpu['cpu_ticks'] / cpu['tick_hz'] / q['completed'] * 1e6:.1f}" if cpu and q and q["completed"] else "—",
             f"{o['p99_us']:.0f}" if o and o["completed"] and not o.get("unsent") else "—",
         ]
-        name = s.replace("kvix-k", "kvix K=")
+        name = s.replace("kvix-n", "kvix N=")
         print(f"| {name} | {t} | " + " | ".join(cells) + " |")
 EOF
 cat "$OUT/scaling.md"

@@ -21,13 +21,12 @@ pub struct Args {
     /// Number of executor threads (one shard each, pinned); clamped to the cores available
     #[arg(long, env = "KVIX_THREADS", default_value_t = 4)]
     pub threads: usize,
-    /// Consecutive worker slots (a worker's dp rank in one model and tenant) of an
-    /// index that share a shard before the next shard takes any. A query walks the
-    /// prompt once in each shard holding a slot of its index: an index of W slots
-    /// costs ceil(W / this) walks, at most one per shard, and its events are filed
-    /// by as many cores
-    #[arg(long, env = "KVIX_SLOTS_PER_SHARD", default_value_t = 16)]
-    pub slots_per_shard: usize,
+    /// The most shards one index's worker slots (a worker's dp rank in one model and
+    /// tenant) spread over; clamped to --threads. A query walks the prompt once in
+    /// each shard holding a slot of its index, min(slots, this) walks, and the
+    /// index's events are filed by as many cores
+    #[arg(long, env = "KVIX_SHARDS_PER_INDEX", default_value_t = 4)]
+    pub shards_per_index: usize,
     /// KV cache block size for initial workers registered via --workers
     #[arg(long, env = "KVIX_BLOCK_SIZE")]
     pub block_size: Option<u32>,

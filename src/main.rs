@@ -224,7 +224,7 @@ fn run(args: Args) -> Result<(), String> {
     tracing::info!(
         %addr,
         shards,
-        slots_per_shard = cfg.slots_per_shard,
+        shards_per_index = cfg.shards_per_index,
         ingest_threads = cfg.ingest_threads,
         max_connections = opts.max_connections,
         slot_tracker = ?opts.slots_addr,
@@ -330,7 +330,7 @@ fn config(
     }
     Ok(Config {
         shards,
-        slots_per_shard: clamp("slots-per-shard", args.slots_per_shard, 1, 1 << 20),
+        shards_per_index: clamp("shards-per-index", args.shards_per_index, 1, shards),
         ingest_threads,
         ring_capacity: clamp("ring-capacity", args.ring_capacity, 256, 1 << 24),
         snapshot,

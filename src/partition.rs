@@ -7,47 +7,55 @@
 
 use crate::types::{IndexId, ShardId, WorkerSlot};
 
-/// How an index's worker slots are spread over the shards: `slots_per_shard`
-/// consecutive slots share a shard, and these groups take the shards in turn, each
-/// index starting one shard further, so that small indexes do not all pile onto
+/// How an index's worker slots are spread over the shards: over at most `span`
+/// shards, the index's first shard then the next ones, slots taking them in turn;
+/// each index starts one shard further, so that small indexes do not all pile onto
 /// shard 0. Fixed for the process's life: a slot never moves.
 ///
 /// A query walks the prompt once in every shard that holds a slot of its index, so
-/// an index of W slots costs ceil(W / slots_per_shard) walks (at most one per
-/// shard); its events are filed by as many cores.
+/// an index of W slots costs min(W, span) walks; its events are filed by as many
+/// cores.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Partition {
     shards: usize,
-    slots_per_shard: usize,
+    span: usize,
 }
 
 impl Partition {
-    /// Both are clamped to at least 1.
-    pub fn new(shards: usize, slots_per_shard: usize) -> Self {
+    /// An index spreads over at most `shards_per_index` of `shards` shards (both
+    /// clamped to at least 1, the span to at most `shards`).
+    pub fn new(shards: usize, shards_per_index: usize) -> Self {
+        let shards = shards.max(1);
         Partition {
-            shards: shards.max(1),
-            slots_per_shard: slots_per_shard.max(1),
+            shards,
+            span: shards_per_index.clamp(1, shards),
         }
+    }
+
+    /// Every slot of an index on the next shard in turn.
+    pub fn spread_over(shards: usize) -> Self {
+        Self::new(shards, shards)
     }
 
     pub fn shards(&self) -> usize {
         self.shards
     }
 
-    pub fn slots_per_shard(&self) -> usize {
-        self.slots_per_shard
+    /// The most shards one index spreads over.
+    pub fn span(&self) -> usize {
+        self.span
     }
 
     /// Owner of `slot` of `index`.
     #[inline]
     pub fn shard_of(&self, index: IndexId, slot: WorkerSlot) -> ShardId {
-        ShardId((slot.0 as usize / self.slots_per_shard + index.0 as usize) % self.shards)
+        ShardId((slot.0 as usize % self.span + index.0 as usize) % self.shards)
     }
 
     /// How many shards hold some of the first `slots` slots of an index.
     #[inline]
     pub fn spread(&self, slots: usize) -> usize {
-        slots.div_ceil(self.slots_per_shard).min(self.shards)
+        slots.min(self.span)
     }
 
     /// Can `shard` hold any of the first `slots` slots of `index`? A query asks only
@@ -69,14 +77,14 @@ mod tests {
             for index in 0..7 {
                 for slots in 0..8usize {
                     for shard in 0..shards {
-                        for per in 1..4 {
-                            let p = Partition::new(shards, per);
+                        for span in 1..=shards {
+                            let p = Partition::new(shards, span);
                             let owns = (0..slots as u32)
                                 .any(|s| p.shard_of(IndexId(index), WorkerSlot(s)).0 == shard);
                             assert_eq!(
                                 p.holds_any(IndexId(index), slots, ShardId(shard)),
                                 owns,
-                                "index {index}, {slots} slots, shard {shard} of {shards}, {per} a shard"
+                                "index {index}, {slots} slots, shard {shard} of {shards}, span {span}"
                             );
                         }
                     }
@@ -87,7 +95,7 @@ mod tests {
 
     #[test]
     fn slots_take_turns_and_indexes_start_apart() {
-        let p = Partition::new(3, 1);
+        let p = Partition::spread_over(3);
         let of = |i: u32, s: u32| p.shard_of(IndexId(i), WorkerSlot(s)).0;
         assert_eq!(
             (0..6).map(|s| of(0, s)).collect::<Vec<_>>(),
@@ -101,14 +109,13 @@ mod tests {
     }
 
     #[test]
-    fn consecutive_slots_share_a_shard_and_a_query_asks_one_shard_a_group() {
-        let p = Partition::new(4, 16);
+    fn an_index_spreads_over_at_most_its_span() {
+        let p = Partition::new(16, 4);
         let of = |s: u32| p.shard_of(IndexId(1), WorkerSlot(s)).0;
-        assert!((0..16).all(|s| of(s) == 1));
-        assert_eq!((of(16), of(32), of(48), of(64)), (2, 3, 0, 1));
-        assert_eq!(p.spread(16), 1);
-        assert_eq!(p.spread(17), 2);
-        assert_eq!(p.spread(1000), 4);
+        assert_eq!((0..8).map(of).collect::<Vec<_>>(), [1, 2, 3, 4, 1, 2, 3, 4]);
+        assert_eq!((p.spread(3), p.spread(4), p.spread(1000)), (3, 4, 4));
         assert_eq!(p.spread(0), 0);
+        assert_eq!(Partition::new(2, 4).span(), 2, "clamped to the shards");
+        assert_eq!(Partition::new(2, 0).span(), 1);
     }
 }

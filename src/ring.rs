@@ -61,7 +61,7 @@ impl Rings {
     /// `capacity` is in ops; each ring holds `capacity / CHUNK` chunks (at least 4).
     /// One slot a shard in turn.
     pub fn new(producers: usize, shards: usize, capacity: usize) -> Arc<Self> {
-        Self::partitioned(producers, Partition::new(shards, 1), capacity)
+        Self::partitioned(producers, Partition::spread_over(shards), capacity)
     }
 
     /// Rings to `partition`'s shards, each slot's ops to the shard that owns it.

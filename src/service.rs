@@ -43,8 +43,8 @@ pub struct SnapshotConfig {
 pub struct Config {
     /// Executors, one shard each.
     pub shards: usize,
-    /// Consecutive worker slots of an index that share a shard (`--slots-per-shard`).
-    pub slots_per_shard: usize,
+    /// The most shards one index's slots spread over (`--shards-per-index`).
+    pub shards_per_index: usize,
     pub ingest_threads: usize,
     /// Ops per ingest→shard ring.
     pub ring_capacity: usize,
@@ -111,7 +111,7 @@ impl Config {
     pub fn new(shards: usize) -> Self {
         Config {
             shards,
-            slots_per_shard: 1,
+            shards_per_index: shards,
             ingest_threads: shards,
             ring_capacity: 16 * 1024,
             snapshot: None,
@@ -182,7 +182,7 @@ impl App {
             Arc::new(Registry::with_limits(cfg.event_limits).with_hybrid(cfg.hybrid.clone()));
         let rings = Rings::partitioned(
             cfg.ingest_threads.max(1),
-            Partition::new(shards, cfg.slots_per_shard),
+            Partition::new(shards, cfg.shards_per_index),
             cfg.ring_capacity.max(16),
         );
         let ingest = Ingest::start(rings.clone(), registry.clone(), cfg.sockets);

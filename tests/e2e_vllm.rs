@@ -35,7 +35,7 @@ fn query_by_hash(t: &[u32]) -> Value {
 fn vllm_events_to_dynamo_queries() {
     let s = Server::start(&["--threads", "2"]);
     events_to_queries(&s);
-    // One slot a shard: the three slots take both shards.
+    // The index spreads over both shards (the default span is above 2).
     assert!(
         [("shard", "0"), ("shard", "1")]
             .iter()
@@ -44,11 +44,11 @@ fn vllm_events_to_dynamo_queries() {
     s.stop();
 }
 
-/// The same events and answers when an index's slots share a shard (the default
-/// grouping): only that shard files anything, and a query asks it alone.
+/// The same events and answers when an index spreads over fewer shards than there
+/// are: only its shard files anything, and a query asks it alone.
 #[test]
-fn vllm_events_to_dynamo_queries_with_slots_grouped() {
-    let s = Server::start(&["--threads", "2", "--slots-per-shard", "16"]);
+fn vllm_events_to_dynamo_queries_on_one_shard_of_two() {
+    let s = Server::start(&["--threads", "2", "--shards-per-index", "1"]);
     events_to_queries(&s);
     let held: Vec<f64> = ["0", "1"]
         .iter()

@@ -804,9 +804,9 @@ proptest! {
         queries in prop::collection::vec(
             (0usize..1000, 0usize..2, prop::collection::vec(0u32..3, 0..6)), 1..8),
     ) {
-        // One slot a shard in turn, and slots grouped (some shards then hold none).
-        for (n, per) in [(1, 1), (2, 1), (4, 1), (2, 2), (4, 16)] {
-            run(Partition::new(n, per), None, &actions, &queries);
+        // Every shard in turn, and an index on fewer shards than there are.
+        for (n, span) in [(1, 1), (2, 2), (4, 4), (2, 1), (4, 2)] {
+            run(Partition::new(n, span), None, &actions, &queries);
         }
         // Eviction forgets that a worker holds a block, so a later prediction of it
         // counts where the model (which never forgets) would not predict it: the
@@ -816,6 +816,6 @@ proptest! {
             .filter(|a| !matches!(a, Action::Predict { .. }))
             .cloned()
             .collect();
-        run(Partition::new(2, 1), Some(5), &stored_only, &queries);
+        run(Partition::spread_over(2), Some(5), &stored_only, &queries);
     }
 }

@@ -203,10 +203,6 @@ impl Server {
             .args(["--host", "127.0.0.1", "--port", &port_arg])
             .args(extra)
             .env("RUST_LOG", "info")
-            // The few workers a test starts would share one shard by default; one
-            // slot a shard keeps the multi-shard paths (scatter, gather, a slot on
-            // another core) under test. A test's own --slots-per-shard wins.
-            .env("KVIX_SLOTS_PER_SHARD", "1")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
