@@ -376,7 +376,9 @@ fn indexed(n: usize, prompts: usize) -> (Vec<Shard>, Vec<Vec<BlockHash>>) {
     for p in 0..prompts {
         let blocks = chain(512, 1000 + p as u64);
         let slot = WorkerSlot((p % 16) as u32);
-        let owner = kvix::partition::shard_of(IndexId(0), slot, n).0;
+        let owner = kvix::partition::Partition::spread_over(n)
+            .shard_of(IndexId(0), slot)
+            .0;
         let ops: Vec<ShardOp> = blocks.iter().map(|q| store(q, slot.0)).collect();
         shards[owner].apply_all(&ops);
         chains.push(blocks.iter().map(|q| q.local).collect());
@@ -492,7 +494,10 @@ impl kvix::ring::OpSink for InlineShards {
             return self.broadcast(op);
         };
         let n = self.0.len();
-        self.0[kvix::partition::shard_of(op.index(), slot, n).0].apply(op);
+        self.0[kvix::partition::Partition::spread_over(n)
+            .shard_of(op.index(), slot)
+            .0]
+            .apply(op);
     }
     fn broadcast(&mut self, op: ShardOp) {
         for s in &mut self.0 {

@@ -64,13 +64,13 @@ fn vllm_events_to_dynamo_queries_on_one_shard_of_two() {
 fn events_to_queries(s: &Server) {
     let ctx = zmq::Context::new();
     let [mut w1, mut w2d0, mut w2d1] = publishers(&ctx);
-    assert_eq!(register(&s, MODEL, 1, &w1), json!({"status": "ok"}));
+    assert_eq!(register(s, MODEL, 1, &w1), json!({"status": "ok"}));
     assert_eq!(
-        register_with(&s, MODEL, 2, &w2d0, json!({"dp_rank": 0})),
+        register_with(s, MODEL, 2, &w2d0, json!({"dp_rank": 0})),
         json!({"status": "ok"})
     );
     assert_eq!(
-        register_with(&s, MODEL, 2, &w2d1, json!({"dp_rank": 1})),
+        register_with(s, MODEL, 2, &w2d1, json!({"dp_rank": 1})),
         json!({"status": "ok"})
     );
 
@@ -82,9 +82,9 @@ fn events_to_queries(s: &Server) {
     w2d1.send(&fixture("w2d1_s0_store"));
 
     let prompt = tokens(1, 16);
-    every_query_shape_answers(&s, &prompt);
-    workers_listed(&s, &w1, &w2d0, &w2d1);
-    dump_is_every_stored_block_parents_first(&s);
+    every_query_shape_answers(s, &prompt);
+    workers_listed(s, &w1, &w2d0, &w2d1);
+    dump_is_every_stored_block_parents_first(s);
 
     // A remove on rank 0 of worker 2 shortens its prefix; a clear empties worker 1.
     w2d0.send(&fixture("w2d0_s1_remove"));
