@@ -1,8 +1,8 @@
 //! One executor's shard of the block index.
 //!
 //! Owns, for every (model, tenant) index, what the worker slots the partition
-//! function gives this shard hold ([`crate::partition::Partition::shard_of`]): a radix tree of
-//! their blocks with each slot's engine-hash map ([`tree::Tree`]), and beside it a
+//! gives this shard hold ([`crate::partition::Partition::shard_of`]): a radix
+//! tree of their blocks with each slot's engine-hash map ([`tree::Tree`]), and beside it a
 //! table keyed by sequence hash ([`keyed::KeyedBlocks`]) for blocks published by
 //! rolling hash alone, without tokens (they name no parent a tree could hang them
 //! from). Changes arrive as [`ShardOp`]s through [`Shard::apply`] (live events,
