@@ -233,6 +233,8 @@ pub struct Shard {
     clear_step_buckets: usize,
     /// A run of stores being filed (scratch).
     run: Vec<(EngineHash, BlockHash)>,
+    /// A run of one group event's blocks being applied (scratch).
+    group_run: Vec<EngineHash>,
     /// Lookup scratch.
     merge: Vec<u32>,
     seqs: Vec<SeqHash>,
@@ -281,6 +283,38 @@ impl Shard {
         while i < ops.len() {
             let op = ops[i];
             i += 1;
+            if let ShardOp::GroupHold {
+                index,
+                slot,
+                group,
+                block,
+                held,
+            } = op
+            {
+                if !self.clearing.is_empty() && self.must_wait(&op) {
+                    self.defer(op);
+                    continue;
+                }
+                // One group event's blocks arrive together, as a store's run does.
+                let mut run = std::mem::take(&mut self.group_run);
+                run.clear();
+                run.push(block);
+                while let Some(&ShardOp::GroupHold {
+                    index: ix,
+                    slot: s,
+                    group: g,
+                    block: b,
+                    held: h,
+                }) = ops.get(i)
+                    && (ix, s, g, h) == (index, slot, group, held)
+                {
+                    run.push(b);
+                    i += 1;
+                }
+                self.hold_in_group(index, slot, group, &run, held);
+                self.group_run = run;
+                continue;
+            }
             let ShardOp::Store {
                 index,
                 slot,
@@ -320,6 +354,21 @@ impl Shard {
             self.store(index, slot, tier, parent, &run, by_seq);
             self.run = run;
         }
+    }
+
+    /// `slot`'s group `group` holds, or no longer holds, `blocks` (see
+    /// [`ShardOp::GroupHold`]).
+    fn hold_in_group(
+        &mut self,
+        index: IndexId,
+        slot: WorkerSlot,
+        group: u8,
+        blocks: &[EngineHash],
+        held: bool,
+    ) {
+        self.applied += blocks.len() as u64;
+        let ix = index_mut(&mut self.indexes, index, self.budget.is_some());
+        self.group_unheld += ix.tree.hold_run_in_group(slot, blocks, group, held) as u64;
     }
 
     /// Files a run of stores (see [`ShardOp::Store`]).
@@ -461,13 +510,7 @@ impl Shard {
                 group,
                 block,
                 held,
-            } => {
-                self.applied += 1;
-                let ix = index_mut(&mut self.indexes, index, bounded);
-                if !ix.tree.hold_in_group(slot, block, group, held) {
-                    self.group_unheld += 1;
-                }
-            }
+            } => self.hold_in_group(index, slot, group, &[block], held),
         }
     }
 

@@ -533,3 +533,50 @@ fn an_export_reads_each_blocks_groups_and_each_slots_specs() {
     assert_eq!(specs[0].1.groups, [(3, spec)]);
     assert_eq!(specs[0].1.align, Some(8));
 }
+
+#[test]
+fn a_group_events_blocks_apply_as_one_run_and_count_what_full_attention_lacks() {
+    use crate::shard::hybrid::{GroupRule, GroupSpec};
+    let mut s = Shard::default();
+    s.apply_all(&run(1, DEV, None, &[10, 11, 12, 13, 14, 15]));
+    let spec = GroupSpec {
+        rule: GroupRule::SlidingWindow(9),
+        block_size: 4,
+    };
+    let mut ops = vec![ShardOp::GroupSpec {
+        index: IX,
+        slot: WorkerSlot(1),
+        group: 2,
+        spec,
+        align: 0,
+        base: 4,
+    }];
+    let hold = |slot: u32, local: u64, held: bool| ShardOp::GroupHold {
+        index: IX,
+        slot: WorkerSlot(slot),
+        group: 2,
+        block: eh(slot, local),
+        held,
+    };
+    // One run longer than the prefetch distance, with a block full attention lacks
+    // (99) inside it; then a slot with no blocks at all; then a removal run.
+    ops.extend([10, 11, 99, 12, 13, 14, 15].map(|l| hold(1, l, true)));
+    ops.extend([10, 11].map(|l| hold(7, l, true)));
+    ops.extend([14, 15].map(|l| hold(1, l, false)));
+    let applied = s.applied;
+    s.apply_all(&ops);
+    assert_eq!(s.group_unheld, 3, "99 on slot 1, both of slot 7");
+    assert_eq!(s.applied - applied, 11);
+    let (mut at, mut out, mut names) = (ExportAt::default(), Vec::new(), Vec::new());
+    while !s.export_step(IX, &mut at, &mut out, &mut names) {}
+    let mut got: Vec<(u64, u32)> = out.iter().map(|b| (b.local.0, b.groups)).collect();
+    got.sort();
+    assert_eq!(
+        got,
+        [10, 11, 12, 13]
+            .map(|l| (l, 1 << 2))
+            .into_iter()
+            .chain([(14, 0), (15, 0)])
+            .collect::<Vec<_>>()
+    );
+}

@@ -9,8 +9,8 @@
 //! reach past the full-attention hit anyway. The word goes with the slot's
 //! hold of the block (removal, clear, eviction). Never touches the holders.
 
-use super::Tree;
 use super::arena::NodeId;
+use super::{PREFETCH_AHEAD, Tree};
 use crate::shard::Prompt;
 use crate::shard::hybrid::{self, GroupSpec};
 use crate::types::{EngineHash, Tier, TierSet, WorkerSlot};
@@ -74,15 +74,37 @@ impl Tree {
     }
 
     /// `slot`'s group `group` holds (or, with `held` false, no longer holds) the
-    /// block the slot names `eh`. Returns whether the slot holds that block in
-    /// full attention (else nothing changes).
-    pub fn hold_in_group(
+    /// blocks the slot names `blocks`, one group event's run. Each block's engine
+    /// name is prefetched a few blocks ahead, as a store's run is. Returns how many
+    /// the slot does not hold in full attention (nothing changes for those).
+    pub fn hold_run_in_group(
         &mut self,
         slot: WorkerSlot,
-        eh: EngineHash,
+        blocks: &[EngineHash],
         group: u8,
         held: bool,
-    ) -> bool {
+    ) -> usize {
+        let Some(names) = self.engine.get(slot.0 as usize) else {
+            return blocks.len();
+        };
+        for &eh in blocks.iter().take(PREFETCH_AHEAD) {
+            names.prefetch(eh);
+        }
+        let mut unheld = 0;
+        for (i, &eh) in blocks.iter().enumerate() {
+            if let Some(&ahead) = blocks.get(i + PREFETCH_AHEAD) {
+                self.engine[slot.0 as usize].prefetch(ahead);
+            }
+            if !self.hold_in_group(slot, eh, group, held) {
+                unheld += 1;
+            }
+        }
+        unheld
+    }
+
+    /// One block of [`Self::hold_run_in_group`]: whether the slot holds it in full
+    /// attention.
+    fn hold_in_group(&mut self, slot: WorkerSlot, eh: EngineHash, group: u8, held: bool) -> bool {
         let Some(node) = self.named(slot, eh) else {
             return false;
         };
