@@ -489,24 +489,32 @@ fn export_stall() {
     println!("{n} blocks: export with engine names in {steps} steps, worst {worst:?}");
 }
 
-#[test]
-fn an_export_reads_each_blocks_groups_and_each_slots_specs() {
+/// Slot 1's group `group` is a 9-token sliding window of 4-token blocks (`align`
+/// tokens, 0: unset): the spec and the op that describes it.
+fn window_group(group: u8, align: u32) -> (crate::shard::hybrid::GroupSpec, ShardOp) {
     use crate::shard::hybrid::{GroupRule, GroupSpec};
-    let mut s = Shard::default();
-    s.apply_all(&run(1, DEV, None, &[10, 11, 12]));
-    s.apply_all(&run(2, DEV, None, &[10]));
     let spec = GroupSpec {
         rule: GroupRule::SlidingWindow(9),
         block_size: 4,
     };
-    let mut ops = vec![ShardOp::GroupSpec {
+    let op = ShardOp::GroupSpec {
         index: IX,
         slot: WorkerSlot(1),
-        group: 3,
+        group,
         spec,
-        align: 8,
+        align,
         base: 4,
-    }];
+    };
+    (spec, op)
+}
+
+#[test]
+fn an_export_reads_each_blocks_groups_and_each_slots_specs() {
+    let mut s = Shard::default();
+    s.apply_all(&run(1, DEV, None, &[10, 11, 12]));
+    s.apply_all(&run(2, DEV, None, &[10]));
+    let (spec, op) = window_group(3, 8);
+    let mut ops = vec![op];
     // Slot 1's group 3 holds blocks 11 and 12, then loses 12.
     for (local, held) in [(11, true), (12, true), (12, false)] {
         ops.push(ShardOp::GroupHold {
@@ -536,21 +544,9 @@ fn an_export_reads_each_blocks_groups_and_each_slots_specs() {
 
 #[test]
 fn a_group_events_blocks_apply_as_one_run_and_count_what_full_attention_lacks() {
-    use crate::shard::hybrid::{GroupRule, GroupSpec};
     let mut s = Shard::default();
     s.apply_all(&run(1, DEV, None, &[10, 11, 12, 13, 14, 15]));
-    let spec = GroupSpec {
-        rule: GroupRule::SlidingWindow(9),
-        block_size: 4,
-    };
-    let mut ops = vec![ShardOp::GroupSpec {
-        index: IX,
-        slot: WorkerSlot(1),
-        group: 2,
-        spec,
-        align: 0,
-        base: 4,
-    }];
+    let mut ops = vec![window_group(2, 0).1];
     let hold = |slot: u32, local: u64, held: bool| ShardOp::GroupHold {
         index: IX,
         slot: WorkerSlot(slot),
