@@ -4,7 +4,7 @@
 //! a byte buffer (this is the hot path); the rare control responses use serde_json.
 
 use super::Reply;
-use crate::query::{Hit, InstanceOverlap, Overlap};
+use crate::query::{Hit, InstanceOverlap, Overlap, TieredSlot};
 use crate::registry::{IndexInfo, Snapshot};
 use crate::types::{DpRank, InstanceId, Tier, WorkerSlot};
 use bytes::Bytes;
@@ -711,6 +711,69 @@ fn dump_event(
     out.extend_from_slice(b",\"mm_extra_info\":null}]}},\"dp_rank\":");
     num(out, dp);
     out.extend_from_slice(b"}}");
+}
+
+/// `/query_tiered_by_hash`'s answer, dynamo-kv-router's `WireTieredMatchDetails`:
+/// `{"block_size", "tiered": {"device": {"scores", "frequencies"}, "lower_tier"}}`,
+/// scores and hits as `[{"worker_id", "dp_rank"}, n]` pairs. Every tier of `lower`
+/// is listed (one nothing holds with its workers at 0 hits), none when
+/// `device_only`. A slot whose instance is not an integer has no Dynamo id and is
+/// left out.
+pub fn tiered(
+    ix: &IndexInfo,
+    frequencies: &[u32],
+    tiers: &[TieredSlot],
+    lower: &[&str],
+    device_only: bool,
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(96 + 48 * tiers.len());
+    out.extend_from_slice(b"{\"block_size\":");
+    num(&mut out, ix.block_size);
+    out.extend_from_slice(b",\"tiered\":{\"device\":{\"scores\":[");
+    let device = tiers.iter().map(|t| (t.device > 0).then_some(t.device));
+    worker_pairs(&mut out, ix, device);
+    out.extend_from_slice(b"],\"frequencies\":[");
+    for (i, &f) in frequencies.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        num(&mut out, f);
+    }
+    out.extend_from_slice(b"]},\"lower_tier\":[");
+    for (k, name) in lower.iter().enumerate().filter(|_| !device_only) {
+        if k > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(b"[\"");
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b"\",{\"hits\":[");
+        let hits = tiers.iter().map(|t| t.listed[k].then_some(t.hits[k]));
+        worker_pairs(&mut out, ix, hits);
+        out.extend_from_slice(b"]}]");
+    }
+    out.extend_from_slice(b"]}}");
+    out
+}
+
+/// `[{"worker_id": id, "dp_rank": r}, n]` for each slot with `Some(n)`, by slot.
+fn worker_pairs(out: &mut Vec<u8>, ix: &IndexInfo, per_slot: impl Iterator<Item = Option<u32>>) {
+    let mut first = true;
+    for (info, n) in ix.slots.iter().zip(per_slot) {
+        let (Some(n), Ok(id)) = (n, u64::try_from(info.instance)) else {
+            continue;
+        };
+        if !first {
+            out.push(b',');
+        }
+        first = false;
+        out.extend_from_slice(b"[{\"worker_id\":");
+        num(out, id);
+        out.extend_from_slice(b",\"dp_rank\":");
+        num(out, info.dp);
+        out.extend_from_slice(b"},");
+        num(out, n);
+        out.push(b']');
+    }
 }
 
 #[cfg(test)]

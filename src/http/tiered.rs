@@ -2,8 +2,8 @@
 //! standalone selection service, `--remote-indexer-url`) asks a standalone indexer
 //! for, answered in dynamo-kv-router's `WireTieredMatchDetails` shape.
 //!
-//! Owns the request's parsing and the answer's JSON; the walk itself is
-//! [`crate::query::tiered`]. Never touches shard memory: the shards are asked
+//! Owns the request's parsing; the walk itself is [`crate::query::tiered`], the
+//! answer's bytes [`json::tiered`]. Never touches shard memory: the shards are asked
 //! through [`ShardMesh::lookup`] as for `/query_by_hash`.
 
 use super::Reply;
@@ -12,11 +12,9 @@ use super::error::{ApiError, parse};
 use super::json;
 use crate::mesh::ShardMesh;
 use crate::query::{self, PromptBlocks};
-use crate::registry::IndexInfo;
 use crate::types::{BlockHash, WorkerSlot};
 use hyper::StatusCode;
 use serde::Deserialize;
-use serde_json::{Value, json};
 use std::sync::Arc;
 
 #[derive(Deserialize)]
@@ -79,51 +77,12 @@ pub async fn query_tiered_by_hash<M: ShardMesh>(mesh: &M, body: &[u8]) -> Result
     };
     let overlap = query::gather(&merged, ix.slots.len(), live);
     let tiers = query::tiered(&merged, ix.slots.len(), live);
-    let body = render(ix, &overlap.frequencies, &tiers, device_only);
-    Ok(json::bytes(StatusCode::OK, body.to_string().into_bytes()))
-}
-
-/// `{"block_size", "tiered": {"device": {"scores", "frequencies"}, "lower_tier"}}`,
-/// every lower tier listed (one nothing holds with its workers at 0 hits).
-fn render(
-    ix: &IndexInfo,
-    frequencies: &[u32],
-    tiers: &[query::TieredSlot],
-    device_only: bool,
-) -> Value {
-    let worker = |s: usize| -> Option<Value> {
-        let info = &ix.slots[s];
-        let id = u64::try_from(info.instance).ok()?;
-        Some(json!({"worker_id": id, "dp_rank": info.dp}))
-    };
-    let scores: Vec<Value> = tiers
-        .iter()
-        .enumerate()
-        .filter(|(_, t)| t.device > 0)
-        .filter_map(|(s, t)| Some(json!([worker(s)?, t.device])))
-        .collect();
-    let lower: Vec<Value> = if device_only {
-        Vec::new()
-    } else {
-        LOWER_TIER_NAMES
-            .iter()
-            .enumerate()
-            .map(|(k, name)| {
-                let hits: Vec<Value> = tiers
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, t)| t.listed[k])
-                    .filter_map(|(s, t)| Some(json!([worker(s)?, t.hits[k]])))
-                    .collect();
-                json!([name, {"hits": hits}])
-            })
-            .collect()
-    };
-    json!({
-        "block_size": ix.block_size,
-        "tiered": {
-            "device": {"scores": scores, "frequencies": frequencies},
-            "lower_tier": lower,
-        },
-    })
+    let body = json::tiered(
+        ix,
+        &overlap.frequencies,
+        &tiers,
+        &LOWER_TIER_NAMES,
+        device_only,
+    );
+    Ok(json::bytes(StatusCode::OK, body))
 }
