@@ -22,7 +22,7 @@ pub struct Args {
     #[arg(long, env = "KVIX_THREADS", default_value_t = 4)]
     pub threads: usize,
     /// The most shards one index's worker slots (a worker's dp rank in one model and
-    /// tenant) spread over; clamped to --threads. A query walks the prompt once in
+    /// tenant) spread over (above the shard count: all). A query walks the prompt once in
     /// each shard holding a slot of its index, min(slots, this) walks, and the
     /// index's events are filed by as many cores
     #[arg(long, env = "KVIX_SHARDS_PER_INDEX", default_value_t = 4)]

@@ -224,7 +224,7 @@ fn run(args: Args) -> Result<(), String> {
     tracing::info!(
         %addr,
         shards,
-        shards_per_index = cfg.shards_per_index,
+        shards_per_index = app.rings().partition().span(),
         ingest_threads = cfg.ingest_threads,
         max_connections = opts.max_connections,
         slot_tracker = ?opts.slots_addr,
@@ -330,7 +330,8 @@ fn config(
     }
     Ok(Config {
         shards,
-        shards_per_index: clamp("shards-per-index", args.shards_per_index, 1, shards),
+        // Above the shard count it means every shard (`Partition::new` caps it).
+        shards_per_index: clamp("shards-per-index", args.shards_per_index, 1, usize::MAX),
         ingest_threads,
         ring_capacity: clamp("ring-capacity", args.ring_capacity, 256, 1 << 24),
         snapshot,
