@@ -59,7 +59,7 @@ pub struct Rings {
 
 impl Rings {
     /// `capacity` is in ops; each ring holds `capacity / CHUNK` chunks (at least 4).
-    /// One slot a shard in turn.
+    /// Every index spread over all the shards.
     pub fn new(producers: usize, shards: usize, capacity: usize) -> Arc<Self> {
         Self::partitioned(producers, Partition::spread_over(shards), capacity)
     }
