@@ -51,7 +51,6 @@ struct Bell {
 
 pub struct Rings {
     producers: usize,
-    shards: usize,
     partition: Partition,
     rings: Vec<Ring>,
     bells: Vec<Bell>,
@@ -70,7 +69,6 @@ impl Rings {
         let shards = partition.shards();
         Arc::new(Rings {
             producers,
-            shards,
             partition,
             rings: (0..producers * shards)
                 .map(|_| Ring {
@@ -85,7 +83,7 @@ impl Rings {
     }
 
     pub fn shards(&self) -> usize {
-        self.shards
+        self.partition.shards()
     }
 
     pub fn partition(&self) -> Partition {
@@ -97,7 +95,7 @@ impl Rings {
     }
 
     fn ring(&self, producer: usize, shard: ShardId) -> &Ring {
-        &self.rings[producer * self.shards + shard.0]
+        &self.rings[producer * self.shards() + shard.0]
     }
 
     /// Hand whole chunks for `shard` to `f` until at least `max` ops (or all that are
@@ -208,7 +206,7 @@ pub struct RingSink {
 impl RingSink {
     pub fn new(rings: Arc<Rings>, producer: usize) -> Self {
         assert!(producer < rings.producers);
-        let staged = (0..rings.shards)
+        let staged = (0..rings.shards())
             .map(|_| Vec::with_capacity(CHUNK))
             .collect();
         RingSink {
@@ -264,13 +262,13 @@ impl OpSink for RingSink {
     }
 
     fn broadcast(&mut self, op: ShardOp) {
-        for s in 0..self.rings.shards {
+        for s in 0..self.rings.shards() {
             self.stage(ShardId(s), op);
         }
     }
 
     fn flush(&mut self) {
-        for s in 0..self.rings.shards {
+        for s in 0..self.rings.shards() {
             self.flush_shard(ShardId(s));
         }
     }

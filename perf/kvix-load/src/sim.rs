@@ -196,7 +196,7 @@ impl Worker {
     fn removed(&mut self, victims: &[u64], medium: &str, hashes: &mut Vec<u64>) {
         hashes.clear();
         hashes.extend(victims.iter().map(|&v| self.eh(v)));
-        enc_removed(&mut self.events, hashes, medium);
+        enc_removed(&mut self.events, hashes, medium, None);
         self.n_events += 1;
     }
 
@@ -261,27 +261,22 @@ fn enc_window_stored(
     w(rmp::encode::write_uint(out, window as u64));
 }
 
-/// Append a positional vLLM `BlockRemoved` of KV-cache group `group`.
-fn enc_removed_from(out: &mut Vec<u8>, hashes: &[u64], medium: &str, group: u64) {
-    w(rmp::encode::write_array_len(out, 4));
+/// Append a positional vLLM `BlockRemoved` event; with `group`, of that KV-cache
+/// group (its fourth field), else full attention's (three fields, as vLLM sends).
+fn enc_removed(out: &mut Vec<u8>, hashes: &[u64], medium: &str, group: Option<u64>) {
+    w(rmp::encode::write_array_len(
+        out,
+        3 + u32::from(group.is_some()),
+    ));
     w(rmp::encode::write_str(out, "BlockRemoved"));
     w(rmp::encode::write_array_len(out, hashes.len() as u32));
     for &h in hashes {
         w(rmp::encode::write_uint(out, h));
     }
     w(rmp::encode::write_str(out, medium));
-    w(rmp::encode::write_uint(out, group));
-}
-
-/// Append a positional vLLM `BlockRemoved` event.
-fn enc_removed(out: &mut Vec<u8>, hashes: &[u64], medium: &str) {
-    w(rmp::encode::write_array_len(out, 3));
-    w(rmp::encode::write_str(out, "BlockRemoved"));
-    w(rmp::encode::write_array_len(out, hashes.len() as u32));
-    for &h in hashes {
-        w(rmp::encode::write_uint(out, h));
+    if let Some(g) = group {
+        w(rmp::encode::write_uint(out, g));
     }
-    w(rmp::encode::write_str(out, medium));
 }
 
 /// Wrap encoded events into a `[ts, [events...]]` batch (no dp rank, as vLLM without DP
@@ -453,7 +448,7 @@ impl Sim<'_> {
             wk.removed(&self.gpu_victims, "GPU", &mut self.hashes);
             self.st.blocks_removed += self.gpu_victims.len() as u64;
             if self.cfg.window_tokens > 0 {
-                enc_removed_from(&mut wk.events, &self.hashes, "GPU", WINDOW_GROUP);
+                enc_removed(&mut wk.events, &self.hashes, "GPU", Some(WINDOW_GROUP));
                 wk.n_events += 1;
                 self.st.window_blocks_removed += self.gpu_victims.len() as u64;
             }
@@ -586,7 +581,7 @@ mod tests {
         let tokens: Vec<u32> = (0..32).collect();
         let mut ev = Vec::new();
         enc_window_stored(&mut ev, (&[5, 6], Some(4), &tokens, 16), 4096);
-        enc_removed_from(&mut ev, &[6], "GPU", WINDOW_GROUP);
+        enc_removed(&mut ev, &[6], "GPU", Some(WINDOW_GROUP));
         let frame = enc_batch(1.0, 2, &ev, false);
         let mut batch = Batch::default();
         decode(&frame, &mut batch).expect("kvix decodes the frame");
@@ -613,7 +608,7 @@ mod tests {
     #[test]
     fn batch_dp_rank_is_a_trailing_nil() {
         let mut ev = Vec::new();
-        enc_removed(&mut ev, &[7], "GPU");
+        enc_removed(&mut ev, &[7], "GPU", None);
         let two = enc_batch(1.0, 1, &ev, false);
         let three = enc_batch(1.0, 1, &ev, true);
         assert_eq!(two[0], 0x92);
