@@ -67,7 +67,7 @@ pub fn answer(shard: &mut Shard, index: IndexId, prompt: Prompt<'_>) -> ShardRep
         effective: Vec::new(),
     };
     shard.lookup(index, prompt, &mut reply.holders);
-    shard.effective(index, prompt, &mut reply.effective);
+    shard.effective(index, &mut reply.effective);
     if let Some(ix) = shard.index(index) {
         ix.tree_sizes_into(&mut reply.per_slot);
     }

@@ -33,9 +33,10 @@ hex_debug!(BlockHash, SeqHash, EngineHash);
 pub struct WorkerSlot(pub u32);
 
 impl WorkerSlot {
-    /// Slots are packed with an 8-bit tier mask into a `u32` holder word whose
-    /// top bit stays clear (a holder set marks a spilled set with it).
-    pub const MAX: u32 = (1 << 23) - 2;
+    /// Slots are packed with an 8-bit tier mask and four group lanes into a `u32`
+    /// holder word whose top bit stays clear (a holder set marks a spilled set
+    /// with it): 19 bits, less one slot to spare.
+    pub const MAX: u32 = (1 << 19) - 2;
 }
 
 /// Storage tier of a cached block. 0..=2 are the well-known ones; other media

@@ -9,8 +9,9 @@
 //! set of predicted prefixes (`/speculate`'s ops, pushed on the same rings) that
 //! score as the device until the worker stores them, clears, or they expire.
 //!
-//! A hybrid model's other KV-cache groups (a sliding window, group 1; Mamba,
-//! group 2) store and remove blocks too, with vLLM's group fields; the model
+//! A hybrid model's other KV-cache groups (sliding windows, the odd groups;
+//! Mamba, the even ones; more than a holder word has lanes for) store and remove
+//! blocks too, with vLLM's group fields; the model
 //! keeps which prefixes each group holds while the worker holds them, and
 //! applies vLLM's hit rules literally to say what each worker's `effective`
 //! prefix is.
@@ -66,13 +67,14 @@ enum Action {
     },
     /// Time passes beyond every prediction's TTL.
     Expire,
-    /// KV-cache group `group` (1: sliding window, 2: Mamba) stores (or removes)
-    /// the last `depth` blocks of the chain of the worker's known block `pick`
-    /// names, but those `skip` has a bit for (a sparse run, as vLLM sends).
+    /// KV-cache groups `groups` (odd: sliding window, even: Mamba), one event
+    /// each in this order, store (or remove) the last `depth` blocks of the chain
+    /// of the worker's known block `pick` names, but those `skip` has a bit for (a
+    /// sparse run, as vLLM sends).
     Group {
         inst: u64,
         dp: Option<u32>,
-        group: u32,
+        groups: Vec<u32>,
         pick: usize,
         depth: usize,
         skip: u8,
@@ -80,9 +82,22 @@ enum Action {
     },
 }
 
-/// The sliding window, in tokens, of each instance's group 1: 1, 2 and 3 blocks
+/// A worker's other KV-cache groups are 1..=GROUPS: more than a holder word has
+/// lanes for, so that some keep their holds beside the tree.
+const GROUPS: u32 = 6;
+
+/// The sliding window, in tokens, of each instance's odd groups: 1, 2 and 3 blocks
 /// of [`BS`] must be present (`ceil((W - 1) / BS)`).
 const WINDOWS: [u32; INSTANCES as usize] = [3, 5, 7];
+
+/// The groups of one group action, in the order they send: mostly one, as often
+/// all of them (an engine stores a block in every group), in any order.
+fn groups() -> impl Strategy<Value = Vec<u32>> {
+    prop_oneof![
+        2 => (1..=GROUPS).prop_map(|g| vec![g]),
+        1 => Just((1..=GROUPS).collect::<Vec<u32>>()).prop_shuffle(),
+    ]
+}
 
 fn action() -> impl Strategy<Value = Action> {
     let inst = 0..INSTANCES;
@@ -98,11 +113,11 @@ fn action() -> impl Strategy<Value = Action> {
         2 => (inst, dp, prop::collection::vec(block, 1..4))
             .prop_map(|(inst, dp, blocks)| Action::Predict { inst, dp, blocks }),
         1 => Just(Action::Expire),
-        8 => (0..INSTANCES, prop::option::of(0u32..2), 1u32..3, 0usize..64, 1usize..6, any::<u8>(), prop::bool::weighted(0.7))
-            .prop_map(|(inst, dp, group, pick, depth, skip, stored)| {
+        8 => (0..INSTANCES, prop::option::of(0u32..2), groups(), 0usize..64, 1usize..6, any::<u8>(), prop::bool::weighted(0.7))
+            .prop_map(|(inst, dp, groups, pick, depth, skip, stored)| {
                 // Mostly dense runs; a quarter skip some blocks.
                 let skip = if skip % 4 == 0 { skip } else { 0 };
-                Action::Group { inst, dp, group, pick, depth, skip, stored }
+                Action::Group { inst, dp, groups, pick, depth, skip, stored }
             }),
     ]
 }
@@ -264,8 +279,7 @@ impl Model {
     /// vLLM's hit for worker `w` and prompt `q`, in blocks, its rules written as
     /// `find_longest_cache_hit` loops them; `None` for a worker without other groups.
     fn effective(&self, w: (u64, u32), q: &[u32]) -> Option<u32> {
-        let groups: Vec<u32> = [1, 2]
-            .into_iter()
+        let groups: Vec<u32> = (1..=GROUPS)
             .filter(|g| self.groups.contains_key(&(w, *g)))
             .collect();
         if groups.is_empty() {
@@ -284,7 +298,7 @@ impl Model {
             let mut cur = hit;
             for &g in &groups {
                 let max = cur;
-                cur = if g == 1 {
+                cur = if g % 2 == 1 {
                     let need = (WINDOWS[w.0 as usize] as usize - 1).div_ceil(BS);
                     let mut run = 0;
                     let mut found = None;
@@ -645,15 +659,17 @@ fn apply(model: &mut Model, sharded: &mut Sharded, a: &Action) {
         Action::Group {
             inst,
             dp,
-            group,
+            groups,
             pick,
             depth,
             skip,
             stored,
         } => {
-            let hashes = model.group(*inst, *dp, *group, (*pick, *depth, *skip), *stored);
-            let payload = frame(*dp, |b| group_event(b, *inst, *group, &hashes, *stored));
-            sharded.publish(*inst, &payload);
+            for &group in groups {
+                let hashes = model.group(*inst, *dp, group, (*pick, *depth, *skip), *stored);
+                let payload = frame(*dp, |b| group_event(b, *inst, group, &hashes, *stored));
+                sharded.publish(*inst, &payload);
+            }
         }
         Action::Clear { inst, dp } => {
             model.workers.remove(&(*inst, dp.unwrap_or(0)));
@@ -705,7 +721,7 @@ fn group_event(b: &mut Vec<u8>, inst: u64, group: u32, hashes: &[u64], stored: b
         rmp::encode::write_uint(b, group as u64).unwrap();
         return;
     }
-    rmp::encode::write_map_len(b, if group == 1 { 8 } else { 7 }).unwrap();
+    rmp::encode::write_map_len(b, if group % 2 == 1 { 8 } else { 7 }).unwrap();
     s(b, "type");
     s(b, "BlockStored");
     s(b, "block_hashes");
@@ -721,13 +737,13 @@ fn group_event(b: &mut Vec<u8>, inst: u64, group: u32, hashes: &[u64], stored: b
     s(b, "kv_cache_spec_kind");
     s(
         b,
-        if group == 1 {
+        if group % 2 == 1 {
             "sliding_window"
         } else {
             "mamba"
         },
     );
-    if group == 1 {
+    if group % 2 == 1 {
         s(b, "kv_cache_spec_sliding_window");
         rmp::encode::write_uint(b, WINDOWS[inst as usize] as u64).unwrap();
     }

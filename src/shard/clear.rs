@@ -104,7 +104,7 @@ impl Clearing {
     pub(super) fn after(&self, holder: Holder) -> Option<Holder> {
         let slot = holder.slot();
         let tiers = holder.tiers().without(self.clears(slot));
-        (!tiers.is_empty()).then(|| Holder::new(slot, tiers))
+        (!tiers.is_empty()).then(|| holder.with_tiers(tiers))
     }
 
     /// Clear `tiers` of `slot`, which has no op waiting: with the walk if it has

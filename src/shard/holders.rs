@@ -1,7 +1,10 @@
 //! Compact holder sets: which worker slots hold a block, on which tiers.
 //!
-//! A holder is one `u32`: slot in bits 8..31, tier mask in the low 8; the top
-//! bit is always clear. A set of one holder is that word, in the node; a larger
+//! A holder is one `u32`: tier mask in the low 8 bits, [`GROUP_LANES`] group
+//! lanes above them, the slot in the rest up to bit 31; the top bit is always
+//! clear. A lane is the holder's hold of the block in one of its slot's other
+//! KV-cache groups (sliding window, Mamba, …), so a block held in several groups
+//! costs a bit a group, no more words. A set of one holder is that word, in the node; a larger
 //! set spills into a per-shard slab (`HolderSlab`) of power-of-two chunks
 //! recycled through free lists, so steady-state churn allocates nothing, and the
 //! node keeps the chunk's offset with the top bit set. Most blocks have one
@@ -9,19 +12,42 @@
 
 use crate::types::{Tier, TierSet, WorkerSlot};
 
-/// Packed (slot, tier mask).
+/// Group lanes in a holder word: a slot's first this many other KV-cache groups
+/// keep their holds in the holder itself.
+pub const GROUP_LANES: u32 = 4;
+const LANE_SHIFT: u32 = 8;
+const SLOT_SHIFT: u32 = LANE_SHIFT + GROUP_LANES;
+const LANES: u32 = ((1 << GROUP_LANES) - 1) << LANE_SHIFT;
+/// The tier mask's bits.
+const TIERS: u32 = 0xff;
+
+/// Packed (slot, group lanes, tier mask).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct Holder(pub u32);
 
 impl Holder {
+    /// The most slots a holder word can name (the top bit stays clear).
+    pub const SLOTS: u32 = 1 << (31 - SLOT_SHIFT);
+
     pub fn new(slot: WorkerSlot, tiers: TierSet) -> Self {
-        Holder((slot.0 << 8) | tiers.0 as u32)
+        Holder((slot.0 << SLOT_SHIFT) | tiers.0 as u32)
     }
+    #[inline]
     pub fn slot(self) -> WorkerSlot {
-        WorkerSlot(self.0 >> 8)
+        WorkerSlot(self.0 >> SLOT_SHIFT)
     }
+    #[inline]
     pub fn tiers(self) -> TierSet {
         TierSet(self.0 as u8)
+    }
+    /// The group lanes the holder holds the block in, as bits by lane.
+    #[inline]
+    pub fn lanes(self) -> u32 {
+        (self.0 & LANES) >> LANE_SHIFT
+    }
+    /// The holder with the same slot and lanes, on `tiers`.
+    pub fn with_tiers(self, tiers: TierSet) -> Self {
+        Holder((self.0 & !TIERS) | tiers.0 as u32)
     }
     pub fn has(self, tier: Tier) -> bool {
         self.tiers().contains(tier)
@@ -37,6 +63,9 @@ impl Holder {
         }
     }
 }
+
+// Every slot the registry hands out fits a holder word.
+const _: () = assert!(WorkerSlot::MAX < Holder::SLOTS);
 
 const EMPTY: u32 = 0;
 /// Marks a spilled set's word, the rest being the chunk's offset; no holder has
@@ -155,10 +184,44 @@ impl HolderSet {
 
     /// The tiers `slot` holds this block on (empty: not a holder).
     pub fn tiers_of(&self, slot: WorkerSlot, slab: &HolderSlab) -> TierSet {
+        self.holder_of(slot, slab)
+            .map_or(TierSet::NONE, Holder::tiers)
+    }
+
+    /// `slot`'s holder word, if it holds this block.
+    #[inline]
+    pub fn holder_of(&self, slot: WorkerSlot, slab: &HolderSlab) -> Option<Holder> {
         self.as_slice(slab)
             .iter()
-            .find(|&&h| h >> 8 == slot.0)
-            .map_or(TierSet::NONE, |&h| TierSet(h as u8))
+            .find(|&&h| Holder(h).slot() == slot)
+            .map(|&h| Holder(h))
+    }
+
+    /// `slot` holds (or, with `held` false, no longer holds) this block in group
+    /// lane `lane` (below [`GROUP_LANES`]). Returns whether the slot holds the block
+    /// at all: a lane is only kept beside a hold on some tier.
+    pub fn set_lane(
+        &mut self,
+        slot: WorkerSlot,
+        lane: u32,
+        held: bool,
+        slab: &mut HolderSlab,
+    ) -> bool {
+        debug_assert!(lane < GROUP_LANES);
+        let bit = 1 << (LANE_SHIFT + lane);
+        let Some(h) = self
+            .as_mut_slice(slab)
+            .iter_mut()
+            .find(|h| Holder(**h).slot() == slot)
+        else {
+            return false;
+        };
+        if held {
+            *h |= bit;
+        } else {
+            *h &= !bit;
+        }
+        true
     }
 
     /// [`Self::as_slice`], to change a holder's tiers in place.
@@ -174,8 +237,11 @@ impl HolderSet {
     /// Add `tier` for `slot`. Returns the slot's tier bits before (0: it was not a
     /// holder).
     pub fn add(&mut self, slot: WorkerSlot, tier: Tier, slab: &mut HolderSlab) -> TierSet {
-        let key = slot.0;
-        if let Some(h) = self.as_mut_slice(slab).iter_mut().find(|h| **h >> 8 == key) {
+        if let Some(h) = self
+            .as_mut_slice(slab)
+            .iter_mut()
+            .find(|h| Holder(**h).slot() == slot)
+        {
             let before = TierSet(*h as u8);
             *h |= tier.bit().0 as u32;
             return before;
@@ -212,25 +278,25 @@ impl HolderSet {
     }
 
     /// Remove the tiers of `tier_mask` from `slot`. Returns the tier bits that were
-    /// removed and whether the slot is no longer a holder.
+    /// removed and whether the slot is no longer a holder (its lanes go with it).
     pub fn remove(
         &mut self,
         slot: WorkerSlot,
         tiers: TierSet,
         slab: &mut HolderSlab,
     ) -> (TierSet, bool) {
-        let key = slot.0;
         let tier_mask = tiers.0;
         let held = self.as_mut_slice(slab);
-        let Some(pos) = held.iter().position(|h| h >> 8 == key) else {
+        let Some(pos) = held.iter().position(|&h| Holder(h).slot() == slot) else {
             return (TierSet::NONE, false);
         };
         let h = &mut held[pos];
         let removed = TierSet(*h as u8 & tier_mask);
         *h &= !(tier_mask as u32);
-        if *h & 0xff != 0 {
+        if *h & TIERS != 0 {
             return (removed, false);
         }
+        // A slot that holds the block on no tier holds it in no group either.
         let Some(off) = self.spilled() else {
             self.w = EMPTY;
             return (removed, true);

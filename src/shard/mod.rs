@@ -515,10 +515,11 @@ impl Shard {
     }
 
     /// Per slot of `index` in this shard with KV-cache groups besides full
-    /// attention, the prompt's blocks it would reuse under their rules.
-    pub fn effective(&self, index: IndexId, prompt: Prompt<'_>, out: &mut Vec<(WorkerSlot, u32)>) {
-        if let Some(ix) = self.indexes.get(index.0 as usize) {
-            ix.tree.effective(prompt, out);
+    /// attention, the blocks of the prompt the last [`Self::lookup`] of `index`
+    /// walked that it would reuse under their rules.
+    pub fn effective(&mut self, index: IndexId, out: &mut Vec<(WorkerSlot, u32)>) {
+        if let Some(ix) = self.indexes.get_mut(index.0 as usize) {
+            ix.tree.effective(out);
         }
     }
 

@@ -576,3 +576,67 @@ fn a_group_events_blocks_apply_as_one_run_and_count_what_full_attention_lacks() 
             .collect::<Vec<_>>()
     );
 }
+
+#[test]
+fn a_slots_first_groups_hold_in_lanes_and_the_rest_beside_the_tree() {
+    let mut s = Shard::default();
+    s.apply_all(&run(1, DEV, None, &[10, 11]));
+    s.apply_all(&run(1, HOST, None, &[10, 11]));
+    s.apply_all(&run(2, DEV, None, &[10]));
+    // Six groups, described in the order 5, 1, 2, 3, 4, 6: the first four
+    // described take the lanes, 4 and 6 the side table.
+    s.apply_all(&[5, 1, 2, 3, 4, 6].map(|g| window_group(g, 0).1));
+    let hold = |s: &mut Shard, groups: &[u8]| {
+        for &g in groups {
+            s.apply_all(&[10, 11].map(|l| ShardOp::GroupHold {
+                index: IX,
+                slot: WorkerSlot(1),
+                group: g,
+                block: eh(1, l),
+                held: true,
+            }));
+        }
+    };
+    hold(&mut s, &[1, 2, 3, 5]);
+    assert_eq!(
+        s.index(IX).unwrap().tree.side_group_pairs(),
+        0,
+        "all in lanes"
+    );
+    hold(&mut s, &[4, 6]);
+    let groups = |s: &Shard| {
+        let (mut at, mut out, mut names) = (ExportAt::default(), Vec::new(), Vec::new());
+        while !s.export_step(IX, &mut at, &mut out, &mut names) {}
+        let mut got: Vec<(u32, u64, u32)> = out
+            .iter()
+            .map(|b| (b.holder.slot().0, b.local.0, b.groups))
+            .collect();
+        got.sort();
+        got
+    };
+    let all = 0b111_1110;
+    assert_eq!(groups(&s), [(1, 10, all), (1, 11, all), (2, 10, 0)]);
+    let tree = &s.index(IX).unwrap().tree;
+    assert_eq!(
+        tree.side_group_pairs(),
+        2,
+        "blocks 10 and 11, for groups 4 and 6"
+    );
+    // A tier's removal keeps the groups; the slot's last tier takes them all.
+    s.apply_all(&[remove(1, 11, HOST.bit())]);
+    assert_eq!(groups(&s), [(1, 10, all), (1, 11, all), (2, 10, 0)]);
+    s.apply_all(&[remove(1, 11, DEV.bit())]);
+    assert_eq!(groups(&s), [(1, 10, all), (2, 10, 0)]);
+    assert_eq!(s.index(IX).unwrap().tree.side_group_pairs(), 1);
+    // A group's removal takes its bit alone, in a lane or beside the tree.
+    for g in [2, 6] {
+        s.apply_all(&[ShardOp::GroupHold {
+            index: IX,
+            slot: WorkerSlot(1),
+            group: g,
+            block: eh(1, 10),
+            held: false,
+        }]);
+    }
+    assert_eq!(groups(&s), [(1, 10, all & !(1 << 2 | 1 << 6)), (2, 10, 0)]);
+}

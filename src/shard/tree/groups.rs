@@ -2,16 +2,18 @@
 //! Mamba): which of a slot's blocks each group holds, what each group's rule is,
 //! and the hit a prompt comes to under them ([`super::super::hybrid`]).
 //!
-//! A group's hold is a bit (by `group_idx`) in one word per (slot, block) the
-//! slot holds in its full-attention group: a block held in several groups costs
-//! one table entry, never a node or a holder more. A group's store of a block
-//! the slot does not hold in full attention is not kept: its hit could not
-//! reach past the full-attention hit anyway. The word goes with the slot's
-//! hold of the block (removal, clear, eviction). Never touches the holders.
+//! A group's hold of a block is a lane bit in the slot's holder word on the
+//! block's node ([`crate::shard::holders`]): a slot's first [`GROUP_LANES`]
+//! groups (in the order its stores first described them) cost no memory beyond
+//! the hold itself. A slot with more groups keeps the others' holds as bits (by
+//! `group_idx`) in one word per (slot, block) in a side table. A group's store of
+//! a block the slot does not hold in full attention is not kept: its hit could
+//! not reach past the full-attention hit anyway. Lane and word go with the slot's
+//! hold of the block (removal, clear, eviction).
 
 use super::arena::NodeId;
 use super::{PREFETCH_AHEAD, Tree};
-use crate::shard::Prompt;
+use crate::shard::holders::{GROUP_LANES, Holder};
 use crate::shard::hybrid::{self, GroupSpec};
 use crate::types::{EngineHash, Tier, TierSet, WorkerSlot};
 
@@ -30,7 +32,63 @@ pub struct SlotGroups {
     pub base: u32,
 }
 
+/// A slot's group lanes: the `group_idx` each lane of its holder words stands
+/// for, in the order its stores first described them.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Lanes {
+    groups: [u8; GROUP_LANES as usize],
+    len: u8,
+}
+
+impl Lanes {
+    fn of(&self, group: u8) -> Option<u32> {
+        self.groups[..self.len as usize]
+            .iter()
+            .position(|&g| g == group)
+            .map(|i| i as u32)
+    }
+
+    /// `group`'s lane, given one if it has none and a lane is free.
+    fn take(&mut self, group: u8) -> Option<u32> {
+        if let Some(lane) = self.of(group) {
+            return Some(lane);
+        }
+        let lane = self.len as u32;
+        (lane < GROUP_LANES).then(|| {
+            self.groups[lane as usize] = group;
+            self.len += 1;
+            lane
+        })
+    }
+
+    /// Lane bits as bits by `group_idx`.
+    fn as_groups(&self, lanes: u32) -> u32 {
+        self.groups[..self.len as usize]
+            .iter()
+            .enumerate()
+            .filter(|&(lane, _)| lanes & (1 << lane) != 0)
+            .fold(0, |bits, (_, &g)| bits | group_bit(g))
+    }
+}
+
+/// A group's bit in a word of bits by `group_idx`.
+fn group_bit(group: u8) -> u32 {
+    1 << (group as u32 % MAX_GROUPS)
+}
+
 impl Tree {
+    /// `slot`'s group `group`'s lane, given one if a lane is free (`take`).
+    fn lane(&mut self, slot: WorkerSlot, group: u8, take: bool) -> Option<u32> {
+        let i = slot.0 as usize;
+        if !take {
+            return self.lanes.get(i)?.of(group);
+        }
+        if self.lanes.len() <= i {
+            self.lanes.resize(i + 1, Lanes::default());
+        }
+        self.lanes[i].take(group)
+    }
+
     /// `slot`'s group `group` is described by `spec` (a store said so).
     pub fn set_group_spec(
         &mut self,
@@ -44,6 +102,7 @@ impl Tree {
         if self.specs.len() <= i {
             self.specs.resize_with(i + 1, SlotGroups::default);
         }
+        self.lane(slot, group, true);
         let s = &mut self.specs[i];
         (s.align, s.base) = (align, base);
         match s.groups.binary_search_by_key(&group, |g| g.0) {
@@ -108,8 +167,16 @@ impl Tree {
         let Some(node) = self.named(slot, eh) else {
             return false;
         };
-        let bit = 1u32 << (group as u32 % MAX_GROUPS);
-        if held {
+        if let Some(lane) = self.lane(slot, group, held) {
+            let Tree { chunks, slab, .. } = self;
+            super::arena::at_mut(chunks, node)
+                .holders
+                .set_lane(slot, lane, held, slab);
+        }
+        // A group that has (or had, before a lane was free) no lane keeps its holds
+        // here.
+        let bit = group_bit(group);
+        if held && self.lane(slot, group, false).is_none() {
             *self.groups.entry((slot, node)).or_insert(0) |= bit;
         } else if let Some(w) = self.groups.get_mut(&(slot, node)) {
             *w &= !bit;
@@ -122,21 +189,36 @@ impl Tree {
 
     /// The groups `slot` holds `node` in, as bits by `group_idx`.
     pub fn groups_of(&self, slot: WorkerSlot, node: NodeId) -> u32 {
-        if self.groups.is_empty() {
-            return 0;
-        }
-        self.groups.get(&(slot, node)).copied().unwrap_or(0)
+        self.groups_of_holder(
+            slot,
+            node,
+            self.node(node).holders.holder_of(slot, &self.slab),
+        )
     }
 
-    /// `slot` no longer holds `node`: neither do its groups.
+    /// [`Self::groups_of`], `holder` being `slot`'s holder word on `node`.
+    fn groups_of_holder(&self, slot: WorkerSlot, node: NodeId, holder: Option<Holder>) -> u32 {
+        let lanes = match (holder, self.lanes.get(slot.0 as usize)) {
+            (Some(h), Some(l)) if h.lanes() != 0 => l.as_groups(h.lanes()),
+            _ => 0,
+        };
+        if self.groups.is_empty() {
+            return lanes;
+        }
+        lanes | self.groups.get(&(slot, node)).copied().unwrap_or(0)
+    }
+
+    /// `slot` no longer holds `node`: neither do its groups (its lanes went with
+    /// its holder word).
     pub(super) fn drop_groups(&mut self, slot: WorkerSlot, node: NodeId) {
         if !self.groups.is_empty() {
             self.groups.remove(&(slot, node));
         }
     }
 
-    /// (slot, block) pairs held in some other group, for memory accounting.
-    pub fn group_pairs(&self) -> usize {
+    /// (slot, block) pairs held in a group without a lane.
+    #[cfg(test)]
+    pub fn side_group_pairs(&self) -> usize {
         self.groups.len()
     }
 
@@ -148,47 +230,32 @@ impl Tree {
                 .map(|s| s.groups.capacity() * std::mem::size_of::<(u8, GroupSpec)>())
                 .sum::<usize>()
             + self.specs.capacity() * std::mem::size_of::<SlotGroups>()
+            + self.lanes.capacity() * std::mem::size_of::<Lanes>()
     }
 
-    /// The prompt's nodes from its first block while they are filed (held or
-    /// not: a window's blocks may follow blocks no one holds).
-    fn prompt_path(&self, prompt: Prompt<'_>, out: &mut Vec<NodeId>) {
-        let mut p = None;
-        for i in 0..prompt.len() {
-            let found = match prompt {
-                Prompt::Locals(l) => self.child(p, l[i]),
-                Prompt::Seqs(s) => self.child_by_seq(p, i.checked_sub(1).map(|j| s[j]), s[i]),
-            };
-            let Some(id) = found else { return };
-            out.push(id);
-            p = Some(id);
-        }
-    }
-
-    /// Per slot with other groups, the blocks of the prompt it would reuse under
-    /// its groups' rules (see [`hybrid::hybrid_hit`]), the full-attention hit
-    /// counting the device tier as `scores` does, and a predicted block as held
-    /// in every group.
-    pub fn effective(&self, prompt: Prompt<'_>, out: &mut Vec<(WorkerSlot, u32)>) {
+    /// Per slot with other groups, the blocks of the prompt the last
+    /// [`Tree::lookup`] walked that it would reuse under its groups' rules (see
+    /// [`hybrid::hybrid_hit`]), the full-attention hit counting the device tier as
+    /// `scores` does, and a predicted block as held in every group. The lookup's
+    /// walk is enough: it ends at the first block nobody holds, past every slot's
+    /// full-attention hit, which caps the others.
+    pub fn effective(&mut self, out: &mut Vec<(WorkerSlot, u32)>) {
         if !self.is_hybrid() {
             return;
         }
-        let mut path = Vec::new();
-        self.prompt_path(prompt, &mut path);
+        let mut specs = std::mem::take(&mut self.spec_scratch);
+        let path = &self.walked;
         let scored = TierSet(Tier::DEVICE.bit().0 | Tier::PREDICTED.bit().0);
-        let mut specs = Vec::new();
         for (s, g) in self.specs.iter().enumerate() {
             if g.groups.is_empty() {
                 continue;
             }
             let slot = WorkerSlot(s as u32);
             let bs = g.base.max(1) as u64;
+            let holder = |id: NodeId| self.node(id).holders.holder_of(slot, &self.slab);
             let full = path
                 .iter()
-                .take_while(|&&id| {
-                    let t = self.node(id).holders.tiers_of(slot, &self.slab);
-                    !(t & scored).is_empty()
-                })
+                .take_while(|&&id| holder(id).is_some_and(|h| !(h.tiers() & scored).is_empty()))
                 .count() as u64;
             specs.clear();
             specs.extend(g.groups.iter().map(|&(_, spec)| spec));
@@ -200,16 +267,14 @@ impl Tree {
                 // A prediction stands for every group's blocks: the worker will
                 // compute them all.
                 path.get(last).is_some_and(|&id| {
-                    self.groups_of(slot, id) & (1 << (group as u32 % MAX_GROUPS)) != 0
-                        || self
-                            .node(id)
-                            .holders
-                            .tiers_of(slot, &self.slab)
-                            .contains(Tier::PREDICTED)
+                    let h = holder(id);
+                    h.is_some_and(|h| h.has(Tier::PREDICTED))
+                        || self.groups_of_holder(slot, id, h) & group_bit(group) != 0
                 })
             };
             let hit = hybrid::hybrid_hit(full * bs, &specs, align, present);
             out.push((slot, (hit / bs) as u32));
         }
+        self.spec_scratch = specs;
     }
 }

@@ -15,7 +15,8 @@ impl Tree {
     /// (a shared prefix: the gather passes it in one step), up to and including
     /// the first block nobody holds. Blocks named by sequence hash are found by
     /// computing each candidate child's chain link. A match counts as a use of
-    /// the block for a bounded index's eviction.
+    /// the block for a bounded index's eviction. A hybrid tree keeps the walk's
+    /// nodes for [`Tree::effective`].
     pub fn lookup(&mut self, prompt: Prompt<'_>, out: &mut Vec<u32>) {
         match prompt {
             Prompt::Locals(l) => self.walk(l.len(), |t, p, i| t.child(p, l[i]), out),
@@ -35,6 +36,9 @@ impl Tree {
         out: &mut Vec<u32>,
     ) {
         self.tick();
+        // Kept for `effective`, which reads the same path.
+        let hybrid = self.is_hybrid();
+        self.walked.clear();
         let mut p = None;
         // Where the last holder list written is in `out`.
         let mut last = 0..0;
@@ -44,6 +48,9 @@ impl Tree {
                 return;
             };
             self.mark(id);
+            if hybrid {
+                self.walked.push(id);
+            }
             let hs = self.node(id).holders.as_slice(&self.slab);
             if hs.len() > 1 && self.predictions.is_empty() && out.get(last.clone()) == Some(hs) {
                 out.push(SAME_HOLDERS);

@@ -92,10 +92,18 @@ pub struct Tree {
     /// listed, so that all go when the slot stops holding the node. Usually empty.
     aliases: HashMap<(WorkerSlot, NodeId), Vec<EngineHash>>,
     /// Per (slot, node) the slot holds, the bits (by `group_idx`) of its other
-    /// KV-cache groups that hold the block too (see [`groups`]). Usually empty.
+    /// KV-cache groups beyond its lanes that hold the block too (see [`groups`]).
+    /// Usually empty.
     groups: HashMap<(WorkerSlot, NodeId), u32>,
     /// Per slot, its other KV-cache groups as their stores described them.
     specs: Vec<SlotGroups>,
+    /// Per slot, the groups its holder words' lanes stand for.
+    lanes: Vec<groups::Lanes>,
+    /// The nodes the last lookup walked, kept for [`Tree::effective`] while the
+    /// tree has other groups (scratch).
+    walked: Vec<NodeId>,
+    /// [`Tree::effective`]'s group specs of one slot (scratch).
+    spec_scratch: Vec<crate::shard::hybrid::GroupSpec>,
     /// Nodes whose hold a clear step ended (scratch, empty between calls).
     ended: Vec<NodeId>,
     /// An evicted block's holders (scratch).
@@ -253,6 +261,7 @@ impl Tree {
         }
         *self = Tree {
             specs: std::mem::take(&mut self.specs),
+            lanes: std::mem::take(&mut self.lanes),
             tracking: self.tracking,
             node_limit: self.node_limit,
             epoch: self.epoch.wrapping_add(1),
