@@ -278,3 +278,79 @@ fn absurd_thread_counts_are_clamped() {
         s.log()
     );
 }
+
+/// One response off a keep-alive connection: its status, and whether it announced
+/// the connection's close. Reads the head, then as many body bytes as it says.
+fn response(s: &mut TcpStream) -> (u16, bool) {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(s.read(&mut byte).unwrap(), 1, "closed mid-head: {head:?}");
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8(head).unwrap().to_ascii_lowercase();
+    let status = head[9..12].parse().unwrap();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .map_or(0, |v| v.trim().parse().unwrap());
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).unwrap();
+    (status, head.contains("connection: close"))
+}
+
+#[test]
+fn a_refused_request_leaves_its_connection_usable() {
+    let admin = common::dir_with("refused", &[("admin", "secret".to_string())]);
+    let token = admin.join("admin");
+    let port = common::free_port().to_string();
+    let s = Server::start(&[
+        "--slot-tracker-port",
+        &port,
+        "--admin-token-file",
+        token.to_str().unwrap(),
+    ]);
+    let post = |path: &str, ct: &str, body: &str| {
+        format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: {ct}\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let health = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+    let json = "application/json";
+    // Each refusal comes before any handler reads the body; the same connection
+    // then answers /health.
+    let main = s.port;
+    let slots: u16 = port.parse().unwrap();
+    for (port, request, want) in [
+        (main, post("/nope", json, "{\"a\":1}"), 404),
+        (main, post("/health", json, "{\"a\":1}"), 404),
+        (
+            main,
+            format!("GET /query HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{{}}"),
+            405,
+        ),
+        (slots, post("/nope", json, "{}"), 404),
+        (slots, post("/health", json, "{}"), 405),
+        (slots, post("/add", "text/plain", "{\"worker_id\":5}"), 415),
+    ] {
+        // The body comes a moment after the head, as a client writing them apart
+        // sends it.
+        let (head, body) = request.split_at(request.find("\r\n\r\n").unwrap() + 4);
+        let mut c = connect(port);
+        c.write_all(head.as_bytes()).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        c.write_all(body.as_bytes()).unwrap();
+        assert_eq!(response(&mut c), (want, false), "{request}");
+        c.write_all(health.as_bytes()).unwrap();
+        assert_eq!(response(&mut c).0, 200, "after {request}");
+    }
+    // An unauthorized request's body is not read: its answer says the connection
+    // closes, so that no client sends another on it.
+    for port in [main, slots] {
+        let mut c = connect(port);
+        let request = post("/register", json, "{\"instance_id\":1}");
+        c.write_all(request.as_bytes()).unwrap();
+        assert_eq!(response(&mut c), (401, true), "port {port}");
+    }
+}

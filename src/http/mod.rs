@@ -112,6 +112,17 @@ fn matched(path: &str) -> Option<(&'static str, bool)> {
     routes::find(route).map(|s| (s.path, under))
 }
 
+/// `Err(refused)`, once the request's body is in (or the error reading it).
+async fn once_read<M: ShardMesh>(
+    mesh: &M,
+    opts: &Options,
+    req: Request<Incoming>,
+    refused: ApiError,
+) -> Result<Reply, ApiError> {
+    body(mesh, opts, req).await?;
+    Err(refused)
+}
+
 pub(crate) async fn body<M: ShardMesh>(
     mesh: &M,
     opts: &Options,
@@ -165,24 +176,26 @@ async fn route<M: ShardMesh>(
     let spec = routes::find(route);
     // A path kvix does not serve has nothing to guard: it answers 404.
     let need = spec.map_or(Need::Open, |s| s.need);
+    // A request refused before its handler reads its body has the body read first
+    // (a body too large or too slow answers as such): hyper closes a connection
+    // whose request body was left unread, and a client that pooled it fails its
+    // next request. An unauthorized one is not read, but answered with the
+    // connection's close announced.
     let result = if let Err(denied) = opts.access.authorize(need, auth) {
         Err(ApiError::from(denied))
     } else if spec.is_some_and(|s| s.gated) && !phase.serves_data() {
-        Err(ApiError::NotReady(phase.name()))
+        once_read(mesh, opts, req, ApiError::NotReady(phase.name())).await
     } else {
         match spec {
             Some(s) if s.method == method => {
                 dispatch(mesh, opts, s, req, &query, phase, forced, body_read).await
             }
-            // A POST's body is read before anything else answers it: a POST to a
-            // path kvix does not serve, or to a GET route, is a 404 once its body is
-            // in (a body too large or too slow answers as such first).
-            _ if method == Method::POST => match body(mesh, opts, req).await {
-                Err(e) => Err(e),
-                Ok(_) => Err(ApiError::NoRoute(path.clone())),
-            },
-            Some(_) => Err(ApiError::Method),
-            None => Err(ApiError::NoRoute(path.clone())),
+            // A POST to a path kvix does not serve, or to a GET route, is a 404.
+            _ if method == Method::POST => {
+                once_read(mesh, opts, req, ApiError::NoRoute(path.clone())).await
+            }
+            Some(_) => once_read(mesh, opts, req, ApiError::Method).await,
+            None => once_read(mesh, opts, req, ApiError::NoRoute(path.clone())).await,
         }
     };
     result.unwrap_or_else(|e| {
@@ -197,6 +210,10 @@ async fn route<M: ShardMesh>(
             r.headers_mut().insert(
                 hyper::header::WWW_AUTHENTICATE,
                 hyper::header::HeaderValue::from_static("Bearer realm=\"kvix\""),
+            );
+            r.headers_mut().insert(
+                hyper::header::CONNECTION,
+                hyper::header::HeaderValue::from_static("close"),
             );
         }
         r

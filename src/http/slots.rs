@@ -233,22 +233,50 @@ const ROUTES: [(Route, &str, Method, Need); 9] = [
 pub async fn handle<M: ShardMesh>(mesh: &M, opts: &Options, req: Request<Incoming>) -> Reply {
     let path = req.uri().path().to_string();
     let Some((route, _, method, need)) = ROUTES.iter().find(|r| r.1 == path) else {
-        return error(StatusCode::NOT_FOUND, "route not found");
+        return once_read(
+            mesh,
+            opts,
+            req,
+            error(StatusCode::NOT_FOUND, "route not found"),
+        )
+        .await;
     };
     // Axum answers HEAD on a GET route as the GET.
     if req.method() != method && !(*method == Method::GET && req.method() == Method::HEAD) {
-        return error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed");
+        let refused = error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed");
+        return once_read(mesh, opts, req, refused).await;
     }
     let auth = req
         .headers()
         .get(hyper::header::AUTHORIZATION)
         .map(|v| v.as_bytes());
     if let Err(denied) = opts.access.authorize(*need, auth) {
+        // Not read: the connection's close is announced instead.
         let e = ApiError::from(denied);
-        return json::bytes(e.status(), e.body());
+        let mut r = json::bytes(e.status(), e.body());
+        r.headers_mut().insert(
+            hyper::header::CONNECTION,
+            hyper::header::HeaderValue::from_static("close"),
+        );
+        return r;
     }
     match serve(mesh, opts, *route, req).await {
         Ok(r) => r,
+        Err(e) => json::bytes(e.status(), e.body()),
+    }
+}
+
+/// `reply`, once the request's body is in: hyper closes a connection whose request
+/// body was left unread, and a client that pooled it fails its next request. A
+/// body too large or too slow answers as such instead.
+async fn once_read<M: ShardMesh>(
+    mesh: &M,
+    opts: &Options,
+    req: Request<Incoming>,
+    reply: Reply,
+) -> Reply {
+    match super::body(mesh, opts, req).await {
+        Ok(_) => reply,
         Err(e) => json::bytes(e.status(), e.body()),
     }
 }
@@ -310,10 +338,11 @@ async fn post_call<M: ShardMesh>(
     req: Request<Incoming>,
 ) -> Result<Reply, ApiError> {
     if !is_json(&req) {
-        return Ok(error(
+        let refused = error(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "Expected request with `Content-Type: application/json`",
-        ));
+        );
+        return Ok(once_read(mesh, opts, req, refused).await);
     }
     let body = super::body(mesh, opts, req).await?;
     let call = match call(route, &body) {
