@@ -327,7 +327,7 @@ fn a_refused_request_leaves_its_connection_usable() {
         (main, post("/health", json, "{\"a\":1}"), 404),
         (
             main,
-            format!("GET /query HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{{}}"),
+            "GET /query HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}".to_string(),
             405,
         ),
         (slots, post("/nope", json, "{}"), 404),
