@@ -508,6 +508,18 @@ fn window_group(group: u8, align: u32) -> (crate::shard::hybrid::GroupSpec, Shar
     (spec, op)
 }
 
+/// (slot, block, groups) of every (block, holder) an export of `s` reads, sorted.
+fn exported_groups(s: &Shard) -> Vec<(u32, u64, u32)> {
+    let (mut at, mut out, mut names) = (ExportAt::default(), Vec::new(), Vec::new());
+    while !s.export_step(IX, &mut at, &mut out, &mut names) {}
+    let mut got: Vec<_> = out
+        .iter()
+        .map(|b| (b.holder.slot().0, b.local.0, b.groups))
+        .collect();
+    got.sort();
+    got
+}
+
 #[test]
 fn an_export_reads_each_blocks_groups_and_each_slots_specs() {
     let mut s = Shard::default();
@@ -526,14 +538,10 @@ fn an_export_reads_each_blocks_groups_and_each_slots_specs() {
         });
     }
     s.apply_all(&ops);
-    let (mut at, mut out, mut names) = (ExportAt::default(), Vec::new(), Vec::new());
-    while !s.export_step(IX, &mut at, &mut out, &mut names) {}
-    let mut got: Vec<(u32, u64, u32)> = out
-        .iter()
-        .map(|b| (b.holder.slot().0, b.local.0, b.groups))
-        .collect();
-    got.sort();
-    assert_eq!(got, [(1, 10, 0), (1, 11, 1 << 3), (1, 12, 0), (2, 10, 0)]);
+    assert_eq!(
+        exported_groups(&s),
+        [(1, 10, 0), (1, 11, 1 << 3), (1, 12, 0), (2, 10, 0)]
+    );
     let mut specs = Vec::new();
     s.group_specs(IX, &mut specs);
     assert_eq!(specs.len(), 1);
@@ -604,18 +612,11 @@ fn a_slots_first_groups_hold_in_lanes_and_the_rest_beside_the_tree() {
         "all in lanes"
     );
     hold(&mut s, &[4, 6]);
-    let groups = |s: &Shard| {
-        let (mut at, mut out, mut names) = (ExportAt::default(), Vec::new(), Vec::new());
-        while !s.export_step(IX, &mut at, &mut out, &mut names) {}
-        let mut got: Vec<(u32, u64, u32)> = out
-            .iter()
-            .map(|b| (b.holder.slot().0, b.local.0, b.groups))
-            .collect();
-        got.sort();
-        got
-    };
     let all = 0b111_1110;
-    assert_eq!(groups(&s), [(1, 10, all), (1, 11, all), (2, 10, 0)]);
+    assert_eq!(
+        exported_groups(&s),
+        [(1, 10, all), (1, 11, all), (2, 10, 0)]
+    );
     let tree = &s.index(IX).unwrap().tree;
     assert_eq!(
         tree.side_group_pairs(),
@@ -624,9 +625,12 @@ fn a_slots_first_groups_hold_in_lanes_and_the_rest_beside_the_tree() {
     );
     // A tier's removal keeps the groups; the slot's last tier takes them all.
     s.apply_all(&[remove(1, 11, HOST.bit())]);
-    assert_eq!(groups(&s), [(1, 10, all), (1, 11, all), (2, 10, 0)]);
+    assert_eq!(
+        exported_groups(&s),
+        [(1, 10, all), (1, 11, all), (2, 10, 0)]
+    );
     s.apply_all(&[remove(1, 11, DEV.bit())]);
-    assert_eq!(groups(&s), [(1, 10, all), (2, 10, 0)]);
+    assert_eq!(exported_groups(&s), [(1, 10, all), (2, 10, 0)]);
     assert_eq!(s.index(IX).unwrap().tree.side_group_pairs(), 1);
     // A group's removal takes its bit alone, in a lane or beside the tree.
     for g in [2, 6] {
@@ -638,5 +642,8 @@ fn a_slots_first_groups_hold_in_lanes_and_the_rest_beside_the_tree() {
             held: false,
         }]);
     }
-    assert_eq!(groups(&s), [(1, 10, all & !(1 << 2 | 1 << 6)), (2, 10, 0)]);
+    assert_eq!(
+        exported_groups(&s),
+        [(1, 10, all & !(1 << 2 | 1 << 6)), (2, 10, 0)]
+    );
 }
