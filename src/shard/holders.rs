@@ -4,8 +4,8 @@
 //! lanes above them, the slot in the rest up to bit 31; the top bit is always
 //! clear. A lane is the holder's hold of the block in one of its slot's other
 //! KV-cache groups (sliding window, Mamba, …), so a block held in several groups
-//! costs a bit a group, no more words. A set of one holder is that word, in the node; a larger
-//! set spills into a per-shard slab (`HolderSlab`) of power-of-two chunks
+//! costs a bit a group, no more words. A set of one holder is that word, in the
+//! node; a larger set spills into a per-shard slab (`HolderSlab`) of power-of-two chunks
 //! recycled through free lists, so steady-state churn allocates nothing, and the
 //! node keeps the chunk's offset with the top bit set. Most blocks have one
 //! holder, so a node pays 4 bytes for its holders. Never shared across shards.
@@ -198,30 +198,19 @@ impl HolderSet {
     }
 
     /// `slot` holds (or, with `held` false, no longer holds) this block in group
-    /// lane `lane` (below [`GROUP_LANES`]). Returns whether the slot holds the block
-    /// at all: a lane is only kept beside a hold on some tier.
-    pub fn set_lane(
-        &mut self,
-        slot: WorkerSlot,
-        lane: u32,
-        held: bool,
-        slab: &mut HolderSlab,
-    ) -> bool {
+    /// lane `lane` (below [`GROUP_LANES`]). Nothing changes for a slot that does
+    /// not hold the block: a lane is only kept beside a hold on some tier.
+    pub fn set_lane(&mut self, slot: WorkerSlot, lane: u32, held: bool, slab: &mut HolderSlab) {
         debug_assert!(lane < GROUP_LANES);
         let bit = 1 << (LANE_SHIFT + lane);
-        let Some(h) = self
-            .as_mut_slice(slab)
-            .iter_mut()
-            .find(|h| Holder(**h).slot() == slot)
-        else {
-            return false;
-        };
-        if held {
-            *h |= bit;
-        } else {
-            *h &= !bit;
+        let mut holders = self.as_mut_slice(slab).iter_mut();
+        if let Some(h) = holders.find(|h| Holder(**h).slot() == slot) {
+            if held {
+                *h |= bit;
+            } else {
+                *h &= !bit;
+            }
         }
-        true
     }
 
     /// [`Self::as_slice`], to change a holder's tiers in place.
