@@ -345,12 +345,16 @@ fn a_refused_request_leaves_its_connection_usable() {
         c.write_all(health.as_bytes()).unwrap();
         assert_eq!(response(&mut c).0, 200, "after {request}");
     }
-    // An unauthorized request's body is not read: its answer says the connection
-    // closes, so that no client sends another on it.
-    for port in [main, slots] {
+    // An unauthorized request's body is not read, nor one announced too large:
+    // the answer says the connection closes, so that no client sends another on it.
+    let too_large = "POST /query HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000000\r\n\r\n";
+    for (port, request, want) in [
+        (main, post("/register", json, "{\"instance_id\":1}"), 401),
+        (slots, post("/register", json, "{\"worker_id\":1}"), 401),
+        (main, too_large.to_string(), 413),
+    ] {
         let mut c = connect(port);
-        let request = post("/register", json, "{\"instance_id\":1}");
         c.write_all(request.as_bytes()).unwrap();
-        assert_eq!(response(&mut c), (401, true), "port {port}");
+        assert_eq!(response(&mut c), (want, true), "{request}");
     }
 }

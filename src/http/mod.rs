@@ -179,8 +179,8 @@ async fn route<M: ShardMesh>(
     // A request refused before its handler reads its body has the body read first
     // (a body too large or too slow answers as such): hyper closes a connection
     // whose request body was left unread, and a client that pooled it fails its
-    // next request. An unauthorized one is not read, but answered with the
-    // connection's close announced.
+    // next request. An unauthorized one is not read, and its answer announces the
+    // connection's close ([`error_reply`]).
     let result = if let Err(denied) = opts.access.authorize(need, auth) {
         Err(ApiError::from(denied))
     } else if spec.is_some_and(|s| s.gated) && !phase.serves_data() {
@@ -205,19 +205,30 @@ async fn route<M: ShardMesh>(
         if e.status().is_server_error() && !matches!(e, ApiError::NotReady(_)) {
             tracing::error!(path, "{e}");
         }
-        let mut r = json::bytes(e.status(), e.body());
-        if matches!(e, ApiError::Unauthorized(_)) {
-            r.headers_mut().insert(
-                hyper::header::WWW_AUTHENTICATE,
-                hyper::header::HeaderValue::from_static("Bearer realm=\"kvix\""),
-            );
-            r.headers_mut().insert(
-                hyper::header::CONNECTION,
-                hyper::header::HeaderValue::from_static("close"),
-            );
-        }
-        r
+        error_reply(&e)
     })
+}
+
+/// `e` as its answer: the JSON error, `WWW-Authenticate` on a 401, and
+/// `Connection: close` where the request's body was left unread (unauthorized,
+/// too large, too slow), so that no client sends another request on it.
+pub(crate) fn error_reply(e: &ApiError) -> Reply {
+    use hyper::header::{CONNECTION, HeaderValue, WWW_AUTHENTICATE};
+    let mut r = json::bytes(e.status(), e.body());
+    if matches!(e, ApiError::Unauthorized(_)) {
+        r.headers_mut().insert(
+            WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer realm=\"kvix\""),
+        );
+    }
+    if matches!(
+        e,
+        ApiError::Unauthorized(_) | ApiError::TooLarge(_) | ApiError::Timeout(_)
+    ) {
+        r.headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
+    }
+    r
 }
 
 /// Answers a request for `spec`'s route with its method; a POST's body is read

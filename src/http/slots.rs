@@ -251,18 +251,12 @@ pub async fn handle<M: ShardMesh>(mesh: &M, opts: &Options, req: Request<Incomin
         .get(hyper::header::AUTHORIZATION)
         .map(|v| v.as_bytes());
     if let Err(denied) = opts.access.authorize(*need, auth) {
-        // Not read: the connection's close is announced instead.
-        let e = ApiError::from(denied);
-        let mut r = json::bytes(e.status(), e.body());
-        r.headers_mut().insert(
-            hyper::header::CONNECTION,
-            hyper::header::HeaderValue::from_static("close"),
-        );
-        return r;
+        // Not read: the answer announces the connection's close.
+        return super::error_reply(&ApiError::from(denied));
     }
     match serve(mesh, opts, *route, req).await {
         Ok(r) => r,
-        Err(e) => json::bytes(e.status(), e.body()),
+        Err(e) => super::error_reply(&e),
     }
 }
 
@@ -277,7 +271,7 @@ async fn once_read<M: ShardMesh>(
 ) -> Reply {
     match super::body(mesh, opts, req).await {
         Ok(_) => reply,
-        Err(e) => json::bytes(e.status(), e.body()),
+        Err(e) => super::error_reply(&e),
     }
 }
 
