@@ -112,15 +112,19 @@ fn matched(path: &str) -> Option<(&'static str, bool)> {
     routes::find(route).map(|s| (s.path, under))
 }
 
-/// `Err(refused)`, once the request's body is in (or the error reading it).
-async fn once_read<M: ShardMesh>(
+/// `refused`, once the request's body is in: hyper closes a connection whose
+/// request body was left unread, and a client that pooled it fails its next
+/// request. A body too large or too slow answers as such instead.
+pub(crate) async fn once_read<M: ShardMesh>(
     mesh: &M,
     opts: &Options,
     req: Request<Incoming>,
-    refused: ApiError,
-) -> Result<Reply, ApiError> {
-    body(mesh, opts, req).await?;
-    Err(refused)
+    refused: Reply,
+) -> Reply {
+    match body(mesh, opts, req).await {
+        Ok(_) => refused,
+        Err(e) => error_reply(&e),
+    }
 }
 
 pub(crate) async fn body<M: ShardMesh>(
@@ -177,36 +181,33 @@ async fn route<M: ShardMesh>(
     // A path kvix does not serve has nothing to guard: it answers 404.
     let need = spec.map_or(Need::Open, |s| s.need);
     // A request refused before its handler reads its body has the body read first
-    // (a body too large or too slow answers as such): hyper closes a connection
-    // whose request body was left unread, and a client that pooled it fails its
-    // next request. An unauthorized one is not read, and its answer announces the
-    // connection's close ([`error_reply`]).
-    let result = if let Err(denied) = opts.access.authorize(need, auth) {
-        Err(ApiError::from(denied))
+    // ([`once_read`]); an unauthorized one is not read, and its answer announces
+    // the connection's close ([`error_reply`]).
+    let refusal = if let Err(denied) = opts.access.authorize(need, auth) {
+        return error_reply(&ApiError::from(denied));
     } else if spec.is_some_and(|s| s.gated) && !phase.serves_data() {
-        once_read(mesh, opts, req, ApiError::NotReady(phase.name())).await
+        ApiError::NotReady(phase.name())
     } else {
         match spec {
             Some(s) if s.method == method => {
-                dispatch(mesh, opts, s, req, &query, phase, forced, body_read).await
+                let result = dispatch(mesh, opts, s, req, &query, phase, forced, body_read).await;
+                return result.unwrap_or_else(|e| {
+                    if matches!(e, ApiError::Unavailable(_)) {
+                        mesh.http_stats().borrow_mut().shard_failures += 1;
+                    }
+                    if e.status().is_server_error() {
+                        tracing::error!(path, "{e}");
+                    }
+                    error_reply(&e)
+                });
             }
             // A POST to a path kvix does not serve, or to a GET route, is a 404.
-            _ if method == Method::POST => {
-                once_read(mesh, opts, req, ApiError::NoRoute(path.clone())).await
-            }
-            Some(_) => once_read(mesh, opts, req, ApiError::Method).await,
-            None => once_read(mesh, opts, req, ApiError::NoRoute(path.clone())).await,
+            _ if method == Method::POST => ApiError::NoRoute(path.clone()),
+            Some(_) => ApiError::Method,
+            None => ApiError::NoRoute(path.clone()),
         }
     };
-    result.unwrap_or_else(|e| {
-        if matches!(e, ApiError::Unavailable(_)) {
-            mesh.http_stats().borrow_mut().shard_failures += 1;
-        }
-        if e.status().is_server_error() && !matches!(e, ApiError::NotReady(_)) {
-            tracing::error!(path, "{e}");
-        }
-        error_reply(&e)
-    })
+    once_read(mesh, opts, req, error_reply(&refusal)).await
 }
 
 /// `e` as its answer: the JSON error, `WWW-Authenticate` on a 401, and

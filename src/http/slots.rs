@@ -233,7 +233,7 @@ const ROUTES: [(Route, &str, Method, Need); 9] = [
 pub async fn handle<M: ShardMesh>(mesh: &M, opts: &Options, req: Request<Incoming>) -> Reply {
     let path = req.uri().path().to_string();
     let Some((route, _, method, need)) = ROUTES.iter().find(|r| r.1 == path) else {
-        return once_read(
+        return super::once_read(
             mesh,
             opts,
             req,
@@ -244,7 +244,7 @@ pub async fn handle<M: ShardMesh>(mesh: &M, opts: &Options, req: Request<Incomin
     // Axum answers HEAD on a GET route as the GET.
     if req.method() != method && !(*method == Method::GET && req.method() == Method::HEAD) {
         let refused = error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed");
-        return once_read(mesh, opts, req, refused).await;
+        return super::once_read(mesh, opts, req, refused).await;
     }
     let auth = req
         .headers()
@@ -256,21 +256,6 @@ pub async fn handle<M: ShardMesh>(mesh: &M, opts: &Options, req: Request<Incomin
     }
     match serve(mesh, opts, *route, req).await {
         Ok(r) => r,
-        Err(e) => super::error_reply(&e),
-    }
-}
-
-/// `reply`, once the request's body is in: hyper closes a connection whose request
-/// body was left unread, and a client that pooled it fails its next request. A
-/// body too large or too slow answers as such instead.
-async fn once_read<M: ShardMesh>(
-    mesh: &M,
-    opts: &Options,
-    req: Request<Incoming>,
-    reply: Reply,
-) -> Reply {
-    match super::body(mesh, opts, req).await {
-        Ok(_) => reply,
         Err(e) => super::error_reply(&e),
     }
 }
@@ -336,7 +321,7 @@ async fn post_call<M: ShardMesh>(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "Expected request with `Content-Type: application/json`",
         );
-        return Ok(once_read(mesh, opts, req, refused).await);
+        return Ok(super::once_read(mesh, opts, req, refused).await);
     }
     let body = super::body(mesh, opts, req).await?;
     let call = match call(route, &body) {
