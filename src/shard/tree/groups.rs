@@ -149,25 +149,34 @@ impl Tree {
         for &eh in blocks.iter().take(PREFETCH_AHEAD) {
             names.prefetch(eh);
         }
+        // The run's group has the same lane for every block.
+        let lane = self.lane(slot, group, held);
         let mut unheld = 0;
         for (i, &eh) in blocks.iter().enumerate() {
             if let Some(&ahead) = blocks.get(i + PREFETCH_AHEAD) {
                 self.engine[slot.0 as usize].prefetch(ahead);
             }
-            if !self.hold_in_group(slot, eh, group, held) {
+            if !self.hold_in_group(slot, eh, group, lane, held) {
                 unheld += 1;
             }
         }
         unheld
     }
 
-    /// One block of [`Self::hold_run_in_group`]: whether the slot holds it in full
-    /// attention.
-    fn hold_in_group(&mut self, slot: WorkerSlot, eh: EngineHash, group: u8, held: bool) -> bool {
+    /// One block of [`Self::hold_run_in_group`], `lane` being the group's: whether
+    /// the slot holds it in full attention.
+    fn hold_in_group(
+        &mut self,
+        slot: WorkerSlot,
+        eh: EngineHash,
+        group: u8,
+        lane: Option<u32>,
+        held: bool,
+    ) -> bool {
         let Some(node) = self.named(slot, eh) else {
             return false;
         };
-        if let Some(lane) = self.lane(slot, group, held) {
+        if let Some(lane) = lane {
             let Tree { chunks, slab, .. } = self;
             super::arena::at_mut(chunks, node)
                 .holders
@@ -176,7 +185,7 @@ impl Tree {
         // A group that has (or had, before a lane was free) no lane keeps its holds
         // here.
         let bit = group_bit(group);
-        if held && self.lane(slot, group, false).is_none() {
+        if held && lane.is_none() {
             *self.groups.entry((slot, node)).or_insert(0) |= bit;
         } else if let Some(w) = self.groups.get_mut(&(slot, node)) {
             *w &= !bit;
