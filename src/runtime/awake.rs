@@ -10,7 +10,10 @@
 //! come (for `window` after the last one) a keeper task sleeps in steps shorter
 //! than that spin: the executor's idle loop then always has a timer due before its
 //! spin ends, and never parks. With an executor on every core, the keeper also
-//! yields the core at each step, so that no other thread waits behind the polling.
+//! yields the core at each step, and stops polling (until the next query) as soon
+//! as a yield hands the core to another thread: a thread that needs this core (the
+//! client on the same machine, an ingest thread) must not wait behind the polling,
+//! and the scheduler, left to itself, makes it wait tens of µs at each wake-up.
 //! Owned by one executor; never shared.
 
 use std::cell::{Cell, RefCell};
@@ -25,6 +28,9 @@ use std::time::{Duration, Instant};
 const IDLE_SPIN: Duration = Duration::from_micros(10);
 /// The keeper's timer while queries come.
 const TICK: Duration = Duration::from_micros(5);
+/// A yield that returns this late ran another thread: the core is wanted.
+/// A yield with nobody waiting is one syscall, well under it.
+const CONTENDED: Duration = Duration::from_micros(3);
 
 /// glommio's spin before park for an executor that polls for `window` after each
 /// query: none if it never polls.
@@ -48,16 +54,23 @@ impl KeepAwake {
     /// park must be [`idle_spin`] of the same window); `polite` when executors
     /// occupy every core.
     pub(super) fn new(window: Duration, polite: bool) -> Rc<Self> {
-        let now = Instant::now();
-        Rc::new(KeepAwake {
+        let k = Rc::new(KeepAwake {
             window,
             tick: TICK.min(idle_spin(window) / 2),
-            // Quiet from the start (or busy for one window, so early after boot
-            // that the clock cannot go back that far: harmless).
-            last: Cell::new(now.checked_sub(window).unwrap_or(now)),
+            last: Cell::new(Instant::now()),
             polite,
             dormant: RefCell::new(None),
-        })
+        });
+        k.quiet();
+        k
+    }
+
+    /// Quiet from now: no polling until the next [`Self::note`] (or busy for one
+    /// window, so early after boot that the clock cannot go back that far:
+    /// harmless).
+    fn quiet(&self) {
+        let now = Instant::now();
+        self.last.set(now.checked_sub(self.window).unwrap_or(now));
     }
 
     /// A query or a peer's request arrived: keep polling for `window` from now.
@@ -96,11 +109,20 @@ impl KeepAwake {
                 // With an executor on every core, a thread that needs a core (an
                 // ingest thread, a client on the same machine) would wait for the
                 // scheduler's tick, milliseconds, behind a polling executor.
-                // Yielding each turn hands the core over at once; with nobody
-                // waiting it costs a syscall. With a core to spare, the scheduler
-                // puts such threads there and yielding only delays this executor.
+                // Yielding each turn hands the core over; with nobody waiting it
+                // costs a syscall. Yet a thread woken while the executor polls
+                // still waits tens of µs for the core, at each wake-up: so once a
+                // yield did hand the core over, the executor stops polling and
+                // parks when idle until the next query. With a core to spare, the
+                // scheduler puts such threads there and yielding only delays this
+                // executor.
                 if self.polite {
+                    let t = Instant::now();
                     std::thread::yield_now();
+                    if t.elapsed() >= CONTENDED {
+                        self.quiet();
+                        break;
+                    }
                 }
                 glommio::timer::sleep(self.tick).await;
             }
@@ -135,6 +157,63 @@ mod tests {
             .unwrap()
             .join()
             .unwrap();
+    }
+
+    /// The first CPU this process may run on, and pin the calling thread there.
+    fn pin_to_first_cpu() -> usize {
+        // SAFETY: `set` is a plain bit set that sched_getaffinity/sched_setaffinity
+        // read or write within its size; pid 0 is the calling thread.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            let size = std::mem::size_of::<libc::cpu_set_t>();
+            assert_eq!(libc::sched_getaffinity(0, size, &mut set), 0);
+            let cpu = (0..libc::CPU_SETSIZE as usize)
+                .find(|&c| libc::CPU_ISSET(c, &set))
+                .expect("some CPU is allowed");
+            libc::CPU_ZERO(&mut set);
+            libc::CPU_SET(cpu, &mut set);
+            assert_eq!(libc::sched_setaffinity(0, size, &set), 0);
+            cpu
+        }
+    }
+
+    #[test]
+    fn a_polite_keeper_stops_polling_once_another_thread_wants_its_core() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::{Arc, mpsc};
+        let window = Duration::from_secs(10);
+        let stop = Arc::new(AtomicBool::new(false));
+        let (cpu_tx, cpu_rx) = mpsc::channel();
+        let hog = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                cpu_tx.send(pin_to_first_cpu()).unwrap();
+                while !stop.load(Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        };
+        let cpu = cpu_rx.recv().unwrap();
+        let parked = glommio::LocalExecutorBuilder::new(glommio::Placement::Fixed(cpu))
+            .spin_before_park(idle_spin(window))
+            .spawn(move || async move {
+                let k = KeepAwake::new(window, true);
+                glommio::spawn_local(k.clone().run()).detach();
+                glommio::timer::sleep(Duration::from_millis(5)).await;
+                k.note();
+                assert!(k.dormant.borrow().is_none(), "woken by the note");
+                glommio::timer::sleep(Duration::from_millis(300)).await;
+                k.dormant.borrow().is_some()
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        stop.store(true, Ordering::Relaxed);
+        hog.join().unwrap();
+        assert!(
+            parked,
+            "a keeper sharing its core with a busy thread still polls, long before its window ends"
+        );
     }
 
     #[test]
