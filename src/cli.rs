@@ -52,7 +52,8 @@ pub struct Args {
     #[arg(long, env = "KVIX_INGEST_THREADS", default_value_t = 0)]
     pub ingest_threads: usize,
     /// Microseconds an executor keeps polling after a query or a peer's request
-    /// before it may park (0 = park whenever idle: less CPU, slower queries)
+    /// before it may park (0 = park whenever idle: less CPU, slower queries). An
+    /// executor whose core another thread wants stops polling until the next query
     #[arg(long, env = "KVIX_SPIN_US", default_value_t = 200)]
     pub spin_us: u64,
     /// Capacity of each ingest→shard ring, in ops. ZMQ's queues absorb bursts

@@ -739,8 +739,6 @@ pub fn serve(app: Arc<App>, opts: ServeOptions) -> std::io::Result<()> {
     let shards = app.rings().shards();
     let mesh = MeshBuilder::<Msg, _>::full(shards, 1024);
     let window = opts.spin;
-    // Executors on every core the process may use: polling ones yield at each turn.
-    let polite = std::thread::available_parallelism().is_ok_and(|n| shards >= n.get());
     let handles = LocalExecutorPoolBuilder::new(PoolPlacement::MaxSpread(shards, None))
         .name("kvix-core")
         // Storage I/O memory (glommio's DMA file buffers, 10 MiB a core by default):
@@ -768,7 +766,7 @@ pub fn serve(app: Arc<App>, opts: ServeOptions) -> std::io::Result<()> {
                     pending: RefCell::default(),
                     next_qid: Cell::new(0),
                     http_stats: RefCell::default(),
-                    awake: awake::KeepAwake::new(window, polite),
+                    awake: awake::KeepAwake::new(window),
                 });
                 glommio::spawn_local(core.awake.clone().run()).detach();
                 for (peer, stream) in receivers.streams() {
