@@ -29,7 +29,9 @@ const IDLE_SPIN: Duration = Duration::from_micros(10);
 /// The keeper's timer while queries come.
 const TICK: Duration = Duration::from_micros(5);
 /// A yield that returns this late ran another thread: the core is wanted.
-/// A yield with nobody waiting is one syscall, well under it.
+/// A yield with nobody waiting is one syscall, well under it. Reading the clock
+/// around it assumes a vDSO clock; where each read is a syscall too, or the VM
+/// steals the core, yields look late and the executor only parks sooner.
 const CONTENDED: Duration = Duration::from_micros(3);
 
 /// glommio's spin before park for an executor that polls for `window` after each
@@ -41,8 +43,8 @@ pub(super) fn idle_spin(window: Duration) -> Duration {
 pub(super) struct KeepAwake {
     window: Duration,
     tick: Duration,
-    /// When a query (or a peer's request) last arrived.
-    last: Cell<Instant>,
+    /// When a query (or a peer's request) last arrived; none while quiet.
+    last: Cell<Option<Instant>>,
     /// How many times polling stopped because another thread wanted the core.
     stops: Cell<u64>,
     /// The keeper's waker while it is dormant.
@@ -53,23 +55,18 @@ impl KeepAwake {
     /// Poll for `window` after each [`Self::note`] (the executor's spin before
     /// park must be [`idle_spin`] of the same window).
     pub(super) fn new(window: Duration) -> Rc<Self> {
-        let k = Rc::new(KeepAwake {
+        Rc::new(KeepAwake {
             window,
             tick: TICK.min(idle_spin(window) / 2),
-            last: Cell::new(Instant::now()),
+            last: Cell::new(None),
             stops: Cell::new(0),
             dormant: RefCell::new(None),
-        });
-        k.quiet();
-        k
+        })
     }
 
-    /// Quiet from now: no polling until the next [`Self::note`] (or busy for one
-    /// window, so early after boot that the clock cannot go back that far:
-    /// harmless).
+    /// Quiet from now: no polling until the next [`Self::note`].
     fn quiet(&self) {
-        let now = Instant::now();
-        self.last.set(now.checked_sub(self.window).unwrap_or(now));
+        self.last.set(None);
     }
 
     /// A query or a peer's request arrived: keep polling for `window` from now.
@@ -78,14 +75,14 @@ impl KeepAwake {
         if self.window.is_zero() {
             return;
         }
-        self.last.set(Instant::now());
+        self.last.set(Some(Instant::now()));
         if let Some(w) = self.dormant.borrow_mut().take() {
             w.wake();
         }
     }
 
     fn busy(&self) -> bool {
-        self.last.get().elapsed() < self.window
+        self.last.get().is_some_and(|t| t.elapsed() < self.window)
     }
 
     /// The keeper task: dormant until a [`Self::note`], then a timer every `tick`
@@ -162,8 +159,9 @@ mod tests {
 
     /// The first CPU this process may run on, and pin the calling thread there.
     fn pin_to_first_cpu() -> usize {
-        // SAFETY: `set` is a plain bit set that sched_getaffinity/sched_setaffinity
-        // read or write within its size; pid 0 is the calling thread.
+        // SAFETY: `set` is a plain bit set (all zeroes is a valid, empty one) that
+        // sched_getaffinity/sched_setaffinity read or write within its size; the
+        // CPU_* macros index it below CPU_SETSIZE; pid 0 is the calling thread.
         unsafe {
             let mut set: libc::cpu_set_t = std::mem::zeroed();
             let size = std::mem::size_of::<libc::cpu_set_t>();
@@ -194,6 +192,15 @@ mod tests {
                 }
             })
         };
+        // Stops the hog however the test ends, so that it never spins on in the
+        // test process.
+        struct StopOnDrop(Arc<AtomicBool>);
+        impl Drop for StopOnDrop {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Relaxed);
+            }
+        }
+        let _stop = StopOnDrop(stop.clone());
         let cpu = cpu_rx.recv().unwrap();
         let parked = glommio::LocalExecutorBuilder::new(glommio::Placement::Fixed(cpu))
             .spin_before_park(idle_spin(window))
