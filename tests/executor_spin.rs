@@ -10,9 +10,17 @@ use std::time::Duration;
 
 const MODEL: &str = "m";
 
-/// Times the executor threads (`kvix-core-*`) blocked: an executor blocks only to
-/// park.
-fn executor_parks(pid: u32) -> u64 {
+/// Context switches of the executor threads (`kvix-core-*`): (voluntary,
+/// involuntary). An executor switches voluntarily only to park; involuntarily when
+/// another thread takes its core, which also ends its polling until the next query.
+fn executor_switches(pid: u32) -> (u64, u64) {
+    let field = |status: &str, name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
     std::fs::read_dir(format!("/proc/{pid}/task"))
         .unwrap()
         .flatten()
@@ -20,13 +28,13 @@ fn executor_parks(pid: u32) -> u64 {
             std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with("kvix-core"))
         })
         .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
-        .filter_map(|status| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
-                .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(|status| {
+            (
+                field(&status, "voluntary_ctxt_switches:"),
+                field(&status, "nonvoluntary_ctxt_switches:"),
+            )
         })
-        .sum()
+        .fold((0, 0), |(v, i), (dv, di)| (v + dv, i + di))
 }
 
 #[test]
@@ -37,19 +45,24 @@ fn an_executor_polls_while_queries_come_and_parks_once_they_stop() {
     // One keep-alive connection, one query after another: the executor sees the next
     // one well within --spin-us of the last, so it should never park between them.
     let n = 2000;
-    let parks = executor_parks(s.pid());
+    let (parks, taken) = executor_switches(s.pid());
     for _ in 0..n {
         s.post_json("/query", &query);
     }
-    let while_busy = executor_parks(s.pid()) - parks;
+    let (parks_after, taken_after) = executor_switches(s.pid());
+    // A park that follows another thread taking the core (this client, a leftover
+    // process, a kernel thread) is what the executor should do; any other park
+    // between back-to-back queries is a failure to poll.
+    let (while_busy, taken) = (parks_after - parks, taken_after - taken);
     assert!(
-        while_busy < n / 20,
-        "the executor parked {while_busy} times during {n} back-to-back queries"
+        while_busy < n / 20 + taken,
+        "the executor parked {while_busy} times during {n} back-to-back queries \
+         (its core taken {taken} times)"
     );
     // Quiet: it naps and parks instead of spinning on.
-    let parks = executor_parks(s.pid());
+    let (parks, _) = executor_switches(s.pid());
     std::thread::sleep(Duration::from_millis(300));
-    let while_quiet = executor_parks(s.pid()) - parks;
+    let while_quiet = executor_switches(s.pid()).0 - parks;
     assert!(
         while_quiet >= 10,
         "the executor parked only {while_quiet} times in 300 ms without queries"
