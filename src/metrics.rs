@@ -135,6 +135,9 @@ pub struct ShardStats {
     pub waiting: u64,
     /// Times a producer found one of this shard's rings full.
     pub stalls: u64,
+    /// Times the executor stopped polling between queries because another thread
+    /// wanted its core.
+    pub polling_yielded: u64,
     pub blocks: u64,
     /// (block, holder) pairs per tier.
     pub tier_blocks: [u64; Tier::COUNT],
@@ -713,8 +716,8 @@ type PerShard = (
     fn(&ShardStats) -> Value,
 );
 
-/// Each shard's queues and size.
-const SHARD_QUEUES: [PerShard; 5] = [
+/// Each shard's queues, size and its executor's polling.
+const SHARD_QUEUES: [PerShard; 6] = [
     (
         "kvix_shard_ops_applied",
         "Ring ops applied by each shard",
@@ -738,6 +741,12 @@ const SHARD_QUEUES: [PerShard; 5] = [
         "Times an ingest thread found a shard's ring full and waited",
         MetricType::Counter,
         |s| Value::Counter(s.stalls),
+    ),
+    (
+        "kvix_executor_polling_yielded",
+        "Times an executor stopped polling between queries because another thread wanted its core",
+        MetricType::Counter,
+        |s| Value::Counter(s.polling_yielded),
     ),
     (
         "kvix_shard_blocks",

@@ -136,6 +136,7 @@ fn metrics_parse_and_move() {
     assert_eq!(m("kvix_ring_pending", &[]), 0.0);
     assert!(t.contains("kvix_ops_waiting_for_clear{shard=\"1\"} 0"));
     assert!(t.contains("kvix_ring_full_stalls_total{shard=\"1\"}"));
+    assert!(t.contains("kvix_executor_polling_yielded_total{shard=\"1\"}"));
     assert_eq!(m("kvix_unknown_parent_blocks_total", &[]), 1.0);
     // The worker's three live blocks sit in its engine-hash map (16 bytes or more
     // each); unregistering the worker frees the map.

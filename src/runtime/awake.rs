@@ -81,6 +81,11 @@ impl KeepAwake {
         }
     }
 
+    /// How many times polling stopped because another thread wanted the core.
+    pub(super) fn stops(&self) -> u64 {
+        self.stops.get()
+    }
+
     fn busy(&self) -> bool {
         self.last.get().is_some_and(|t| t.elapsed() < self.window)
     }
@@ -143,7 +148,7 @@ mod tests {
                 glommio::timer::sleep(Duration::from_millis(20)).await;
                 // A busy thread on this core (another test's) may end the polling.
                 assert!(
-                    k.dormant.borrow().is_none() || k.stops.get() > 0,
+                    k.dormant.borrow().is_none() || k.stops() > 0,
                     "polling within the window"
                 );
                 glommio::timer::sleep(window * 2).await;
@@ -211,7 +216,7 @@ mod tests {
                 k.note();
                 assert!(k.dormant.borrow().is_none(), "woken by the note");
                 glommio::timer::sleep(Duration::from_millis(300)).await;
-                k.dormant.borrow().is_some() && k.stops.get() > 0
+                k.dormant.borrow().is_some() && k.stops() > 0
             })
             .unwrap()
             .join()

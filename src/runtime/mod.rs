@@ -143,6 +143,7 @@ impl Core {
                     pending: self.app.rings().pending(self.id) as u64,
                     waiting: shard.waiting_ops() as u64,
                     stalls: self.app.rings().stalls(self.id),
+                    polling_yielded: self.awake.stops(),
                     blocks,
                     tier_blocks,
                     predictions: shard.predictions,
