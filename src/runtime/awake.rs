@@ -205,7 +205,7 @@ mod tests {
                 self.0.store(true, Ordering::Relaxed);
             }
         }
-        let _stop = StopOnDrop(stop.clone());
+        let stop_hog = StopOnDrop(stop.clone());
         let cpu = cpu_rx.recv().unwrap();
         let parked = glommio::LocalExecutorBuilder::new(glommio::Placement::Fixed(cpu))
             .spin_before_park(idle_spin(window))
@@ -221,7 +221,7 @@ mod tests {
             .unwrap()
             .join()
             .unwrap();
-        stop.store(true, Ordering::Relaxed);
+        drop(stop_hog);
         hog.join().unwrap();
         assert!(
             parked,
