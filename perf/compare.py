@@ -55,11 +55,14 @@ LATENCY = [
     ("o_p50", "open loop: p50 µs", ("kvix", "dynamo", "hello")),
     ("o_p99", "open loop: p99 µs", ("kvix", "dynamo", "hello")),
     ("o_p999", "open loop: p99.9 µs", ("kvix", "dynamo", "hello")),
+    ("oi_p50", "open loop, interleaved with Dynamo: p50 µs", ("kvix", "dynamo")),
+    ("oi_p99", "open loop, interleaved with Dynamo: p99 µs", ("kvix", "dynamo")),
+    ("oi_p999", "open loop, interleaved with Dynamo: p99.9 µs", ("kvix", "dynamo")),
     ("conn_p99_max", "16 conns: slowest connection's p99 µs", ("kvix", "dynamo", "hello")),
     ("conn_spread", "16 conns: slowest ÷ median connection's p99", ("kvix", "dynamo", "hello")),
 ]
 # Where the tail targets apply: kvix ÷ Dynamo at most this, at each thread count.
-TAIL_TARGET = {"q16_p99": 0.5, "o_p99": 0.5}
+TAIL_TARGET = {"q16_p99": 0.5, "o_p99": 0.5, "oi_p99": 0.5}
 
 
 def phase(report, connections, open_loop=False):
@@ -80,6 +83,26 @@ def lost_events(log):
             return sum(1 for line in f if LOST.search(line))
     except OSError:
         return None
+
+
+def open_figures(o, prefix):
+    """p50/p99/p99.9 of an open-loop phase under `prefix`; None where the system did
+    not keep up (requests never sent): its latency would be that of a queue that only
+    grows."""
+    kept_up = o["completed"] and not o.get("unsent")
+    return {
+        f"{prefix}_{k}": (o[f"{k}_us"] if kept_up else None) for k in ("p50", "p99", "p999")
+    }
+
+
+def pair_figures(report, configs, threads):
+    """The interleaved open loop (compare.sh run_pair): kvix's phase first, Dynamo's
+    second, into each system's figures at that thread count."""
+    qs = [q for q in (report or {}).get("queries", []) if q["rate"] > 0]
+    for system, q in zip(("kvix", "dynamo"), qs):
+        c = configs.setdefault(f"{system}-t{threads}", {})
+        c.update(open_figures(q, "oi"))
+        c["errors"] = c.get("errors", 0) + q["errors"]
 
 
 def one_config(events, query, log, open_report=None, apart=None, apart_log=None):
@@ -123,13 +146,9 @@ def one_config(events, query, log, open_report=None, apart=None, apart_log=None)
         out["errors"] = out.get("errors", 0) + q1["errors"]
     o = phase(open_report, 16, open_loop=True)
     if o:
-        # A rate the system did not keep up with (requests never sent) has no tail
-        # to compare: its latency would be that of a queue that only grows.
-        kept_up = o["completed"] and not o.get("unsent")
         out["o_rate"] = o["rate"]
         out["o_rps"] = o["achieved_rps"]
-        for key, src in (("o_p50", "p50_us"), ("o_p99", "p99_us"), ("o_p999", "p999_us")):
-            out[key] = o[src] if kept_up else None
+        out.update(open_figures(o, "o"))
         out["errors"] = out.get("errors", 0) + o["errors"]
     return out
 
@@ -153,6 +172,10 @@ def run(rundir):
                 load(os.path.join(wdir, f"{name}-events-apart.json")),
                 os.path.join(wdir, f"{name}-apart.log"),
             )
+        for pf in sorted(glob.glob(os.path.join(wdir, "pair-t*-open.json"))):
+            m = re.match(r"pair-t(\d+)-open\.json$", os.path.basename(pf))
+            if m:
+                pair_figures(load(pf), configs, int(m.group(1)))
         res["workloads"][wl] = configs
     return res
 

@@ -22,6 +22,8 @@
 # a rate every system sustains here) over 16 connections, latency from each
 # request's intended send time; tokio-hello takes the same query phases,
 # answering a constant body of the mean size of kvix's replies in that workload.
+# Then kvix and Dynamo, both filled, share one open loop at --rate, 100 ms each in
+# turn (pair-t<n>-open.json), so that both meet the same machine.
 # The event streams are vLLM's wire format with two choices Dynamo 1.6.1 needs, made
 # for both systems: batches carry the (nil) dp-rank element, and a block has the
 # same engine hash on every worker (under per-worker hashes Dynamo's indexer drops
@@ -80,8 +82,12 @@ dynamo: dynamo-kv-router 1.6.1 (scripts/dynamo_peer/Cargo.lock)${BEFORE_BIN:+
 before: $BEFORE_BIN/kvix}
 load: $(uptime)"
 
-PID=""
-cleanup() { [ -n "$PID" ] && kill "$PID" 2>/dev/null; wait 2>/dev/null || true; }
+PID="" PAIR_PID=""
+cleanup() {
+    [ -n "$PID" ] && kill "$PID" 2>/dev/null
+    [ -n "$PAIR_PID" ] && kill "$PAIR_PID" 2>/dev/null
+    wait 2>/dev/null || true
+}
 trap cleanup EXIT
 start() { # start SYSTEM THREADS LOG [HELLO BODY BYTES] → sets PID and PORT
     local system=$1 threads=$2 log=$3 body=${4:-400} cmd
@@ -140,6 +146,27 @@ run_system() { # run_system RUNDIR WORKLOAD SYSTEM THREADS
     fi
 }
 
+# kvix and Dynamo filled alike and both up, then one open loop that loads them in
+# turn, --slice-ms at a time (kvix-load --interleave-with): whatever the machine does
+# meanwhile (a kernel thread, a neighbour on the host) falls on both alike, where in
+# their own runs it falls on whichever ran during it.
+run_pair() { # run_pair RUNDIR WORKLOAD THREADS
+    local dir=$1 workload=$2 threads=$3 wl ev kport
+    read -r -a wl <<<"$(workload_args "$workload")"
+    read -r -a ev <<<"$(worker_args "$workload")"
+    say "$(basename "$(dirname "$dir")"), $workload: kvix and dynamo interleaved, --threads $threads"
+    start kvix "$threads" "$dir/pair-kvix-t$threads.log"
+    kport=$PORT PAIR_PID=$PID
+    load events --url "http://127.0.0.1:$kport" --quiet --json "${wl[@]}" "${ev[@]}" --keep >/dev/null
+    start dynamo "$threads" "$dir/pair-dynamo-t$threads.log"
+    load events --url "http://127.0.0.1:$PORT" --quiet --json "${wl[@]}" "${ev[@]}" --keep >/dev/null
+    load query --url "http://127.0.0.1:$kport" --interleave-with "http://127.0.0.1:$PORT" \
+        --quiet --json "${wl[@]}" --connections 16 --rate "$RATE" --prompt-tokens 1024 \
+        --duration "$DURATION" --slice-ms 100 >"$dir/pair-t$threads-open.json"
+    stop
+    kill "$PAIR_PID"; wait "$PAIR_PID" 2>/dev/null || true; PAIR_PID=""
+}
+
 # Warm-up, discarded: each system takes each workload's event load once before the
 # first run. Without it the first loads of a comparison could read half the rate of
 # later ones, and the load tool's own publishing slowed with them: the machine, not
@@ -174,6 +201,9 @@ for r in $(seq 1 "$REPEAT"); do
                 run_system "$dir" "$workload" "$system" "$threads"
             done
         done
+        if [[ " $SYSTEMS " == *" kvix "* && " $SYSTEMS " == *" dynamo "* ]]; then
+            for threads in $THREADS; do run_pair "$dir" "$workload" "$threads"; done
+        fi
     done
     python3 perf/compare.py run "$OUT/run-$r" >"$OUT/run-$r/results.json"
 done

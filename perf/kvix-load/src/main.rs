@@ -282,6 +282,14 @@ struct QueryArgs {
     /// Ask for the slot tracker's potential loads too (`"loads": true`, kvix only)
     #[arg(long)]
     loads: bool,
+    /// A second indexer, already filled the same way: every phase loads `--url`
+    /// and this one in turn, `--slice-ms` each, so that both meet the same
+    /// machine (one result per server and phase)
+    #[arg(long)]
+    interleave_with: Option<String>,
+    /// Milliseconds per turn with --interleave-with
+    #[arg(long, default_value_t = 100)]
+    slice_ms: u64,
 }
 
 fn main() {
@@ -622,44 +630,62 @@ fn query_phases(
     report: &mut Report,
 ) -> bool {
     let mut ok = true;
-    // Bodies of the last (endpoint, prompt length), reused by consecutive phases.
-    type Bodies = Arc<Vec<Vec<u8>>>;
+    let other = match q.interleave_with.as_deref().map(Target::parse).transpose() {
+        Ok(t) => t,
+        Err(e) => {
+            note(common.quiet, &format!("--interleave-with: {e}"));
+            return false;
+        }
+    };
+    let targets: Vec<&Target> = std::iter::once(target).chain(other.as_ref()).collect();
+    // Bodies of the last (endpoint, prompt length), one set per target (each
+    // request names its server), reused by consecutive phases.
+    type Bodies = Vec<Arc<Vec<Vec<u8>>>>;
     let mut cache: Option<((Endpoint, usize), Bodies)> = None;
     for p in &phases(q) {
         let key = (p.endpoint, p.prompt_tokens);
         let bodies = match &cache {
             Some((k, b)) if *k == key => b.clone(),
             _ => {
-                let b = Arc::new(query::bodies(
-                    target,
-                    reqs,
-                    p.endpoint,
-                    p.prompt_tokens,
-                    common.block_size,
-                    &common.model_name,
-                    q.prompt_pool,
-                    q.signed_hashes,
-                    q.loads,
-                ));
+                let b: Bodies = targets
+                    .iter()
+                    .map(|t| {
+                        Arc::new(query::bodies(
+                            t,
+                            reqs,
+                            p.endpoint,
+                            p.prompt_tokens,
+                            common.block_size,
+                            &common.model_name,
+                            q.prompt_pool,
+                            q.signed_hashes,
+                            q.loads,
+                        ))
+                    })
+                    .collect();
                 cache = Some((key, b.clone()));
                 b
             }
         };
-        let r = query_phase(common.quiet, target, p, bodies);
-        ok &= r.errors == 0 && r.completed > 0;
-        report.queries.push(r);
+        let slice = Duration::from_millis(q.slice_ms);
+        for r in query_phase(common.quiet, &targets, p, bodies, slice) {
+            ok &= r.errors == 0 && r.completed > 0;
+            report.queries.push(r);
+        }
     }
     report.rss_after_queries_bytes = common.pid.and_then(events::rss_bytes);
     ok
 }
 
-/// One query phase, with its progress bar.
+/// One query phase, with its progress bar: one result per target (several are
+/// loaded in turn, `slice` at a time).
 fn query_phase(
     quiet: bool,
-    target: &Target,
+    targets: &[&Target],
     p: &Phase,
-    bodies: Arc<Vec<Vec<u8>>>,
-) -> query::PhaseResult {
+    bodies: Vec<Arc<Vec<Vec<u8>>>>,
+    slice: Duration,
+) -> Vec<query::PhaseResult> {
     let label = format!(
         "{} {}t c{} {}",
         p.endpoint.path(),
@@ -671,7 +697,11 @@ fn query_phase(
             "closed".into()
         }
     );
-    let b = bar(quiet, (p.duration_secs * 10.0) as u64, &label);
+    let b = bar(
+        quiet,
+        (p.duration_secs * 10.0 * targets.len() as f64) as u64,
+        &label,
+    );
     b.set_style(
         indicatif::ProgressStyle::with_template("{msg:>30} [{bar:40}] {elapsed_precise} {prefix}")
             .unwrap()
@@ -684,7 +714,17 @@ fn query_phase(
             b.set_position((t.elapsed().as_secs_f64() * 10.0) as u64);
             b.set_prefix(format!("{} done", done.load(Ordering::Relaxed)));
         },
-        || query::run(target, p, bodies, done.clone()),
+        || match (targets, bodies.as_slice()) {
+            ([t], [b]) => vec![query::run(t, p, b.clone(), done.clone())],
+            _ => {
+                let pairs: Vec<_> = targets
+                    .iter()
+                    .copied()
+                    .zip(bodies.iter().cloned())
+                    .collect();
+                query::run_interleaved(&pairs, p, slice, done.clone())
+            }
+        },
     );
     b.finish_and_clear();
     r

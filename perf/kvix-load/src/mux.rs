@@ -8,6 +8,11 @@
 //! k-th request is due at `start + k / rate` and goes out on the first idle
 //! connection; latency is measured from the due time, so requests that waited for
 //! a connection are charged for it (no coordinated omission).
+//!
+//! Interleaved ([`run_interleaved`]): the same load against several servers in
+//! turn, a short slice each, so that what the machine does meanwhile (a kernel
+//! thread, a noisy neighbour) falls on all of them alike rather than on whichever
+//! ran during it.
 
 use hdrhistogram::Histogram;
 use std::io::{self, Read, Write};
@@ -25,8 +30,8 @@ pub struct MuxOut {
     pub hits: u64,
     pub unsent: u64,
     pub reply_bytes: u64,
-    pub started: Instant,
-    pub finished: Instant,
+    /// Time spent driving this server's load (the sum of its slices).
+    pub active: Duration,
 }
 
 pub fn histogram() -> Histogram<u64> {
@@ -111,37 +116,37 @@ pub fn run(
     has_scores: impl Fn(&[u8]) -> bool,
     on_done: impl Fn(),
 ) -> MuxOut {
-    let mut m = Mux::open(addr, connections, rate, dur, bodies);
-    loop {
-        let now = Instant::now();
-        let open_done = m.hand_out(now);
-        let busy = m
-            .conns
-            .iter()
-            .flatten()
-            .filter(|c| matches!(c.state, State::Busy { .. }))
-            .count();
-        let finished = if rate > 0.0 {
-            open_done || (m.k >= m.total)
-        } else {
-            now >= m.end
-        };
-        if busy == 0 && finished {
-            break;
-        }
-        if now >= m.end + dur.max(Duration::from_secs(10)) {
-            // Answers still missing well past the end: a stalled server. What is
-            // outstanding counts as errors rather than hold the phase forever.
-            m.out.errors += busy as u64;
-            break;
-        }
-        if m.write_and_poll() <= 0 {
-            continue;
-        }
-        m.read_replies(&has_scores, &on_done);
-    }
-    m.out.finished = Instant::now();
+    let mut m = Mux::open(addr, connections, rate, bodies);
+    m.drive(dur, &has_scores, &on_done);
     m.out
+}
+
+/// [`run`] against every `(addr, bodies)` target in turn, `slice` at a time each,
+/// until each was driven for `dur`; one result per target, in order. A slice ends
+/// once its last answer is in, so slices never overlap.
+pub fn run_interleaved(
+    targets: &[(&str, &[Vec<u8>])],
+    connections: usize,
+    rate: f64,
+    dur: Duration,
+    slice: Duration,
+    has_scores: impl Fn(&[u8]) -> bool,
+    on_done: impl Fn(),
+) -> Vec<MuxOut> {
+    let mut muxes: Vec<Mux> = targets
+        .iter()
+        .map(|(addr, bodies)| Mux::open(addr, connections, rate, bodies))
+        .collect();
+    let slice = slice.max(Duration::from_millis(1));
+    let mut left = dur;
+    while !left.is_zero() {
+        let d = slice.min(left);
+        for m in muxes.iter_mut() {
+            m.drive(d, &has_scores, &on_done);
+        }
+        left -= d;
+    }
+    muxes.into_iter().map(|m| m.out).collect()
 }
 
 /// One phase's connections and what they measured so far.
@@ -149,12 +154,15 @@ struct Mux<'a> {
     addr: &'a str,
     bodies: &'a [Vec<u8>],
     rate: f64,
+    /// The current stretch of load ([`Mux::drive`]): its length, start and end.
     dur: Duration,
     start: Instant,
     end: Instant,
-    /// The next request's index (its body, and in open loop its due time).
+    /// The next request's index within the stretch (in open loop its due time).
     k: u64,
-    /// The requests an open-loop phase sends.
+    /// Requests sent in earlier stretches: bodies go on where the last one stopped.
+    sent_before: u64,
+    /// The requests an open-loop stretch sends.
     total: u64,
     conns: Vec<Option<Conn>>,
     fds: Vec<libc::pollfd>,
@@ -168,15 +176,9 @@ fn due(start: Instant, rate: f64, k: u64) -> Instant {
 }
 
 impl<'a> Mux<'a> {
-    /// Dial every connection; the phase's clock starts once they are open.
-    fn open(
-        addr: &'a str,
-        connections: usize,
-        rate: f64,
-        dur: Duration,
-        bodies: &'a [Vec<u8>],
-    ) -> Self {
-        let mut out = MuxOut {
+    /// Dial every connection.
+    fn open(addr: &'a str, connections: usize, rate: f64, bodies: &'a [Vec<u8>]) -> Self {
+        let out = MuxOut {
             hist: histogram(),
             per_conn: (0..connections).map(|_| histogram()).collect(),
             completed: 0,
@@ -184,26 +186,67 @@ impl<'a> Mux<'a> {
             hits: 0,
             unsent: 0,
             reply_bytes: 0,
-            started: Instant::now(),
-            finished: Instant::now(),
+            active: Duration::ZERO,
         };
         let conns: Vec<Option<Conn>> = (0..connections).map(|_| Conn::open(addr).ok()).collect();
-        let start = Instant::now();
-        out.started = start;
+        let now = Instant::now();
         Mux {
             addr,
             bodies,
             rate,
-            dur,
-            start,
-            end: start + dur,
+            dur: Duration::ZERO,
+            start: now,
+            end: now,
             k: 0,
-            total: (dur.as_secs_f64() * rate).ceil() as u64,
+            sent_before: 0,
+            total: 0,
             conns,
             fds: Vec::with_capacity(connections),
             chunk: vec![0u8; 64 * 1024],
             out,
         }
+    }
+
+    /// Load the server for `dur` from now, and wait for every answer.
+    fn drive(&mut self, dur: Duration, has_scores: &impl Fn(&[u8]) -> bool, on_done: &impl Fn()) {
+        self.sent_before += self.k;
+        self.k = 0;
+        self.dur = dur;
+        self.start = Instant::now();
+        self.end = self.start + dur;
+        self.total = (dur.as_secs_f64() * self.rate).ceil() as u64;
+        loop {
+            let now = Instant::now();
+            let open_done = self.hand_out(now);
+            let busy = self
+                .conns
+                .iter()
+                .flatten()
+                .filter(|c| matches!(c.state, State::Busy { .. }))
+                .count();
+            let finished = if self.rate > 0.0 {
+                open_done || (self.k >= self.total)
+            } else {
+                now >= self.end
+            };
+            if busy == 0 && finished {
+                break;
+            }
+            if now >= self.end + dur.max(Duration::from_secs(10)) {
+                // Answers still missing well past the end: a stalled server. What is
+                // outstanding counts as errors rather than hold the phase forever.
+                self.out.errors += busy as u64;
+                for c in self.conns.iter_mut() {
+                    *c = None;
+                }
+                break;
+            }
+            if self.write_and_poll() <= 0 {
+                continue;
+            }
+            self.read_replies(has_scores, on_done);
+        }
+        self.out.active += self.start.elapsed();
     }
 
     /// Hand out requests to idle connections (dialling again one that failed).
@@ -235,7 +278,8 @@ impl<'a> Mux<'a> {
                 if now >= self.end + self.dur {
                     // Overloaded past a grace of one more duration: stop, and count
                     // what was never sent rather than run on unboundedly.
-                    self.out.unsent = self.total - self.k;
+                    self.out.unsent += self.total - self.k;
+                    self.k = self.total;
                     return true;
                 }
                 at
@@ -246,7 +290,7 @@ impl<'a> Mux<'a> {
                 now
             };
             c.state = State::Busy {
-                body: (self.k as usize) % self.bodies.len(),
+                body: ((self.sent_before + self.k) % self.bodies.len() as u64) as usize,
                 sent: 0,
                 from,
             };
@@ -364,6 +408,83 @@ impl<'a> Mux<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::{Arc, Mutex};
+
+    /// A keep-alive HTTP server on a free port answering every request with
+    /// `body`, stamping the time each request arrived into `log`.
+    fn stub(body: &'static str, log: Arc<Mutex<Vec<Instant>>>) -> String {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        std::thread::spawn(move || {
+            for conn in l.incoming() {
+                let Ok(mut c) = conn else { return };
+                let log = log.clone();
+                std::thread::spawn(move || {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    loop {
+                        match c.read(&mut chunk) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                        while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            buf.drain(..end + 4);
+                            log.lock().unwrap().push(Instant::now());
+                            let r = format!(
+                                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+                                body.len()
+                            );
+                            if c.write_all(r.as_bytes()).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    #[test]
+    fn interleaved_servers_take_the_load_in_turns_and_are_measured_apart() {
+        let (log_a, log_b) = (Arc::default(), Arc::default());
+        let a = stub(r#"{"scores":{"1":{"0":3}}}"#, Arc::clone(&log_a));
+        let b = stub(r#"{"scores":{}}"#, Arc::clone(&log_b));
+        let req = |addr: &str| vec![format!("GET / HTTP/1.1\r\nhost: {addr}\r\n\r\n").into_bytes()];
+        let (ba, bb) = (req(&a), req(&b));
+        let slice = Duration::from_millis(50);
+        let outs = run_interleaved(
+            &[(a.as_str(), ba.as_slice()), (b.as_str(), bb.as_slice())],
+            4,
+            2000.0,
+            Duration::from_millis(200),
+            slice,
+            |body| body.starts_with(br#"{"scores":{"1""#),
+            || {},
+        );
+        assert_eq!(outs.len(), 2);
+        for (o, hits) in outs.iter().zip([400, 0]) {
+            // 2000 req/s for 200 ms of turns each.
+            assert_eq!((o.completed, o.errors, o.unsent, o.hits), (400, 0, 0, hits));
+            // A turn ends with the answer to its last request, due 0.5 ms before it.
+            let active = o.active.as_secs_f64();
+            assert!((0.19..2.0).contains(&active), "{active}");
+        }
+        // Four turns each, A first: every request of a turn lands before the next
+        // server's turn begins, so the arrivals alternate in runs.
+        let mut all: Vec<(Instant, char)> =
+            log_a.lock().unwrap().iter().map(|t| (*t, 'a')).collect();
+        all.extend(log_b.lock().unwrap().iter().map(|t| (*t, 'b')));
+        all.sort();
+        let runs: Vec<char> = all
+            .iter()
+            .map(|x| x.1)
+            .collect::<Vec<_>>()
+            .chunk_by(|x, y| x == y)
+            .map(|r| r[0])
+            .collect();
+        assert_eq!(runs, ['a', 'b', 'a', 'b', 'a', 'b', 'a', 'b']);
+    }
 
     #[test]
     fn a_response_is_complete_only_with_its_whole_body() {

@@ -51,6 +51,8 @@ pub struct Phase {
 pub struct PhaseResult {
     #[serde(flatten)]
     pub phase: Phase,
+    /// The server this phase loaded (`--url`, or the server interleaved with it).
+    pub target: String,
     pub completed: u64,
     pub errors: u64,
     /// Replies whose `scores` were not empty.
@@ -166,8 +168,42 @@ pub fn run(
             done.fetch_add(1, Ordering::Relaxed);
         },
     );
+    result(target, phase, &o)
+}
+
+/// Run one phase against every target in turn, `slice` at a time each
+/// ([`mux::run_interleaved`]); one result per target, in order.
+pub fn run_interleaved(
+    targets: &[(&Target, Arc<Vec<Vec<u8>>>)],
+    phase: &Phase,
+    slice: Duration,
+    done: Arc<AtomicU64>,
+) -> Vec<PhaseResult> {
+    let muxed: Vec<(&str, &[Vec<u8>])> = targets
+        .iter()
+        .map(|(t, b)| (t.addr.as_str(), b.as_slice()))
+        .collect();
+    let outs = mux::run_interleaved(
+        &muxed,
+        phase.connections.max(1),
+        phase.rate,
+        Duration::from_secs_f64(phase.duration_secs),
+        slice,
+        has_scores,
+        || {
+            done.fetch_add(1, Ordering::Relaxed);
+        },
+    );
+    targets
+        .iter()
+        .zip(&outs)
+        .map(|((t, _), o)| result(t, phase, o))
+        .collect()
+}
+
+fn result(target: &Target, phase: &Phase, o: &mux::MuxOut) -> PhaseResult {
     let hist = &o.hist;
-    let elapsed = o.finished.duration_since(o.started).as_secs_f64().max(1e-9);
+    let elapsed = o.active.as_secs_f64().max(1e-9);
     let q = |h: &Histogram<u64>, p: f64| {
         if h.is_empty() {
             0.0
@@ -185,6 +221,7 @@ pub fn run(
     conn_p99.sort_by(f64::total_cmp);
     PhaseResult {
         phase: phase.clone(),
+        target: format!("http://{}{}", target.addr, target.base),
         completed: o.completed,
         errors: o.errors,
         hits: o.hits,
