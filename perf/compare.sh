@@ -39,7 +39,8 @@
 # after table (compare.md's last section).
 #
 # Output: DIR/run-R/<workload>/<system>-t<threads>-{events,query}.json (kvix-load
-# --json reports) and .log (the server's stderr), DIR/run-R/results.json (the
+# --json reports) and .log (the server's stderr), pair-t<threads>-open.json (the
+# interleaved open loop: kvix's phase, then Dynamo's), DIR/run-R/results.json (the
 # figures of that run), and DIR/compare.md: per workload and thread count, every
 # system's latency (closed and open loop, never best-of) with kvix's ratios as median
 # and range over the runs; throughput, events and memory at each system's best

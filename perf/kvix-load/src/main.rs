@@ -43,7 +43,8 @@ each, registered through POST /register) keep LRU KV caches and publish vLLM KVE
 polls POST /query until every sentinel is visible, giving blocks applied/s at the indexer. Query \
 phases then drive /query or /query_by_hash, open-loop at --rate (latency from the intended send \
 time) or closed-loop with --rate 0; an overloaded open-loop phase stops at twice --duration and \
-reports the requests it never sent.\n\n\
+reports the requests it never sent. With --interleave-with, each phase loads two indexers in \
+turns of --slice-ms, one result each, so that both meet the same machine.\n\n\
 Exit status: 0 when everything was applied and answered, 2 when the run finished but measured a \
 failure (sentinels not seen before --settle-timeout, query errors, no replies), 1 on errors.\n\n\
 Examples:\n  \
@@ -51,6 +52,7 @@ kvix-load bench --url http://127.0.0.1:8090           # generated shared-prefix 
 kvix-load bench --trace tests/data/mooncake_trace_head500.jsonl --pid $(pidof kvix)\n  \
 kvix-load bench --requests 200 --duration 2            # CI smoke, a few seconds\n  \
 kvix-load events --keep && kvix-load query --connections 1,16 --rate 0,2000\n  \
+kvix-load query --url http://127.0.0.1:8090 --interleave-with http://127.0.0.1:8091 --rate 6000\n  \
 kvix-load bench --json > result.json"
 )]
 struct Cli {
