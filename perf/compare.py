@@ -95,11 +95,18 @@ def open_figures(o, prefix):
     }
 
 
-def pair_figures(report, configs, threads):
-    """The interleaved open loop (compare.sh run_pair): kvix's phase first, Dynamo's
-    second, into each system's figures at that thread count."""
-    qs = [q for q in (report or {}).get("queries", []) if q["rate"] > 0]
-    for system, q in zip(("kvix", "dynamo"), qs):
+def pair_figures(report, filled, configs, threads):
+    """The interleaved open loop (compare.sh run_pair), into each system's figures at
+    that thread count: kvix's phase is the one that loaded the report's --url.
+    `filled`: each system's event report; a system whose index was not filled (a
+    sentinel not seen) has no figures."""
+    for q in (report or {}).get("queries", []):
+        if q["rate"] <= 0:
+            continue
+        system = "kvix" if q.get("target") == report.get("url") else "dynamo"
+        ev = (filled.get(system) or {}).get("events") or {}
+        if not ev.get("publish", {}).get("all_sentinels_seen"):
+            continue
         c = configs.setdefault(f"{system}-t{threads}", {})
         c.update(open_figures(q, "oi"))
         c["errors"] = c.get("errors", 0) + q["errors"]
@@ -175,7 +182,12 @@ def run(rundir):
         for pf in sorted(glob.glob(os.path.join(wdir, "pair-t*-open.json"))):
             m = re.match(r"pair-t(\d+)-open\.json$", os.path.basename(pf))
             if m:
-                pair_figures(load(pf), configs, int(m.group(1)))
+                t = int(m.group(1))
+                filled = {
+                    s: load(os.path.join(wdir, f"pair-{s}-t{t}-events.json"))
+                    for s in ("kvix", "dynamo")
+                }
+                pair_figures(load(pf), filled, configs, t)
         res["workloads"][wl] = configs
     return res
 

@@ -5,7 +5,7 @@
 #   perf/compare.sh [--repeat N] [--quick] [--out DIR] [--no-build]
 #                   [--requests N] [--duration S] [--workloads "trace shared-prefix"]
 #                   [--systems "kvix dynamo hello"] [--threads "1 2"] [--rate R]
-#                   [--before DIR]
+#                   [--before DIR] [--pair 0|1]
 #
 # Builds kvix (release) and scripts/dynamo_peer (dynamo-peer: the published crate
 # dynamo-kv-router 1.6.1 run by its own run_server; tokio-hello: tokio + hyper
@@ -23,7 +23,7 @@
 # request's intended send time; tokio-hello takes the same query phases,
 # answering a constant body of the mean size of kvix's replies in that workload.
 # Then kvix and Dynamo, both filled, share one open loop at --rate, 100 ms each in
-# turn (pair-t<n>-open.json), so that both meet the same machine.
+# turn (pair-t<n>-open.json), so that both meet the same machine (--pair 0: not).
 # The event streams are vLLM's wire format with two choices Dynamo 1.6.1 needs, made
 # for both systems: batches carry the (nil) dp-rank element, and a block has the
 # same engine hash on every worker (under per-worker hashes Dynamo's indexer drops
@@ -51,12 +51,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-REPEAT=3 QUICK=0 BUILD=1 REQUESTS=6000 DURATION=10 RATE=6000 BEFORE_BIN=""
+REPEAT=3 QUICK=0 BUILD=1 REQUESTS=6000 DURATION=10 RATE=6000 BEFORE_BIN="" PAIR=1
 WORKLOADS="trace shared-prefix" SYSTEMS="kvix dynamo hello" THREADS="1 2"
 OUT="perf/out/compare-$(date +%Y%m%d-%H%M%S)"
 quick() { QUICK=1; REPEAT=1; REQUESTS=1000; DURATION=2; }
 . perf/lib.sh
-parse_options "REPEAT QUICK OUT NO_BUILD REQUESTS DURATION RATE WORKLOADS SYSTEMS THREADS BEFORE=BEFORE_BIN" "$@"
+parse_options "REPEAT QUICK OUT NO_BUILD REQUESTS DURATION RATE WORKLOADS SYSTEMS THREADS BEFORE=BEFORE_BIN PAIR" "$@"
 pick_trace
 log_to compare
 
@@ -85,8 +85,8 @@ load: $(uptime)"
 
 PID="" PAIR_PID=""
 cleanup() {
-    [ -n "$PID" ] && kill "$PID" 2>/dev/null
-    [ -n "$PAIR_PID" ] && kill "$PAIR_PID" 2>/dev/null
+    local p
+    for p in $PID $PAIR_PID; do kill "$p" 2>/dev/null || true; done
     wait 2>/dev/null || true
 }
 trap cleanup EXIT
@@ -106,7 +106,7 @@ start() { # start SYSTEM THREADS LOG [HELLO BODY BYTES] → sets PID and PORT
     PID=$!
     wait_health "$PORT" || { say "$system did not answer /health"; exit 1; }
 }
-stop() { kill "$PID"; wait "$PID" 2>/dev/null || true; PID=""; }
+stop() { kill "$PID" 2>/dev/null || true; wait "$PID" 2>/dev/null || true; PID=""; }
 
 # Mean reply size of kvix's 16-connection phase in this workload: tokio-hello's body.
 reply_bytes() { # reply_bytes QUERY_JSON
@@ -158,14 +158,16 @@ run_pair() { # run_pair RUNDIR WORKLOAD THREADS
     say "$(basename "$(dirname "$dir")"), $workload: kvix and dynamo interleaved, --threads $threads"
     start kvix "$threads" "$dir/pair-kvix-t$threads.log"
     kport=$PORT PAIR_PID=$PID
-    load events --url "http://127.0.0.1:$kport" --quiet --json "${wl[@]}" "${ev[@]}" --keep >/dev/null
+    load events --url "http://127.0.0.1:$kport" --quiet --json "${wl[@]}" "${ev[@]}" --keep \
+        >"$dir/pair-kvix-t$threads-events.json"
     start dynamo "$threads" "$dir/pair-dynamo-t$threads.log"
-    load events --url "http://127.0.0.1:$PORT" --quiet --json "${wl[@]}" "${ev[@]}" --keep >/dev/null
+    load events --url "http://127.0.0.1:$PORT" --quiet --json "${wl[@]}" "${ev[@]}" --keep \
+        >"$dir/pair-dynamo-t$threads-events.json"
     load query --url "http://127.0.0.1:$kport" --interleave-with "http://127.0.0.1:$PORT" \
         --quiet --json "${wl[@]}" --connections 16 --rate "$RATE" --prompt-tokens 1024 \
         --duration "$DURATION" --slice-ms 100 >"$dir/pair-t$threads-open.json"
     stop
-    kill "$PAIR_PID"; wait "$PAIR_PID" 2>/dev/null || true; PAIR_PID=""
+    kill "$PAIR_PID" 2>/dev/null || true; wait "$PAIR_PID" 2>/dev/null || true; PAIR_PID=""
 }
 
 # Warm-up, discarded: each system takes each workload's event load once before the
@@ -202,7 +204,7 @@ for r in $(seq 1 "$REPEAT"); do
                 run_system "$dir" "$workload" "$system" "$threads"
             done
         done
-        if [[ " $SYSTEMS " == *" kvix "* && " $SYSTEMS " == *" dynamo "* ]]; then
+        if [ "$PAIR" = 1 ] && [[ " $SYSTEMS " == *" kvix "* && " $SYSTEMS " == *" dynamo "* ]]; then
             for threads in $THREADS; do run_pair "$dir" "$workload" "$threads"; done
         fi
     done

@@ -30,7 +30,7 @@ for m in $SIZES; do
     requests=$((m * 27000 / 6))
     echo "perf/scale.sh: ${m}M pairs ($((6 * requests)) requests)" >&2
     perf/compare.sh "${build[@]}" --repeat "$REPEAT" --workloads shared-prefix \
-        --systems "kvix dynamo" --threads "$THREADS" --requests "$requests" \
+        --systems "kvix dynamo" --pair 0 --threads "$THREADS" --requests "$requests" \
         --duration "$DURATION" --out "$OUT/size-${m}M"
     build=(--no-build)
     cp "$OUT/size-${m}M/machine.txt" "$OUT/machine.txt"

@@ -384,7 +384,14 @@ fn run(cmd: Cmd) -> Result<bool, String> {
         report.events = Some(events);
     }
     if let Some(q) = &q {
-        ok &= query_phases(&common, q, &target, &reqs, &mut report);
+        let other = q
+            .interleave_with
+            .as_deref()
+            .map(Target::parse)
+            .transpose()
+            .map_err(|e| format!("--interleave-with: {e}"))?;
+        let targets: Vec<&Target> = std::iter::once(&target).chain(other.as_ref()).collect();
+        ok &= query_phases(&common, q, &targets, &reqs, &mut report);
     }
     if let Some(ev) = &ev
         && !ev.keep
@@ -627,19 +634,11 @@ fn phases(q: &QueryArgs) -> Vec<Phase> {
 fn query_phases(
     common: &Common,
     q: &QueryArgs,
-    target: &Target,
+    targets: &[&Target],
     reqs: &Requests,
     report: &mut Report,
 ) -> bool {
     let mut ok = true;
-    let other = match q.interleave_with.as_deref().map(Target::parse).transpose() {
-        Ok(t) => t,
-        Err(e) => {
-            note(common.quiet, &format!("--interleave-with: {e}"));
-            return false;
-        }
-    };
-    let targets: Vec<&Target> = std::iter::once(target).chain(other.as_ref()).collect();
     // Bodies of the last (endpoint, prompt length), one set per target (each
     // request names its server), reused by consecutive phases.
     type Bodies = Vec<Arc<Vec<Vec<u8>>>>;
@@ -670,7 +669,7 @@ fn query_phases(
             }
         };
         let slice = Duration::from_millis(q.slice_ms);
-        for r in query_phase(common.quiet, &targets, p, bodies, slice) {
+        for r in query_phase(common.quiet, targets, p, bodies, slice) {
             ok &= r.errors == 0 && r.completed > 0;
             report.queries.push(r);
         }

@@ -122,8 +122,11 @@ pub fn run(
 }
 
 /// [`run`] against every `(addr, bodies)` target in turn, `slice` at a time each,
-/// until each was driven for `dur`; one result per target, in order. A slice ends
-/// once its last answer is in, so slices never overlap.
+/// until each was driven for `dur`; one result per target, in order. A turn ends
+/// once its last answer is in, so turns never overlap; which target goes first
+/// alternates from one round to the next, so that none always follows the other's
+/// turn. A target that stalled (or could not be reached) for a turn takes no more:
+/// the rest of its requests count as never sent.
 pub fn run_interleaved(
     targets: &[(&str, &[Vec<u8>])],
     connections: usize,
@@ -138,13 +141,16 @@ pub fn run_interleaved(
         .map(|(addr, bodies)| Mux::open(addr, connections, rate, bodies))
         .collect();
     let slice = slice.max(Duration::from_millis(1));
+    let n = muxes.len();
     let mut left = dur;
+    let mut round = 0;
     while !left.is_zero() {
         let d = slice.min(left);
-        for m in muxes.iter_mut() {
-            m.drive(d, &has_scores, &on_done);
+        for i in 0..n {
+            muxes[(i + round) % n].drive(d, &has_scores, &on_done);
         }
         left -= d;
+        round += 1;
     }
     muxes.into_iter().map(|m| m.out).collect()
 }
@@ -160,10 +166,16 @@ struct Mux<'a> {
     end: Instant,
     /// The next request's index within the stretch (in open loop its due time).
     k: u64,
-    /// Requests sent in earlier stretches: bodies go on where the last one stopped.
+    /// Requests of earlier stretches (sent or given up on): bodies go on where the
+    /// last one stopped.
     sent_before: u64,
     /// The requests an open-loop stretch sends.
     total: u64,
+    /// Time of the earlier stretches: each stretch sends what its end brings the
+    /// schedule to, so that rounding never adds up to a higher rate.
+    planned: Duration,
+    /// The server stalled or could not be reached: later stretches send nothing.
+    dead: bool,
     conns: Vec<Option<Conn>>,
     fds: Vec<libc::pollfd>,
     chunk: Vec<u8>,
@@ -200,6 +212,8 @@ impl<'a> Mux<'a> {
             k: 0,
             sent_before: 0,
             total: 0,
+            planned: Duration::ZERO,
+            dead: false,
             conns,
             fds: Vec::with_capacity(connections),
             chunk: vec![0u8; 64 * 1024],
@@ -214,10 +228,24 @@ impl<'a> Mux<'a> {
         self.dur = dur;
         self.start = Instant::now();
         self.end = self.start + dur;
-        self.total = (dur.as_secs_f64() * self.rate).ceil() as u64;
+        let due_by = |t: Duration| (t.as_secs_f64() * self.rate).ceil() as u64;
+        self.total = due_by(self.planned + dur) - due_by(self.planned);
+        self.planned += dur;
+        if self.dead {
+            self.out.unsent += self.total;
+            self.k = self.total;
+            return;
+        }
         loop {
             let now = Instant::now();
             let open_done = self.hand_out(now);
+            if self.conns.iter().all(Option::is_none) {
+                // Not one connection could be dialled: the server is gone.
+                self.out.unsent += self.total.saturating_sub(self.k);
+                self.k = self.total;
+                self.dead = true;
+                break;
+            }
             let busy = self
                 .conns
                 .iter()
@@ -234,11 +262,12 @@ impl<'a> Mux<'a> {
             }
             if now >= self.end + dur.max(Duration::from_secs(10)) {
                 // Answers still missing well past the end: a stalled server. What is
-                // outstanding counts as errors rather than hold the phase forever.
+                // outstanding counts as errors, what was never sent as unsent, rather
+                // than hold the phase forever.
                 self.out.errors += busy as u64;
-                for c in self.conns.iter_mut() {
-                    *c = None;
-                }
+                self.out.unsent += self.total.saturating_sub(self.k);
+                self.k = self.total;
+                self.dead = true;
                 break;
             }
             if self.write_and_poll() <= 0 {
@@ -452,26 +481,26 @@ mod tests {
         let b = stub(r#"{"scores":{}}"#, Arc::clone(&log_b));
         let req = |addr: &str| vec![format!("GET / HTTP/1.1\r\nhost: {addr}\r\n\r\n").into_bytes()];
         let (ba, bb) = (req(&a), req(&b));
-        let slice = Duration::from_millis(50);
+        let slice = Duration::from_millis(100);
         let outs = run_interleaved(
             &[(a.as_str(), ba.as_slice()), (b.as_str(), bb.as_slice())],
             4,
-            2000.0,
-            Duration::from_millis(200),
+            1000.0,
+            Duration::from_millis(400),
             slice,
             |body| body.starts_with(br#"{"scores":{"1""#),
             || {},
         );
         assert_eq!(outs.len(), 2);
         for (o, hits) in outs.iter().zip([400, 0]) {
-            // 2000 req/s for 200 ms of turns each.
+            // 1000 req/s for 400 ms of turns each.
             assert_eq!((o.completed, o.errors, o.unsent, o.hits), (400, 0, 0, hits));
-            // A turn ends with the answer to its last request, due 0.5 ms before it.
+            // A turn ends with the answer to its last request, due 1 ms before it.
             let active = o.active.as_secs_f64();
-            assert!((0.19..2.0).contains(&active), "{active}");
+            assert!((0.39..4.0).contains(&active), "{active}");
         }
-        // Four turns each, A first: every request of a turn lands before the next
-        // server's turn begins, so the arrivals alternate in runs.
+        // Four turns each, A first in even rounds and B in odd ones: every request of
+        // a turn lands before the next turn begins, so the arrivals come in runs.
         let mut all: Vec<(Instant, char)> =
             log_a.lock().unwrap().iter().map(|t| (*t, 'a')).collect();
         all.extend(log_b.lock().unwrap().iter().map(|t| (*t, 'b')));
@@ -483,7 +512,35 @@ mod tests {
             .chunk_by(|x, y| x == y)
             .map(|r| r[0])
             .collect();
-        assert_eq!(runs, ['a', 'b', 'a', 'b', 'a', 'b', 'a', 'b']);
+        assert_eq!(runs, ['a', 'b', 'a', 'b', 'a']);
+    }
+
+    #[test]
+    fn a_server_that_cannot_be_reached_takes_no_more_turns() {
+        let a = stub(r#"{"scores":{}}"#, Arc::default());
+        let gone = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().to_string()
+        };
+        let req = |addr: &str| vec![format!("GET / HTTP/1.1\r\nhost: {addr}\r\n\r\n").into_bytes()];
+        let (ba, bg) = (req(&a), req(&gone));
+        let t = Instant::now();
+        let outs = run_interleaved(
+            &[(gone.as_str(), bg.as_slice()), (a.as_str(), ba.as_slice())],
+            2,
+            1000.0,
+            Duration::from_millis(300),
+            Duration::from_millis(100),
+            |_| false,
+            || {},
+        );
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+        assert_eq!((outs[0].completed, outs[0].unsent), (0, 300));
+        assert!(outs[0].errors > 0);
+        assert_eq!(
+            (outs[1].completed, outs[1].errors, outs[1].unsent),
+            (300, 0, 0)
+        );
     }
 
     #[test]

@@ -58,7 +58,9 @@ pub struct PhaseResult {
     /// Replies whose `scores` were not empty.
     pub hits: u64,
     /// Open loop only: scheduled requests never sent because the server fell more
-    /// than one `--duration` behind (the phase stops at twice its duration).
+    /// than one `--duration` behind (the phase stops at twice its duration; with
+    /// `--interleave-with`, a turn at twice `--slice-ms`), stalled, or could not be
+    /// reached.
     pub unsent: u64,
     pub elapsed_secs: f64,
     pub achieved_rps: f64,

@@ -213,6 +213,8 @@ fn print_queries(queries: &[PhaseResult]) {
         "p99.9",
         "max"
     );
+    // Interleaved phases (`--interleave-with`): one row per server, each named.
+    let named = queries.iter().any(|q| q.target != queries[0].target);
     for q in queries {
         let rate = if q.phase.rate > 0.0 {
             si(q.phase.rate)
@@ -240,9 +242,12 @@ fn print_queries(queries: &[PhaseResult]) {
             ms(q.p999_us),
             ms(q.max_us)
         );
+        if named {
+            println!("  ^ {}", q.target);
+        }
         if q.unsent > 0 {
             println!(
-                "  ^ overloaded: {} scheduled requests never sent (phase stopped at 2x --duration)",
+                "  ^ {} scheduled requests never sent (overloaded past 2x --duration or 2x --slice-ms, stalled, or unreachable)",
                 q.unsent
             );
         }
