@@ -27,12 +27,16 @@ pub fn latency_svg(
     let mut series = Vec::new();
     for (label, path) in inputs {
         let r = read(path)?;
+        let first = &r["queries"][0]["target"];
         let mut pts: Vec<(f64, f64, f64, f64)> = r["queries"]
             .as_array()
             .into_iter()
             .flatten()
             .filter(|q| {
-                q["endpoint"] == endpoint
+                // An interleaved report holds a second server's phases too: only
+                // those of its --url (whose phase comes first) are this series.
+                let own = q.get("target").is_none_or(|t| t == first);
+                own && q["endpoint"] == endpoint
                     && q["prompt_tokens"].as_u64() == Some(prompt_tokens)
                     && f(&q["rate"]) > 0.0
             })
