@@ -99,15 +99,17 @@ def pair_figures(report, filled, configs, threads):
     """The interleaved open loop (compare.sh run_pair), into each system's figures at
     that thread count: kvix's phase is the one that loaded the report's --url, which
     comes first.
-    `filled`: each system's event report; a system whose index was not filled (a
-    sentinel not seen) has no figures."""
+    `filled`: each system's event report, where kept; a system whose report says its
+    index was not filled (a sentinel not seen) has no figures."""
     queries = (report or {}).get("queries", [])
     for q in queries:
         if q["rate"] <= 0:
             continue
         system = "kvix" if q.get("target") == queries[0].get("target") else "dynamo"
-        ev = (filled.get(system) or {}).get("events") or {}
-        if not ev.get("publish", {}).get("all_sentinels_seen"):
+        f = filled.get(system)
+        if f is not None and not ((f.get("events") or {}).get("publish") or {}).get(
+            "all_sentinels_seen"
+        ):
             continue
         c = configs.setdefault(f"{system}-t{threads}", {})
         c.update(open_figures(q, "oi"))

@@ -359,6 +359,14 @@ fn run(cmd: Cmd) -> Result<bool, String> {
         }
     };
     let target = Target::parse(&common.url)?;
+    // The second indexer of an interleaved query load, checked before anything is
+    // registered with the first.
+    let other = q
+        .as_ref()
+        .and_then(|q| q.interleave_with.as_deref())
+        .map(Target::parse)
+        .transpose()
+        .map_err(|e| format!("--interleave-with: {e}"))?;
     if common.block_size == 0 {
         return Err("--block-size must be > 0".into());
     }
@@ -384,12 +392,6 @@ fn run(cmd: Cmd) -> Result<bool, String> {
         report.events = Some(events);
     }
     if let Some(q) = &q {
-        let other = q
-            .interleave_with
-            .as_deref()
-            .map(Target::parse)
-            .transpose()
-            .map_err(|e| format!("--interleave-with: {e}"))?;
         let targets: Vec<&Target> = std::iter::once(&target).chain(other.as_ref()).collect();
         ok &= query_phases(&common, q, &targets, &reqs, &mut report);
     }

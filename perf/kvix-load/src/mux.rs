@@ -242,7 +242,7 @@ impl<'a> Mux<'a> {
             if self.conns.iter().all(Option::is_none) {
                 // Not one connection could be dialled: the server is gone.
                 self.out.unsent += self.total.saturating_sub(self.k);
-                self.k = self.total;
+                self.k = self.k.max(self.total);
                 self.dead = true;
                 break;
             }
@@ -266,7 +266,7 @@ impl<'a> Mux<'a> {
                 // than hold the phase forever.
                 self.out.errors += busy as u64;
                 self.out.unsent += self.total.saturating_sub(self.k);
-                self.k = self.total;
+                self.k = self.k.max(self.total);
                 self.dead = true;
                 break;
             }
@@ -515,13 +515,34 @@ mod tests {
         assert_eq!(runs, ['a', 'b', 'a', 'b', 'a']);
     }
 
+    /// A TCP socket bound to a free loopback port and never listened on, and that
+    /// port's address.
+    fn bound_not_listening() -> (std::os::fd::OwnedFd, String) {
+        use std::os::fd::FromRawFd;
+        // SAFETY: `socket` returns a new descriptor (checked) that the OwnedFd then
+        // owns alone; `addr` and `len` are live, initialized and of the sizes passed,
+        // and bind/getsockname only read or write within them.
+        unsafe {
+            let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+            assert!(fd >= 0);
+            let owned = std::os::fd::OwnedFd::from_raw_fd(fd);
+            let mut addr: libc::sockaddr_in = std::mem::zeroed();
+            addr.sin_family = libc::AF_INET as libc::sa_family_t;
+            addr.sin_addr.s_addr = u32::from_ne_bytes([127, 0, 0, 1]);
+            let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            let sa = &mut addr as *mut libc::sockaddr_in as *mut libc::sockaddr;
+            assert_eq!(libc::bind(fd, sa, len), 0);
+            assert_eq!(libc::getsockname(fd, sa, &mut len), 0);
+            (owned, format!("127.0.0.1:{}", u16::from_be(addr.sin_port)))
+        }
+    }
+
     #[test]
     fn a_server_that_cannot_be_reached_takes_no_more_turns() {
         let a = stub(r#"{"scores":{}}"#, Arc::default());
-        let gone = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            l.local_addr().unwrap().to_string()
-        };
+        // A port bound but never listened on: connects are refused, and no other
+        // socket can take it while the test runs.
+        let (_held, gone) = bound_not_listening();
         let req = |addr: &str| vec![format!("GET / HTTP/1.1\r\nhost: {addr}\r\n\r\n").into_bytes()];
         let (ba, bg) = (req(&a), req(&gone));
         let t = Instant::now();
