@@ -717,16 +717,9 @@ fn query_phase(
             b.set_position((t.elapsed().as_secs_f64() * 10.0) as u64);
             b.set_prefix(format!("{} done", done.load(Ordering::Relaxed)));
         },
-        || match (targets, bodies.as_slice()) {
-            ([t], [b]) => vec![query::run(t, p, b.clone(), done.clone())],
-            _ => {
-                let pairs: Vec<_> = targets
-                    .iter()
-                    .copied()
-                    .zip(bodies.iter().cloned())
-                    .collect();
-                query::run_interleaved(&pairs, p, slice, done.clone())
-            }
+        || {
+            let pairs: Vec<_> = targets.iter().copied().zip(bodies).collect();
+            query::run(&pairs, p, slice, done.clone())
         },
     );
     b.finish_and_clear();

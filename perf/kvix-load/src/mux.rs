@@ -9,7 +9,7 @@
 //! connection; latency is measured from the due time, so requests that waited for
 //! a connection are charged for it (no coordinated omission).
 //!
-//! Interleaved ([`run_interleaved`]): the same load against several servers in
+//! Interleaved ([`run`] with several targets): the same load against several servers in
 //! turn, a short slice each, so that what the machine does meanwhile (a kernel
 //! thread, a noisy neighbour) falls on all of them alike rather than on whichever
 //! ran during it.
@@ -104,30 +104,18 @@ impl Conn {
     }
 }
 
-/// Drive `connections` connections to `addr` for `dur` (closed loop when `rate`
-/// is 0), cycling through the pre-serialized `bodies`. `on_done` is called once
-/// per completed request (the progress bar). `has_scores` classifies a reply.
-pub fn run(
-    addr: &str,
-    connections: usize,
-    rate: f64,
-    dur: Duration,
-    bodies: &[Vec<u8>],
-    has_scores: impl Fn(&[u8]) -> bool,
-    on_done: impl Fn(),
-) -> MuxOut {
-    let mut m = Mux::open(addr, connections, rate, bodies);
-    m.drive(dur, &has_scores, &on_done);
-    m.out
-}
-
-/// [`run`] against every `(addr, bodies)` target in turn, `slice` at a time each,
-/// until each was driven for `dur`; one result per target, in order. A turn ends
-/// once its last answer is in, so turns never overlap; which target goes first
+/// Drive `connections` connections to each `(addr, bodies)` target for `dur`
+/// (closed loop when `rate` is 0), cycling through its pre-serialized `bodies`;
+/// one result per target, in order. `on_done` is called once per completed request
+/// (the progress bar). `has_scores` classifies a reply.
+///
+/// Several targets take the load in turns, `slice` at a time each. A turn ends once
+/// its last answer is in, so turns never overlap; which target goes first
 /// alternates from one round to the next, so that none always follows the other's
-/// turn. A target that stalled (or could not be reached) for a turn takes no more:
-/// the rest of its requests count as never sent.
-pub fn run_interleaved(
+/// turn. A lone target is driven in one stretch: turns only share the machine. A
+/// target that stalled (or could not be reached) takes no more turns: the rest of
+/// its requests count as never sent.
+pub fn run(
     targets: &[(&str, &[Vec<u8>])],
     connections: usize,
     rate: f64,
@@ -140,17 +128,24 @@ pub fn run_interleaved(
         .iter()
         .map(|(addr, bodies)| Mux::open(addr, connections, rate, bodies))
         .collect();
-    let slice = slice.max(Duration::from_millis(1));
     let n = muxes.len();
+    let slice = if n == 1 {
+        dur
+    } else {
+        slice.max(Duration::from_millis(1))
+    };
     let mut left = dur;
     let mut round = 0;
-    while !left.is_zero() {
+    loop {
         let d = slice.min(left);
         for i in 0..n {
             muxes[(i + round) % n].drive(d, &has_scores, &on_done);
         }
         left -= d;
         round += 1;
+        if left.is_zero() {
+            break;
+        }
     }
     muxes.into_iter().map(|m| m.out).collect()
 }
@@ -232,8 +227,7 @@ impl<'a> Mux<'a> {
         self.total = due_by(self.planned + dur) - due_by(self.planned);
         self.planned += dur;
         if self.dead {
-            self.out.unsent += self.total;
-            self.k = self.total;
+            self.forgo_rest();
             return;
         }
         loop {
@@ -241,9 +235,7 @@ impl<'a> Mux<'a> {
             let open_done = self.hand_out(now);
             if self.conns.iter().all(Option::is_none) {
                 // Not one connection could be dialled: the server is gone.
-                self.out.unsent += self.total.saturating_sub(self.k);
-                self.k = self.k.max(self.total);
-                self.dead = true;
+                self.give_up();
                 break;
             }
             let busy = self
@@ -265,9 +257,7 @@ impl<'a> Mux<'a> {
                 // outstanding counts as errors, what was never sent as unsent, rather
                 // than hold the phase forever.
                 self.out.errors += busy as u64;
-                self.out.unsent += self.total.saturating_sub(self.k);
-                self.k = self.k.max(self.total);
-                self.dead = true;
+                self.give_up();
                 break;
             }
             if self.write_and_poll() <= 0 {
@@ -276,6 +266,19 @@ impl<'a> Mux<'a> {
             self.read_replies(has_scores, on_done);
         }
         self.out.active += self.start.elapsed();
+    }
+
+    /// Send nothing more this stretch: what it had left counts as never sent.
+    fn forgo_rest(&mut self) {
+        self.out.unsent += self.total.saturating_sub(self.k);
+        self.k = self.k.max(self.total);
+    }
+
+    /// The server stalled or is gone: [`Self::forgo_rest`], in this stretch and
+    /// every later one.
+    fn give_up(&mut self) {
+        self.forgo_rest();
+        self.dead = true;
     }
 
     /// Hand out requests to idle connections (dialling again one that failed).
@@ -307,8 +310,7 @@ impl<'a> Mux<'a> {
                 if now >= self.end + self.dur {
                     // Overloaded past a grace of one more duration: stop, and count
                     // what was never sent rather than run on unboundedly.
-                    self.out.unsent += self.total - self.k;
-                    self.k = self.total;
+                    self.forgo_rest();
                     return true;
                 }
                 at
@@ -474,15 +476,20 @@ mod tests {
         addr
     }
 
+    /// The one request body the tests send to `addr`.
+    fn get(addr: &str) -> Vec<Vec<u8>> {
+        let t = crate::http::Target::parse(&format!("http://{addr}")).unwrap();
+        vec![t.request("GET", "/", b"")]
+    }
+
     #[test]
     fn interleaved_servers_take_the_load_in_turns_and_are_measured_apart() {
         let (log_a, log_b) = (Arc::default(), Arc::default());
         let a = stub(r#"{"scores":{"1":{"0":3}}}"#, Arc::clone(&log_a));
         let b = stub(r#"{"scores":{}}"#, Arc::clone(&log_b));
-        let req = |addr: &str| vec![format!("GET / HTTP/1.1\r\nhost: {addr}\r\n\r\n").into_bytes()];
-        let (ba, bb) = (req(&a), req(&b));
+        let (ba, bb) = (get(&a), get(&b));
         let slice = Duration::from_millis(100);
-        let outs = run_interleaved(
+        let outs = run(
             &[(a.as_str(), ba.as_slice()), (b.as_str(), bb.as_slice())],
             4,
             1000.0,
@@ -543,10 +550,9 @@ mod tests {
         // A port bound but never listened on: connects are refused, and no other
         // socket can take it while the test runs.
         let (_held, gone) = bound_not_listening();
-        let req = |addr: &str| vec![format!("GET / HTTP/1.1\r\nhost: {addr}\r\n\r\n").into_bytes()];
-        let (ba, bg) = (req(&a), req(&gone));
+        let (ba, bg) = (get(&a), get(&gone));
         let t = Instant::now();
-        let outs = run_interleaved(
+        let outs = run(
             &[(gone.as_str(), bg.as_slice()), (a.as_str(), ba.as_slice())],
             2,
             1000.0,

@@ -152,30 +152,10 @@ fn has_scores(body: &[u8]) -> bool {
     it.next() == Some(b'{') && it.next() != Some(b'}')
 }
 
-/// Run one phase. `done` counts completed requests for the progress bar.
+/// Run one phase against every target, in turns of `slice` when there are several
+/// ([`mux::run`]); one result per target, in order. `done` counts completed
+/// requests for the progress bar.
 pub fn run(
-    target: &Target,
-    phase: &Phase,
-    bodies: Arc<Vec<Vec<u8>>>,
-    done: Arc<AtomicU64>,
-) -> PhaseResult {
-    let o = mux::run(
-        &target.addr,
-        phase.connections.max(1),
-        phase.rate,
-        Duration::from_secs_f64(phase.duration_secs),
-        &bodies,
-        has_scores,
-        || {
-            done.fetch_add(1, Ordering::Relaxed);
-        },
-    );
-    result(target, phase, &o)
-}
-
-/// Run one phase against every target in turn, `slice` at a time each
-/// ([`mux::run_interleaved`]); one result per target, in order.
-pub fn run_interleaved(
     targets: &[(&Target, Arc<Vec<Vec<u8>>>)],
     phase: &Phase,
     slice: Duration,
@@ -185,7 +165,7 @@ pub fn run_interleaved(
         .iter()
         .map(|(t, b)| (t.addr.as_str(), b.as_slice()))
         .collect();
-    let outs = mux::run_interleaved(
+    let outs = mux::run(
         &muxed,
         phase.connections.max(1),
         phase.rate,
