@@ -22,15 +22,16 @@ SYSTEMS = {
     "kvix": "kvix",
     "dynamo": "Dynamo 1.6.1",
     "hello": "tokio-hello",
+    "ghello": "glommio-hello",
     "before": "kvix before (--before)",
 }
 # (key, label, higher is better, systems it applies to)
 METRICS = [
     ("applied", "events: blocks applied/s", True, ("kvix", "dynamo")),
     ("applied_apart", "events, engine hashes apart: blocks applied/s", True, ("kvix", "dynamo")),
-    ("q16_rps", "/query 1k tokens, 16 conns: req/s", True, ("kvix", "dynamo", "hello")),
-    ("q16_p99", "/query 1k tokens, 16 conns: p99 µs", False, ("kvix", "dynamo", "hello")),
-    ("q1_p50", "/query 1k tokens, 1 conn: p50 µs", False, ("kvix", "dynamo", "hello")),
+    ("q16_rps", "/query 1k tokens, 16 conns: req/s", True, ("kvix", "dynamo", "hello", "ghello")),
+    ("q16_p99", "/query 1k tokens, 16 conns: p99 µs", False, ("kvix", "dynamo", "hello", "ghello")),
+    ("q1_p50", "/query 1k tokens, 1 conn: p50 µs", False, ("kvix", "dynamo", "hello", "ghello")),
     ("bpp", "settled RSS bytes / live (block, worker)", False, ("kvix", "dynamo")),
 ]
 
@@ -47,19 +48,19 @@ def load(path):
 BEST_OF = ("applied", "applied_apart", "q16_rps", "bpp")
 # Latency at one thread count, never best-of: (key, label, systems).
 LATENCY = [
-    ("q16_p50", "closed loop, 16 conns: p50 µs", ("kvix", "dynamo", "hello")),
-    ("q16_p99", "closed loop, 16 conns: p99 µs", ("kvix", "dynamo", "hello")),
-    ("q16_rps", "closed loop, 16 conns: req/s", ("kvix", "dynamo", "hello")),
-    ("q1_p50", "closed loop, 1 conn: p50 µs", ("kvix", "dynamo", "hello")),
-    ("q1_p99", "closed loop, 1 conn: p99 µs", ("kvix", "dynamo", "hello")),
-    ("o_p50", "open loop: p50 µs", ("kvix", "dynamo", "hello")),
-    ("o_p99", "open loop: p99 µs", ("kvix", "dynamo", "hello")),
-    ("o_p999", "open loop: p99.9 µs", ("kvix", "dynamo", "hello")),
+    ("q16_p50", "closed loop, 16 conns: p50 µs", ("kvix", "dynamo", "hello", "ghello")),
+    ("q16_p99", "closed loop, 16 conns: p99 µs", ("kvix", "dynamo", "hello", "ghello")),
+    ("q16_rps", "closed loop, 16 conns: req/s", ("kvix", "dynamo", "hello", "ghello")),
+    ("q1_p50", "closed loop, 1 conn: p50 µs", ("kvix", "dynamo", "hello", "ghello")),
+    ("q1_p99", "closed loop, 1 conn: p99 µs", ("kvix", "dynamo", "hello", "ghello")),
+    ("o_p50", "open loop: p50 µs", ("kvix", "dynamo", "hello", "ghello")),
+    ("o_p99", "open loop: p99 µs", ("kvix", "dynamo", "hello", "ghello")),
+    ("o_p999", "open loop: p99.9 µs", ("kvix", "dynamo", "hello", "ghello")),
     ("oi_p50", "open loop, interleaved with Dynamo: p50 µs", ("kvix", "dynamo")),
     ("oi_p99", "open loop, interleaved with Dynamo: p99 µs", ("kvix", "dynamo")),
     ("oi_p999", "open loop, interleaved with Dynamo: p99.9 µs", ("kvix", "dynamo")),
-    ("conn_p99_max", "16 conns: slowest connection's p99 µs", ("kvix", "dynamo", "hello")),
-    ("conn_spread", "16 conns: slowest ÷ median connection's p99", ("kvix", "dynamo", "hello")),
+    ("conn_p99_max", "16 conns: slowest connection's p99 µs", ("kvix", "dynamo", "hello", "ghello")),
+    ("conn_spread", "16 conns: slowest ÷ median connection's p99", ("kvix", "dynamo", "hello", "ghello")),
 ]
 # Where the tail targets apply: kvix ÷ Dynamo at most this, at each thread count.
 TAIL_TARGET = {"q16_p99": 0.5, "o_p99": 0.5, "oi_p99": 0.5}
@@ -241,35 +242,51 @@ def threads_of(per_run):
     return sorted({int(n.rsplit("-t", 1)[1]) for c in per_run for n in c})
 
 
+def columns(per_run, floors):
+    """The systems a table shows, and its ratio columns as (numerator, denominator):
+    glommio-hello's column, and with `floors` the hellos ÷ Dynamo (what a server that
+    does no work reaches against Dynamo on this machine), only in runs that have it."""
+    ghello = any(n.rsplit("-t", 1)[0] == "ghello" for c in per_run for n in c)
+    systems = ["kvix", "dynamo", "hello"] + (["ghello"] if ghello else [])
+    ratios = [("kvix", "dynamo"), ("kvix", "hello")]
+    if ghello:
+        ratios.append(("kvix", "ghello"))
+        if floors:
+            ratios += [("hello", "dynamo"), ("ghello", "dynamo")]
+    return systems, ratios
+
+
+def header(systems, ratios):
+    name = lambda s: SYSTEMS[s].replace(" 1.6.1", "") if s == "dynamo" else SYSTEMS[s]
+    cols = [SYSTEMS[s] for s in systems] + [f"{name(a)} / {name(b)}" for a, b in ratios]
+    return ["| metric | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+
+
 def latency_tables(per_run):
     """Per thread count: each system's latency figures (median over runs, range),
-    kvix ÷ Dynamo and kvix ÷ tokio-hello per run, and whether the tail targets held
-    in every run."""
+    kvix ÷ each other system per run, and whether the tail targets held in every run;
+    with glommio-hello, also each hello ÷ Dynamo per run (the machine's floor)."""
     lines = []
+    shown, pairs = columns(per_run, floors=True)
     for t in threads_of(per_run):
-        lines += [
-            f"### --threads {t}",
-            "",
-            "| metric | kvix | Dynamo 1.6.1 | tokio-hello | kvix / Dynamo | kvix / tokio-hello |",
-            "|---|---|---|---|---|---|",
-        ]
+        lines += [f"### --threads {t}", ""] + header(shown, pairs)
         for key, label, systems in LATENCY:
             vals = {}
             cells = []
-            for s in ("kvix", "dynamo", "hello"):
-                v = [c.get(f"{s}-t{t}", {}).get(key) for c in per_run]
+            for s in shown:
+                v = [c.get(f"{s}-t{t}", {}).get(key) if s in systems else None for c in per_run]
                 vals[s] = v
                 got = [x for x in v if x is not None]
-                if s not in systems or not got:
+                if not got:
                     cells.append("—")
                     continue
                 cells.append(median_range(key, got))
             ratios = []
-            for other in ("dynamo", "hello"):
-                rs = [k / o if k is not None and o else None for k, o in zip(vals["kvix"], vals[other])]
+            for num, other in pairs:
+                rs = [k / o if k is not None and o else None for k, o in zip(vals[num], vals[other])]
                 cell = spread(rs)
                 target = TAIL_TARGET.get(key)
-                if other == "dynamo" and target is not None and any(r is not None for r in rs):
+                if (num, other) == ("kvix", "dynamo") and target is not None and any(r is not None for r in rs):
                     held = all(r is not None and r <= target for r in rs)
                     cell += f" {'✓' if held else '✗'} ≤ {target}× in every run"
                 ratios.append(cell)
@@ -343,11 +360,14 @@ def table(out):
         f"{len(runs)} run(s). Each cell: median over runs (range). Latency is reported per "
         "thread count, never best-of; throughput, events and memory at each system's best "
         "thread count (1 or 2) for that metric in that run, the count chosen after the value "
-        "(`t1`, `t2`). Ratios are kvix ÷ the other, per run: above 1 is better for kvix on "
-        "rates, below 1 on latency and memory. Event streams are vLLM's wire with a nil dp-rank "
+        "(`t1`, `t2`). Ratios are per run: kvix ÷ the other, above 1 is better for kvix on "
+        "rates, below 1 on latency and memory; a hello ÷ Dynamo is what a server that does no work "
+        "reaches on this machine (tokio-hello) or on kvix's runtime as glommio ships it "
+        "(glommio-hello). Event streams are vLLM's wire with a nil dp-rank "
         "element and one engine hash per block on every worker, for both systems (what Dynamo "
         "1.6.1 needs to index every event); `engine hashes apart` replays the same load on a "
-        "fresh server with one engine hash per worker (vLLM's default); tokio-hello answers a constant body of the mean size "
+        "fresh server with one engine hash per worker (vLLM's default); tokio-hello (tokio + hyper) and glommio-hello (kvix-hello: "
+        "glommio executors and hyper as kvix places them, parking when idle) answer a constant body of the mean size "
         "of kvix's replies (`reply bytes`). `hit %`: replies with a non-empty `scores`.",
     ]
     workloads = sorted({w for r in runs for w in r["workloads"]}, key=lambda w: (w != "trace", w))
@@ -360,15 +380,13 @@ def table(out):
             "Throughput, events and memory, each system at its best thread count:",
             "",
         ]
-        lines += [
-            "| metric | kvix | Dynamo 1.6.1 | tokio-hello | kvix / Dynamo | kvix / tokio-hello |",
-            "|---|---|---|---|---|---|",
-        ]
+        shown, pairs = columns(per_run, floors=False)
+        lines += header(shown, pairs)
         for key, label, higher, systems in METRICS:
             if key not in BEST_OF:
                 continue
             cells, bests = [], {}
-            for s in ("kvix", "dynamo", "hello"):
+            for s in shown:
                 if s not in systems:
                     cells.append("")
                     continue
@@ -381,7 +399,7 @@ def table(out):
                     continue
                 cells.append(f"{median_range(key, vals)} {'/'.join(threads)}")
             ratios = []
-            for other in ("dynamo", "hello"):
+            for _, other in pairs:
                 if other not in bests:
                     ratios.append("")
                     continue

@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # kvix against Dynamo's standalone indexer, side by side in one run, with the HTTP
-# ceiling of a plain tokio + hyper server; writes results and a ratio table.
+# ceilings of a plain tokio + hyper server and of kvix's own runtime (glommio) doing
+# no work; writes results and a ratio table.
 #
 #   perf/compare.sh [--repeat N] [--quick] [--out DIR] [--no-build]
 #                   [--requests N] [--duration S] [--workloads "trace shared-prefix"]
-#                   [--systems "kvix dynamo hello"] [--threads "1 2"] [--rate R]
+#                   [--systems "kvix dynamo hello ghello"] [--threads "1 2"] [--rate R]
 #                   [--before DIR] [--pair 0|1]
 #
 # Builds kvix (release) and scripts/dynamo_peer (dynamo-peer: the published crate
 # dynamo-kv-router 1.6.1 run by its own run_server; tokio-hello: tokio + hyper
-# answering a constant /query-sized body). Then, --repeat times, for each workload
+# answering a constant /query-sized body) and kvix-hello (ghello: glommio executors
+# placed as kvix's, the same HTTP stack, the same constant body, no index and no
+# polling between requests). Then, --repeat times, for each workload
 #   trace          first --requests requests of the Mooncake conversation trace,
 #                  16 workers, prefix-affinity routing
 #   shared-prefix  kvix-load's generated workload (6 x --requests requests, so the
@@ -20,8 +23,10 @@
 # settled RSS per live (block, worker)), then closed-loop /query with 1k-token
 # prompts at 16 connections and at 1, then open loop at --rate req/s (default 6000,
 # a rate every system sustains here) over 16 connections, latency from each
-# request's intended send time; tokio-hello takes the same query phases,
-# answering a constant body of the mean size of kvix's replies in that workload.
+# request's intended send time; tokio-hello and glommio-hello take the same query
+# phases, answering a constant body of the mean size of kvix's replies in that
+# workload: what tokio-hello cannot reach on this machine, no server can;
+# glommio-hello is kvix's runtime as glommio ships it, without kvix's work.
 # Then kvix and Dynamo, both filled, share one open loop at --rate, 100 ms each in
 # turn (pair-t<n>-open.json), so that both meet the same machine (--pair 0: not).
 # The event streams are vLLM's wire format with two choices Dynamo 1.6.1 needs, made
@@ -52,7 +57,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 REPEAT=3 QUICK=0 BUILD=1 REQUESTS=6000 DURATION=10 RATE=6000 BEFORE_BIN="" PAIR=1
-WORKLOADS="trace shared-prefix" SYSTEMS="kvix dynamo hello" THREADS="1 2"
+WORKLOADS="trace shared-prefix" SYSTEMS="kvix dynamo hello ghello" THREADS="1 2"
 OUT="perf/out/compare-$(date +%Y%m%d-%H%M%S)"
 quick() { QUICK=1; REPEAT=1; REQUESTS=1000; DURATION=2; }
 . perf/lib.sh
@@ -64,7 +69,8 @@ PEER_DIR=scripts/dynamo_peer
 PEER_BIN=$PEER_DIR/target/release
 if [ "$BUILD" = 1 ]; then
     say "building kvix and kvix-load (release)"
-    nice -n 10 cargo build --release --locked --workspace --bin kvix --bin kvix-load >&2
+    nice -n 10 cargo build --release --locked --workspace --bin kvix --bin kvix-hello \
+        --bin kvix-load >&2
     say "building dynamo-peer and tokio-hello (dynamo-kv-router 1.6.1; slow the first time)"
     if ! nice -n 10 cargo build --release --locked --manifest-path "$PEER_DIR/Cargo.toml" >&2; then
         say "building $PEER_DIR failed (see $OUT/compare.log); it needs a C/C++ compiler: apt-get install build-essential"
@@ -73,7 +79,7 @@ if [ "$BUILD" = 1 ]; then
 fi
 BIN=target/release
 [ -n "$BEFORE_BIN" ] && SYSTEMS="$SYSTEMS before"
-for b in "$BIN/kvix" "$BIN/kvix-load" "$PEER_BIN/dynamo-peer" "$PEER_BIN/tokio-hello" \
+for b in "$BIN/kvix" "$BIN/kvix-hello" "$BIN/kvix-load" "$PEER_BIN/dynamo-peer" "$PEER_BIN/tokio-hello" \
     ${BEFORE_BIN:+"$BEFORE_BIN/kvix"}; do
     [ -x "$b" ] || { say "missing $b (run without --no-build)"; exit 1; }
 done
@@ -100,6 +106,8 @@ start() { # start SYSTEM THREADS LOG [HELLO BODY BYTES] → sets PID and PORT
             --runtime-threads "$threads") ;;
         hello) cmd=("$PEER_BIN/tokio-hello" --host 127.0.0.1 --port "$PORT" --threads "$threads"
             --body-bytes "$body") ;;
+        ghello) cmd=("$BIN/kvix-hello" --host 127.0.0.1 --port "$PORT" --threads "$threads"
+            --body-bytes "$body") ;;
     esac
     # The server itself, not a subshell, is $PID: its RSS is measured and it is stopped.
     "${cmd[@]}" 2>"$log" &
@@ -108,7 +116,7 @@ start() { # start SYSTEM THREADS LOG [HELLO BODY BYTES] → sets PID and PORT
 }
 stop() { kill "$PID" 2>/dev/null || true; wait "$PID" 2>/dev/null || true; PID=""; }
 
-# Mean reply size of kvix's 16-connection phase in this workload: tokio-hello's body.
+# Mean reply size of kvix's 16-connection phase in this workload: the hellos' body.
 reply_bytes() { # reply_bytes QUERY_JSON
     python3 -c 'import json,sys
 q=[p for p in json.load(open(sys.argv[1]))["queries"] if p["completed"]]
@@ -122,12 +130,12 @@ run_system() { # run_system RUNDIR WORKLOAD SYSTEM THREADS
     local dir=$1 workload=$2 system=$3 threads=$4 wl ev
     read -r -a wl <<<"$(workload_args "$workload")"
     read -r -a ev <<<"$(worker_args "$workload")"
-    local name="$system-t$threads" body=""
-    [ "$system" = hello ] && body=$(reply_bytes "$dir/kvix-t2-query.json")
+    local name="$system-t$threads" body="" index=1
+    case "$system" in hello | ghello) index=0 body=$(reply_bytes "$dir/kvix-t2-query.json") ;; esac
     say "$(basename "$(dirname "$dir")"), $workload: $system --threads $threads"
     start "$system" "$threads" "$dir/$name.log" "$body"
     local common=(--url "http://127.0.0.1:$PORT" --quiet --json "${wl[@]}")
-    if [ "$system" != hello ]; then
+    if [ "$index" = 1 ]; then
         load events "${common[@]}" "${ev[@]}" --pid "$PID" --keep >"$dir/$name-events.json"
     fi
     load query "${common[@]}" --connections 16,1 --prompt-tokens 1024 --duration "$DURATION" \
@@ -137,7 +145,7 @@ run_system() { # run_system RUNDIR WORKLOAD SYSTEM THREADS
     stop
     # The same event load from engines that seed their hashes apart (vLLM's default),
     # on a fresh server: every engine names a block its own way.
-    if [ "$system" != hello ]; then
+    if [ "$index" = 1 ]; then
         local apart=() a
         for a in "${ev[@]}"; do [ "$a" = --shared-engine-hashes ] || apart+=("$a"); done
         start "$system" "$threads" "$dir/$name-apart.log"
@@ -196,8 +204,8 @@ for r in $(seq 1 "$REPEAT"); do
     for workload in $WORKLOADS; do
         dir="$OUT/run-$r/$workload"
         mkdir -p "$dir"
-        order=(kvix before dynamo hello)
-        [ $((r % 2)) = 0 ] && order=(dynamo before kvix hello)
+        order=(kvix before dynamo hello ghello)
+        [ $((r % 2)) = 0 ] && order=(dynamo before kvix ghello hello)
         for system in "${order[@]}"; do
             [[ " $SYSTEMS " == *" $system "* ]] || continue
             for threads in $THREADS; do
