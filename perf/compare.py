@@ -362,12 +362,11 @@ def table(out):
         "thread count (1 or 2) for that metric in that run, the count chosen after the value "
         "(`t1`, `t2`). Ratios are per run: kvix ÷ the other, above 1 is better for kvix on "
         "rates, below 1 on latency and memory; a hello ÷ Dynamo is what a server that does no work "
-        "reaches on this machine (tokio-hello) or on kvix's runtime as glommio ships it "
-        "(glommio-hello). Event streams are vLLM's wire with a nil dp-rank "
+        "reaches on this machine (tokio-hello) or on kvix's runtime (glommio-hello). Event streams are vLLM's wire with a nil dp-rank "
         "element and one engine hash per block on every worker, for both systems (what Dynamo "
         "1.6.1 needs to index every event); `engine hashes apart` replays the same load on a "
         "fresh server with one engine hash per worker (vLLM's default); tokio-hello (tokio + hyper) and glommio-hello (kvix-hello: "
-        "glommio executors and hyper as kvix places them, parking when idle) answer a constant body of the mean size "
+        "kvix's runtime, its glommio executors placed and polling as kvix's, no index) answer a constant body of the mean size "
         "of kvix's replies (`reply bytes`). `hit %`: replies with a non-empty `scores`.",
     ]
     workloads = sorted({w for r in runs for w in r["workloads"]}, key=lambda w: (w != "trace", w))

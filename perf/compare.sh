@@ -10,9 +10,9 @@
 #
 # Builds kvix (release) and scripts/dynamo_peer (dynamo-peer: the published crate
 # dynamo-kv-router 1.6.1 run by its own run_server; tokio-hello: tokio + hyper
-# answering a constant /query-sized body) and kvix-hello (ghello: glommio executors
-# placed as kvix's, the same HTTP stack, the same constant body, no index and no
-# polling between requests). Then, --repeat times, for each workload
+# answering a constant /query-sized body) and kvix-hello (ghello, glommio-hello:
+# kvix's runtime, its executors placed and polling as kvix's, the same HTTP stack,
+# the same constant body, no index). Then, --repeat times, for each workload
 #   trace          first --requests requests of the Mooncake conversation trace,
 #                  16 workers, prefix-affinity routing
 #   shared-prefix  kvix-load's generated workload (6 x --requests requests, so the

@@ -1,7 +1,9 @@
 //! `kvix-hello`: the HTTP ceiling. The same runtime as kvix (pinned glommio
 //! executors, hyper 1.x over the same I/O adapter, one `SO_REUSEPORT` listener
 //! per core) but every request only has its body read and gets a constant
-//! score answer. Whatever kvix does beyond this is the cost of indexing.
+//! score answer. Whatever kvix does beyond this is the cost of indexing. An
+//! executor keeps polling for `--spin-us` after each request, as kvix's do
+//! ([`kvix::runtime::awake`]); with 0 it parks whenever idle (glommio's own way).
 
 use bytes::Bytes;
 use clap::Parser;
@@ -9,6 +11,7 @@ use glommio::net::TcpListener;
 use glommio::{LocalExecutorPoolBuilder, PoolPlacement};
 use http_body_util::{BodyExt, Full};
 use hyper::Response;
+use kvix::runtime::awake::{self, KeepAwake};
 use kvix::runtime::io::HyperStream;
 use std::net::SocketAddr;
 
@@ -27,6 +30,10 @@ struct Args {
     /// Pad the answer to this many bytes (a real reply's size); 0: the bare answer.
     #[arg(long, default_value_t = 0)]
     body_bytes: usize,
+    /// Keep polling this long after each request, as kvix's `--spin-us` (the same
+    /// default and variable); 0: park whenever idle.
+    #[arg(long, env = "KVIX_SPIN_US", default_value_t = 200)]
+    spin_us: u64,
 }
 
 const ANSWER: &[u8] = br#"{"scores":{"1":{"0":16}},"frequencies":[1],"tree_sizes":{"1":{"0":1}}}"#;
@@ -39,19 +46,24 @@ fn main() {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = a.threads.clamp(1, cores);
     let answer = padded(ANSWER, a.body_bytes);
+    let window = std::time::Duration::from_micros(a.spin_us);
     LocalExecutorPoolBuilder::new(PoolPlacement::MaxSpread(threads, None))
+        .spin_before_park(awake::idle_spin(window))
         .on_all_shards(move || async move {
             let answer = answer.clone();
+            let keeper = KeepAwake::new(window);
+            glommio::spawn_local(keeper.clone().run()).detach();
             let listener = TcpListener::bind(addr).expect("bind");
             loop {
                 let Ok(stream) = listener.accept().await else {
                     continue;
                 };
                 let _ = stream.set_nodelay(true);
-                let answer = answer.clone();
+                let (answer, keeper) = (answer.clone(), keeper.clone());
                 glommio::spawn_local(async move {
                     let service = hyper::service::service_fn(
                         move |req: hyper::Request<hyper::body::Incoming>| {
+                            keeper.note();
                             let answer = answer.clone();
                             async move {
                                 let body =

@@ -36,11 +36,11 @@ const CONTENDED: Duration = Duration::from_micros(3);
 
 /// glommio's spin before park for an executor that polls for `window` after each
 /// query: none if it never polls.
-pub(super) fn idle_spin(window: Duration) -> Duration {
+pub fn idle_spin(window: Duration) -> Duration {
     IDLE_SPIN.min(window)
 }
 
-pub(super) struct KeepAwake {
+pub struct KeepAwake {
     window: Duration,
     tick: Duration,
     /// When a query (or a peer's request) last arrived; none while quiet.
@@ -54,7 +54,7 @@ pub(super) struct KeepAwake {
 impl KeepAwake {
     /// Poll for `window` after each [`Self::note`] (the executor's spin before
     /// park must be [`idle_spin`] of the same window).
-    pub(super) fn new(window: Duration) -> Rc<Self> {
+    pub fn new(window: Duration) -> Rc<Self> {
         Rc::new(KeepAwake {
             window,
             tick: TICK.min(idle_spin(window) / 2),
@@ -71,7 +71,7 @@ impl KeepAwake {
 
     /// A query or a peer's request arrived: keep polling for `window` from now.
     #[inline]
-    pub(super) fn note(&self) {
+    pub fn note(&self) {
         if self.window.is_zero() {
             return;
         }
@@ -92,7 +92,7 @@ impl KeepAwake {
 
     /// The keeper task: dormant until a [`Self::note`], then a timer every `tick`
     /// until `window` passes without one.
-    pub(super) async fn run(self: Rc<Self>) {
+    pub async fn run(self: Rc<Self>) {
         if self.window.is_zero() {
             return;
         }

@@ -10,7 +10,7 @@
 //! message. No executor ever waits on a thread: blocking work goes through
 //! [`ShardMesh::offload`].
 
-mod awake;
+pub mod awake;
 pub mod io;
 mod listen;
 
