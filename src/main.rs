@@ -617,6 +617,10 @@ fn serve_options(
     ServeOptions {
         addr,
         spin: Duration::from_micros(clamp("spin-us", args.spin_us, 0, 1_000_000)),
+        slice: match args.slice_us {
+            0 => None,
+            n => Some(Duration::from_micros(clamp("slice-us", n, 100, 100_000))),
+        },
         max_connections,
         header_timeout: Duration::from_millis(clamp(
             "header-timeout-ms",

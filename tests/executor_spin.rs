@@ -68,3 +68,54 @@ fn an_executor_polls_while_queries_come_and_parks_once_they_stop() {
         "the executor parked only {while_quiet} times in 300 ms without queries"
     );
 }
+
+/// The time slices (ns) of the executor threads as `/proc` shows them; none where
+/// the kernel does not show them.
+fn executor_slices(pid: u32) -> Option<Vec<u64>> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with("kvix-core"))
+        })
+        .map(|t| {
+            std::fs::read_to_string(t.path().join("sched"))
+                .ok()?
+                .lines()
+                .find_map(|l| {
+                    l.strip_prefix("se.slice")?
+                        .split(':')
+                        .nth(1)?
+                        .trim()
+                        .parse()
+                        .ok()
+                })
+        })
+        .collect()
+}
+
+#[test]
+fn an_executor_runs_on_a_short_slice_while_queries_come_and_on_the_default_after() {
+    let s = Server::start(&["--threads", "1", "--slice-us", "150"]);
+    let query = json!({"token_ids": (0..64).collect::<Vec<u32>>(), "model_name": MODEL});
+    s.post_json("/query", &query);
+    let Some(slices) = executor_slices(s.pid()) else {
+        eprintln!("this kernel does not show se.slice: nothing to check");
+        return;
+    };
+    // glommio names the executor and its blocking thread alike: the executor is the
+    // one that took the slice.
+    assert!(
+        slices.contains(&150_000),
+        "no executor thread runs on the 150 µs slice after a query: {slices:?}"
+    );
+    // No query for a second: the next heartbeat gives the default back.
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while executor_slices(s.pid()).unwrap().contains(&150_000) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the executor kept its short slice 15 s after the last query"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -2,8 +2,9 @@
 //! executors, hyper 1.x over the same I/O adapter, one `SO_REUSEPORT` listener
 //! per core) but every request only has its body read and gets a constant
 //! score answer. Whatever kvix does beyond this is the cost of indexing. An
-//! executor keeps polling for `--spin-us` after each request, as kvix's do
-//! ([`kvix::runtime::awake`]); with 0 it parks whenever idle (glommio's own way).
+//! executor keeps polling for `--spin-us` after each request and runs on a short
+//! time slice (`--slice-us`), as kvix's do ([`kvix::runtime::awake`]); with 0 it
+//! parks whenever idle (glommio's own way) on the kernel's default slice.
 
 use bytes::Bytes;
 use clap::Parser;
@@ -34,6 +35,10 @@ struct Args {
     /// default and variable); 0: park whenever idle.
     #[arg(long, env = "KVIX_SPIN_US", default_value_t = 200)]
     spin_us: u64,
+    /// The time slice an executor asks for while requests come, as kvix's
+    /// `--slice-us` (the same default and variable); 0: the kernel's default.
+    #[arg(long, env = "KVIX_SLICE_US", default_value_t = 100)]
+    slice_us: u64,
 }
 
 const ANSWER: &[u8] = br#"{"scores":{"1":{"0":16}},"frequencies":[1],"tree_sizes":{"1":{"0":1}}}"#;
@@ -47,11 +52,12 @@ fn main() {
     let threads = a.threads.clamp(1, cores);
     let answer = padded(ANSWER, a.body_bytes);
     let window = std::time::Duration::from_micros(a.spin_us);
+    let slice = (a.slice_us > 0).then(|| std::time::Duration::from_micros(a.slice_us));
     LocalExecutorPoolBuilder::new(PoolPlacement::MaxSpread(threads, None))
         .spin_before_park(awake::idle_spin(window))
         .on_all_shards(move || async move {
             let answer = answer.clone();
-            let keeper = KeepAwake::new(window);
+            let keeper = KeepAwake::new(window, slice);
             glommio::spawn_local(keeper.clone().run()).detach();
             let listener = TcpListener::bind(addr).expect("bind");
             loop {

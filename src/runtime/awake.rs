@@ -13,9 +13,13 @@
 //! stops polling (until the next query) as soon as a yield hands the core to another
 //! thread: a thread that needs this core (an ingest thread, a client or a kernel
 //! thread on the same machine) must not wait behind the polling, and the scheduler,
-//! left to itself, makes it wait tens of µs at each of its wake-ups. Owned by one
-//! executor; never shared.
+//! left to itself, makes it wait tens of µs at each of its wake-ups. While queries
+//! come (and for [`SLICE_HOLD`] after the last) the executor's thread also asks the
+//! kernel for a short time slice ([`super::slice`]), so that a thread sharing its
+//! core hands it back soon when a query waits; an event flood alone runs on the
+//! kernel's default slice. Owned by one executor; never shared.
 
+use super::slice;
 use std::cell::{Cell, RefCell};
 use std::future::poll_fn;
 use std::rc::Rc;
@@ -34,6 +38,9 @@ const TICK: Duration = Duration::from_micros(5);
 /// steals the core, yields look late and the executor only parks sooner.
 const CONTENDED: Duration = Duration::from_micros(3);
 
+/// How long after the last query an executor keeps its short time slice.
+pub const SLICE_HOLD: Duration = Duration::from_secs(1);
+
 /// glommio's spin before park for an executor that polls for `window` after each
 /// query: none if it never polls.
 pub fn idle_spin(window: Duration) -> Duration {
@@ -49,18 +56,31 @@ pub struct KeepAwake {
     stops: Cell<u64>,
     /// The keeper's waker while it is dormant.
     dormant: RefCell<Option<Waker>>,
+    /// The time slice to ask for while queries come; none: the kernel's default
+    /// always (also once the kernel refused it).
+    slice: Cell<Option<Duration>>,
+    /// Whether the thread has the short slice now.
+    short: Cell<bool>,
+    /// Queries noted so far, and the count and time [`Self::relax`] last saw change.
+    noted: Cell<u64>,
+    seen: Cell<(u64, Instant)>,
 }
 
 impl KeepAwake {
     /// Poll for `window` after each [`Self::note`] (the executor's spin before
-    /// park must be [`idle_spin`] of the same window).
-    pub fn new(window: Duration) -> Rc<Self> {
+    /// park must be [`idle_spin`] of the same window), and run on `slice` while
+    /// queries come. Made on the executor's own thread, the one whose slice it sets.
+    pub fn new(window: Duration, slice: Option<Duration>) -> Rc<Self> {
         Rc::new(KeepAwake {
             window,
             tick: TICK.min(idle_spin(window) / 2),
             last: Cell::new(None),
             stops: Cell::new(0),
             dormant: RefCell::new(None),
+            slice: Cell::new(slice.filter(|s| !s.is_zero())),
+            short: Cell::new(false),
+            noted: Cell::new(0),
+            seen: Cell::new((0, Instant::now())),
         })
     }
 
@@ -72,6 +92,10 @@ impl KeepAwake {
     /// A query or a peer's request arrived: keep polling for `window` from now.
     #[inline]
     pub fn note(&self) {
+        self.noted.set(self.noted.get() + 1);
+        if !self.short.get() && self.slice.get().is_some() {
+            self.shorten();
+        }
         if self.window.is_zero() {
             return;
         }
@@ -84,6 +108,38 @@ impl KeepAwake {
     /// How many times polling stopped because another thread wanted the core.
     pub(super) fn stops(&self) -> u64 {
         self.stops.get()
+    }
+
+    fn shorten(&self) {
+        match slice::set(self.slice.get()) {
+            Ok(()) => self.short.set(true),
+            Err(e) => {
+                tracing::warn!(
+                    "cannot shorten the executor's time slice: {e}; running on the kernel's default"
+                );
+                self.slice.set(None);
+            }
+        }
+    }
+
+    /// Back to the kernel's default slice once no query came for [`SLICE_HOLD`]:
+    /// called now and then (the executor's heartbeat), never per query.
+    pub fn relax(&self) {
+        if !self.short.get() {
+            return;
+        }
+        let (seen, since) = self.seen.get();
+        let noted = self.noted.get();
+        if noted != seen {
+            self.seen.set((noted, Instant::now()));
+        } else if since.elapsed() >= SLICE_HOLD && slice::set(None).is_ok() {
+            self.short.set(false);
+        }
+    }
+
+    /// Whether the thread runs on the short slice now.
+    pub fn shortened(&self) -> bool {
+        self.short.get()
     }
 
     fn busy(&self) -> bool {
@@ -139,7 +195,7 @@ mod tests {
         glommio::LocalExecutorBuilder::default()
             .spin_before_park(idle_spin(window))
             .spawn(move || async move {
-                let k = KeepAwake::new(window);
+                let k = KeepAwake::new(window, None);
                 glommio::spawn_local(k.clone().run()).detach();
                 glommio::timer::sleep(Duration::from_millis(5)).await;
                 assert!(k.dormant.borrow().is_some(), "dormant before any query");
@@ -160,6 +216,31 @@ mod tests {
             .unwrap()
             .join()
             .unwrap();
+    }
+
+    #[test]
+    fn a_query_shortens_the_slice_and_a_quiet_second_gives_the_default_back() {
+        std::thread::spawn(|| {
+            let k = KeepAwake::new(Duration::ZERO, Some(Duration::from_micros(150)));
+            assert!(!k.shortened(), "the default slice before any query");
+            k.note();
+            assert!(k.shortened(), "the short slice once a query came");
+            k.relax();
+            assert!(k.shortened(), "kept right after a query");
+            std::thread::sleep(SLICE_HOLD / 2);
+            k.note();
+            k.relax();
+            std::thread::sleep(SLICE_HOLD / 2 + Duration::from_millis(100));
+            k.relax();
+            assert!(k.shortened(), "kept: a query came less than a hold ago");
+            std::thread::sleep(SLICE_HOLD / 2);
+            k.relax();
+            assert!(!k.shortened(), "the default again after a quiet hold");
+            k.note();
+            assert!(k.shortened(), "short again with the next query");
+        })
+        .join()
+        .unwrap();
     }
 
     /// The first CPU this process may run on, and pin the calling thread there.
@@ -210,7 +291,7 @@ mod tests {
         let parked = glommio::LocalExecutorBuilder::new(glommio::Placement::Fixed(cpu))
             .spin_before_park(idle_spin(window))
             .spawn(move || async move {
-                let k = KeepAwake::new(window);
+                let k = KeepAwake::new(window, None);
                 glommio::spawn_local(k.clone().run()).detach();
                 glommio::timer::sleep(Duration::from_millis(5)).await;
                 k.note();
@@ -233,7 +314,7 @@ mod tests {
     fn its_timer_always_falls_due_within_the_spin() {
         for us in [1, 5, 10, 20, 200, 1_000_000] {
             let window = Duration::from_micros(us);
-            let k = KeepAwake::new(window);
+            let k = KeepAwake::new(window, None);
             assert!(!k.tick.is_zero() && k.tick < idle_spin(window), "{us} µs");
         }
         assert!(idle_spin(Duration::ZERO).is_zero());

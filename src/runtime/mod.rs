@@ -13,6 +13,7 @@
 pub mod awake;
 pub mod io;
 mod listen;
+pub mod slice;
 
 pub use listen::{PortGuard, claim_port};
 
@@ -99,6 +100,9 @@ pub struct ServeOptions {
     /// How long an executor keeps polling after a query or a peer's request before
     /// it may park; zero: it parks whenever it is idle.
     pub spin: Duration,
+    /// The time slice an executor's thread asks the kernel for while queries come
+    /// ([`slice`]); none: the kernel's default.
+    pub slice: Option<Duration>,
     /// Open connections per core; beyond it new ones wait in the kernel's backlog.
     pub max_connections: usize,
     /// From the moment a connection waits for a request (accepted, or its previous
@@ -725,6 +729,7 @@ async fn heartbeat_loop(core: Rc<Core>) {
     let every = core.app.lifecycle().heartbeat_every();
     loop {
         core.app.lifecycle().heartbeat(core.id.0);
+        core.awake.relax();
         glommio::timer::sleep(every).await;
     }
 }
@@ -767,7 +772,7 @@ pub fn serve(app: Arc<App>, opts: ServeOptions) -> std::io::Result<()> {
                     pending: RefCell::default(),
                     next_qid: Cell::new(0),
                     http_stats: RefCell::default(),
-                    awake: awake::KeepAwake::new(window),
+                    awake: awake::KeepAwake::new(window, opts.slice),
                 });
                 glommio::spawn_local(core.awake.clone().run()).detach();
                 for (peer, stream) in receivers.streams() {
