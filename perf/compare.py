@@ -360,15 +360,19 @@ def table(out):
         f"{len(runs)} run(s). Each cell: median over runs (range). Latency is reported per "
         "thread count, never best-of; throughput, events and memory at each system's best "
         "thread count (1 or 2) for that metric in that run, the count chosen after the value "
-        "(`t1`, `t2`). Ratios are per run: kvix ÷ the other, above 1 is better for kvix on "
-        "rates, below 1 on latency and memory; a hello ÷ Dynamo is what a server that does no work "
-        "reaches on this machine (tokio-hello) or on kvix's runtime (glommio-hello). Event streams are vLLM's wire with a nil dp-rank "
+        "(`t1`, `t2`). Ratios are kvix ÷ the other, per run: above 1 is better for kvix on "
+        "rates, below 1 on latency and memory. Event streams are vLLM's wire with a nil dp-rank "
         "element and one engine hash per block on every worker, for both systems (what Dynamo "
         "1.6.1 needs to index every event); `engine hashes apart` replays the same load on a "
-        "fresh server with one engine hash per worker (vLLM's default); tokio-hello (tokio + hyper) and glommio-hello (kvix-hello: "
-        "kvix's runtime, its glommio executors placed and polling as kvix's, no index) answer a constant body of the mean size "
+        "fresh server with one engine hash per worker (vLLM's default); tokio-hello answers a constant body of the mean size "
         "of kvix's replies (`reply bytes`). `hit %`: replies with a non-empty `scores`.",
     ]
+    if any(n.rsplit("-t", 1)[0] == "ghello" for r in runs for c in r["workloads"].values() for n in c):
+        lines[-1] += (
+            " glommio-hello (kvix-hello) answers the same body on kvix's runtime, with no index."
+            " A hello ÷ Dynamo is what a server that does no work reaches against Dynamo: on this"
+            " machine (tokio-hello), or on kvix's runtime (glommio-hello)."
+        )
     workloads = sorted({w for r in runs for w in r["workloads"]}, key=lambda w: (w != "trace", w))
     for wl in workloads:
         per_run = [r["workloads"].get(wl, {}) for r in runs]
@@ -398,13 +402,13 @@ def table(out):
                     continue
                 cells.append(f"{median_range(key, vals)} {'/'.join(threads)}")
             ratios = []
-            for _, other in pairs:
-                if other not in bests:
+            for num, other in pairs:
+                if num not in bests or other not in bests:
                     ratios.append("")
                     continue
                 rs = [
                     k[0] / o[0] if k and o and o[0] else None
-                    for k, o in zip(bests["kvix"], bests[other])
+                    for k, o in zip(bests[num], bests[other])
                 ]
                 ratios.append(spread(rs))
             lines.append(f"| {label} | " + " | ".join(cells + ratios) + " |")

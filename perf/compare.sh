@@ -25,8 +25,8 @@
 # a rate every system sustains here) over 16 connections, latency from each
 # request's intended send time; tokio-hello and glommio-hello take the same query
 # phases, answering a constant body of the mean size of kvix's replies in that
-# workload: what tokio-hello cannot reach on this machine, no server can;
-# glommio-hello is kvix's runtime as glommio ships it, without kvix's work.
+# workload: what tokio-hello cannot reach on this machine, no server can, and
+# glommio-hello is kvix's runtime without kvix's work.
 # Then kvix and Dynamo, both filled, share one open loop at --rate, 100 ms each in
 # turn (pair-t<n>-open.json), so that both meet the same machine (--pair 0: not).
 # The event streams are vLLM's wire format with two choices Dynamo 1.6.1 needs, made
@@ -79,10 +79,13 @@ if [ "$BUILD" = 1 ]; then
 fi
 BIN=target/release
 [ -n "$BEFORE_BIN" ] && SYSTEMS="$SYSTEMS before"
-for b in "$BIN/kvix" "$BIN/kvix-hello" "$BIN/kvix-load" "$PEER_BIN/dynamo-peer" "$PEER_BIN/tokio-hello" \
+for b in "$BIN/kvix" "$BIN/kvix-load" "$PEER_BIN/dynamo-peer" "$PEER_BIN/tokio-hello" \
     ${BEFORE_BIN:+"$BEFORE_BIN/kvix"}; do
     [ -x "$b" ] || { say "missing $b (run without --no-build)"; exit 1; }
 done
+if [[ " $SYSTEMS " == *" ghello "* ]] && [ ! -x "$BIN/kvix-hello" ]; then
+    say "missing $BIN/kvix-hello (run without --no-build)"; exit 1
+fi
 describe_machine "$OUT/machine.txt" "repeat: $REPEAT requests: $REQUESTS duration: $DURATION trace: $TRACE
 workloads: $WORKLOADS systems: $SYSTEMS threads: $THREADS open-loop rate: $RATE/s
 dynamo: dynamo-kv-router 1.6.1 (scripts/dynamo_peer/Cargo.lock)${BEFORE_BIN:+

@@ -59,6 +59,14 @@ fn main() {
             let answer = answer.clone();
             let keeper = KeepAwake::new(window, slice);
             glommio::spawn_local(keeper.clone().run()).detach();
+            let relaxer = keeper.clone();
+            glommio::spawn_local(async move {
+                loop {
+                    glommio::timer::sleep(std::time::Duration::from_millis(500)).await;
+                    relaxer.relax();
+                }
+            })
+            .detach();
             let listener = TcpListener::bind(addr).expect("bind");
             loop {
                 let Ok(stream) = listener.accept().await else {

@@ -13,16 +13,19 @@
 //! stops polling (until the next query) as soon as a yield hands the core to another
 //! thread: a thread that needs this core (an ingest thread, a client or a kernel
 //! thread on the same machine) must not wait behind the polling, and the scheduler,
-//! left to itself, makes it wait tens of µs at each of its wake-ups. While queries
-//! come (and for [`SLICE_HOLD`] after the last) the executor's thread also asks the
-//! kernel for a short time slice ([`super::slice`]), so that a thread sharing its
-//! core hands it back soon when a query waits; an event flood alone runs on the
-//! kernel's default slice. Owned by one executor; never shared.
+//! left to itself, makes it wait tens of µs at each of its wake-ups. While requests
+//! come (queries, peers' requests, any HTTP request; and for at least
+//! [`SLICE_HOLD`] after the last) the executor's thread also asks the kernel for a
+//! short time slice ([`super::slice`]), so that a thread sharing its core hands it
+//! back soon when a request waits; an executor that only applies events runs on the
+//! kernel's default slice. Owned by one executor, made and used on its thread;
+//! never shared.
 
 use super::slice;
 use std::cell::{Cell, RefCell};
 use std::future::poll_fn;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
@@ -38,7 +41,7 @@ const TICK: Duration = Duration::from_micros(5);
 /// steals the core, yields look late and the executor only parks sooner.
 const CONTENDED: Duration = Duration::from_micros(3);
 
-/// How long after the last query an executor keeps its short time slice.
+/// How long after the last request an executor keeps its short time slice, at least.
 pub const SLICE_HOLD: Duration = Duration::from_secs(1);
 
 /// glommio's spin before park for an executor that polls for `window` after each
@@ -47,6 +50,8 @@ pub fn idle_spin(window: Duration) -> Duration {
     IDLE_SPIN.min(window)
 }
 
+/// One executor's polling and time slice, driven by [`KeepAwake::note`] on each
+/// request and [`KeepAwake::relax`] now and then.
 pub struct KeepAwake {
     window: Duration,
     tick: Duration,
@@ -61,7 +66,7 @@ pub struct KeepAwake {
     slice: Cell<Option<Duration>>,
     /// Whether the thread has the short slice now.
     short: Cell<bool>,
-    /// Queries noted so far, and the count and time [`Self::relax`] last saw change.
+    /// Requests noted so far, and the count and time [`Self::relax`] last saw change.
     noted: Cell<u64>,
     seen: Cell<(u64, Instant)>,
 }
@@ -111,19 +116,24 @@ impl KeepAwake {
     }
 
     fn shorten(&self) {
+        /// Every executor meets the same refusal: one line says it.
+        static WARNED: AtomicBool = AtomicBool::new(false);
         match slice::set(self.slice.get()) {
             Ok(()) => self.short.set(true),
             Err(e) => {
-                tracing::warn!(
-                    "cannot shorten the executor's time slice: {e}; running on the kernel's default"
-                );
+                if !WARNED.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        "cannot shorten the executors' time slice: {e}; they run on the kernel's default"
+                    );
+                }
                 self.slice.set(None);
             }
         }
     }
 
-    /// Back to the kernel's default slice once no query came for [`SLICE_HOLD`]:
-    /// called now and then (the executor's heartbeat), never per query.
+    /// Back to the kernel's default slice once no request came for [`SLICE_HOLD`]
+    /// (as seen by two calls that far apart): called now and then (the executor's
+    /// heartbeat, a timer), never per request.
     pub fn relax(&self) {
         if !self.short.get() {
             return;
@@ -138,7 +148,8 @@ impl KeepAwake {
     }
 
     /// Whether the thread runs on the short slice now.
-    pub fn shortened(&self) -> bool {
+    #[cfg(test)]
+    fn shortened(&self) -> bool {
         self.short.get()
     }
 
@@ -221,6 +232,10 @@ mod tests {
     #[test]
     fn a_query_shortens_the_slice_and_a_quiet_second_gives_the_default_back() {
         std::thread::spawn(|| {
+            if let Err(e) = slice::set(None) {
+                eprintln!("sched_setattr refused here ({e}): nothing to check");
+                return;
+            }
             let k = KeepAwake::new(Duration::ZERO, Some(Duration::from_micros(150)));
             assert!(!k.shortened(), "the default slice before any query");
             k.note();

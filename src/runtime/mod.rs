@@ -548,6 +548,9 @@ async fn drain_loop(core: Rc<Core>) {
     let mut worked = Instant::now();
     let mut bell = bell(&core);
     loop {
+        // This loop wakes at least every PARKED_TICK: the slice follows the requests
+        // within that.
+        core.awake.relax();
         let (n, clearing, evicted) = {
             let mut shard = core.shard.borrow_mut();
             // While what it stored past the block budget is evicted, it takes no more.
@@ -729,7 +732,6 @@ async fn heartbeat_loop(core: Rc<Core>) {
     let every = core.app.lifecycle().heartbeat_every();
     loop {
         core.app.lifecycle().heartbeat(core.id.0);
-        core.awake.relax();
         glommio::timer::sleep(every).await;
     }
 }

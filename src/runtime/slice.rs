@@ -5,14 +5,18 @@
 //! thread, clamped by the kernel to 0.1–100 ms). A shorter slice gives the thread an
 //! earlier deadline: when it wakes, or has a request waiting, it gets its core back
 //! from a thread sharing it (a load client, an ingest thread) sooner, and gives it up
-//! sooner in turn. Only the calling thread's slice changes; its policy and nice
-//! value stay. Older kernels take the call and ignore the slice. Never blocks.
+//! sooner in turn. Only the calling thread's slice changes: its policy, nice value
+//! and flags are read first and written back as they were. Older kernels take the
+//! call and ignore the slice. Never blocks. A thread started by a thread on a short
+//! slice inherits it: nothing here may be called before an executor starts threads
+//! of its own.
 
 use std::time::Duration;
 
 /// `struct sched_attr` (`include/uapi/linux/sched/types.h`), the first version of
 /// its layout: the kernel reads `size` bytes of it.
 #[repr(C)]
+#[derive(Default)]
 struct SchedAttr {
     size: u32,
     policy: u32,
@@ -24,28 +28,47 @@ struct SchedAttr {
     period: u64,
 }
 
-/// Ask for `slice` as the calling thread's time slice; `None`: the kernel's default.
-/// The thread stays `SCHED_OTHER` at nice 0, which is how kvix's threads run.
-pub fn set(slice: Option<Duration>) -> std::io::Result<()> {
-    let attr = SchedAttr {
-        size: std::mem::size_of::<SchedAttr>() as u32,
-        policy: libc::SCHED_OTHER as u32,
-        flags: 0,
-        nice: 0,
-        priority: 0,
-        runtime: slice.map_or(0, |s| s.as_nanos().min(u64::MAX as u128) as u64),
-        deadline: 0,
-        period: 0,
-    };
-    // SAFETY: `attr` is a fully initialised `sched_attr` whose `size` field names its
-    // own size; the kernel only reads it, during the call. Pid 0 is the calling
-    // thread, and flags 0 asks for nothing else.
-    let r = unsafe { libc::syscall(libc::SYS_sched_setattr, 0, &attr as *const SchedAttr, 0) };
+const ATTR_SIZE: u32 = 48;
+const _: () = assert!(std::mem::size_of::<SchedAttr>() == ATTR_SIZE as usize);
+
+/// `SCHED_FLAG_UTIL_CLAMP_MIN | SCHED_FLAG_UTIL_CLAMP_MAX`: fields past this first
+/// layout, which a write of it must not ask for.
+const UTIL_CLAMP: u64 = 0x20 | 0x40;
+
+fn check(r: libc::c_long) -> std::io::Result<()> {
     if r == 0 {
         Ok(())
     } else {
         Err(std::io::Error::last_os_error())
     }
+}
+
+/// Ask for `slice` as the calling thread's time slice; `None`: the kernel's default.
+/// A thread that does not run under the fair scheduler is left as it is.
+pub fn set(slice: Option<Duration>) -> std::io::Result<()> {
+    let mut attr = SchedAttr::default();
+    // SAFETY: `attr` is a `sched_attr` of `ATTR_SIZE` bytes, the size passed: the
+    // kernel writes at most that many into it, during the call. Pid 0 is the
+    // calling thread; flags must be 0.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_sched_getattr,
+            0,
+            &mut attr as *mut SchedAttr,
+            ATTR_SIZE,
+            0,
+        )
+    })?;
+    if !matches!(attr.policy as i32, libc::SCHED_OTHER | libc::SCHED_BATCH) {
+        return Ok(());
+    }
+    attr.size = ATTR_SIZE;
+    attr.flags &= !UTIL_CLAMP;
+    attr.runtime = slice.map_or(0, |s| s.as_nanos().min(u64::MAX as u128) as u64);
+    // SAFETY: `attr` is the calling thread's own `sched_attr` as just read, of the
+    // size its `size` field names, with only the slice changed; the kernel only reads
+    // it, during the call. Pid 0 is the calling thread; flags must be 0.
+    check(unsafe { libc::syscall(libc::SYS_sched_setattr, 0, &attr as *const SchedAttr, 0) })
 }
 
 #[cfg(test)]
@@ -74,7 +97,10 @@ mod tests {
                 eprintln!("this kernel does not show se.slice: nothing to check");
                 return;
             };
-            set(Some(Duration::from_micros(150))).expect("sched_setattr");
+            if let Err(e) = set(Some(Duration::from_micros(150))) {
+                eprintln!("sched_setattr refused here ({e}): nothing to check");
+                return;
+            }
             assert_eq!(shown(), Some(150_000));
             set(None).expect("sched_setattr");
             assert_eq!(shown(), Some(default));

@@ -1,0 +1,75 @@
+//! An executor's time slice while requests come, alone in its binary: the executor
+//! polling test (`executor_spin.rs`) counts context switches that another server
+//! would disturb.
+
+mod common;
+
+use common::Server;
+use serde_json::json;
+use std::time::{Duration, Instant};
+
+const MODEL: &str = "m";
+
+/// Every thread of the process with its name and its time slice (ns) as `/proc`
+/// shows them; none where the kernel does not show slices.
+fn slices(pid: u32) -> Option<Vec<(String, u64)>> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+        .map(|t| {
+            let name = std::fs::read_to_string(t.path().join("comm")).ok()?;
+            let slice = std::fs::read_to_string(t.path().join("sched"))
+                .ok()?
+                .lines()
+                .find_map(|l| {
+                    l.strip_prefix("se.slice")?
+                        .split(':')
+                        .nth(1)?
+                        .trim()
+                        .parse()
+                        .ok()
+                })?;
+            Some((name.trim().to_string(), slice))
+        })
+        .collect()
+}
+
+/// The threads running on `ns`.
+fn on(pid: u32, ns: u64) -> Vec<String> {
+    slices(pid)
+        .unwrap()
+        .into_iter()
+        .filter(|(_, s)| *s == ns)
+        .map(|(n, _)| n)
+        .collect()
+}
+
+#[test]
+fn an_executor_runs_on_a_short_slice_while_requests_come_and_on_the_default_after() {
+    let s = Server::start(&["--threads", "1", "--slice-us", "150"]);
+    let query = json!({"token_ids": (0..64).collect::<Vec<u32>>(), "model_name": MODEL});
+    s.post_json("/query", &query);
+    if slices(s.pid()).is_none() {
+        eprintln!("this kernel does not show se.slice: nothing to check");
+        return;
+    }
+    // The one executor, and no other thread (its blocking thread, the ingest
+    // threads, the main thread), runs on the short slice.
+    let short = on(s.pid(), 150_000);
+    assert!(
+        short.len() == 1 && short[0].starts_with("kvix-core"),
+        "threads on the 150 µs slice after a query: {short:?}"
+    );
+    // No request for a second: the default comes back.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !on(s.pid(), 150_000).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the executor kept its short slice 10 s after the last request"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // And the next request shortens it again.
+    s.post_json("/query", &query);
+    assert_eq!(on(s.pid(), 150_000).len(), 1, "short again after a query");
+}
