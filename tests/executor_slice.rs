@@ -5,41 +5,31 @@
 mod common;
 
 use common::Server;
+use kvix::runtime::slice::shown;
 use serde_json::json;
 use std::time::{Duration, Instant};
 
 const MODEL: &str = "m";
 
-/// Every thread of the process with its name and its time slice (ns) as `/proc`
-/// shows them; none where the kernel does not show slices.
-fn slices(pid: u32) -> Option<Vec<(String, u64)>> {
+/// Every thread of the process with its name and its time slice as `/proc` shows
+/// them; none where the kernel does not show slices.
+fn slices(pid: u32) -> Option<Vec<(String, Duration)>> {
     std::fs::read_dir(format!("/proc/{pid}/task"))
         .unwrap()
         .flatten()
         .map(|t| {
             let name = std::fs::read_to_string(t.path().join("comm")).ok()?;
-            let slice = std::fs::read_to_string(t.path().join("sched"))
-                .ok()?
-                .lines()
-                .find_map(|l| {
-                    l.strip_prefix("se.slice")?
-                        .split(':')
-                        .nth(1)?
-                        .trim()
-                        .parse()
-                        .ok()
-                })?;
-            Some((name.trim().to_string(), slice))
+            Some((name.trim().to_string(), shown(&t.path())?))
         })
         .collect()
 }
 
-/// The threads running on `ns`.
-fn on(pid: u32, ns: u64) -> Vec<String> {
+/// The threads running on a 150 µs slice.
+fn on_short(pid: u32) -> Vec<String> {
     slices(pid)
         .unwrap()
         .into_iter()
-        .filter(|(_, s)| *s == ns)
+        .filter(|(_, s)| *s == Duration::from_micros(150))
         .map(|(n, _)| n)
         .collect()
 }
@@ -55,14 +45,14 @@ fn an_executor_runs_on_a_short_slice_while_requests_come_and_on_the_default_afte
     }
     // The one executor, and no other thread (its blocking thread, the ingest
     // threads, the main thread), runs on the short slice.
-    let short = on(s.pid(), 150_000);
+    let short = on_short(s.pid());
     assert!(
         short.len() == 1 && short[0].starts_with("kvix-core"),
         "threads on the 150 µs slice after a query: {short:?}"
     );
     // No request for a second: the default comes back.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !on(s.pid(), 150_000).is_empty() {
+    while !on_short(s.pid()).is_empty() {
         assert!(
             Instant::now() < deadline,
             "the executor kept its short slice 10 s after the last request"
@@ -71,5 +61,5 @@ fn an_executor_runs_on_a_short_slice_while_requests_come_and_on_the_default_afte
     }
     // And the next request shortens it again.
     s.post_json("/query", &query);
-    assert_eq!(on(s.pid(), 150_000).len(), 1, "short again after a query");
+    assert_eq!(on_short(s.pid()).len(), 1, "short again after a query");
 }

@@ -71,23 +71,29 @@ pub fn set(slice: Option<Duration>) -> std::io::Result<()> {
     check(unsafe { libc::syscall(libc::SYS_sched_setattr, 0, &attr as *const SchedAttr, 0) })
 }
 
+/// A thread's time slice as the kernel shows it (`se.slice` in `<task>/sched`, e.g.
+/// `/proc/<pid>/task/<tid>` or `/proc/thread-self`); none where it does not show it.
+pub fn shown(task: &std::path::Path) -> Option<Duration> {
+    std::fs::read_to_string(task.join("sched"))
+        .ok()?
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("se.slice")?
+                .split(':')
+                .nth(1)?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .map(Duration::from_nanos)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// The calling thread's slice in ns as `/proc` shows it, where the kernel shows it.
-    fn shown() -> Option<u64> {
-        std::fs::read_to_string("/proc/thread-self/sched")
-            .ok()?
-            .lines()
-            .find_map(|l| {
-                l.strip_prefix("se.slice")?
-                    .split(':')
-                    .nth(1)?
-                    .trim()
-                    .parse()
-                    .ok()
-            })
+    fn shown() -> Option<Duration> {
+        super::shown(std::path::Path::new("/proc/thread-self"))
     }
 
     #[test]
@@ -101,7 +107,7 @@ mod tests {
                 eprintln!("sched_setattr refused here ({e}): nothing to check");
                 return;
             }
-            assert_eq!(shown(), Some(150_000));
+            assert_eq!(shown(), Some(Duration::from_micros(150)));
             set(None).expect("sched_setattr");
             assert_eq!(shown(), Some(default));
         })
