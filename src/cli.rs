@@ -57,8 +57,9 @@ pub struct Args {
     #[arg(long, env = "KVIX_SPIN_US", default_value_t = 200)]
     pub spin_us: u64,
     /// Microseconds of time slice an executor's thread asks the kernel for while
-    /// queries come (Linux 6.12+; 100 to 100000): a thread sharing its core hands it
-    /// back sooner when a query waits. 0 = the kernel's default always
+    /// requests come, and for at least a second after (Linux 6.12+; 100 to 100000):
+    /// a thread sharing its core hands it back sooner when a request waits. 0 = the
+    /// kernel's default always
     #[arg(long, env = "KVIX_SLICE_US", default_value_t = 100)]
     pub slice_us: u64,
     /// Capacity of each ingest→shard ring, in ops. ZMQ's queues absorb bursts

@@ -100,7 +100,7 @@ pub struct ServeOptions {
     /// How long an executor keeps polling after a query or a peer's request before
     /// it may park; zero: it parks whenever it is idle.
     pub spin: Duration,
-    /// The time slice an executor's thread asks the kernel for while queries come
+    /// The time slice an executor's thread asks the kernel for while requests come
     /// ([`slice`]); none: the kernel's default.
     pub slice: Option<Duration>,
     /// Open connections per core; beyond it new ones wait in the kernel's backlog.
