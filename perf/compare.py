@@ -242,11 +242,16 @@ def threads_of(per_run):
     return sorted({int(n.rsplit("-t", 1)[1]) for c in per_run for n in c})
 
 
+def has_system(per_run, system):
+    """Whether any of these runs' configurations is of `system`."""
+    return any(n.rsplit("-t", 1)[0] == system for c in per_run for n in c)
+
+
 def columns(per_run, floors):
     """The systems a table shows, and its ratio columns as (numerator, denominator):
     glommio-hello's column, and with `floors` the hellos ÷ Dynamo (what a server that
     does no work reaches against Dynamo on this machine), only in runs that have it."""
-    ghello = any(n.rsplit("-t", 1)[0] == "ghello" for c in per_run for n in c)
+    ghello = has_system(per_run, "ghello")
     systems = ["kvix", "dynamo", "hello"] + (["ghello"] if ghello else [])
     ratios = [("kvix", "dynamo"), ("kvix", "hello")]
     if ghello:
@@ -367,7 +372,7 @@ def table(out):
         "fresh server with one engine hash per worker (vLLM's default); tokio-hello answers a constant body of the mean size "
         "of kvix's replies (`reply bytes`). `hit %`: replies with a non-empty `scores`.",
     ]
-    if any(n.rsplit("-t", 1)[0] == "ghello" for r in runs for c in r["workloads"].values() for n in c):
+    if has_system([c for r in runs for c in r["workloads"].values()], "ghello"):
         lines[-1] += (
             " glommio-hello (kvix-hello) answers the same body on kvix's runtime, with no index."
             " A hello ÷ Dynamo is what a server that does no work reaches against Dynamo: on this"

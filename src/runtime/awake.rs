@@ -132,8 +132,8 @@ impl KeepAwake {
     }
 
     /// Back to the kernel's default slice once no request came for [`SLICE_HOLD`]
-    /// (as seen by two calls that far apart): called now and then (the executor's
-    /// heartbeat, a timer), never per request.
+    /// (as seen by two calls that far apart): called now and then (kvix's drain loop,
+    /// `kvix-hello`'s timer), never per request.
     pub fn relax(&self) {
         if !self.short.get() {
             return;

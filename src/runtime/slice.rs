@@ -1,4 +1,4 @@
-//! The kernel time slice an executor thread asks for while it serves queries.
+//! The kernel time slice an executor thread asks for while it serves requests.
 //!
 //! Linux's fair scheduler (EEVDF, 6.12 and later) lets a thread ask for a shorter
 //! slice than the default (`sched_setattr`, `sched_runtime` of a `SCHED_OTHER`
