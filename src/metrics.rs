@@ -550,7 +550,7 @@ impl Scrape<'_> {
         self.listeners
             .iter()
             .map(|l| counter(&l.3).load(Ordering::Relaxed))
-            .sum()
+            .fold(0u64, u64::saturating_add)
     }
 
     /// A counter of the bound sockets (`--zmq-bind`).
@@ -598,7 +598,7 @@ impl Scrape<'_> {
 type Total = (&'static str, &'static str, fn(&Scrape) -> u64);
 
 /// The process-wide counters: ingest, replay, refusals, recovery.
-const TOTALS: [Total; 22] = [
+const TOTALS: [Total; 25] = [
     (
         "kvix_batches_received",
         "Event batches received from engines",
@@ -665,6 +665,16 @@ const TOTALS: [Total; 22] = [
         |s| s.feed(|f| &f.gap_batches),
     ),
     (
+        "kvix_sequence_restarts",
+        "Frames numbered at or below their stream's last (the engine restarted; its stream starts over)",
+        |s| s.feed(|f| &f.restarts),
+    ),
+    (
+        "kvix_replay_cold_starts",
+        "Streams whose first frame was above 0, replayed from the engine's buffer from 0",
+        |s| s.replay(|r| &r.cold_starts),
+    ),
+    (
         "kvix_replay_requests",
         "Replay requests sent to engines",
         |s| s.replay(|r| &r.requests),
@@ -701,6 +711,11 @@ const TOTALS: [Total; 22] = [
         "kvix_snapshot_failures",
         "Local snapshots that could not be written",
         |s| s.recovery(|r| &r.snapshot_failures),
+    ),
+    (
+        "kvix_snapshots_rejected",
+        "Snapshots refused at start (version, checksum, truncation, i/o), moved aside as <path>.rejected-<unix time>",
+        |s| s.recovery(|r| &r.snapshots_rejected),
     ),
     (
         "kvix_bootstrap_blocks",

@@ -419,11 +419,19 @@ pub fn conductor(
     out
 }
 
-/// Default llm-d tier weights: device 1.0, host 0.8, every other tier 0.
-pub const LLMD_WEIGHTS: [f32; Tier::COUNT] = [1.0, 0.8, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0];
+/// llm-d's weight of a medium its configuration does not list
+/// (`pkg/kvcache/kvblock_scorer.go`, `fillMaxWeights`: `weight := 1.0` unless the
+/// medium is in the map).
+pub const LLMD_UNLISTED: f32 = 1.0;
 
-/// llm-d scoring: per slot, the sum over its longest run of blocks held on a
-/// positively weighted tier of each block's best tier weight.
+/// Default llm-d tier weights: llm-d's default backends (gpu 1.0, cpu 0.8), every
+/// other medium [`LLMD_UNLISTED`].
+pub const LLMD_WEIGHTS: [f32; Tier::COUNT] = [1.0, 0.8, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0];
+
+/// llm-d scoring, as its longest-prefix scorer: per slot, the sum over its longest
+/// run of blocks from the first (held on any tier) of each block's best tier weight.
+/// A block whose tiers all weigh 0 adds 0 and does not end the run; only a block the
+/// slot does not hold ends it.
 pub fn weighted(
     m: &Merged,
     slots: usize,
@@ -453,11 +461,9 @@ pub fn weighted(
                 .iter()
                 .map(|t| weights[t.0 as usize])
                 .fold(0f32, f32::max);
-            if best > 0.0 {
-                len[s] += 1;
-                score[s] += best;
-                advanced = true;
-            }
+            len[s] += 1;
+            score[s] += best;
+            advanced = true;
         }
         if !advanced {
             break;
@@ -724,8 +730,13 @@ mod tests {
         assert_eq!(normalize(&s), vec![1.0, 0.5, 0.0]);
     }
 
+    /// llm-d (`LongestPrefixScorer.Score` with `fillMaxWeights`), weights
+    /// {gpu: 1.0, cpu: 0.8}: a pod holding block 0 on gpu and cpu, block 1 on cpu,
+    /// block 2 on disk (unlisted: 1.0) scores 1.0 + 0.8 + 1.0 = 2.8. With disk
+    /// weighed 0 the block adds 0 and the run goes on to block 3 (cpu): 1.0 + 0.8 +
+    /// 0 + 0.8 = 2.6.
     #[test]
-    fn llmd_takes_the_best_tier_and_skips_zero_weights() {
+    fn llmd_takes_the_best_tier_and_unlisted_media_weigh_one() {
         let (g, c, d) = (Tier::DEVICE.bit(), Tier::HOST.bit(), Tier::DISK.bit());
         let reply = ShardReply {
             holders: vec![1, h(0, g | c), 1, h(0, c), 1, h(0, d)],
@@ -733,6 +744,16 @@ mod tests {
             effective: Vec::new(),
         };
         let s = weighted(&merge(vec![reply]), 1, |_| true, &LLMD_WEIGHTS);
-        assert!((s[0] - 1.8).abs() < 1e-6, "{s:?}");
+        assert!((s[0] - 2.8).abs() < 1e-6, "{s:?}");
+
+        let reply = ShardReply {
+            holders: vec![1, h(0, g | c), 1, h(0, c), 1, h(0, d), 1, h(0, c)],
+            per_slot: vec![],
+            effective: Vec::new(),
+        };
+        let mut zero_disk = LLMD_WEIGHTS;
+        zero_disk[Tier::DISK.0 as usize] = 0.0;
+        let s = weighted(&merge(vec![reply]), 1, |_| true, &zero_disk);
+        assert!((s[0] - 2.6).abs() < 1e-6, "{s:?}");
     }
 }

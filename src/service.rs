@@ -143,6 +143,8 @@ pub const PEER_DUMP_FAILURES: [&str; 5] = [
 pub struct RecoveryStats {
     pub snapshots_written: AtomicU64,
     pub snapshot_failures: AtomicU64,
+    /// Snapshots refused at start and moved aside.
+    pub snapshots_rejected: AtomicU64,
     pub seeded_blocks: AtomicU64,
     /// Peer dumps not taken, by [`PEER_DUMP_FAILURES`] reason.
     pub peer_dump_failures: [AtomicU64; PEER_DUMP_FAILURES.len()],

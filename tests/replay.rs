@@ -129,3 +129,99 @@ fn an_engine_that_never_answers_leaves_the_gap_counted_not_recovered() {
     let (rows, _) = dump_set(&s, MODEL);
     assert!(!rows.is_empty());
 }
+
+/// An engine has published batches 0-9 (its replay ROUTER holds them) when kvix
+/// registers it; its next live batch is 10. As Dynamo, kvix treats a first sequence
+/// above 0 as missing batches from 0, replays them, and holds all 11 batches.
+#[test]
+fn a_cold_start_replays_the_engines_buffer_from_zero() {
+    let ctx = zmq::Context::new();
+    let s = Server::start(&["--threads", "2"]);
+    let reference = Server::start(&["--threads", "2"]);
+    let mut e = Engine::start(&ctx);
+    let mut e_ok = Engine::start(&ctx);
+    register(&reference, MODEL, 1, &e_ok.publisher);
+    let mut w = Workload::new(21, 0);
+    for _ in 0..10 {
+        let p = w.next();
+        e.lose(&p);
+        e_ok.publish(&p);
+    }
+    let replay = json!({"replay_endpoint": e.replay_endpoint});
+    register_with(&s, MODEL, 1, &e.publisher, replay);
+    let p = w.next();
+    assert_eq!(e.publish(&p), 10);
+    e_ok.publish(&p);
+    wait_same_dump(&s, &reference, MODEL);
+    same_answers(&s, &reference, MODEL, &w.prompts(11));
+    assert_eq!(s.metric("kvix_replay_cold_starts_total", &[]), 1.0);
+    // The buffer holds the live batch too: replayed, and the live frame skipped.
+    assert_eq!(s.metric("kvix_replayed_batches_total", &[]), 11.0);
+    assert_eq!(s.metric("kvix_replay_duplicates_total", &[]), 1.0);
+    // Not a gap in a stream kvix followed, and nothing was out of the buffer.
+    assert_eq!(s.metric("kvix_sequence_gaps_total", &[]), 0.0);
+    assert_eq!(s.metric("kvix_replay_unrecovered_batches_total", &[]), 0.0);
+
+    // A buffer that no longer starts at 0: what it lacks is counted and logged.
+    let s2 = Server::start(&["--threads", "2"]);
+    let mut e2 = Engine::start(&ctx);
+    e2.keep = 3;
+    let mut w2 = Workload::new(22, 0);
+    for _ in 0..10 {
+        e2.lose(&w2.next());
+    }
+    let replay = json!({"replay_endpoint": e2.replay_endpoint});
+    register_with(&s2, MODEL, 1, &e2.publisher, replay);
+    e2.publish(&w2.next());
+    s2.eventually("short replay counted", || {
+        let n = s2.metric("kvix_replay_unrecovered_batches_total", &[]);
+        (n > 0.0).then_some(()).ok_or(format!("{n}"))
+    });
+    assert!(s2.log().contains("replay incomplete"));
+    assert_eq!(s2.metric("kvix_sequence_gap_batches_total", &[]), 0.0);
+}
+
+/// An engine's counter going back (vLLM numbers from 0 at every start) is a
+/// restart: the engine's blocks are kept, its stream starts over at the new number,
+/// and the frame is indexed. `u64::MAX` then 0, 1, 2: one restart, no gap, all four
+/// batches held; jumps near `u64::MAX` saturate the missing-batch counter, which
+/// never goes down.
+#[test]
+fn a_sequence_that_goes_back_is_a_restart_and_nothing_wraps() {
+    let ctx = zmq::Context::new();
+    let s = Server::start(&["--threads", "2"]);
+    let reference = Server::start(&["--threads", "2"]);
+    let [p] = common::workers::<1>(&s, &ctx, MODEL);
+    let [mut p_ok] = common::workers::<1>(&reference, &ctx, MODEL);
+    let mut w = Workload::new(31, 0);
+    for seq in [u64::MAX, 0, 1, 2] {
+        let b = w.next();
+        p.send_seq(seq, &b);
+        p_ok.send(&b);
+    }
+    wait_same_dump(&s, &reference, MODEL);
+    same_answers(&s, &reference, MODEL, &w.prompts(4));
+    assert_eq!(s.metric("kvix_sequence_restarts_total", &[]), 1.0);
+    assert_eq!(s.metric("kvix_sequence_gaps_total", &[]), 0.0);
+    assert!(s.log().contains("engine restarted"));
+
+    // 2 → MAX misses MAX - 3 batches; 0 restarts; 0 → MAX misses MAX - 1 more: the
+    // total stops at u64::MAX instead of wrapping.
+    let mut seen = 0.0;
+    for (i, seq) in [u64::MAX, 0, u64::MAX].into_iter().enumerate() {
+        let b = w.next();
+        p.send_seq(seq, &b);
+        p_ok.send(&b);
+        let want = i as f64 + 5.0;
+        s.eventually("frame counted", || {
+            let n = s.metric("kvix_batches_received_total", &[]);
+            (n == want).then_some(()).ok_or(format!("{n}"))
+        });
+        let missing = s.metric("kvix_sequence_gap_batches_total", &[]);
+        assert!(missing >= seen, "{missing} < {seen}");
+        seen = missing;
+    }
+    assert_eq!(seen, u64::MAX as f64);
+    assert_eq!(s.metric("kvix_sequence_restarts_total", &[]), 2.0);
+    wait_same_dump(&s, &reference, MODEL);
+}

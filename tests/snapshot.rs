@@ -155,7 +155,28 @@ fn corrupt_or_truncated_snapshots_are_rejected_whole() {
         // Nothing half-applied: no index, no worker.
         assert_eq!(s.get_json("/dump"), json!({}));
         assert_eq!(s.get_json("/workers"), json!([]));
+        assert_eq!(s.metric("kvix_snapshots_rejected_total", &[]), 1.0);
+        // SIGTERM writes a fresh snapshot; the refused one is kept aside, intact.
+        let (code, log) = s.terminate();
+        assert_eq!(code, Some(0), "{log}");
+        assert!(log.contains("snapshot written"), "{log}");
+        let kept = rejected_beside(&path);
+        assert!(
+            kept.iter().any(|k| std::fs::read(k).unwrap() == bad),
+            "{what}: the refused bytes are not kept aside: {kept:?}"
+        );
+        assert_ne!(std::fs::read(&path).unwrap(), bad);
     }
+}
+
+/// The files a refused snapshot at `path` was moved to (`<path>.rejected-*`).
+fn rejected_beside(path: &std::path::Path) -> Vec<PathBuf> {
+    let name = format!("{}.rejected-", path.file_name().unwrap().to_str().unwrap());
+    std::fs::read_dir(path.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with(&name))
+        .collect()
 }
 
 /// Figures for the README: snapshot write and warm restart with ~1M blocks.

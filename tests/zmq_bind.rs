@@ -303,3 +303,35 @@ fn pods_come_back_after_a_restart_with_their_next_message() {
     let log = s.stop();
     assert!(!log.contains("cannot connect"), "{log}");
 }
+
+/// A pod's stream follows the listeners' rule: `u64::MAX` then 0, 1, 2 is one
+/// restart and all four batches are indexed; a jump back to `u64::MAX` is a gap
+/// whose count stops at the top instead of wrapping.
+#[test]
+fn a_pods_sequence_that_goes_back_is_a_restart() {
+    let (s, endpoint) = bound("2", &[]);
+    let ctx = zmq::Context::new();
+    let a = Pod::connect(&ctx, &endpoint, &format!("kv@{A}@{M1}"));
+    for (i, seq) in [u64::MAX, 0, 1, 2].into_iter().enumerate() {
+        let t = 100 + 4 * i as u32;
+        a.send_seq(seq, 0, &stored(&[i as u64 + 1], None, &[t, t, t, t], 4));
+    }
+    for i in 0..4u32 {
+        let t = 100 + 4 * i;
+        s.wait_scores(&query(M1, &[t, t, t, t]), &json!({A: {"0": 4}}));
+    }
+    assert_eq!(s.metric("kvix_sequence_restarts_total", &[]), 1.0);
+    assert_eq!(s.metric("kvix_sequence_gaps_total", &[]), 0.0);
+    for seq in [u64::MAX, 0, u64::MAX] {
+        a.send_seq(seq, 0, &stored(&[50], None, &[9, 9, 9, 9], 4));
+    }
+    s.eventually("gaps counted", || {
+        let n = s.metric("kvix_sequence_gaps_total", &[]);
+        (n == 2.0).then_some(()).ok_or(format!("{n}"))
+    });
+    assert_eq!(
+        s.metric("kvix_sequence_gap_batches_total", &[]),
+        u64::MAX as f64
+    );
+    assert_eq!(s.metric("kvix_sequence_restarts_total", &[]), 2.0);
+}

@@ -566,9 +566,12 @@ pub(super) fn resolve_named<M: ShardMesh>(
                 msg: format!("unknown scoring `{s}`; expected \"llm-d\""),
             });
         }
-        (_, w) => {
-            let mut out = query::LLMD_WEIGHTS;
-            for (medium, weight) in w.unwrap_or_default() {
+        (_, None) => Some(query::LLMD_WEIGHTS),
+        (_, Some(w)) => {
+            // As llm-d's configured media: the listed weights replace the defaults
+            // and every medium not listed weighs 1.0.
+            let mut out = [query::LLMD_UNLISTED; crate::types::Tier::COUNT];
+            for (medium, weight) in w {
                 if !(0.0..=1.0).contains(&weight) {
                     return Err(ApiError::Field {
                         field: format!("tier_weights.{medium}"),

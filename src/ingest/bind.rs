@@ -16,6 +16,7 @@
 //! `--max-event-indexes` (models) and `--max-event-slots` (pods × dp ranks per model).
 
 use super::feed::{FeedStats, WorkerFeed};
+use super::sequence::{Cursor, Step};
 use super::{IngestThread, recv_parts};
 use crate::registry::{Endpoint, Registry, RegistryError};
 use crate::types::{DpRank, IndexId, InstanceId, WorkerSlot};
@@ -58,7 +59,7 @@ pub fn parse_topic(topic: &[u8]) -> Option<(&str, &str)> {
 pub(super) struct PodStream {
     pub(super) dp: DpRank,
     pub(super) feed: WorkerFeed,
-    pub(super) last_seq: Option<u64>,
+    pub(super) cursor: Cursor,
 }
 
 /// One topic's pod and model, and its streams by dp rank.
@@ -162,7 +163,7 @@ fn open_stream(
     Ok(PodStream {
         dp,
         feed: WorkerFeed::new(index, instance, dp, block_size),
-        last_seq: None,
+        cursor: Cursor::default(),
     })
 }
 
@@ -216,19 +217,31 @@ impl IngestThread {
             .get_mut(&*self.scratch.parts[0])
             .expect("stream() made the topic");
         let s = &mut topic.streams[i];
-        // No replay: a pod names no replay endpoint.
-        if let Some(missing) = s.feed.stats.gap(s.last_seq, seq) {
-            tracing::warn!(
+        // No replay: a pod names no replay endpoint. A first frame above 0 and the
+        // batches of a gap stay missing; a restart starts the stream over.
+        let step = s.cursor.step(seq);
+        s.feed.stats.count(step);
+        match step {
+            Step::Gap { after, missing } => tracing::warn!(
                 pod = topic.pod,
                 model = topic.model,
                 dp,
-                last = seq - missing - 1,
+                last = after,
                 seq,
                 missing,
                 "sequence gap"
-            );
+            ),
+            Step::Restart { last } => tracing::warn!(
+                pod = topic.pod,
+                model = topic.model,
+                dp,
+                last,
+                seq,
+                "sequence went back: engine restarted; its blocks are kept and its stream starts over"
+            ),
+            Step::First | Step::Next => {}
         }
-        s.feed.stats.received(&mut s.last_seq, seq);
+        s.feed.stats.received(&mut s.cursor, seq);
         s.feed.apply(
             &self.scratch.batch,
             &self.scratch.parts[2],
@@ -253,7 +266,7 @@ impl IngestThread {
         if let (Some(seq), Some(t)) = (seq, topic)
             && let [s] = &mut t.streams[..]
         {
-            s.feed.stats.received(&mut s.last_seq, seq);
+            s.feed.stats.received(&mut s.cursor, seq);
         }
     }
 

@@ -9,6 +9,7 @@
 //! are indexed by those hashes directly. Must never touch shard memory: it only
 //! emits ops.
 
+use super::sequence::{Cursor, Step};
 use crate::hash;
 use crate::registry::{ListenerOpts, Registry, RegistryError};
 use crate::ring::OpSink;
@@ -35,8 +36,10 @@ pub struct FeedStats {
     /// updates, object-key-only events, auxiliary KV-cache groups).
     pub ignored_events: AtomicU64,
     pub gaps: AtomicU64,
-    /// Batches the gaps left out (before any replay).
+    /// Batches the gaps left out (before any replay); saturates, never wraps.
     pub gap_batches: AtomicU64,
+    /// Frames numbered at or below the stream's last: the engine restarted.
+    pub restarts: AtomicU64,
     pub last_seq: AtomicU64,
 }
 
@@ -45,22 +48,30 @@ impl FeedStats {
         c.fetch_add(n, Ordering::Relaxed);
     }
 
-    /// A frame with sequence `seq` arrived after `last`: the batches missed between
-    /// them, counted as one gap, or `None` if it is the next (or no earlier one).
-    pub fn gap(&self, last: Option<u64>, seq: u64) -> Option<u64> {
-        let last = last?;
-        if seq <= last.wrapping_add(1) {
-            return None;
-        }
-        let missing = seq - last - 1;
-        Self::bump(&self.gaps, 1);
-        Self::bump(&self.gap_batches, missing);
-        Some(missing)
+    /// Add `n` to a counter that a hostile sequence number could otherwise wrap (a
+    /// jump near `u64::MAX`): it stops at the top, so it never goes down.
+    pub fn bump_saturating(c: &AtomicU64, n: u64) {
+        let _ = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+            Some(v.saturating_add(n))
+        });
     }
 
-    /// The stream received the frame with sequence `seq` (`last`: its own record).
-    pub fn received(&self, last: &mut Option<u64>, seq: u64) {
-        *last = Some(seq);
+    /// Count what `step` says about the stream: a gap and its missing batches, or a
+    /// restart.
+    pub fn count(&self, step: Step) {
+        match step {
+            Step::Gap { missing, .. } => {
+                Self::bump(&self.gaps, 1);
+                Self::bump_saturating(&self.gap_batches, missing);
+            }
+            Step::Restart { .. } => Self::bump(&self.restarts, 1),
+            Step::First | Step::Next => {}
+        }
+    }
+
+    /// The stream (its cursor) received the frame with sequence `seq`.
+    pub fn received(&self, cursor: &mut Cursor, seq: u64) {
+        cursor.advance(seq);
         self.last_seq.store(seq, Ordering::Relaxed);
     }
 }

@@ -11,6 +11,7 @@
 pub mod bind;
 pub mod feed;
 pub mod replay;
+pub mod sequence;
 pub mod wake;
 
 use crate::registry::{Endpoint, ListenerOpts, Registry};
@@ -19,6 +20,7 @@ use crate::shard::ShardOp;
 use crate::types::{DpRank, IndexId, InstanceId, WorkerSlot};
 use crate::wire::{self, Batch};
 use feed::{FeedStats, SeedBlock, SeedGroups, WorkerFeed};
+use sequence::{Cursor, Step};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
@@ -104,6 +106,8 @@ pub struct ReplayStats {
     pub duplicates: AtomicU64,
     /// Missing batches a replay could not return (gone from the engine's buffer).
     pub unrecovered: AtomicU64,
+    /// Streams whose first frame was above 0, replayed from 0 (a cold start).
+    pub cold_starts: AtomicU64,
 }
 
 /// How long an engine gets to answer a replay request before the gap is given up.
@@ -405,7 +409,7 @@ struct Listener {
     replay_failed_at: Option<std::time::Instant>,
     /// Last batch sequence applied; authoritative while the listener lives (no map
     /// lookup per frame), saved to the thread's map when it stops.
-    last_seq: Option<u64>,
+    cursor: Cursor,
 }
 
 /// Bytes of decoding scratch a vector keeps once its thread goes quiet: what a
@@ -637,7 +641,7 @@ impl IngestThread {
             Command::Seqs { done } => {
                 let mut all = self.last_seq.clone();
                 for l in &self.listeners {
-                    if let Some(seq) = l.last_seq {
+                    if let Some(seq) = l.cursor.last() {
                         all.insert(seq_key(l), seq);
                     }
                 }
@@ -646,7 +650,7 @@ impl IngestThread {
             Command::RestoreSeq { key, seq } => {
                 for l in &mut self.listeners {
                     if seq_key(l) == key {
-                        l.last_seq = Some(seq);
+                        l.cursor = Cursor::new(Some(seq));
                     }
                 }
                 self.last_seq.insert(key, seq);
@@ -654,10 +658,11 @@ impl IngestThread {
             Command::CatchUp { done } => {
                 for i in 0..self.listeners.len() {
                     let l = &self.listeners[i];
+                    // After the last possible number nothing can be missing.
                     if l.endpoint.replay_endpoint.is_some()
-                        && let Some(last) = l.last_seq
+                        && let Some(from) = l.cursor.last().and_then(|x| x.checked_add(1))
                     {
-                        self.replay(i, last.wrapping_add(1), None);
+                        self.replay(i, from, None);
                     }
                 }
                 self.sink.flush();
@@ -696,7 +701,7 @@ impl IngestThread {
             feed,
             dedup_until: None,
             replay_failed_at: None,
-            last_seq: prior,
+            cursor: Cursor::new(prior),
         });
         Ok(stats)
     }
@@ -724,7 +729,7 @@ impl IngestThread {
                 cleared.extend(f.forget(index, dp));
                 return true;
             }
-            if let Some(seq) = l.last_seq {
+            if let Some(seq) = l.cursor.last() {
                 saved.push(((f.instance, f.dp, l.endpoint.endpoint.clone()), seq));
             }
             cleared.extend(f.forget_all());
@@ -843,14 +848,15 @@ impl IngestThread {
         }
     }
 
-    /// Decide what a frame with sequence `seq` means: duplicate of a replay, gap
-    /// (replayed when possible), or next. A `well_formed` frame was decoded into the
-    /// listener's batch and is applied; a malformed one (its sequence readable, its
-    /// payload not) was still received, so it advances the sequence and the next
-    /// frame is no gap.
+    /// Decide what a frame with sequence `seq` means: duplicate of a replay, or a
+    /// [`Step`] of the listener's cursor. A gap is replayed from the engine's buffer
+    /// when it has a replay endpoint; so is a stream's first frame above 0 (the engine
+    /// published before kvix listened: a cold start) and a restart's first frame above
+    /// 0. A `well_formed` frame was decoded into the listener's batch and is applied; a
+    /// malformed one (its sequence readable, its payload not) was still received, so it
+    /// advances the sequence and the next frame is no gap.
     fn sequenced(&mut self, i: usize, seq: u64, well_formed: bool) {
         let l = &mut self.listeners[i];
-        let last = l.last_seq;
         if let Some(until) = l.dedup_until {
             if seq <= until {
                 FeedStats::bump(&self.replay_stats.duplicates, 1);
@@ -858,39 +864,69 @@ impl IngestThread {
             }
             l.dedup_until = None;
         }
-        if let Some(missing) = l.feed.stats.gap(last, seq) {
-            let last = seq - missing - 1;
-            tracing::warn!(
-                instance = l.feed.instance,
-                dp = l.feed.dp,
-                last,
-                seq,
-                missing,
-                "sequence gap"
-            );
-            let cooling = l
-                .replay_failed_at
-                .is_some_and(|t| t.elapsed() < REPLAY_COOLDOWN);
-            if l.endpoint.replay_endpoint.is_some() && !cooling {
-                // The held frame is in the scratch, which the replay decodes into, so
-                // keep a copy of the frame and decode it again afterwards.
-                let held = self.scratch.parts[2].to_vec();
-                self.replay(i, last.wrapping_add(1), Some(seq - 1));
-                let l = &mut self.listeners[i];
-                if l.last_seq.is_some_and(|x| seq <= x) {
-                    FeedStats::bump(&self.replay_stats.duplicates, 1);
-                    return;
+        let step = l.cursor.step(seq);
+        l.feed.stats.count(step);
+        let (instance, dp) = (l.feed.instance, l.feed.dp);
+        // The first missing sequence number, if any batch before this one is missing.
+        let missing_from = match step {
+            Step::Next => None,
+            Step::Gap { after, missing } => {
+                tracing::warn!(instance, dp, last = after, seq, missing, "sequence gap");
+                Some(after + 1)
+            }
+            Step::Restart { last } => {
+                tracing::warn!(
+                    instance,
+                    dp,
+                    last,
+                    seq,
+                    "sequence went back: engine restarted; its blocks are kept and its stream starts over"
+                );
+                l.cursor.reset();
+                (seq > 0).then_some(0)
+            }
+            Step::First => {
+                if seq > 0 && l.endpoint.replay_endpoint.is_some() {
+                    FeedStats::bump(&self.replay_stats.cold_starts, 1);
+                    tracing::info!(
+                        instance,
+                        dp,
+                        seq,
+                        "first batch above 0: replaying the engine's buffer from 0"
+                    );
                 }
-                let batch = &mut self.scratch.batch;
-                if well_formed && wire::decode(&held, batch).is_ok() {
-                    l.feed.apply(batch, &held, &self.registry, &mut self.sink);
-                }
-                l.feed.stats.received(&mut l.last_seq, seq);
+                (seq > 0).then_some(0)
+            }
+        };
+        let cooling = l
+            .replay_failed_at
+            .is_some_and(|t| t.elapsed() < REPLAY_COOLDOWN);
+        if let Some(from) = missing_from
+            && l.endpoint.replay_endpoint.is_some()
+            && !cooling
+        {
+            // Up to this frame, what the replay cannot return is counted as missing
+            // by the gap already, or is no gap (a cold start's or a restart's earlier
+            // batches were never part of a stream kvix followed).
+            let counted = Some(seq - 1);
+            // The held frame is in the scratch, which the replay decodes into, so
+            // keep a copy of the frame and decode it again afterwards.
+            let held = self.scratch.parts[2].to_vec();
+            self.replay(i, from, counted);
+            let l = &mut self.listeners[i];
+            if l.cursor.last().is_some_and(|x| seq <= x) {
+                FeedStats::bump(&self.replay_stats.duplicates, 1);
                 return;
             }
+            let batch = &mut self.scratch.batch;
+            if well_formed && wire::decode(&held, batch).is_ok() {
+                l.feed.apply(batch, &held, &self.registry, &mut self.sink);
+            }
+            l.feed.stats.received(&mut l.cursor, seq);
+            return;
         }
         let l = &mut self.listeners[i];
-        l.feed.stats.received(&mut l.last_seq, seq);
+        l.feed.stats.received(&mut l.cursor, seq);
         if !well_formed {
             return;
         }

@@ -113,20 +113,26 @@ impl IngestThread {
         };
         let registry = self.registry.clone();
         let l = &mut self.listeners[i];
-        let mut last = l.last_seq;
+        let mut last = l.cursor.last();
         let mut applied = 0u64;
-        let (mut expected, mut unrecovered, mut uncounted) = (from, 0u64, 0u64);
+        // `expected`: the next number the replay should hold; `None` once the replay
+        // reached `u64::MAX`, after which nothing can be missing.
+        let (mut expected, mut unrecovered, mut uncounted) = (Some(from), 0u64, 0u64);
         for (seq, payload) in &pairs {
             if last.is_some_and(|x| *seq <= x) {
                 continue;
             }
-            if *seq > expected {
+            if let Some(want) = expected
+                && *seq > want
+            {
                 // The engine's buffer no longer starts where the gap did.
-                unrecovered += seq - expected;
-                let first_uncounted = counted.map_or(expected, |c| expected.max(c + 1));
-                uncounted += seq.saturating_sub(first_uncounted);
+                unrecovered = unrecovered.saturating_add(seq - want);
+                let first_uncounted = counted.map_or(Some(want), |c| c.checked_add(1));
+                if let Some(f) = first_uncounted {
+                    uncounted = uncounted.saturating_add(seq.saturating_sub(want.max(f)));
+                }
             }
-            expected = seq.wrapping_add(1);
+            expected = seq.checked_add(1);
             match wire::decode(payload, &mut self.scratch.batch) {
                 Ok(_) => {
                     l.feed
@@ -146,8 +152,8 @@ impl IngestThread {
         }
         FeedStats::bump(&rs.batches, applied);
         if unrecovered > 0 {
-            FeedStats::bump(&rs.unrecovered, unrecovered);
-            FeedStats::bump(&l.feed.stats.gap_batches, uncounted);
+            FeedStats::bump_saturating(&rs.unrecovered, unrecovered);
+            FeedStats::bump_saturating(&l.feed.stats.gap_batches, uncounted);
             tracing::warn!(
                 instance = l.feed.instance,
                 dp = l.feed.dp,
@@ -157,7 +163,7 @@ impl IngestThread {
             );
         }
         if let Some(x) = last {
-            l.feed.stats.received(&mut l.last_seq, x);
+            l.feed.stats.received(&mut l.cursor, x);
             l.dedup_until = Some(x);
         }
         tracing::info!(

@@ -385,7 +385,18 @@ pub fn bootstrap(
             Ok(None) => {
                 tracing::info!(path = %path.display(), "no snapshot yet; starting without one")
             }
-            Err(e) => tracing::error!("snapshot rejected, starting without it: {e}"),
+            Err(e) => {
+                stats.snapshots_rejected.fetch_add(1, Ordering::Relaxed);
+                match snapshot::set_aside(path) {
+                    Ok(to) => tracing::error!(
+                        kept = %to.display(),
+                        "snapshot rejected, starting without it (kept aside, never overwritten): {e}"
+                    ),
+                    Err(io) => tracing::error!(
+                        "snapshot rejected, starting without it: {e}; it could not be moved aside ({io})"
+                    ),
+                }
+            }
         }
     }
     let peers = control.peers();

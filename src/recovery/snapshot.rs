@@ -330,6 +330,26 @@ pub fn read(path: &Path) -> Result<Option<State>, RecoveryError> {
         })
 }
 
+/// Move a snapshot kvix refused to `<path>.rejected-<unix seconds>` (a free name), so
+/// that the next write does not destroy what may explain the refusal or still be
+/// recovered by hand. Returns the new path. The rename stays in the snapshot's own
+/// directory: where it fails, so would the writer's own rename, so the refused file
+/// is not overwritten either way.
+pub fn set_aside(path: &Path) -> std::io::Result<std::path::PathBuf> {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let base = format!("{}.rejected-{secs}", path.display());
+    let mut to = std::path::PathBuf::from(&base);
+    let mut n = 1;
+    while to.try_exists()? {
+        to = std::path::PathBuf::from(format!("{base}-{n}"));
+        n += 1;
+    }
+    std::fs::rename(path, &to)?;
+    Ok(to)
+}
+
 /// Write `image` to `path` atomically: temp file, fsync, rename, fsync the directory.
 pub fn write(path: &Path, image: &[u8]) -> Result<(), RecoveryError> {
     let io = |err| RecoveryError::Io {

@@ -797,7 +797,7 @@ impl Engine {
     /// Buffer `payload` under the next sequence number and publish it (unless dropped).
     pub fn publish(&mut self, payload: &[u8]) -> u64 {
         let seq = self.next_seq;
-        self.next_seq += 1;
+        self.next_seq = self.next_seq.wrapping_add(1);
         {
             // Like vLLM's replay buffer: only the most recent batches are kept.
             let mut b = self.buffer.lock().unwrap();
@@ -812,10 +812,11 @@ impl Engine {
         seq
     }
 
-    /// Buffer without publishing (the frame is lost on the wire).
+    /// Buffer without publishing (the frame is lost on the wire, or was published
+    /// before anyone subscribed).
     pub fn lose(&mut self, payload: &[u8]) -> u64 {
         let seq = self.next_seq;
-        self.next_seq += 1;
+        self.next_seq = self.next_seq.wrapping_add(1);
         self.buffer.lock().unwrap().push((seq, payload.to_vec()));
         seq
     }
