@@ -163,6 +163,7 @@ fn store(b: &Block, slot: u32) -> ShardOp {
         block: EngineHash(b.seq.0),
         local: b.local,
         by_seq: false,
+        event_start: false,
     }
 }
 
@@ -815,6 +816,7 @@ fn bench_index(c: &mut Criterion) {
                     block,
                     local,
                     by_seq: false,
+                    event_start: parent == r.parent,
                 });
                 parent = Some(block);
                 if ops.len() == kvix::ring::CHUNK {

@@ -84,6 +84,7 @@ fn main() {
                     block,
                     local: BlockHash(seq.0),
                     by_seq: false,
+                    event_start: parent.is_none(),
                 });
                 parent = Some(block);
             }

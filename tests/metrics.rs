@@ -3,8 +3,13 @@
 
 mod common;
 
-use common::{Engine, Server, metric_in, stored};
-use serde_json::json;
+use common::{
+    Engine, Publisher, Server, agent, all_cleared, free_port, metric_in, removed, stored,
+};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 const MODEL: &str = "m";
 
@@ -153,4 +158,186 @@ fn metrics_parse_and_move() {
             Err(format!("{b}"))
         }
     });
+}
+
+/// Dynamo's families that kvix writes under Dynamo's names, for Dynamo's dashboards.
+const DYNAMO_FAMILIES: [&str; 4] = [
+    "dynamo_kvindexer_listeners",
+    "dynamo_kvrouter_kv_cache_events_applied",
+    "dynamo_kvrouter_kv_cache_event_warnings",
+    "dynamo_kvrouter_ckf_mutation_total",
+];
+
+/// The same events for both indexers, as vLLM sends them (`[ts, events, dp_rank]`):
+/// a store, a store under a parent the worker never named, the first store again
+/// (a duplicate), a child of it, its removal, the removal of a block never stored,
+/// and a clear.
+fn event_script() -> Vec<Vec<u8>> {
+    [
+        stored(&[1, 2], None, &[1, 2, 3, 4, 5, 6, 7, 8], 4),
+        stored(&[3], Some(99), &[9, 9, 9, 9], 4),
+        stored(&[1, 2], None, &[1, 2, 3, 4, 5, 6, 7, 8], 4),
+        stored(&[4], Some(2), &[10, 11, 12, 13], 4),
+        removed(&[4]),
+        removed(&[77]),
+        all_cleared(),
+    ]
+    .into_iter()
+    .map(|b| {
+        assert_eq!(b[0], 0x92, "a two-element batch");
+        let mut b = b;
+        b[0] = 0x93;
+        rmp::encode::write_uint(&mut b, 0).unwrap();
+        b
+    })
+    .collect()
+}
+
+/// Dynamo's families in a `/metrics` text: `TYPE <name>` and `<name>{labels}` (labels
+/// sorted by name) to their type or value.
+fn dynamo_families(text: &str) -> BTreeMap<String, Value> {
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap();
+            if DYNAMO_FAMILIES.contains(&name) {
+                out.insert(format!("TYPE {name}"), json!(kind));
+            }
+            continue;
+        }
+        if line.starts_with('#') {
+            continue;
+        }
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let (name, labels) = series.split_once('{').unwrap_or((series, "}"));
+        if !DYNAMO_FAMILIES.contains(&name) {
+            continue;
+        }
+        let mut labels: Vec<&str> = labels
+            .trim_end_matches('}')
+            .split(',')
+            .filter(|l| !l.is_empty())
+            .collect();
+        labels.sort_unstable();
+        let value: f64 = value.parse().unwrap();
+        out.insert(format!("{name}{{{}}}", labels.join(",")), json!(value));
+    }
+    out
+}
+
+/// Register one worker of `MODEL` at `base`, publish [`event_script`] to it and
+/// return its Dynamo families once the last event (the clear) is counted.
+fn drive(base: &str, ctx: &zmq::Context) -> BTreeMap<String, Value> {
+    let a = agent(Some(Duration::from_secs(10)));
+    let mut p = Publisher::bind(ctx);
+    let body =
+        json!({"instance_id": 1, "endpoint": p.endpoint, "model_name": MODEL, "block_size": 4});
+    let resp = a
+        .post(format!("{base}/register"))
+        .header("content-type", "application/json")
+        .send(body.to_string())
+        .unwrap();
+    assert!(resp.status().is_success(), "{base}/register");
+    p.wait_subscriber();
+    for b in event_script() {
+        p.send(&b);
+    }
+    let cleared = "dynamo_kvrouter_kv_cache_events_applied{event_type=\"cleared\",status=\"ok\"}";
+    let get = |path: &str| {
+        a.get(format!("{base}{path}"))
+            .call()
+            .unwrap()
+            .body_mut()
+            .read_to_string()
+            .unwrap()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = get("/metrics");
+        if dynamo_families(&text).get(cleared) == Some(&json!(1.0)) {
+            // Every event decoded; `/dump` answers once the index applied them all
+            // (kvix's shards count what a store changed when they apply it).
+            get("/dump");
+            return dynamo_families(&get("/metrics"));
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{base}: the clear was never counted:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Dynamo's standalone indexer (`scripts/dynamo_peer`, built `--features metrics`).
+struct Dynamo(Child);
+
+impl Dynamo {
+    fn start(bin: &str) -> (Dynamo, String) {
+        let port = free_port();
+        let child = Command::new(bin)
+            .args(["--port", &port.to_string(), "--runtime-threads", "2"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
+        let d = Dynamo(child);
+        let base = format!("http://127.0.0.1:{port}");
+        let a = agent(Some(Duration::from_secs(1)));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while a.get(format!("{base}/health")).call().is_err() {
+            assert!(Instant::now() < deadline, "{bin} did not start serving");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        (d, base)
+    }
+}
+
+impl Drop for Dynamo {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The same registration and events sent to kvix and to Dynamo's indexer give the
+/// same Dynamo families: names, types, label sets, and the counts both keep.
+/// Dynamo's answer is recorded in `tests/data/dynamo_metrics.json`; with
+/// `DYNAMO_PEER=<dynamo-peer built --features metrics>` the test also runs it live,
+/// and `DYNAMO_PEER_RECORD=<file>` then writes the recording.
+#[test]
+fn dynamos_metric_families_match_dynamos_indexer() {
+    let ctx = zmq::Context::new();
+    let s = Server::start(&["--threads", "2"]);
+    let kvix = drive(&s.base, &ctx);
+    let recorded: BTreeMap<String, Value> = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/data/dynamo_metrics.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    if let Ok(bin) = std::env::var("DYNAMO_PEER") {
+        let (_d, base) = Dynamo::start(&bin);
+        let live = drive(&base, &ctx);
+        if let Ok(out) = std::env::var("DYNAMO_PEER_RECORD") {
+            std::fs::write(out, serde_json::to_string_pretty(&live).unwrap()).unwrap();
+        }
+        compare_families("live Dynamo", &live, &kvix);
+    }
+    compare_families("recorded Dynamo", &recorded, &kvix);
+}
+
+fn compare_families(peer: &str, dynamo: &BTreeMap<String, Value>, kvix: &BTreeMap<String, Value>) {
+    let keys = |m: &BTreeMap<String, Value>| m.keys().cloned().collect::<Vec<_>>();
+    assert_eq!(keys(kvix), keys(dynamo), "series: kvix vs {peer}");
+    for (k, v) in dynamo {
+        // Dynamo 1.6.1 never bumps its CKF outcomes; kvix counts unknown removals there.
+        if k.starts_with("dynamo_kvrouter_ckf_mutation_total{") {
+            continue;
+        }
+        assert_eq!(&kvix[k], v, "{k}: kvix vs {peer}");
+    }
 }

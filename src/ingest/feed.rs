@@ -29,6 +29,10 @@ pub struct FeedStats {
     pub batches: AtomicU64,
     pub events: AtomicU64,
     pub blocks_stored: AtomicU64,
+    /// Events by kind, as they reached a worker slot (Dynamo counts per event).
+    pub stored_events: AtomicU64,
+    pub removed_events: AtomicU64,
+    pub cleared_events: AtomicU64,
     pub blocks_removed: AtomicU64,
     pub malformed: AtomicU64,
     pub block_size_mismatch: AtomicU64,
@@ -272,6 +276,15 @@ impl WorkerFeed {
             let Some(i) = self.slot_of(&ev, batch, registry) else {
                 continue;
             };
+            let kind = match ev.op {
+                EventOp::Stored => Some(&stats.stored_events),
+                EventOp::Removed => Some(&stats.removed_events),
+                EventOp::Cleared => Some(&stats.cleared_events),
+                EventOp::Updated => None,
+            };
+            if let Some(kind) = kind {
+                FeedStats::bump(kind, 1);
+            }
             if let (EventOp::Stored, GroupKind::Full, Some(g @ 1..)) =
                 (ev.op, ev.group_kind, ev.group_idx)
                 && !self.slots[i].full_groups.contains(&g)
@@ -512,7 +525,7 @@ impl WorkerFeed {
         // A tier at a time: each tier's blocks are one run for the shard.
         for tier in tiers.iter() {
             let mut parent = ev.parent;
-            for (&block, &local) in ev.hashes.iter().zip(locals.iter()) {
+            for (k, (&block, &local)) in ev.hashes.iter().zip(locals.iter()).enumerate() {
                 sink.push(ShardOp::Store {
                     index,
                     slot,
@@ -521,6 +534,7 @@ impl WorkerFeed {
                     block,
                     local,
                     by_seq: ev.hash_kind == HashKind::Seq,
+                    event_start: k == 0,
                 });
                 parent = Some(block);
             }

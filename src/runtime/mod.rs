@@ -154,6 +154,7 @@ impl Core {
                     evicted: shard.evicted,
                     unknown_parent: shard.unknown_parent,
                     unknown_removed: shard.unknown_removed,
+                    duplicate_stores: shard.duplicate_stores,
                     group_unheld: shard.group_unheld,
                     engine_map_bytes: shard.engine_map_bytes() as u64,
                     heap_bytes: shard.heap_bytes() as u64,

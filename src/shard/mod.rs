@@ -210,6 +210,8 @@ pub struct Shard {
     /// blocks the slot does not hold, since start.
     pub unknown_parent: u64,
     pub unknown_removed: u64,
+    /// Stores that changed nothing: the slot held every block already.
+    pub duplicate_stores: u64,
     /// Blocks a KV-cache group (not full attention) stored or removed that its
     /// worker does not hold in full attention, since start.
     pub group_unheld: u64,
@@ -323,6 +325,7 @@ impl Shard {
                 block,
                 local,
                 by_seq,
+                ..
             } = op
             else {
                 self.apply_op(op);
@@ -345,6 +348,7 @@ impl Shard {
                 block: b,
                 local: l,
                 by_seq: q,
+                event_start: false,
             }) = ops.get(i)
                 && (ix, s, t, p, q) == (index, slot, tier, run[run.len() - 1].0, by_seq)
             {
@@ -385,9 +389,13 @@ impl Shard {
         let ix = index_mut(&mut self.indexes, index, self.budget.is_some());
         match ix.tree.store(slot, tier, parent, run) {
             Stored::Filed {
-                confirmed, unfiled, ..
+                confirmed,
+                unfiled,
+                duplicate,
+                ..
             } => {
                 self.predictions.confirmed += confirmed as u64;
+                self.duplicate_stores += u64::from(duplicate);
                 if unfiled > 0 {
                     tracing::warn!(unfiled, "an index shard's tree is full; blocks not filed");
                 }
@@ -433,6 +441,7 @@ impl Shard {
                 block,
                 local,
                 by_seq,
+                ..
             } => self.store(index, slot, tier, parent, &[(block, local)], by_seq),
             ShardOp::StoreKeyed {
                 index,

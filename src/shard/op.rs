@@ -12,7 +12,8 @@ pub enum ShardOp {
     /// `slot` holds the block it names `block` (local hash `local`) on `tier`, a
     /// child of the block it names `parent` (`None`: a first block). Consecutive
     /// stores of one slot and tier, each the child of the one before, are filed as
-    /// one run. With `by_seq` the publisher names blocks by standardized sequence
+    /// one run; `event_start` marks an event's first block, where a run ends even if
+    /// it chains on (an event that changes nothing is counted as a duplicate). With `by_seq` the publisher names blocks by standardized sequence
     /// hashes: a parent the slot does not name (another of its streams named it
     /// otherwise) is taken as the sequence hash it is, and the run is filed in the
     /// keyed table under the sequence hashes its tokens chain to.
@@ -24,6 +25,7 @@ pub enum ShardOp {
         block: EngineHash,
         local: BlockHash,
         by_seq: bool,
+        event_start: bool,
     },
     /// `slot` holds the block with rolling sequence hash `seq` on `tier` (a
     /// publisher of standardized hashes that sends no tokens).

@@ -27,6 +27,7 @@ fn run(slot: u32, tier: Tier, parent: Option<u64>, locals: &[u64]) -> Vec<ShardO
                 block: eh(slot, l),
                 local: BlockHash(l),
                 by_seq: false,
+                event_start: p == parent.map(|l| eh(slot, l)),
             };
             p = Some(eh(slot, l));
             op
@@ -380,6 +381,7 @@ fn a_keyed_block_follows_a_tree_block_in_a_lookup_and_goes_by_its_removal() {
         block: EngineHash(seq12.0),
         local: BlockHash(12),
         by_seq: true,
+        event_start: true,
     }]);
     assert_eq!(s.unknown_parent, 0);
     assert_eq!(

@@ -64,9 +64,12 @@ pub enum Stored {
     /// The blocks are filed; `new_holders` of them were not held by the slot before,
     /// `confirmed` of them were predicted (now ordinary holders). The last
     /// `unfiled` were not filed: the arena holds as many nodes as ids can name.
+    /// `duplicate`: the slot already held every block on this tier under the same
+    /// engine hashes, so the store changed nothing (Dynamo warns of it).
     Filed {
         new_holders: usize,
         confirmed: usize,
+        duplicate: bool,
         unfiled: usize,
     },
     /// The parent's engine hash names no block of the slot: nothing was filed.
@@ -181,6 +184,7 @@ impl Tree {
     ) -> Stored {
         self.tick();
         let (mut new_holders, mut confirmed, mut unfiled) = (0, 0, 0);
+        let mut duplicate = !blocks.is_empty();
         let map = self.engine_map(slot);
         for &(eh, _) in blocks.iter().take(PREFETCH_AHEAD) {
             map.prefetch(eh);
@@ -209,6 +213,7 @@ impl Tree {
             }
             if !before.contains(tier) {
                 self.held.add(tier);
+                duplicate = false;
             }
             if before.contains(Tier::PREDICTED) {
                 // The worker stored what it was predicted to: an ordinary holder now.
@@ -233,6 +238,7 @@ impl Tree {
                 p = Some(id);
                 continue;
             }
+            duplicate = false;
             if let Some(old) = old {
                 // The engine reused the hash for other content: the slot's hold on
                 // the old block ends with it.
@@ -248,6 +254,7 @@ impl Tree {
         Stored::Filed {
             new_holders,
             confirmed,
+            duplicate: duplicate && unfiled == 0,
             unfiled,
         }
     }

@@ -55,6 +55,7 @@ fn a_chain_is_filed_once_and_shared_by_its_holders() {
         Stored::Filed {
             new_holders: 3,
             confirmed: 0,
+            duplicate: false,
             unfiled: 0
         }
     );
@@ -63,6 +64,17 @@ fn a_chain_is_filed_once_and_shared_by_its_holders() {
         Stored::Filed {
             new_holders: 2,
             confirmed: 0,
+            duplicate: false,
+            unfiled: 0
+        }
+    );
+    // The same store again changes nothing: a duplicate.
+    assert_eq!(
+        t.store(s(2), DEV, None, &chain(2, 0, &[10, 11])),
+        Stored::Filed {
+            new_holders: 0,
+            confirmed: 0,
+            duplicate: true,
             unfiled: 0
         }
     );
@@ -78,6 +90,7 @@ fn a_chain_is_filed_once_and_shared_by_its_holders() {
         Stored::Filed {
             new_holders: 1,
             confirmed: 0,
+            duplicate: false,
             unfiled: 0
         }
     );
@@ -140,6 +153,7 @@ fn a_full_arena_files_what_fits_and_says_what_it_did_not() {
         Stored::Filed {
             new_holders: 4,
             confirmed: 0,
+            duplicate: false,
             unfiled: 2
         }
     );
