@@ -23,6 +23,7 @@ pub mod heap;
 pub mod http;
 pub mod ingest;
 pub mod lifecycle;
+pub mod logs;
 pub mod mesh;
 pub mod metrics;
 pub mod partition;

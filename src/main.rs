@@ -61,25 +61,11 @@ fn main() {
     small_pages_only();
     return_freed_memory_promptly();
     let args = Args::parse();
-    init_logs(&args.log_format);
+    kvix::logs::init(&args.log_format);
     if let Err(e) = run(args) {
         tracing::error!("{e}");
         eprintln!("kvix: {e}");
         std::process::exit(2);
-    }
-}
-
-fn init_logs(format: &str) {
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if format == "json" {
-        logs.json().init();
-    } else {
-        logs.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .init();
     }
 }
 

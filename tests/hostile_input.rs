@@ -610,3 +610,113 @@ fn replicas_sharing_a_query_token_still_recover_from_each_other() {
     assert_eq!(st, 200, "{text}");
     assert!(text.contains(r#""scores":{"3":{"0":4}}"#), "{text}");
 }
+
+/// A vLLM batch of one event whose tag is `tag` (a positional `BlockStored` shape).
+fn event_tagged(tag: &str) -> Vec<u8> {
+    let mut b = Vec::new();
+    rmp::encode::write_array_len(&mut b, 3).unwrap();
+    rmp::encode::write_f64(&mut b, 0.0).unwrap();
+    rmp::encode::write_array_len(&mut b, 1).unwrap();
+    rmp::encode::write_array_len(&mut b, 7).unwrap();
+    rmp::encode::write_str(&mut b, tag).unwrap();
+    common::write_uints(&mut b, &[1]);
+    rmp::encode::write_nil(&mut b).unwrap();
+    common::write_uints(&mut b, &[1, 2, 3, 4]);
+    rmp::encode::write_uint(&mut b, 4).unwrap();
+    rmp::encode::write_nil(&mut b).unwrap();
+    rmp::encode::write_nil(&mut b).unwrap();
+    rmp::encode::write_uint(&mut b, 0).unwrap();
+    b
+}
+
+/// The lines of a text log that a publisher forged: a line of its own that starts
+/// with the fake text, or any raw control byte other than the line ends.
+fn forged(log: &str) -> Vec<&str> {
+    log.lines()
+        .filter(|l| l.starts_with("ERROR forged") || l.bytes().any(|c| c < 0x20 && c != b'\t'))
+        .collect()
+}
+
+/// A publisher cannot write lines of its own into the text log: an unknown event tag
+/// carrying a newline, a fake `ERROR` line and a terminal escape is logged escaped,
+/// and its bytes are not in the message. 20,000 malformed frames write a few lines,
+/// each with the count of those left out, while every frame is counted.
+#[test]
+fn a_publisher_can_neither_forge_nor_flood_the_log() {
+    let s = Server::start(&["--threads", "2"]);
+    let ctx = zmq::Context::new();
+    let [mut p] = workers::<1>(&s, &ctx, "m");
+    let lines_before = s.log().lines().count();
+    p.send(&event_tagged(
+        "BlockStored\nERROR forged by a publisher\u{1b}[2J",
+    ));
+    // In steps well under the subscriber's queue (--zmq-rcvhwm), so none is dropped.
+    for step in 1..=10 {
+        for _ in 0..2_000 {
+            p.send(b"\xc1 not msgpack");
+        }
+        let want = 1.0 + 2_000.0 * step as f64;
+        s.eventually("every malformed frame counted", || {
+            let n = s.metric("kvix_malformed_frames_total", &[]);
+            (n == want).then_some(()).ok_or(format!("{n}"))
+        });
+    }
+    // The frames after them still index.
+    p.send(&stored(&[7], None, &[1, 2, 3, 4], 4));
+    s.wait_scores(
+        &json!({"model_name": "m", "token_ids": [1, 2, 3, 4]}),
+        &json!({"1": {"0": 4}}),
+    );
+    let log = s.log();
+    assert_eq!(forged(&log), Vec::<&str>::new(), "{log}");
+    assert!(
+        !log.contains("forged by a publisher"),
+        "payload bytes in the log:\n{log}"
+    );
+    assert!(log.contains("unknown event tag of"), "{log}");
+    let written = log.lines().count() - lines_before;
+    assert!(
+        written < 200,
+        "{written} lines for 20,001 bad frames:\n{log}"
+    );
+    assert!(log.contains("suppressed="), "{log}");
+}
+
+/// Names a client registers are bounded: a 1 MB model name, a tenant with a newline
+/// or an empty model name is a 422 naming the field, and nothing is registered.
+#[test]
+fn registered_names_are_bounded_and_free_of_control_characters() {
+    let s = Server::start(&["--threads", "1"]);
+    ready(&s);
+    let ctx = zmq::Context::new();
+    let p = Publisher::bind(&ctx);
+    let huge = "m".repeat(1 << 20);
+    for (body, field) in [
+        (
+            json!({"instance_id": 1, "endpoint": p.endpoint, "model_name": huge, "block_size": 4}),
+            "model_name",
+        ),
+        (
+            json!({"instance_id": 1, "endpoint": p.endpoint, "model_name": "", "block_size": 4}),
+            "model_name",
+        ),
+        (
+            json!({"instance_id": 1, "endpoint": p.endpoint, "model_name": "m", "block_size": 4, "tenant_id": "t\nERROR x"}),
+            "tenant_id",
+        ),
+        (
+            json!({"instance_id": "w\u{1b}[2J", "endpoint": p.endpoint, "model_name": "m", "block_size": 4}),
+            "instance_id",
+        ),
+        (
+            json!({"instance_id": "w", "endpoint": p.endpoint, "type": "vLLM", "modelname": huge, "block_size": 4, "dp_rank": 0}),
+            "modelname",
+        ),
+    ] {
+        let (st, v) = s.post_json("/register", &body);
+        assert_eq!((st, v["field"].as_str()), (422, Some(field)), "{v}");
+    }
+    assert_eq!(s.get_json("/workers"), json!([]));
+    // 256 bytes is the limit, not a refusal of long names.
+    register(&s, &"m".repeat(256), 1, &p);
+}

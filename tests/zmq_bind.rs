@@ -335,3 +335,54 @@ fn a_pods_sequence_that_goes_back_is_a_restart() {
     );
     assert_eq!(s.metric("kvix_sequence_restarts_total", &[]), 2.0);
 }
+
+/// A topic is bounded at the door: 40 pods named by 1 MB each, and a topic carrying
+/// a newline, a fake `ERROR` line and a terminal escape, are malformed topics,
+/// counted and skipped. Nothing of them is kept (RSS, `/workers`), and the log shows
+/// one escaped line for them all.
+#[test]
+fn huge_or_forged_topics_are_skipped_and_never_kept() {
+    let (s, endpoint) = bound("2", &[]);
+    let ctx = zmq::Context::new();
+    let mut ok = Pod::connect(&ctx, &endpoint, &format!("kv@{A}@{M1}"));
+    ok.send(0, &stored(&[1], None, &[1, 2, 3, 4], 4));
+    s.wait_scores(&query(M1, &[1, 2, 3, 4]), &json!({A: {"0": 4}}));
+    let rss0 = common::rss_mib(s.pid());
+    let mut bad: Vec<String> = (0..40)
+        .map(|i| format!("kv@{}{i}@{M1}", "p".repeat(1 << 20)))
+        .collect();
+    bad.push(format!("kv@{}@{M1}", "p".repeat(257)));
+    bad.push(format!("kv@pod\nERROR forged by a publisher\u{1b}[2J@{M1}"));
+    for topic in &bad {
+        let batch = with_dp(&stored(&[2], None, &[5, 6, 7, 8], 4), 0);
+        ok.sock
+            .send_multipart([topic.as_bytes(), &0u64.to_be_bytes(), &batch], 0)
+            .unwrap();
+    }
+    s.eventually("every bad topic counted", || {
+        let n = s.metric("kvix_malformed_topics_total", &[]);
+        (n == bad.len() as f64).then_some(()).ok_or(format!("{n}"))
+    });
+    // The pod with a good name goes on.
+    ok.send(0, &stored(&[3], Some(1), &[9, 9, 9, 9], 4));
+    s.wait_scores(&query(M1, &[1, 2, 3, 4, 9, 9, 9, 9]), &json!({A: {"0": 8}}));
+    let grown = common::rss_mib(s.pid()) - rss0;
+    assert!(grown < 100.0, "RSS grew {grown:.0} MiB");
+    let (_, workers) = s.call("GET", "/workers", None);
+    assert!(
+        workers.len() < 1 << 20,
+        "/workers is {} bytes",
+        workers.len()
+    );
+    assert!(!workers.contains("ppp"), "{workers}");
+    let log = s.log();
+    assert!(
+        !log.lines().any(|l| l.starts_with("ERROR forged")) && !log.contains('\u{1b}'),
+        "{log}"
+    );
+    assert_eq!(
+        log.matches("topic is not kv@<pod>@<model>").count(),
+        1,
+        "{log}"
+    );
+}

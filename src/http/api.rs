@@ -12,7 +12,7 @@ use crate::hash;
 use crate::mesh::ShardMesh;
 use crate::prompt::{self, PromptError, Prompts, Text};
 use crate::query::{self, PromptBlocks, gather};
-use crate::registry::{Endpoint, IndexInfo, InstanceKey, ListenerOpts};
+use crate::registry::{Endpoint, IndexInfo, InstanceKey, ListenerOpts, MAX_NAME_BYTES};
 use crate::service::{ControlError, registration};
 use crate::types::{BlockHash, InstanceId, SeqHash, Tier, WorkerSlot};
 use hyper::StatusCode;
@@ -218,6 +218,22 @@ fn parse_register(body: &[u8], forced: Option<Shape>) -> Result<RegisterBody, Ap
     })
 }
 
+/// A name a registration gives kvix to keep (model, tenant, instance): refused with
+/// a 422 naming `field` when it is empty, over [`MAX_NAME_BYTES`] or holds a control
+/// character. `None`: not given.
+fn check_name(field: &str, value: Option<&str>) -> Result<(), ApiError> {
+    match value {
+        Some(v) if !crate::registry::name_ok(v) => Err(ApiError::Field {
+            field: field.into(),
+            msg: format!(
+                "must be 1 to {MAX_NAME_BYTES} bytes with no control characters ({} given)",
+                v.len()
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
 pub async fn register<M: ShardMesh>(
     mesh: &M,
     access: &Arc<crate::access::Access>,
@@ -227,6 +243,13 @@ pub async fn register<M: ShardMesh>(
     let r = match parse_register(&body, forced)? {
         RegisterBody::Dynamo(r) => r,
         RegisterBody::Conductor(r) => {
+            check_name("modelname", Some(&r.modelname))?;
+            check_name("tenant_id", r.tenant_id.as_deref())?;
+            check_name(
+                "lora_name",
+                r.lora_name.as_deref().filter(|s| !s.is_empty()),
+            )?;
+            check_name("instance_id", r.instance_id.name())?;
             check_allowed(mesh, access, &r.endpoint, r.replay_endpoint.as_deref()).await?;
             let key = r.instance_id.key();
             let opts = ListenerOpts {
@@ -255,6 +278,10 @@ pub async fn register<M: ShardMesh>(
             return Ok(json::bytes(StatusCode::OK, out.to_string().into_bytes()));
         }
     };
+    check_name("model_name", Some(&r.model_name))?;
+    check_name("tenant_id", r.tenant_id.as_deref())?;
+    check_name("routing_group", r.routing_group.as_deref())?;
+    check_name("instance_id", r.instance_id.name())?;
     check_allowed(mesh, access, &r.endpoint, r.replay_endpoint.as_deref()).await?;
     let tenant = tenant(r.tenant_id, r.routing_group).unwrap_or_else(|| DEFAULT_TENANT.into());
     let key = r.instance_id.key();
@@ -429,6 +456,14 @@ pub enum InstanceRef {
 }
 
 impl InstanceRef {
+    /// The instance's name, when the client named it by a string.
+    fn name(&self) -> Option<&str> {
+        match self {
+            InstanceRef::Int(_) => None,
+            InstanceRef::Name(n) => Some(n),
+        }
+    }
+
     pub(super) fn key(&self) -> InstanceKey {
         match self {
             InstanceRef::Int(i) => InstanceKey::Id(*i),

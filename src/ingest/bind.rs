@@ -18,7 +18,7 @@
 use super::feed::{FeedStats, WorkerFeed};
 use super::sequence::{Cursor, Step};
 use super::{IngestThread, recv_parts};
-use crate::registry::{Endpoint, Registry, RegistryError};
+use crate::registry::{Endpoint, MAX_NAME_BYTES, Registry, RegistryError, topic_name_ok};
 use crate::types::{DpRank, IndexId, InstanceId, WorkerSlot};
 use crate::wire::{self, WireError};
 use std::collections::HashMap;
@@ -47,12 +47,20 @@ pub struct BindOpts {
 
 /// `kv@<pod>@<model>` → (pod, model). The pod is what lies between the first two
 /// `@`; the model is everything after the second, so a model name may hold `@` and
-/// a pod identity may not. Both must be non-empty UTF-8.
+/// a pod identity may not. Both must be [`topic_name_ok`]: a publisher names workers and
+/// models that kvix keeps, lists and logs, so their size and bytes are bounded here.
 pub fn parse_topic(topic: &[u8]) -> Option<(&str, &str)> {
-    let t = std::str::from_utf8(topic).ok()?;
-    let rest = t.strip_prefix("kv@")?;
-    let (pod, model) = rest.split_once('@')?;
-    (!pod.is_empty() && !model.is_empty()).then_some((pod, model))
+    let rest = topic.strip_prefix(b"kv@")?;
+    let at = rest.iter().position(|&c| c == b'@')?;
+    let (pod, model) = (&rest[..at], &rest[at + 1..]);
+    if !topic_name_ok(pod) || !topic_name_ok(model) {
+        return None;
+    }
+    // Visible ASCII is UTF-8.
+    Some((
+        std::str::from_utf8(pod).ok()?,
+        std::str::from_utf8(model).ok()?,
+    ))
 }
 
 /// One (pod, model, dp rank) stream.
@@ -76,7 +84,6 @@ pub(super) struct Bound {
     opts: BindOpts,
     /// By topic bytes: a frame's stream is found without allocating.
     topics: HashMap<Box<[u8]>, Topic>,
-    last_topic_warning: Option<std::time::Instant>,
 }
 
 impl Bound {
@@ -86,7 +93,6 @@ impl Bound {
             endpoint,
             opts,
             topics: HashMap::new(),
-            last_topic_warning: None,
         }
     }
 
@@ -127,19 +133,16 @@ impl Bound {
     }
 
     /// Warn about a malformed topic at most every 10 s.
-    fn warn_topic(&mut self, topic: &[u8]) {
-        let now = std::time::Instant::now();
-        if self
-            .last_topic_warning
-            .is_none_or(|t| now.duration_since(t).as_secs() >= 10)
-        {
-            self.last_topic_warning = Some(now);
-            tracing::warn!(
-                endpoint = self.endpoint,
-                topic = %String::from_utf8_lossy(&topic[..topic.len().min(200)]),
-                "frame skipped: topic is not kv@<pod>@<model>"
-            );
-        }
+    /// A frame whose topic is not `kv@<pod>@<model>` within [`MAX_NAME_BYTES`] and
+    /// [`topic_name_ok`]'s characters: logged (its first bytes, escaped) at most once per
+    /// interval, with the count of those left out.
+    fn warn_topic(&self, topic: &[u8]) {
+        crate::warn_throttled!(
+            endpoint = self.endpoint,
+            topic_bytes = topic.len(),
+            topic = %String::from_utf8_lossy(&topic[..topic.len().min(80)]),
+            "frame skipped: topic is not kv@<pod>@<model> (names of at most {MAX_NAME_BYTES} visible ASCII bytes)"
+        );
     }
 }
 
@@ -186,14 +189,13 @@ impl IngestThread {
             Ok(None) => return false,
             Ok(Some(n)) => n,
             Err(e) => {
-                tracing::warn!(endpoint = bound.endpoint, "zmq recv failed: {e}");
+                crate::warn_throttled!(endpoint = bound.endpoint, "zmq recv failed: {e}");
                 return false;
             }
         };
         if n != 3 || parse_topic(&parts[0]).is_none() {
             FeedStats::bump(&bs.malformed_topics, 1);
-            let topic = parts[0].to_vec();
-            self.binds[b].warn_topic(&topic);
+            self.binds[b].warn_topic(&parts[0]);
             return true;
         }
         let seq = wire::split_seq(&parts[1]);
@@ -222,7 +224,7 @@ impl IngestThread {
         let step = s.cursor.step(seq);
         s.feed.stats.count(step);
         match step {
-            Step::Gap { after, missing } => tracing::warn!(
+            Step::Gap { after, missing } => crate::warn_throttled!(
                 pod = topic.pod,
                 model = topic.model,
                 dp,
@@ -231,7 +233,7 @@ impl IngestThread {
                 missing,
                 "sequence gap"
             ),
-            Step::Restart { last } => tracing::warn!(
+            Step::Restart { last } => crate::warn_throttled!(
                 pod = topic.pod,
                 model = topic.model,
                 dp,
@@ -258,7 +260,7 @@ impl IngestThread {
         FeedStats::bump(&self.bind_stats.malformed_frames, 1);
         let bound = &mut self.binds[b];
         let topic = bound.topics.get_mut(&*self.scratch.parts[0]);
-        tracing::warn!(
+        crate::warn_throttled!(
             endpoint = bound.endpoint,
             pod = topic.as_ref().map(|t| t.pod.as_str()),
             "malformed frame skipped: {e}"
@@ -287,7 +289,7 @@ impl IngestThread {
             // Counted and logged once per interval by the registry.
             Err(RegistryError::EventLimit { .. }) => return None,
             Err(e) => {
-                tracing::warn!(pod, model, dp, "cannot index pod: {e}");
+                crate::warn_throttled!(pod, model, dp, "cannot index pod: {e}");
                 return None;
             }
         };

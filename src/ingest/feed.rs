@@ -193,7 +193,7 @@ impl WorkerFeed {
             // Counted and logged once per interval by the registry.
             Err(RegistryError::EventLimit { .. }) => None,
             Err(e) => {
-                tracing::warn!(
+                crate::warn_throttled!(
                     instance = self.instance,
                     tenant = t,
                     "cannot index tenant: {e}"
@@ -215,7 +215,7 @@ impl WorkerFeed {
             Ok(s) => s,
             Err(RegistryError::EventLimit { .. }) => return None,
             Err(e) => {
-                tracing::warn!(
+                crate::warn_throttled!(
                     instance = self.instance,
                     dp,
                     "cannot intern worker slot: {e}"
@@ -391,7 +391,7 @@ impl WorkerFeed {
         let block_size = ev.block_size.unwrap_or(base);
         if block_size == 0 || !block_size.is_multiple_of(base) {
             FeedStats::bump(&self.stats.block_size_mismatch, 1);
-            tracing::warn!(
+            crate::warn_throttled!(
                 instance = self.instance,
                 group,
                 block_size,
@@ -446,7 +446,7 @@ impl WorkerFeed {
             && declared as usize != block_size
         {
             FeedStats::bump(&stats.block_size_mismatch, 1);
-            tracing::warn!(
+            crate::warn_throttled!(
                 instance,
                 declared,
                 block_size,
@@ -495,7 +495,7 @@ impl WorkerFeed {
         }
         if ev.tokens.len() != ev.hashes.len() * block_size {
             FeedStats::bump(&stats.block_size_mismatch, 1);
-            tracing::warn!(
+            crate::warn_throttled!(
                 instance,
                 dp,
                 tokens = ev.tokens.len(),

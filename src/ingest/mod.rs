@@ -871,11 +871,11 @@ impl IngestThread {
         let missing_from = match step {
             Step::Next => None,
             Step::Gap { after, missing } => {
-                tracing::warn!(instance, dp, last = after, seq, missing, "sequence gap");
+                crate::warn_throttled!(instance, dp, last = after, seq, missing, "sequence gap");
                 Some(after + 1)
             }
             Step::Restart { last } => {
-                tracing::warn!(
+                crate::warn_throttled!(
                     instance,
                     dp,
                     last,
@@ -962,7 +962,7 @@ impl IngestThread {
                     Ok(seq) => *pending = Some((seq, true)),
                     Err(e) => {
                         FeedStats::bump(&l.feed.stats.malformed, 1);
-                        tracing::warn!(
+                        crate::warn_throttled!(
                             instance = l.feed.instance,
                             dp = l.feed.dp,
                             "malformed frame skipped: {e}"
@@ -972,7 +972,7 @@ impl IngestThread {
                 true
             }
             Err(e) => {
-                tracing::warn!(instance = l.feed.instance, "zmq recv failed: {e}");
+                crate::warn_throttled!(instance = l.feed.instance, "zmq recv failed: {e}");
                 false
             }
         }

@@ -141,7 +141,7 @@ impl IngestThread {
                 }
                 Err(e) => {
                     FeedStats::bump(&l.feed.stats.malformed, 1);
-                    tracing::warn!(
+                    crate::warn_throttled!(
                         instance = l.feed.instance,
                         seq,
                         "malformed replayed batch skipped: {e}"

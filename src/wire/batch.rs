@@ -130,8 +130,17 @@ fn event_array(c: &mut Cursor<'_>, out: &mut Batch) -> Result<Option<EventRec>, 
     }
 }
 
+/// An event tag kvix does not know. The error names it only when it reads as an
+/// identifier (a newer engine's event kind is worth seeing); any other bytes are
+/// the publisher's payload and are described by their length alone.
 pub(super) fn unknown_tag(tag: &[u8]) -> WireError {
-    WireError::UnknownTag(String::from_utf8_lossy(&tag[..tag.len().min(64)]).into_owned())
+    let identifier = (1..=32).contains(&tag.len())
+        && tag.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'_');
+    WireError::UnknownTag(if identifier {
+        format!("`{}`", String::from_utf8_lossy(tag))
+    } else {
+        format!("of {} bytes, not an identifier", tag.len())
+    })
 }
 
 /// Array lengths of a batch before one event, to drop that event's values.

@@ -44,7 +44,7 @@ pub enum WireError {
     Range { field: &'static str },
     #[error("field `{field}` is missing")]
     Missing { field: &'static str },
-    #[error("unknown event tag `{0}`")]
+    #[error("unknown event tag {0}")]
     UnknownTag(String),
     #[error("values nested too deeply")]
     TooDeep,

@@ -399,7 +399,7 @@ fn malformed_rfc_events() {
         batch_of(&[map_of(&kvs)])
     };
     assert!(
-        matches!(reject(&batch_of(&[map_of(&[("event_type", s("evicted"))])])), WireError::UnknownTag(t) if t == "evicted")
+        matches!(reject(&batch_of(&[map_of(&[("event_type", s("evicted"))])])), WireError::UnknownTag(t) if t == "`evicted`")
     );
     assert_eq!(
         reject(&stored(&[])),
