@@ -23,6 +23,18 @@ pub const QUEUE_LINES: usize = 16 * 1024;
 /// Request bodies the waiting lines may hold (for their `model`); past it a line
 /// keeps its request's figures but not the body, and logs its model as `-`.
 pub const QUEUE_BODY_BYTES: usize = 64 * 1024 * 1024;
+/// Longest model name logged, in bytes; a longer one is cut (at a character).
+const MAX_MODEL: usize = crate::registry::MAX_NAME_BYTES;
+
+/// `s` cut to at most `max` bytes at a character boundary.
+fn cut(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
 /// Longest trace id logged, in bytes; a longer one is cut.
 const MAX_TRACE_ID: usize = 256;
 /// How long the writer sleeps with nothing to write before it looks again (a push
@@ -197,18 +209,19 @@ impl AccessLog {
         let mut text = Vec::with_capacity(64 * 1024);
         loop {
             let stopping = self.stop.load(Ordering::Acquire);
+            // Lines in `text`, counted written or dropped once their write ends.
             let mut n = 0u64;
             while let Some(r) = self.queue.pop() {
                 self.held.fetch_sub(r.body.len(), Ordering::Relaxed);
                 self.format(&r, &mut text);
                 n += 1;
                 if text.len() >= 64 * 1024 {
-                    self.write(&mut text, false);
+                    self.write(&mut text, n, false);
+                    n = 0;
                 }
             }
             if n > 0 {
-                self.write(&mut text, true);
-                self.written.fetch_add(n, Ordering::Relaxed);
+                self.write(&mut text, n, true);
             }
             if stopping {
                 return;
@@ -217,14 +230,24 @@ impl AccessLog {
         }
     }
 
-    fn write(&self, text: &mut Vec<u8>, flush: bool) {
+    /// Write `text` (its `lines` lines) and count them written, or dropped when the
+    /// write fails (a full or failing disk): lost lines are never counted written.
+    fn write(&self, text: &mut Vec<u8>, lines: u64, flush: bool) {
         let mut f = self.file.lock().unwrap_or_else(|p| p.into_inner());
         let r = f
             .write_all(text)
             .and_then(|()| if flush { f.flush() } else { Ok(()) });
-        if let Err(e) = r {
-            tracing::warn!(path = %self.settings.path.display(), "access log write failed: {e}");
-        }
+        match r {
+            Ok(()) => self.written.fetch_add(lines, Ordering::Relaxed),
+            Err(e) => {
+                crate::warn_throttled!(
+                    path = %self.settings.path.display(),
+                    lines,
+                    "access log write failed, lines dropped: {e}"
+                );
+                self.dropped.fetch_add(lines, Ordering::Relaxed)
+            }
+        };
         text.clear();
     }
 
@@ -253,7 +276,7 @@ impl AccessLog {
             trace_id: trace.unwrap_or("-"),
             method: r.method.as_str(),
             path,
-            model: model.map_or("-", |m| m.as_ref()),
+            model: model.map_or("-", |m| cut(m, MAX_MODEL)),
             status: r.status,
             duration_ms: (r.duration.as_secs_f64() * 1e6).round() / 1e3,
         };
@@ -348,5 +371,31 @@ mod tests {
         let ts = timestamp(SystemTime::now(), true);
         assert!(chrono::DateTime::parse_from_rfc3339(&ts).is_ok(), "{ts}");
         assert_eq!(ts.len(), "2025-11-27T14:14:09.123+00:00".len(), "{ts}");
+    }
+
+    #[test]
+    fn a_long_model_is_cut_at_a_character() {
+        let (_dir, log) = started(false);
+        let model = format!("{}é", "m".repeat(MAX_MODEL - 1));
+        let body = serde_json::json!({"model_name": model}).to_string();
+        let v = line(&log, &request(&body, None));
+        assert_eq!(v["model"], "m".repeat(MAX_MODEL - 1));
+    }
+
+    /// Lines whose write fails (a full disk: `/dev/full`) are dropped, never
+    /// counted written.
+    #[test]
+    fn lines_a_failed_write_lost_are_counted_dropped() {
+        let log = AccessLog::start(Settings {
+            path: "/dev/full".into(),
+            trace_header: "x-trace-id".parse().unwrap(),
+            local_time: false,
+        })
+        .unwrap();
+        for _ in 0..3 {
+            log.push(request("{}", None));
+        }
+        log.shutdown();
+        assert_eq!(log.counts(), (0, 3));
     }
 }

@@ -429,7 +429,7 @@ fn access_log(g: &mut Gathered, app: &App) {
     .with(&[], Value::Counter(written));
     g.add(
         "kvix_access_log_dropped",
-        "Access log lines dropped because the writer was behind by a full queue",
+        "Access log lines dropped: the writer was behind by a full queue, or their write failed",
         MetricType::Counter,
     )
     .with(&[], Value::Counter(dropped));

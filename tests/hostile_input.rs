@@ -720,3 +720,23 @@ fn registered_names_are_bounded_and_free_of_control_characters() {
     // 256 bytes is the limit, not a refusal of long names.
     register(&s, &"m".repeat(256), 1, &p);
 }
+
+/// A wrongly typed field is named in the 422, also one of the fields a query shares
+/// with other routes (its scope: tenant, routing group, loads).
+#[test]
+fn a_wrongly_typed_field_is_named_wherever_it_sits() {
+    let s = Server::start(&["--threads", "1"]);
+    ready(&s);
+    for (extra, field) in [
+        (json!({"routing_group": 5}), "routing_group"),
+        (json!({"loads": "yes"}), "loads"),
+        (json!({"tenant_id": 5}), "tenant_id"),
+    ] {
+        let mut body = json!({"model_name": "m", "token_ids": [1, 2, 3, 4]});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let (st, v) = s.post_json("/query", &body);
+        assert_eq!((st, v["field"].as_str()), (422, Some(field)), "{v}");
+    }
+}

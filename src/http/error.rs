@@ -110,6 +110,38 @@ impl From<RegistryError> for ApiError {
 }
 
 /// Parse a JSON body, naming the offending field on a shape error.
+/// The top-level field of the JSON object `body` that made `T` fail with `msg`:
+/// the one whose removal makes that error go. serde loses the path inside a flattened
+/// struct (and reports its errors at the object's end), so the field is found by
+/// asking again. Only for error answers, and only for small objects (at most 32
+/// fields, 1 MiB): a hostile body costs a bounded number of extra parses.
+fn field_of<T: serde::de::DeserializeOwned>(body: &[u8], msg: &str) -> Option<String> {
+    if body.len() > 1 << 20 {
+        return None;
+    }
+    let map: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(body).ok()?;
+    if map.len() > 32 {
+        return None;
+    }
+    // serde_json adds the position to errors from text, not from values.
+    let plain = msg.split(" at line ").next().unwrap_or(msg);
+    map.keys()
+        .find(|k| {
+            let mut rest = map.clone();
+            rest.remove(*k);
+            // Without the culprit the error goes (or the next one shows); without
+            // any other field it stays, or that field is now missing.
+            serde_json::from_value::<T>(serde_json::Value::Object(rest)).map_or_else(
+                |e| {
+                    let e = e.to_string();
+                    e != plain && e != format!("missing field `{k}`")
+                },
+                |_| true,
+            )
+        })
+        .cloned()
+}
+
 pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     // Path tracking costs per element (1k token ids per query): only a body that
     // fails is parsed again with it, to name the field.
@@ -136,6 +168,9 @@ pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError>
                 {
                     Some(f) if path == "." => f.to_string(),
                     Some(f) => format!("{path}.{f}"),
+                    // A flattened struct's field loses its path: name the top-level
+                    // field whose value holds the error's position.
+                    None if path == "." => field_of::<T>(body, &msg).unwrap_or(path),
                     None => path,
                 };
                 Err(ApiError::Field { field, msg })
@@ -177,5 +212,38 @@ mod tests {
             matches!(e, ApiError::Field { ref field, .. } if field == "a"),
             "{e}"
         );
+    }
+
+    #[derive(serde::Deserialize, Debug)]
+    #[allow(dead_code)]
+    struct Outer {
+        a: u32,
+        #[serde(flatten)]
+        inner: Inner,
+    }
+
+    #[derive(serde::Deserialize, Debug)]
+    #[allow(dead_code)]
+    struct Inner {
+        group: Option<String>,
+        loads: Option<bool>,
+    }
+
+    /// serde loses the path inside a flattened struct; the field is still named.
+    #[test]
+    fn a_flattened_fields_error_names_the_field() {
+        for (body, want) in [
+            (&b"{\"a\":1,\"group\":5}"[..], "group"),
+            (
+                b"{\"a\": 1,\n \"loads\": \"yes\",\n \"group\": \"g\"}",
+                "loads",
+            ),
+        ] {
+            let e = parse::<Outer>(body).unwrap_err();
+            assert!(
+                matches!(e, ApiError::Field { ref field, .. } if field == want),
+                "{e}"
+            );
+        }
     }
 }
