@@ -346,9 +346,9 @@ pub struct SlotShard {
 /// Dynamo's request TTL.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(300);
 
-/// Blocks given back (and bookings expired) per step: a step takes about a
-/// millisecond, so requests waiting behind it barely notice.
-pub const STEP_BLOCKS: usize = 8192;
+/// Blocks given back (and bookings expired) per step: small enough that requests
+/// waiting behind a step barely notice it, even in a debug build.
+pub const STEP_BLOCKS: usize = 2048;
 
 impl Default for SlotShard {
     fn default() -> Self {

@@ -245,9 +245,9 @@ struct Booking {
     age: (Instant, u64),
 }
 
-/// Blocks a free gives back at once; a larger booking is given back in steps, as
-/// expiries are.
-const FREE_AT_ONCE: usize = 4096;
+/// Blocks a free gives back at once (no more than a step's); a larger booking is
+/// given back in steps, as expiries are.
+const FREE_AT_ONCE: usize = super::STEP_BLOCKS;
 
 /// One (model, routing group)'s workers and bookings.
 #[derive(Debug)]
