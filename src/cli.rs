@@ -218,6 +218,26 @@ pub struct Args {
     /// tracked; then it is freed and counted (kvix_slot_requests_expired_total)
     #[arg(long, env = "KVIX_SLOT_REQUEST_TTL_SECS", default_value_t = 300.0)]
     pub slot_request_ttl_secs: f64,
+    /// Largest request body the slot tracker takes, in bytes (Dynamo's limit);
+    /// larger ones are refused with 413
+    #[arg(long, env = "KVIX_SLOT_MAX_BODY_BYTES", default_value_t = 2 * 1024 * 1024)]
+    pub slot_max_body_bytes: usize,
+    /// Most sequence hashes one slot-tracker /add may book; more is refused with
+    /// 413 (kvix_slot_refused_total)
+    #[arg(long, env = "KVIX_SLOT_MAX_BOOKING_BLOCKS", default_value_t = 131_072)]
+    pub slot_max_booking_blocks: usize,
+    /// Most active decode blocks one worker rank may hold on the slot tracker; an
+    /// /add beyond is refused with 429 (kvix_slot_refused_total)
+    #[arg(long, env = "KVIX_SLOT_MAX_RANK_BLOCKS", default_value_t = 1_048_576)]
+    pub slot_max_rank_blocks: usize,
+    /// Most requests booked and not freed per slot tracker (model, routing
+    /// group); an /add beyond is refused with 429 (kvix_slot_refused_total)
+    #[arg(long, env = "KVIX_SLOT_MAX_BOOKINGS", default_value_t = 65_536)]
+    pub slot_max_bookings: usize,
+    /// Registered worker ranks (over every slot tracker) up to which /metrics
+    /// has per-rank kvix_slot_* series; above, per-tracker series only
+    #[arg(long, env = "KVIX_SLOT_METRICS_MAX_RANKS", default_value_t = 1024)]
+    pub slot_metrics_max_ranks: usize,
     /// Port of a ZMQ PUB socket (on --host) on which the slot tracker shares each
     /// /add, /prefill_complete and /free with its replicas, in Dynamo's
     /// replica-sync format (topic `dynamo.slot-tracker.v1`)

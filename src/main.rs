@@ -622,6 +622,18 @@ fn serve_options(
                 3_600_000,
             )),
             access: Arc::new(access),
+            slot_max_body: clamp(
+                "slot-max-body-bytes",
+                args.slot_max_body_bytes,
+                1024,
+                1 << 30,
+            ),
+        },
+        slot_limits: kvix::slots::SlotLimits {
+            max_booking_blocks: args.slot_max_booking_blocks,
+            max_rank_blocks: args.slot_max_rank_blocks,
+            max_bookings: args.slot_max_bookings,
+            metrics_max_ranks: args.slot_metrics_max_ranks,
         },
         slots_addr: None,
         slot_links: None,

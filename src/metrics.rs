@@ -69,6 +69,8 @@ pub struct HttpStats {
     pub routes: BTreeMap<(&'static str, &'static str), RouteStats>,
     /// Requests failed (503) because a shard did not answer its part.
     pub shard_failures: u64,
+    /// Slot-tracker bodies refused (413) for their size.
+    pub slot_bodies_refused: u64,
 }
 
 /// The routes kvix serves; anything else is counted as "other" (bounded label values).
@@ -435,39 +437,101 @@ fn access_log(g: &mut Gathered, app: &App) {
     .with(&[], Value::Counter(dropped));
 }
 
-/// The slot tracker's requests and blocks per worker rank, and its expiries.
+/// The slot tracker's requests and blocks per tracker, and per worker rank while
+/// the ranks are few enough (`--slot-metrics-max-ranks`); its expiries and
+/// refusals.
 fn slot_families(g: &mut Gathered, shards: &[ShardStats]) {
     type Of = fn(&crate::slots::RankLoad) -> usize;
-    let per_rank: [(&'static str, &'static str, Of); 3] = [
+    // (per rank, per tracker, help of each, figure)
+    let families: [(&str, &str, &str, &str, Of); 3] = [
         (
             "kvix_slot_active_requests",
-            "Requests booked on the slot tracker (/add, not yet freed), per worker rank",
+            "kvix_slot_tracker_active_requests",
+            "Requests booked on the slot tracker (/add, not yet freed), per worker rank; none above --slot-metrics-max-ranks ranks",
+            "Requests booked on the slot tracker (/add, not yet freed), per tracker",
             |l| l.active_requests,
         ),
         (
             "kvix_slot_active_blocks",
-            "Decode blocks of the slot tracker's booked requests (shared prefix blocks once), per worker rank",
+            "kvix_slot_tracker_active_blocks",
+            "Decode blocks of the slot tracker's booked requests (shared prefix blocks once), per worker rank; none above --slot-metrics-max-ranks ranks",
+            "Decode blocks of the slot tracker's booked requests (shared prefix blocks once per rank), per tracker",
             |l| l.active_decode_blocks,
         ),
         (
             "kvix_slot_prefill_tokens",
-            "Prompt tokens of booked requests whose prefill is not complete, per worker rank",
+            "kvix_slot_tracker_prefill_tokens",
+            "Prompt tokens of booked requests whose prefill is not complete, per worker rank; none above --slot-metrics-max-ranks ranks",
+            "Prompt tokens of booked requests whose prefill is not complete, per tracker",
             |l| l.active_prefill_tokens,
         ),
     ];
-    for (name, help, of) in per_rank {
+    let stats = || shards.iter().map(|s| &s.slots);
+    let ranks: usize = stats().flat_map(|s| &s.trackers).map(|t| t.ranks).sum();
+    let limit = stats().map(|s| s.metrics_max_ranks).min().unwrap_or(0);
+    // A shard over the limit sent no ranks: all of them or none.
+    let per_rank = ranks <= limit;
+    let gauge = |n: usize| Value::Gauge(i64::try_from(n).unwrap_or(i64::MAX));
+    for (name, by_tracker, help, tracker_help, of) in families {
         let f = g.add(name, help, MetricType::Gauge);
-        for r in shards.iter().flat_map(|s| &s.slots.ranks) {
+        if per_rank {
+            for r in stats().flat_map(|s| &s.ranks) {
+                f.with(
+                    &[
+                        ("model", r.key.model_name.clone()),
+                        ("routing_group", r.key.routing_group.clone()),
+                        ("worker_id", r.rank.worker_id.to_string()),
+                        ("dp_rank", r.rank.dp_rank.to_string()),
+                    ],
+                    gauge(of(&r.load)),
+                );
+            }
+        }
+        let f = g.add(by_tracker, tracker_help, MetricType::Gauge);
+        for t in stats().flat_map(|s| &s.trackers) {
             f.with(
                 &[
-                    ("model", r.key.model_name.clone()),
-                    ("routing_group", r.key.routing_group.clone()),
-                    ("worker_id", r.rank.worker_id.to_string()),
-                    ("dp_rank", r.rank.dp_rank.to_string()),
+                    ("model", t.key.model_name.clone()),
+                    ("routing_group", t.key.routing_group.clone()),
                 ],
-                Value::Gauge(of(&r.load) as i64),
+                gauge(of(&t.load)),
             );
         }
+    }
+    let f = g.add(
+        "kvix_slot_tracker_ranks",
+        "Worker ranks registered on the slot tracker, per tracker",
+        MetricType::Gauge,
+    );
+    for t in stats().flat_map(|s| &s.trackers) {
+        f.with(
+            &[
+                ("model", t.key.model_name.clone()),
+                ("routing_group", t.key.routing_group.clone()),
+            ],
+            gauge(t.ranks),
+        );
+    }
+    let refused = stats().fold(crate::slots::Refused::default(), |a, s| {
+        crate::slots::Refused {
+            booking_blocks: a.booking_blocks + s.refused.booking_blocks,
+            rank_blocks: a.rank_blocks + s.refused.rank_blocks,
+            bookings: a.bookings + s.refused.bookings,
+        }
+    });
+    let bodies: u64 = shards.iter().map(|s| s.http.slot_bodies_refused).sum();
+    let f = g.add(
+        "kvix_slot_refused",
+        "Slot-tracker calls refused by a bound, by reason: body (over --slot-max-body-bytes, 413), booking_blocks (over --slot-max-booking-blocks, 413), rank_blocks (over --slot-max-rank-blocks, 429), bookings (over --slot-max-bookings, 429)",
+        MetricType::Counter,
+    );
+    for (reason, n) in [
+        ("body", bodies),
+        ("booking_blocks", refused.booking_blocks),
+        ("rank_blocks", refused.rank_blocks),
+        ("bookings", refused.bookings),
+    ] {
+        f.with(&[("reason", reason.into())], Value::Counter(n));
     }
     g.add(
         "kvix_slot_requests_expired",

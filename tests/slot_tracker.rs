@@ -14,6 +14,8 @@ mod common;
 use common::{Engine, Server, agent, free_port, metric_in, reply};
 use serde_json::{Value, json};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// One call of the script: method, path, content type (none: no header), body.
@@ -650,4 +652,376 @@ fn shares_requests_with_dynamos_replicas() {
     probe(&d.base, &k, "probe-d");
     steps(&k, &d.base);
     settled(&k, &d.base);
+}
+
+/// The longest a query may wait while the slot tracker is loaded: generous for a
+/// loaded two-core machine and a debug build.
+const QUERY_WAIT: Duration = Duration::from_millis(250);
+
+/// `/query`s on the index port from connections of their own until
+/// [`QueryLoop::finish`], noting the longest any waited.
+struct QueryLoop {
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<(Duration, u64)>>,
+}
+
+impl QueryLoop {
+    fn start(s: &Server, conns: usize) -> QueryLoop {
+        let stop = Arc::new(AtomicBool::new(false));
+        let body = json!({"token_ids": (1..=64).collect::<Vec<u32>>(), "model_name": MODEL});
+        let threads = (0..conns)
+            .map(|_| {
+                let (stop, url, body) =
+                    (stop.clone(), format!("{}/query", s.base), body.to_string());
+                std::thread::spawn(move || {
+                    let a = agent(Some(Duration::from_secs(60)));
+                    let (mut worst, mut n) = (Duration::ZERO, 0);
+                    while !stop.load(Ordering::Relaxed) {
+                        let t = Instant::now();
+                        let r = a
+                            .post(&url)
+                            .header("Content-Type", "application/json")
+                            .send(body.as_bytes())
+                            .expect("query");
+                        let (st, text) = reply(r);
+                        assert_eq!(st, 200, "{text}");
+                        worst = worst.max(t.elapsed());
+                        n += 1;
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    (worst, n)
+                })
+            })
+            .collect();
+        QueryLoop { stop, threads }
+    }
+
+    /// Asserts no query waited [`QUERY_WAIT`] or longer while `what`.
+    fn finish(self, what: &str) {
+        self.stop.store(true, Ordering::Relaxed);
+        let (worst, n) = self
+            .threads
+            .into_iter()
+            .map(|t| t.join().expect("query thread"))
+            .fold((Duration::ZERO, 0), |(w, n), (tw, tn)| (w.max(tw), n + tn));
+        eprintln!("{n} queries, the longest {worst:?}, while {what}");
+        assert!(n >= 10, "{n} queries answered while {what}");
+        assert!(worst < QUERY_WAIT, "a query waited {worst:?} while {what}");
+    }
+}
+
+/// A slot tracker on two executors, with a worker of the index registered so
+/// that queries have something to score.
+fn loaded_server(extra: &[&str]) -> (Server, String, common::Publisher) {
+    let mut flags = vec!["--threads", "2"];
+    flags.extend_from_slice(extra);
+    let (s, base) = slot_server(&flags);
+    let [w] = common::workers::<1>(&s, &zmq::Context::new(), MODEL);
+    (s, base, w)
+}
+
+fn add_body(id: &str, rank: u32, hashes: impl Iterator<Item = u64>, isl: u64) -> String {
+    let hashes: Vec<String> = hashes.map(|h| (h as i64).to_string()).collect();
+    format!(
+        r#"{{"model_name":"{MODEL}","request_id":"{id}","worker_id":1,"dp_rank":{rank},"new_isl_tokens":{isl},"sequence_hashes":[{}]}}"#,
+        hashes.join(",")
+    )
+}
+
+fn post_raw(a: &ureq::Agent, url: &str, body: &str) -> (u16, String) {
+    match a
+        .post(url)
+        .header("Content-Type", "application/json")
+        .send(body.as_bytes())
+    {
+        Ok(r) => reply(r),
+        // A body refused before it is read: the server may close while it is sent.
+        Err(e) => (0, e.to_string()),
+    }
+}
+
+#[test]
+fn huge_adds_are_refused_at_once_and_queries_keep_answering() {
+    let (s, base, _w) = loaded_server(&[]);
+    slot_ok(
+        &base,
+        "/register",
+        json!({"worker_id": 1, "model_name": MODEL, "block_size": 16, "dp_start": 0, "dp_size": 1}),
+    );
+    // Five adds of a million hashes each (about 20 MB of body): over Dynamo's
+    // 2 MB, refused before they are read.
+    let queries = QueryLoop::start(&s, 2);
+    std::thread::sleep(Duration::from_millis(200));
+    let adds: Vec<_> = (0..5)
+        .map(|i| {
+            let url = format!("{base}/add");
+            std::thread::spawn(move || {
+                let body = add_body(
+                    &format!("big{i}"),
+                    0,
+                    (0..1u64 << 20).map(|h| h | 1 << 62),
+                    0,
+                );
+                let t = Instant::now();
+                let (st, text) = post_raw(&agent(Some(Duration::from_secs(30))), &url, &body);
+                (st, text, t.elapsed())
+            })
+        })
+        .collect();
+    for a in adds {
+        let (st, text, took) = a.join().unwrap();
+        assert!(took < QUERY_WAIT, "a refused /add took {took:?}");
+        if st != 0 {
+            assert_eq!(st, 413, "{text}");
+            let v: Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(v["limit"], 2 * 1024 * 1024, "{v}");
+            assert_eq!(v["flag"], "--slot-max-body-bytes", "{v}");
+        }
+    }
+    queries.finish("five 1M-hash /adds were refused");
+    assert_eq!(
+        s.metric("kvix_slot_refused_total", &[("reason", "body")]),
+        5.0
+    );
+    // Under the limit, the most one booking may hold is booked.
+    let ok = add_body("most", 0, 0..100_000, 8);
+    assert!(ok.len() < 2 * 1024 * 1024);
+    let (st, text) = post_raw(&agent(None), &format!("{base}/add"), &ok);
+    assert_eq!(st, 201, "{text}");
+}
+
+#[test]
+fn bookings_over_the_bounds_get_413_and_429_naming_the_flag() {
+    let (s, base) = slot_server(&[
+        "--slot-max-booking-blocks",
+        "4",
+        "--slot-max-rank-blocks",
+        "6",
+        "--slot-max-bookings",
+        "3",
+    ]);
+    slot_ok(
+        &base,
+        "/register",
+        json!({"worker_id": 1, "model_name": MODEL, "block_size": 16, "dp_start": 0, "dp_size": 2}),
+    );
+    let add = |id: &str, rank: u32, hashes: Value| {
+        slot_call(
+            &base,
+            "/add",
+            &json!({"model_name": MODEL, "request_id": id, "worker_id": 1, "dp_rank": rank, "sequence_hashes": hashes}),
+        )
+    };
+    let (st, v) = add("a", 0, json!([1, 2, 3, 4, 5]));
+    assert_eq!(st, 413, "{v}");
+    assert_eq!(
+        (&v["field"], &v["limit"], &v["flag"]),
+        (
+            &json!("sequence_hashes"),
+            &json!(4),
+            &json!("--slot-max-booking-blocks")
+        ),
+        "{v}"
+    );
+    assert_eq!(add("a", 0, json!([1, 2, 3, 4])).0, 201);
+    // The shared prefix counts once on the rank: two more blocks fit, three do not.
+    assert_eq!(add("b", 0, json!([1, 2, 7, 8])).0, 201);
+    let (st, v) = add("c", 0, json!([1, 9]));
+    assert_eq!(st, 429, "{v}");
+    assert_eq!(v["flag"], "--slot-max-rank-blocks", "{v}");
+    assert_eq!(add("c", 1, json!([1, 9])).0, 201);
+    let (st, v) = add("d", 1, json!([]));
+    assert_eq!(st, 429, "{v}");
+    assert_eq!(
+        (&v["limit"], &v["flag"]),
+        (&json!(3), &json!("--slot-max-bookings")),
+        "{v}"
+    );
+    // A free makes room.
+    slot_ok(
+        &base,
+        "/free",
+        json!({"model_name": MODEL, "request_id": "c"}),
+    );
+    assert_eq!(add("d", 1, json!([])).0, 201);
+    for (reason, n) in [
+        ("booking_blocks", 1.0),
+        ("rank_blocks", 1.0),
+        ("bookings", 1.0),
+        ("body", 0.0),
+    ] {
+        assert_eq!(
+            s.metric("kvix_slot_refused_total", &[("reason", reason)]),
+            n,
+            "{reason}"
+        );
+    }
+}
+
+#[test]
+fn prefill_tokens_saturate_and_are_given_back_exactly() {
+    let (_s, base) = slot_server(&[]);
+    slot_ok(
+        &base,
+        "/register",
+        json!({"worker_id": 1, "model_name": MODEL, "block_size": 16, "dp_start": 0, "dp_size": 1}),
+    );
+    let add = |id: &str, isl: u64| {
+        slot_ok(
+            &base,
+            "/add",
+            json!({"model_name": MODEL, "request_id": id, "worker_id": 1, "dp_rank": 0, "sequence_hashes": [1], "new_isl_tokens": isl}),
+        )
+    };
+    add("max", u64::MAX);
+    add("five", 5);
+    let tokens = || loads_of(&base)[0]["active_prefill_tokens"].clone();
+    assert_eq!(tokens(), json!(u64::MAX));
+    let p = slot_ok(
+        &base,
+        "/potential_loads",
+        json!({"model_name": MODEL, "sequence_hashes": [1], "new_isl_tokens": 3}),
+    );
+    assert_eq!(p[0]["potential_prefill_tokens"], json!(u64::MAX), "{p}");
+    slot_ok(
+        &base,
+        "/prefill_complete",
+        json!({"model_name": MODEL, "request_id": "max"}),
+    );
+    assert_eq!(tokens(), json!(5));
+    add("again", u64::MAX);
+    slot_ok(
+        &base,
+        "/free",
+        json!({"model_name": MODEL, "request_id": "again"}),
+    );
+    assert_eq!(tokens(), json!(5));
+}
+
+#[test]
+fn twenty_thousand_bookings_expiring_together_stall_no_query() {
+    const BOOKINGS: u64 = 20_000;
+    const TTL: Duration = Duration::from_secs(15);
+    let (s, base, _w) = loaded_server(&["--slot-request-ttl-secs", "15"]);
+    slot_ok(
+        &base,
+        "/register",
+        json!({"worker_id": 1, "model_name": MODEL, "block_size": 16, "dp_start": 0, "dp_size": 8}),
+    );
+    // Bookings of 100 blocks each, 2 million in all, from four connections.
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let url = format!("{base}/add");
+            std::thread::spawn(move || {
+                let a = agent(Some(Duration::from_secs(30)));
+                for i in (t..BOOKINGS).step_by(4) {
+                    let body = add_body(
+                        &format!("r{i}"),
+                        (i % 8) as u32,
+                        (0..100).map(|b| i * 1000 + b),
+                        16,
+                    );
+                    let (st, text) = post_raw(&a, &url, &body);
+                    assert_eq!(st, 201, "{text}");
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    // Held still past the TTL, then let go: every booking is due at once.
+    let last = Instant::now();
+    s.signal("STOP");
+    std::thread::sleep(
+        (last + TTL + Duration::from_millis(500)).saturating_duration_since(Instant::now()),
+    );
+    s.signal("CONT");
+    let queries = QueryLoop::start(&s, 2);
+    s.eventually("every booking expired", || {
+        match s.metric("kvix_slot_requests_expired_total", &[]) {
+            n if n == BOOKINGS as f64 => Ok(()),
+            n => Err(format!("{n} expired")),
+        }
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    queries.finish("20,000 bookings expired");
+    let l = loads_of(&base);
+    assert!(
+        l.as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["active_decode_blocks"] == 0),
+        "{l}"
+    );
+}
+
+#[test]
+fn twenty_registrations_of_4096_ranks_keep_metrics_small_and_queries_quick() {
+    let (s, base, _w) = loaded_server(&[]);
+    let queries = QueryLoop::start(&s, 2);
+    for w in 0..20 {
+        slot_ok(
+            &base,
+            "/register",
+            json!({"worker_id": w, "model_name": MODEL, "block_size": 16, "dp_start": 0, "dp_size": 4096}),
+        );
+    }
+    slot_ok(
+        &base,
+        "/add",
+        json!({"model_name": MODEL, "request_id": "a", "worker_id": 3, "dp_rank": 7, "sequence_hashes": [1, 2], "new_isl_tokens": 9}),
+    );
+    let t = Instant::now();
+    let (st, text) = s.call("GET", "/metrics", None);
+    let took = t.elapsed();
+    queries.finish("20 workers of 4,096 ranks registered");
+    assert_eq!(st, 200);
+    eprintln!("/metrics: {} bytes in {took:?}", text.len());
+    assert!(text.len() < 5 << 20, "/metrics is {} bytes", text.len());
+    let tracker = [("model", MODEL), ("routing_group", "default")];
+    assert_eq!(
+        metric_in(&text, "kvix_slot_tracker_ranks", &tracker),
+        81_920.0
+    );
+    assert_eq!(
+        metric_in(&text, "kvix_slot_tracker_active_requests", &tracker),
+        1.0
+    );
+    assert_eq!(
+        metric_in(&text, "kvix_slot_tracker_active_blocks", &tracker),
+        2.0
+    );
+    assert_eq!(
+        metric_in(&text, "kvix_slot_tracker_prefill_tokens", &tracker),
+        9.0
+    );
+    assert!(
+        !text.contains("kvix_slot_active_requests{"),
+        "per-rank series above the bound"
+    );
+}
+
+#[test]
+fn few_ranks_keep_their_per_rank_series() {
+    let (s, base) = slot_server(&["--slot-metrics-max-ranks", "4"]);
+    slot_ok(
+        &base,
+        "/register",
+        json!({"worker_id": 1, "model_name": MODEL, "block_size": 16, "dp_start": 0, "dp_size": 4}),
+    );
+    let rank = [
+        ("model", MODEL),
+        ("routing_group", "default"),
+        ("worker_id", "1"),
+        ("dp_rank", "3"),
+    ];
+    assert_eq!(s.metric("kvix_slot_active_requests", &rank), 0.0);
+    slot_ok(
+        &base,
+        "/register",
+        json!({"worker_id": 2, "model_name": MODEL, "block_size": 16, "dp_start": 0, "dp_size": 1}),
+    );
+    let (_, text) = s.call("GET", "/metrics", None);
+    assert!(!text.contains("kvix_slot_active_requests{"), "{text}");
 }

@@ -23,6 +23,9 @@ pub enum ApiError {
     Conflict(String),
     #[error("request body larger than {0} bytes")]
     TooLarge(usize),
+    /// A body over a configurable limit.
+    #[error("request body larger than {limit} bytes (raise {flag})")]
+    BodyLimit { limit: usize, flag: &'static str },
     /// A field holds more than a configured cap allows in one request.
     #[error("{msg}")]
     TooLong { field: String, msg: String },
@@ -63,7 +66,9 @@ impl ApiError {
                 StatusCode::NOT_FOUND
             }
             ApiError::Conflict(_) => StatusCode::CONFLICT,
-            ApiError::TooLarge(_) | ApiError::TooLong { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::TooLarge(_) | ApiError::BodyLimit { .. } | ApiError::TooLong { .. } => {
+                StatusCode::PAYLOAD_TOO_LARGE
+            }
             ApiError::AtCapacity(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Method => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -87,6 +92,10 @@ impl ApiError {
                 v["field"] = serde_json::Value::String(field.clone())
             }
             ApiError::NotReady(phase) => v["phase"] = serde_json::Value::from(*phase),
+            ApiError::BodyLimit { limit, flag } => {
+                v["limit"] = serde_json::Value::from(*limit);
+                v["flag"] = serde_json::Value::from(*flag);
+            }
             _ => {}
         }
         v.to_string().into_bytes()

@@ -49,13 +49,20 @@ pub struct Options {
     pub body_timeout: Duration,
     /// Tokens and the endpoint allow list, loaded at start (open by default).
     pub access: Arc<Access>,
+    /// Largest body the slot tracker's routes take (`--slot-max-body-bytes`).
+    pub slot_max_body: usize,
 }
+
+/// Largest body the slot tracker's routes take by default: Dynamo's (axum's
+/// default body limit).
+pub const SLOT_MAX_BODY: usize = 2 * 1024 * 1024;
 
 impl Default for Options {
     fn default() -> Self {
         Options {
             body_timeout: Duration::from_secs(30),
             access: Arc::default(),
+            slot_max_body: SLOT_MAX_BODY,
         }
     }
 }
@@ -132,21 +139,30 @@ pub(crate) async fn body<M: ShardMesh>(
     opts: &Options,
     req: Request<Incoming>,
 ) -> Result<Bytes, ApiError> {
+    body_within(mesh, opts, req, MAX_BODY, || ApiError::TooLarge(MAX_BODY)).await
+}
+
+/// The body, if it is at most `limit` bytes; else `too_large()`.
+pub(crate) async fn body_within<M: ShardMesh>(
+    mesh: &M,
+    opts: &Options,
+    req: Request<Incoming>,
+    limit: usize,
+    too_large: impl Fn() -> ApiError,
+) -> Result<Bytes, ApiError> {
     // A body announced too large is refused before it is asked for: hyper sends
     // `100 Continue` only once the body is read.
     let announced = req
         .headers()
         .get(hyper::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    if announced.is_some_and(|n| n > MAX_BODY as u64) {
-        return Err(ApiError::TooLarge(MAX_BODY));
+    if announced.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
     }
     let collect = async {
-        match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        match Limited::new(req.into_body(), limit).collect().await {
             Ok(b) => Ok(b.to_bytes()),
-            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-                Err(ApiError::TooLarge(MAX_BODY))
-            }
+            Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
             Err(e) => Err(ApiError::BadRequest(format!("cannot read body: {e}"))),
         }
     };
@@ -224,7 +240,10 @@ pub(crate) fn error_reply(e: &ApiError) -> Reply {
     }
     if matches!(
         e,
-        ApiError::Unauthorized(_) | ApiError::TooLarge(_) | ApiError::Timeout(_)
+        ApiError::Unauthorized(_)
+            | ApiError::TooLarge(_)
+            | ApiError::BodyLimit { .. }
+            | ApiError::Timeout(_)
     ) {
         r.headers_mut()
             .insert(CONNECTION, HeaderValue::from_static("close"));

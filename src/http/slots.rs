@@ -116,7 +116,23 @@ fn status(e: &SlotError) -> StatusCode {
         | SlotError::TrackerNotFound { .. }
         | SlotError::RankNotFound(_)
         | SlotError::RequestNotFound(_) => StatusCode::NOT_FOUND,
+        SlotError::BookingTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+        SlotError::RankFull { .. } | SlotError::TooManyBookings { .. } => {
+            StatusCode::TOO_MANY_REQUESTS
+        }
     }
+}
+
+/// A refusal's answer: Dynamo's `{"error": ...}`, and for a refusal by one of
+/// kvix's bounds the field it is about, the bound and the flag that raises it.
+fn refusal(e: &SlotError) -> Reply {
+    let mut v = serde_json::json!({ "error": e.to_string() });
+    if let Some((field, limit, flag)) = e.limit() {
+        v["field"] = field.into();
+        v["limit"] = limit.into();
+        v["flag"] = flag.into();
+    }
+    json::bytes(status(e), v.to_string().into_bytes())
 }
 
 fn error(status: StatusCode, msg: impl fmt::Display) -> Reply {
@@ -323,7 +339,17 @@ async fn post_call<M: ShardMesh>(
         );
         return Ok(super::once_read(mesh, opts, req, refused).await);
     }
-    let body = super::body(mesh, opts, req).await?;
+    let limit = opts.slot_max_body;
+    let body = super::body_within(mesh, opts, req, limit, || ApiError::BodyLimit {
+        limit,
+        flag: "--slot-max-body-bytes",
+    })
+    .await
+    .inspect_err(|e| {
+        if matches!(e, ApiError::BodyLimit { .. }) {
+            mesh.http_stats().borrow_mut().slot_bodies_refused += 1;
+        }
+    })?;
     let call = match call(route, &body) {
         Ok(c) => c,
         Err(Refused(status, msg)) => return Ok(error(status, msg)),
@@ -334,7 +360,7 @@ async fn post_call<M: ShardMesh>(
         Some(SlotRep::Done(Ok(()))) if created => json::ok(StatusCode::CREATED),
         Some(SlotRep::Done(Ok(()))) => json::ok(StatusCode::OK),
         Some(SlotRep::Potential(Ok(p))) => list(&p),
-        Some(SlotRep::Done(Err(e)) | SlotRep::Potential(Err(e))) => error(status(&e), e),
+        Some(SlotRep::Done(Err(e)) | SlotRep::Potential(Err(e))) => refusal(&e),
         other => {
             return Err(ApiError::Internal(format!(
                 "slot tracker answered {other:?}"

@@ -114,6 +114,8 @@ pub struct ServeOptions {
     pub slots_addr: Option<SocketAddr>,
     /// How long a booked request that is never freed is tracked.
     pub slot_ttl: Duration,
+    /// What the slot trackers may hold and how `/metrics` reports them.
+    pub slot_limits: crate::slots::SlotLimits,
     /// The slot tracker's links to its replicas (`--slot-sync-*`), if any.
     pub slot_links: Option<Arc<crate::slots::sync::Links>>,
 }
@@ -534,9 +536,10 @@ fn take_replica_steps(core: &Core) -> usize {
 /// visible at most one nap after they arrive. Empty for [`PARK_AFTER`], it parks
 /// until a producer rings its bell (or the next prediction is due) instead, so an
 /// idle indexer spends no CPU polling and the next event is applied as it arrives.
-/// Clears, evictions past the block budget and mass expiries run a step a pass,
-/// requests getting in between the steps; while a step left blocks to evict, the
-/// loop takes no ops, so stores never outrun eviction.
+/// Clears, evictions past the block budget, mass expiries and the slot trackers'
+/// expiries and large frees run a step a pass, requests getting in between the
+/// steps; while a step left blocks to evict, the loop takes no ops, so stores
+/// never outrun eviction.
 async fn drain_loop(core: Rc<Core>) {
     let mut idle = IDLE_AFTER_WORK;
     // Gives back what applying ops freed once the shard is quiet (never the C heap:
@@ -564,7 +567,8 @@ async fn drain_loop(core: Rc<Core>) {
             let n = n + take_replica_steps(&core);
             let clearing = shard.step_clears()
                 | shard.step_budget()
-                | shard.expire(crate::shard::predict::now_tick());
+                | shard.expire(crate::shard::predict::now_tick())
+                | core.slots.borrow_mut().step(Instant::now());
             shard.sync_budget();
             (n, clearing, shard.evicted)
         };
@@ -770,7 +774,11 @@ pub fn serve(app: Arc<App>, opts: ServeOptions) -> std::io::Result<()> {
                     shards,
                     app,
                     shard: RefCell::new(shard),
-                    slots: RefCell::new(SlotShard::new(opts.slot_ttl, opts.slot_links.clone())),
+                    slots: RefCell::new(SlotShard::new(
+                        opts.slot_ttl,
+                        opts.slot_limits,
+                        opts.slot_links.clone(),
+                    )),
                     mesh: senders,
                     pending: RefCell::default(),
                     next_qid: Cell::new(0),

@@ -28,6 +28,12 @@
 //! - A request never freed expires after a TTL (Dynamo: 300 s); kvix counts
 //!   expiries.
 //!
+//! Bounds of kvix's own ([`SlotLimits`], each with its flag): blocks per booking
+//! (413), active blocks per rank and live bookings per tracker (429), each
+//! refusal counted. Expiries and large frees give their blocks back in bounded
+//! steps between requests ([`SlotShard::step`]), and reads cost their answer, so
+//! that no call holds the executor for long whatever the trackers hold.
+//!
 //! - Replicas share each `/add`, `/prefill_complete` (every time) and `/free`
 //!   (when it freed something) in Dynamo's replica-sync format ([`sync`]).
 //!
@@ -94,6 +100,75 @@ pub enum SlotError {
     DuplicateRequest { request_id: String, rank: Rank },
     #[error("Request {0} not found")]
     RequestNotFound(String),
+    #[error(
+        "sequence_hashes holds {blocks} blocks, more than the {max} one booking may hold (raise --slot-max-booking-blocks)"
+    )]
+    BookingTooLarge { blocks: usize, max: usize },
+    #[error(
+        "worker {} dp_rank {} would hold {blocks} active blocks, more than the {max} one rank may hold (raise --slot-max-rank-blocks)",
+        .rank.worker_id, .rank.dp_rank
+    )]
+    RankFull {
+        rank: Rank,
+        blocks: usize,
+        max: usize,
+    },
+    #[error(
+        "the tracker holds {max} booked requests, as many as it may (raise --slot-max-bookings)"
+    )]
+    TooManyBookings { max: usize },
+}
+
+impl SlotError {
+    /// For a refusal by one of kvix's bounds: the field it is about, the bound and
+    /// the flag that raises it.
+    pub fn limit(&self) -> Option<(&'static str, usize, &'static str)> {
+        match self {
+            SlotError::BookingTooLarge { max, .. } => {
+                Some(("sequence_hashes", *max, "--slot-max-booking-blocks"))
+            }
+            SlotError::RankFull { max, .. } => {
+                Some(("sequence_hashes", *max, "--slot-max-rank-blocks"))
+            }
+            SlotError::TooManyBookings { max } => Some(("request_id", *max, "--slot-max-bookings")),
+            _ => None,
+        }
+    }
+}
+
+/// Bounds on what the slot trackers hold and report, beyond Dynamo's rules.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotLimits {
+    /// Sequence hashes one `/add` may book.
+    pub max_booking_blocks: usize,
+    /// Active decode blocks one rank may hold.
+    pub max_rank_blocks: usize,
+    /// Requests booked and not freed, per tracker.
+    pub max_bookings: usize,
+    /// Registered ranks (over every tracker) up to which `/metrics` has per-rank
+    /// series; above, per-tracker ones only.
+    pub metrics_max_ranks: usize,
+}
+
+/// The defaults of `--slot-max-booking-blocks`, `--slot-max-rank-blocks`,
+/// `--slot-max-bookings` and `--slot-metrics-max-ranks`.
+impl Default for SlotLimits {
+    fn default() -> Self {
+        SlotLimits {
+            max_booking_blocks: 1 << 17,
+            max_rank_blocks: 1 << 20,
+            max_bookings: 1 << 16,
+            metrics_max_ranks: 1024,
+        }
+    }
+}
+
+/// Refusals by [`SlotLimits`], since start.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Refused {
+    pub booking_blocks: u64,
+    pub rank_blocks: u64,
+    pub bookings: u64,
 }
 
 /// A tracker's name: (model_name, routing_group).
@@ -231,10 +306,25 @@ pub struct RankStat {
     pub load: RankLoad,
 }
 
+/// One tracker's figures for `/metrics`: its ranks' loads summed.
+#[derive(Clone, Debug)]
+pub struct TrackerStat {
+    pub key: TrackerKey,
+    pub ranks: usize,
+    pub load: RankLoad,
+}
+
 /// A shard's trackers' figures for `/metrics`.
 #[derive(Clone, Debug, Default)]
 pub struct SlotStats {
+    /// Every rank's, unless this shard holds more than
+    /// [`SlotLimits::metrics_max_ranks`]: then none.
     pub ranks: Vec<RankStat>,
+    pub trackers: Vec<TrackerStat>,
+    /// Refusals by the bounds, since start.
+    pub refused: Refused,
+    /// [`SlotLimits::metrics_max_ranks`].
+    pub metrics_max_ranks: usize,
     /// Requests freed by the TTL, since start.
     pub expired: u64,
     /// The replica links' counters (the same on every shard), when there are links.
@@ -246,8 +336,9 @@ pub struct SlotStats {
 pub struct SlotShard {
     trackers: HashMap<TrackerKey, Tracker>,
     ttl: Duration,
-    swept: Option<Instant>,
+    limits: SlotLimits,
     expired: u64,
+    refused: Refused,
     /// Where this replica's steps go to its peers, when it has any.
     links: Option<std::sync::Arc<sync::Links>>,
 }
@@ -255,19 +346,28 @@ pub struct SlotShard {
 /// Dynamo's request TTL.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(300);
 
+/// Blocks given back (and bookings expired) per step: small enough that requests
+/// waiting behind a step barely notice it, even in a debug build.
+pub const STEP_BLOCKS: usize = 2048;
+
 impl Default for SlotShard {
     fn default() -> Self {
-        SlotShard::new(DEFAULT_TTL, None)
+        SlotShard::new(DEFAULT_TTL, SlotLimits::default(), None)
     }
 }
 
 impl SlotShard {
-    pub fn new(ttl: Duration, links: Option<std::sync::Arc<sync::Links>>) -> Self {
+    pub fn new(
+        ttl: Duration,
+        limits: SlotLimits,
+        links: Option<std::sync::Arc<sync::Links>>,
+    ) -> Self {
         SlotShard {
             trackers: HashMap::new(),
             ttl,
-            swept: None,
+            limits,
             expired: 0,
+            refused: Refused::default(),
             links,
         }
     }
@@ -302,8 +402,14 @@ impl SlotShard {
         now: Instant,
     ) -> Result<(), SlotError> {
         let shared = self.links.is_some().then(|| path.clone());
-        self.tracker(key)?
-            .add(request_id, rank, path, new_tokens, now)?;
+        let cutoff = now.checked_sub(self.ttl);
+        let limits = self.limits;
+        let t = self.tracker(key)?;
+        let stale = cutoff.is_some_and(|c| t.expire_one(request_id, c));
+        let r = t.add(request_id, rank, path, new_tokens, now, &limits);
+        self.expired += u64::from(stale);
+        self.count(&r);
+        r?;
         if let Some(path) = shared {
             self.publish(key, request_id, rank, sync::Step::Add { path, new_tokens });
         }
@@ -320,9 +426,15 @@ impl SlotShard {
         if t.block_size() != e.block_size {
             return;
         }
+        if let Some(c) = now.checked_sub(self.ttl)
+            && t.expire_one(&e.request_id, c)
+        {
+            self.expired += 1;
+        }
         match e.step {
             sync::Step::Add { path, new_tokens } => {
-                let _ = t.add(&e.request_id, e.rank, path, new_tokens, now);
+                let r = t.add(&e.request_id, e.rank, path, new_tokens, now, &self.limits);
+                count(&mut self.refused, &r);
             }
             sync::Step::PrefillComplete => {
                 let _ = t.prefill_complete(&e.request_id);
@@ -333,9 +445,15 @@ impl SlotShard {
         }
     }
 
-    /// Answer `req` as of `now`, expiring stale requests first.
+    /// Counts a refusal by the bounds.
+    fn count(&mut self, r: &Result<(), SlotError>) {
+        count(&mut self.refused, r);
+    }
+
+    /// Answer `req` as of `now`, after a step of expiry; a request the call names
+    /// that is past its TTL is expired first, however far the steps are.
     pub fn answer(&mut self, req: SlotReq, now: Instant) -> SlotRep {
-        self.sweep(now);
+        self.step(now);
         match req {
             SlotReq::Register {
                 key,
@@ -353,6 +471,7 @@ impl SlotShard {
                 new_tokens,
             } => SlotRep::Done(self.add(&key, &request_id, rank, path, new_tokens, now)),
             SlotReq::PrefillComplete { key, request_id } => {
+                self.expire_one(&key, &request_id, now);
                 let r = self
                     .tracker(&key)
                     .and_then(|t| t.prefill_complete(&request_id));
@@ -362,6 +481,7 @@ impl SlotShard {
                 SlotRep::Done(r.map(|_| ()))
             }
             SlotReq::Free { key, request_id } => {
+                self.expire_one(&key, &request_id, now);
                 let r = self.tracker(&key).map(|t| t.free(&request_id));
                 if let Ok(Some(rank)) = r {
                     self.publish(&key, &request_id, rank, sync::Step::Free);
@@ -384,6 +504,18 @@ impl SlotShard {
                     .map(|t| t.potential(&path, new_tokens))
                     .ok_or_else(|| key.not_found()),
             ),
+        }
+    }
+
+    /// Expires `request_id` now if it is past its TTL.
+    fn expire_one(&mut self, key: &TrackerKey, request_id: &str, now: Instant) {
+        let Some(cutoff) = now.checked_sub(self.ttl) else {
+            return;
+        };
+        if let Some(t) = self.trackers.get_mut(key)
+            && t.expire_one(request_id, cutoff)
+        {
+            self.expired += 1;
         }
     }
 
@@ -473,41 +605,64 @@ impl SlotShard {
         out
     }
 
-    /// Frees the requests older than the TTL, at most once per tenth of it (and
-    /// at least every 30 s), so that a sweep's cost is spread over many calls.
-    fn sweep(&mut self, now: Instant) {
-        let every = (self.ttl / 10).min(Duration::from_secs(30));
-        if self
-            .swept
-            .is_some_and(|t| now.saturating_duration_since(t) < every)
-        {
-            return;
-        }
-        self.swept = Some(now);
-        let Some(cutoff) = now.checked_sub(self.ttl) else {
-            return;
-        };
+    /// One bounded step (about [`STEP_BLOCKS`] blocks and bookings) of giving
+    /// back freed blocks and of expiring the requests older than the TTL, oldest
+    /// first; whether work is left for another step.
+    pub fn step(&mut self, now: Instant) -> bool {
+        let cutoff = now.checked_sub(self.ttl);
+        let mut budget = STEP_BLOCKS;
+        let mut more = false;
         for t in self.trackers.values_mut() {
-            self.expired += t.expire(cutoff);
+            if budget == 0 {
+                more |= t.pending(cutoff);
+                continue;
+            }
+            let (expired, left) = t.step(cutoff, &mut budget);
+            self.expired += expired;
+            more |= left;
         }
+        more
     }
 
-    /// Figures for `/metrics`, after expiring stale requests.
+    /// Figures for `/metrics`: per tracker, and per rank while this shard holds at
+    /// most [`SlotLimits::metrics_max_ranks`] ranks (the series stay few).
     pub fn stats(&mut self, now: Instant) -> SlotStats {
-        self.sweep(now);
+        self.step(now);
+        let total: usize = self.trackers.values().map(Tracker::rank_count).sum();
         let mut ranks = Vec::new();
+        let mut trackers = Vec::new();
         for (key, t) in &self.trackers {
-            ranks.extend(t.loads().into_iter().map(|(rank, load)| RankStat {
+            if total <= self.limits.metrics_max_ranks {
+                ranks.extend(t.loads().into_iter().map(|(rank, load)| RankStat {
+                    key: key.clone(),
+                    rank,
+                    load,
+                }));
+            }
+            trackers.push(TrackerStat {
                 key: key.clone(),
-                rank,
-                load,
-            }));
+                ranks: t.rank_count(),
+                load: t.total_load(),
+            });
         }
         SlotStats {
             ranks,
+            trackers,
+            refused: self.refused,
+            metrics_max_ranks: self.limits.metrics_max_ranks,
             expired: self.expired,
             sync: self.links.as_ref().map(|l| l.counts()),
         }
+    }
+}
+
+/// Counts a refusal by the bounds in `refused`.
+fn count(refused: &mut Refused, r: &Result<(), SlotError>) {
+    match r {
+        Err(SlotError::BookingTooLarge { .. }) => refused.booking_blocks += 1,
+        Err(SlotError::RankFull { .. }) => refused.rank_blocks += 1,
+        Err(SlotError::TooManyBookings { .. }) => refused.bookings += 1,
+        _ => {}
     }
 }
 

@@ -226,7 +226,7 @@ fn lifecycle_errors_are_dynamos() {
 
 #[test]
 fn requests_expire_after_the_ttl_and_are_counted() {
-    let mut s = SlotShard::new(Duration::from_secs(10), None);
+    let mut s = SlotShard::new(Duration::from_secs(10), SlotLimits::default(), None);
     let k = key("default");
     let t0 = Instant::now();
     register(&mut s, &k, 1, 16, 0, 1).unwrap();
@@ -254,4 +254,181 @@ fn requests_expire_after_the_ttl_and_are_counted() {
     );
     // The expired request is gone: its id books again.
     add(&mut s, &k, "old", rank(1, 0), &[1], 0, at).unwrap();
+}
+
+fn free(s: &mut SlotShard, k: &TrackerKey, id: &str, now: Instant) {
+    let req = SlotReq::Free {
+        key: k.clone(),
+        request_id: id.into(),
+    };
+    assert!(matches!(s.answer(req, now), SlotRep::Done(Ok(()))));
+}
+
+fn prefill_complete(s: &mut SlotShard, k: &TrackerKey, id: &str) -> Result<(), SlotError> {
+    let req = SlotReq::PrefillComplete {
+        key: k.clone(),
+        request_id: id.into(),
+    };
+    match s.answer(req, Instant::now()) {
+        SlotRep::Done(r) => r,
+        r => panic!("{r:?}"),
+    }
+}
+
+#[test]
+fn token_counts_saturate_and_give_back_exactly() {
+    let mut s = SlotShard::default();
+    let k = key("default");
+    let now = Instant::now();
+    register(&mut s, &k, 1, 16, 0, 1).unwrap();
+    add(&mut s, &k, "huge", rank(1, 0), &[1], usize::MAX, now).unwrap();
+    add(&mut s, &k, "small", rank(1, 0), &[2], 5, now).unwrap();
+    assert_eq!(loads(&mut s)[0].active_prefill_tokens, usize::MAX);
+    assert_eq!(
+        potential(&mut s, &k, &[], 7)[0].potential_prefill_tokens,
+        usize::MAX
+    );
+    prefill_complete(&mut s, &k, "huge").unwrap();
+    assert_eq!(loads(&mut s)[0].active_prefill_tokens, 5);
+    add(&mut s, &k, "again", rank(1, 0), &[3], usize::MAX, now).unwrap();
+    free(&mut s, &k, "again", now);
+    assert_eq!(loads(&mut s)[0].active_prefill_tokens, 5);
+}
+
+#[test]
+fn bounds_refuse_and_count() {
+    let limits = SlotLimits {
+        max_booking_blocks: 3,
+        max_rank_blocks: 4,
+        max_bookings: 3,
+        metrics_max_ranks: 1,
+    };
+    let mut s = SlotShard::new(DEFAULT_TTL, limits, None);
+    let k = key("default");
+    let now = Instant::now();
+    register(&mut s, &k, 1, 16, 0, 2).unwrap();
+    assert_eq!(
+        add(&mut s, &k, "a", rank(1, 0), &[1, 2, 3, 4], 0, now),
+        Err(SlotError::BookingTooLarge { blocks: 4, max: 3 })
+    );
+    add(&mut s, &k, "a", rank(1, 0), &[1, 2, 3], 0, now).unwrap();
+    // Shared blocks count once: two more fit, a third does not.
+    add(&mut s, &k, "b", rank(1, 0), &[1, 2, 5], 0, now).unwrap();
+    assert!(matches!(
+        add(&mut s, &k, "c", rank(1, 0), &[1, 6], 0, now),
+        Err(SlotError::RankFull {
+            blocks: 5,
+            max: 4,
+            ..
+        })
+    ));
+    add(&mut s, &k, "c", rank(1, 1), &[1, 6], 0, now).unwrap();
+    assert_eq!(
+        add(&mut s, &k, "d", rank(1, 1), &[], 0, now),
+        Err(SlotError::TooManyBookings { max: 3 })
+    );
+    free(&mut s, &k, "c", now);
+    add(&mut s, &k, "d", rank(1, 1), &[], 0, now).unwrap();
+    let st = s.stats(now);
+    assert_eq!(
+        st.refused,
+        Refused {
+            booking_blocks: 1,
+            rank_blocks: 1,
+            bookings: 1
+        }
+    );
+    // Two ranks, over the metrics' bound of one: per tracker only.
+    assert!(st.ranks.is_empty());
+    assert_eq!(st.trackers.len(), 1);
+    assert_eq!(st.trackers[0].ranks, 2);
+    assert_eq!(st.trackers[0].load.active_decode_blocks, 4);
+    assert_eq!(st.trackers[0].load.active_requests, 3);
+}
+
+#[test]
+fn expiry_and_large_frees_go_in_bounded_steps() {
+    let ttl = Duration::from_secs(10);
+    let mut s = SlotShard::new(ttl, SlotLimits::default(), None);
+    let k = key("default");
+    let t0 = Instant::now();
+    register(&mut s, &k, 1, 16, 0, 1).unwrap();
+    let n = 3 * STEP_BLOCKS as u64;
+    for i in 0..n {
+        add(&mut s, &k, &format!("r{i}"), rank(1, 0), &[i, i + n], 1, t0).unwrap();
+    }
+    let big: Vec<u64> = (0..3 * STEP_BLOCKS as u64).map(|h| h + 10 * n).collect();
+    add(&mut s, &k, "big", rank(1, 0), &big, 0, t0 + ttl).unwrap();
+    free(&mut s, &k, "big", t0 + ttl);
+    // The big booking's blocks go back in steps: its request is gone at once.
+    let l = loads(&mut s)[0].clone();
+    assert_eq!(l.active_prefill_tokens, n as usize);
+    assert!(l.active_decode_blocks > 2 * n as usize);
+    let mut steps = 0;
+    while s.step(t0 + ttl) {
+        steps += 1;
+    }
+    assert!(steps >= 1, "{steps}");
+    assert_eq!(loads(&mut s)[0].active_decode_blocks, 2 * n as usize);
+    // Past the TTL, each step expires a bounded share.
+    let late = t0 + ttl + Duration::from_secs(1);
+    let mut steps = 0;
+    while s.step(late) {
+        steps += 1;
+        assert!(steps < 100);
+    }
+    assert!(steps >= 3, "{steps}");
+    let st = s.stats(late);
+    assert_eq!(st.expired, n);
+    assert_eq!(
+        st.ranks[0].load,
+        RankLoad {
+            active_prefill_tokens: 0,
+            active_decode_blocks: 0,
+            active_requests: 0
+        }
+    );
+}
+
+#[test]
+fn a_request_past_its_ttl_is_gone_before_the_steps_reach_it() {
+    let ttl = Duration::from_secs(10);
+    let mut s = SlotShard::new(ttl, SlotLimits::default(), None);
+    let k = key("default");
+    let t0 = Instant::now();
+    register(&mut s, &k, 1, 16, 0, 1).unwrap();
+    // More than one step's worth, all older than the last one.
+    for i in 0..2 * STEP_BLOCKS as u64 {
+        add(&mut s, &k, &format!("r{i}"), rank(1, 0), &[i], 0, t0).unwrap();
+    }
+    add(&mut s, &k, "last", rank(1, 0), &[1], 0, t0).unwrap();
+    let late = t0 + ttl + Duration::from_secs(1);
+    add(&mut s, &k, "last", rank(1, 0), &[1], 0, late).unwrap();
+}
+
+#[test]
+fn unregistering_gives_the_trie_back_and_rebooks() {
+    let mut s = SlotShard::default();
+    let k = key("default");
+    let now = Instant::now();
+    register(&mut s, &k, 1, 16, 0, 1).unwrap();
+    register(&mut s, &k, 2, 16, 0, 1).unwrap();
+    add(&mut s, &k, "a", rank(1, 0), &[1, 2], 0, now).unwrap();
+    add(&mut s, &k, "b", rank(2, 0), &[1, 3], 0, now).unwrap();
+    assert!(matches!(
+        s.answer(
+            SlotReq::Unregister {
+                key: k.clone(),
+                worker: 1
+            },
+            now
+        ),
+        SlotRep::Done(Ok(()))
+    ));
+    while s.step(now) {}
+    register(&mut s, &k, 1, 16, 0, 1).unwrap();
+    add(&mut s, &k, "a", rank(1, 0), &[1, 2], 0, now).unwrap();
+    let p = potential(&mut s, &k, &[1, 2, 4], 0);
+    assert_eq!(p[0].potential_decode_blocks, 3);
+    assert_eq!(p[1].potential_decode_blocks, 2 + 2);
 }

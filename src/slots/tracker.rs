@@ -1,12 +1,19 @@
 //! One slot tracker: the workers of one (model, routing group) and the requests a
 //! router booked on them. Pure state, owned by one shard; never does I/O, never
 //! reads a clock of its own (callers pass `now`).
+//!
+//! Every call costs what it names or answers, never what the tracker holds:
+//! booking or freeing walks the booking's path, a read walks the asked path once
+//! and then costs its answer (a rank's overlap is a binary search, see
+//! [`Tracker::potential`]). Releasing blocks (a free, an expiry, an unregistered
+//! worker's bookings) beyond a small amount is queued and done in bounded steps
+//! ([`Tracker::step`]) between requests.
 
-use super::SlotError;
+use super::{SlotError, SlotLimits};
 use crate::types::{DpRank, SeqHash};
 use hashbrown::HashMap;
 use serde::Serialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Instant;
 
 /// A worker id as the slot-tracker API names it.
@@ -68,20 +75,11 @@ pub struct PotentialLoad {
     pub active_requests: usize,
 }
 
-/// A node of a rank's prompt trie: the block at `hash` under `parent`.
+/// A node of the tracker's prompt trie: the block at `hash` under the node `parent`.
 type NodeKey = (u64, SeqHash);
 
-/// The blocks of a rank's active prompts as a trie of paths, each node counted by
-/// the requests whose prompt runs through it. A block shared by several active
-/// requests (the same hash under the same parent) is one decode block.
-#[derive(Debug, Default)]
-struct RankState {
-    nodes: HashMap<NodeKey, Node>,
-    next_node: u64,
-    prefill_tokens: usize,
-    requests: usize,
-}
-
+/// A prompt block under its whole prefix, the same for every rank of a tracker:
+/// counted by the bookings whose path runs through it.
 #[derive(Debug)]
 struct Node {
     id: u64,
@@ -91,54 +89,148 @@ struct Node {
 /// The trie's root: no node has this id.
 const ROOT: u64 = 0;
 
+/// What one rank carries: the tracker's nodes its bookings run through, each
+/// counted by those bookings. A block shared by several of its bookings (the same
+/// hash under the same prefix) is one decode block. The set is closed under
+/// prefixes: holding a node means holding its parent.
+#[derive(Debug, Default)]
+struct RankState {
+    nodes: HashMap<u64, u32>,
+    /// Exact, however large the bookings' counts: a sum that saturated could not
+    /// give back what one booking added.
+    prefill_tokens: u128,
+    requests: usize,
+}
+
 impl RankState {
-    fn acquire(&mut self, path: &[SeqHash]) {
+    fn load(&self) -> RankLoad {
+        RankLoad {
+            active_prefill_tokens: saturated(self.prefill_tokens),
+            active_decode_blocks: self.nodes.len(),
+            active_requests: self.requests,
+        }
+    }
+
+    /// Blocks of a path already active here, given the path's nodes as far as the
+    /// tracker has them ([`Trie::ids`]): the deepest node held, found by binary
+    /// search since the held set is closed under prefixes.
+    fn overlap(&self, ids: &[u64]) -> usize {
+        ids.partition_point(|id| self.nodes.contains_key(id))
+    }
+}
+
+fn saturated(n: u128) -> usize {
+    usize::try_from(n).unwrap_or(usize::MAX)
+}
+
+/// The prompt paths of every booking of a tracker, as a trie of nodes with ids
+/// that ranks name.
+#[derive(Debug, Default)]
+struct Trie {
+    nodes: HashMap<NodeKey, Node>,
+    next_id: u64,
+}
+
+impl Trie {
+    /// The ids of `path`'s nodes, as far as the trie has them.
+    fn ids(&self, path: &[SeqHash]) -> Vec<u64> {
+        let mut out = Vec::new();
         let mut at = ROOT;
         for &h in path {
-            let next = &mut self.next_node;
+            match self.nodes.get(&(at, h)) {
+                Some(n) => {
+                    at = n.id;
+                    out.push(at);
+                }
+                None => break,
+            }
+        }
+        out
+    }
+
+    /// Blocks of `path`'s prefix that `rank` holds, walking both.
+    fn overlap(&self, rank: &RankState, path: &[SeqHash]) -> usize {
+        let mut at = ROOT;
+        for (depth, &h) in path.iter().enumerate() {
+            match self.nodes.get(&(at, h)) {
+                Some(n) if rank.nodes.contains_key(&n.id) => at = n.id,
+                _ => return depth,
+            }
+        }
+        path.len()
+    }
+
+    fn acquire(&mut self, rank: &mut RankState, path: &[SeqHash]) {
+        let mut at = ROOT;
+        for &h in path {
+            let next = &mut self.next_id;
             let node = self.nodes.entry((at, h)).or_insert_with(|| {
                 *next += 1;
                 Node { id: *next, refs: 0 }
             });
             node.refs += 1;
             at = node.id;
+            *rank.nodes.entry(at).or_insert(0) += 1;
+        }
+    }
+}
+
+/// A booking's blocks being given back, from `pos` on; `at` is the node of
+/// `path[pos - 1]` (the root at 0). Ids are never reused, so the nodes still to
+/// release stay where they are whatever is booked or freed meanwhile.
+#[derive(Debug)]
+struct Release {
+    rank: Rank,
+    path: Vec<SeqHash>,
+    pos: usize,
+    at: u64,
+}
+
+impl Release {
+    fn new(rank: Rank, path: Vec<SeqHash>) -> Self {
+        Release {
+            rank,
+            path,
+            pos: 0,
+            at: ROOT,
         }
     }
 
-    fn release(&mut self, path: &[SeqHash]) {
-        let mut at = ROOT;
-        for &h in path {
-            let key = (at, h);
-            let Some(node) = self.nodes.get_mut(&key) else {
-                return;
+    /// Gives back at most `budget` blocks; whether it is done.
+    fn advance(
+        &mut self,
+        trie: &mut Trie,
+        ranks: &mut HashMap<Rank, RankState>,
+        budget: &mut usize,
+    ) -> bool {
+        // An unregistered worker's ranks are gone: only the trie is given back.
+        let mut state = ranks.get_mut(&self.rank);
+        while self.pos < self.path.len() {
+            if *budget == 0 {
+                return false;
+            }
+            *budget -= 1;
+            let key = (self.at, self.path[self.pos]);
+            let Some(node) = trie.nodes.get_mut(&key) else {
+                return true;
             };
+            let id = node.id;
             node.refs -= 1;
-            // Ids are never reused: the children stay reachable under this id.
-            at = node.id;
             if node.refs == 0 {
-                self.nodes.remove(&key);
+                trie.nodes.remove(&key);
             }
-        }
-    }
-
-    /// Blocks of `path`'s prefix already active here.
-    fn overlap(&self, path: &[SeqHash]) -> usize {
-        let mut at = ROOT;
-        for (depth, &h) in path.iter().enumerate() {
-            match self.nodes.get(&(at, h)) {
-                Some(n) => at = n.id,
-                None => return depth,
+            if let Some(s) = state.as_deref_mut()
+                && let hashbrown::hash_map::Entry::Occupied(mut e) = s.nodes.entry(id)
+            {
+                *e.get_mut() -= 1;
+                if *e.get() == 0 {
+                    e.remove();
+                }
             }
+            self.at = id;
+            self.pos += 1;
         }
-        path.len()
-    }
-
-    fn load(&self) -> RankLoad {
-        RankLoad {
-            active_prefill_tokens: self.prefill_tokens,
-            active_decode_blocks: self.nodes.len(),
-            active_requests: self.requests,
-        }
+        true
     }
 }
 
@@ -149,8 +241,13 @@ struct Booking {
     path: Vec<SeqHash>,
     /// Prompt tokens still in prefill (0 once complete, or when none were given).
     prefill: usize,
-    at: Instant,
+    /// When it was booked, and its place among the bookings of that instant.
+    age: (Instant, u64),
 }
+
+/// Blocks a free gives back at once (no more than a step's); a larger booking is
+/// given back in steps, as expiries are.
+const FREE_AT_ONCE: usize = super::STEP_BLOCKS;
 
 /// One (model, routing group)'s workers and bookings.
 #[derive(Debug)]
@@ -158,7 +255,13 @@ pub struct Tracker {
     block_size: u32,
     workers: BTreeMap<WorkerId, DpRange>,
     ranks: HashMap<Rank, RankState>,
+    trie: Trie,
     requests: HashMap<Box<str>, Booking>,
+    /// The bookings, oldest first: expiry takes them from the front.
+    by_age: BTreeMap<(Instant, u64), Box<str>>,
+    next_seq: u64,
+    /// Blocks of freed bookings not given back yet, in order.
+    releasing: VecDeque<Release>,
 }
 
 impl Tracker {
@@ -167,12 +270,21 @@ impl Tracker {
             block_size,
             workers: BTreeMap::new(),
             ranks: HashMap::new(),
+            trie: Trie::default(),
             requests: HashMap::new(),
+            by_age: BTreeMap::new(),
+            next_seq: 0,
+            releasing: VecDeque::new(),
         }
     }
 
     pub fn block_size(&self) -> u32 {
         self.block_size
+    }
+
+    /// Registered ranks.
+    pub fn rank_count(&self) -> usize {
+        self.ranks.len()
     }
 
     /// Registers `worker` with its ranks, which start empty; `false` if it is
@@ -193,7 +305,7 @@ impl Tracker {
     }
 
     /// Drops `worker`, its ranks and every request booked on them; `false` if it
-    /// was not registered.
+    /// was not registered. Their blocks leave the trie in steps.
     pub fn unregister(&mut self, worker: WorkerId) -> bool {
         let Some(range) = self.workers.remove(&worker) else {
             return false;
@@ -204,7 +316,18 @@ impl Tracker {
                 dp_rank,
             });
         }
-        self.requests.retain(|_, b| b.rank.worker_id != worker);
+        let gone: Vec<Box<str>> = self
+            .requests
+            .iter()
+            .filter(|(_, b)| b.rank.worker_id == worker)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in gone {
+            if let Some(b) = self.requests.remove(&id) {
+                self.by_age.remove(&b.age);
+                self.releasing.push_back(Release::new(b.rank, b.path));
+            }
+        }
         true
     }
 
@@ -218,7 +341,9 @@ impl Tracker {
     }
 
     /// Books `request_id` on `rank`: its prompt's blocks become active there, and
-    /// `prefill_tokens` (if any) count until its prefill completes.
+    /// `prefill_tokens` (if any) count until its prefill completes. Within
+    /// Dynamo's rules, `limits` bound what one booking, one rank and the tracker
+    /// hold.
     pub fn add(
         &mut self,
         request_id: &str,
@@ -226,6 +351,7 @@ impl Tracker {
         path: Vec<SeqHash>,
         prefill_tokens: usize,
         now: Instant,
+        limits: &SlotLimits,
     ) -> Result<(), SlotError> {
         let Some(state) = self.ranks.get_mut(&rank) else {
             return Err(SlotError::RankNotFound(rank));
@@ -236,16 +362,39 @@ impl Tracker {
                 rank: b.rank,
             });
         }
-        state.acquire(&path);
-        state.prefill_tokens = state.prefill_tokens.saturating_add(prefill_tokens);
+        if path.len() > limits.max_booking_blocks {
+            return Err(SlotError::BookingTooLarge {
+                blocks: path.len(),
+                max: limits.max_booking_blocks,
+            });
+        }
+        if self.requests.len() >= limits.max_bookings {
+            return Err(SlotError::TooManyBookings {
+                max: limits.max_bookings,
+            });
+        }
+        let blocks = state.nodes.len() + (path.len() - self.trie.overlap(state, &path));
+        if blocks > limits.max_rank_blocks {
+            return Err(SlotError::RankFull {
+                rank,
+                blocks,
+                max: limits.max_rank_blocks,
+            });
+        }
+        self.trie.acquire(state, &path);
+        state.prefill_tokens += prefill_tokens as u128;
         state.requests += 1;
+        self.next_seq += 1;
+        let age = (now, self.next_seq);
+        let id: Box<str> = request_id.into();
+        self.by_age.insert(age, id.clone());
         self.requests.insert(
-            request_id.into(),
+            id,
             Booking {
                 rank,
                 path,
                 prefill: prefill_tokens,
-                at: now,
+                age,
             },
         );
         Ok(())
@@ -258,7 +407,7 @@ impl Tracker {
             return Err(SlotError::RequestNotFound(request_id.to_string()));
         };
         if let Some(state) = self.ranks.get_mut(&b.rank) {
-            state.prefill_tokens = state.prefill_tokens.saturating_sub(b.prefill);
+            state.prefill_tokens -= b.prefill as u128;
         }
         b.prefill = 0;
         Ok(b.rank)
@@ -267,34 +416,84 @@ impl Tracker {
     /// The request is done: its blocks and tokens stop counting. An unknown (or
     /// already freed) request is no error. Returns where it was booked.
     pub fn free(&mut self, request_id: &str) -> Option<Rank> {
-        let b = self.requests.remove(request_id)?;
-        let rank = b.rank;
-        self.release(b);
+        let rank = self.drop_booking(request_id)?;
+        // A small booking's blocks go at once, so that the next read sees them gone;
+        // releases are independent of each other's order.
+        if self
+            .releasing
+            .back()
+            .is_some_and(|r| r.path.len() <= FREE_AT_ONCE)
+            && let Some(mut r) = self.releasing.pop_back()
+        {
+            let mut all = usize::MAX;
+            r.advance(&mut self.trie, &mut self.ranks, &mut all);
+        }
         Some(rank)
     }
 
-    fn release(&mut self, b: Booking) {
+    /// Takes the booking out: its tokens and request stop counting now, its
+    /// blocks are queued to be given back.
+    fn drop_booking(&mut self, request_id: &str) -> Option<Rank> {
+        let b = self.requests.remove(request_id)?;
+        self.by_age.remove(&b.age);
         if let Some(state) = self.ranks.get_mut(&b.rank) {
-            state.release(&b.path);
-            state.prefill_tokens = state.prefill_tokens.saturating_sub(b.prefill);
+            state.prefill_tokens -= b.prefill as u128;
             state.requests -= 1;
+        }
+        self.releasing.push_back(Release::new(b.rank, b.path));
+        Some(b.rank)
+    }
+
+    /// Whether `request_id` is booked before `cutoff`: if so it is freed now, as
+    /// its expiry would have, and `true`.
+    pub fn expire_one(&mut self, request_id: &str, cutoff: Instant) -> bool {
+        let stale = self
+            .requests
+            .get(request_id)
+            .is_some_and(|b| b.age.0 < cutoff);
+        if stale {
+            self.free(request_id);
+        }
+        stale
+    }
+
+    fn step_releases(&mut self, budget: &mut usize) {
+        while let Some(r) = self.releasing.front_mut() {
+            if !r.advance(&mut self.trie, &mut self.ranks, budget) {
+                return;
+            }
+            self.releasing.pop_front();
         }
     }
 
-    /// Frees every request booked before `cutoff`; returns how many.
-    pub fn expire(&mut self, cutoff: Instant) -> u64 {
-        let old: Vec<Box<str>> = self
-            .requests
-            .iter()
-            .filter(|(_, b)| b.at < cutoff)
-            .map(|(id, _)| id.clone())
-            .collect();
-        for id in &old {
-            if let Some(b) = self.requests.remove(id) {
-                self.release(b);
+    /// One bounded step of giving back blocks and of freeing the requests booked
+    /// before `cutoff` (oldest first): at most `budget` blocks and bookings.
+    /// Returns how many requests expired, and whether work is left.
+    pub fn step(&mut self, cutoff: Option<Instant>, budget: &mut usize) -> (u64, bool) {
+        let mut expired = 0;
+        loop {
+            self.step_releases(budget);
+            if *budget == 0 {
+                break;
             }
+            let Some(entry) = self.by_age.first_entry() else {
+                break;
+            };
+            if cutoff.is_none_or(|c| entry.key().0 >= c) {
+                break;
+            }
+            let id = entry.remove();
+            *budget -= 1;
+            self.drop_booking(&id);
+            expired += 1;
         }
-        old.len() as u64
+        (expired, self.pending(cutoff))
+    }
+
+    /// Whether blocks are left to give back or requests to expire.
+    pub fn pending(&self, cutoff: Option<Instant>) -> bool {
+        !self.releasing.is_empty()
+            || cutoff.is_some_and(|c| self.by_age.first_key_value().is_some_and(|(k, _)| k.0 < c))
     }
 
     /// Every registered rank's load, by worker then rank.
@@ -305,19 +504,35 @@ impl Tracker {
         out
     }
 
+    /// Every rank's load summed (saturating).
+    pub fn total_load(&self) -> RankLoad {
+        self.ranks.values().fold(RankLoad::default(), |t, s| {
+            let l = s.load();
+            RankLoad {
+                active_prefill_tokens: t
+                    .active_prefill_tokens
+                    .saturating_add(l.active_prefill_tokens),
+                active_decode_blocks: t.active_decode_blocks + l.active_decode_blocks,
+                active_requests: t.active_requests + l.active_requests,
+            }
+        })
+    }
+
     /// What every rank would carry if a request with prompt `path` and
     /// `new_tokens` prompt tokens were booked on it: its prefill tokens plus
     /// `new_tokens`, its decode blocks plus the prompt's blocks beyond the prefix
-    /// already active there.
+    /// already active there. The path is walked once; each rank then costs a
+    /// binary search over it.
     pub fn potential(&self, path: &[SeqHash], new_tokens: usize) -> Vec<PotentialLoad> {
+        let ids = self.trie.ids(path);
         let mut out: Vec<PotentialLoad> = self
             .ranks
             .iter()
             .map(|(r, s)| PotentialLoad {
                 worker_id: r.worker_id,
                 dp_rank: r.dp_rank,
-                potential_prefill_tokens: s.prefill_tokens.saturating_add(new_tokens),
-                potential_decode_blocks: s.nodes.len() + (path.len() - s.overlap(path)),
+                potential_prefill_tokens: saturated(s.prefill_tokens + new_tokens as u128),
+                potential_decode_blocks: s.nodes.len() + (path.len() - s.overlap(&ids)),
                 active_requests: s.requests,
             })
             .collect();
