@@ -285,8 +285,9 @@ fn malformed_frames_are_counted_logged_and_skipped() {
     assert_eq!(s.metric("kvix_replay_requests_total", &[]), 0.0);
     assert_eq!(e.replay_requests.load(Ordering::Relaxed), 0);
     let log = s.stop();
+    // Counted each (above), logged once per 10 s with the count left out.
     let skipped = log.matches("malformed frame skipped").count();
-    assert_eq!(skipped, 7, "log:\n{log}");
+    assert_eq!(skipped, 1, "log:\n{log}");
     assert!(log.contains("instance=7"), "log names the worker:\n{log}");
     assert!(!log.contains("sequence gap"), "log:\n{log}");
 }

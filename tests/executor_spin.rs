@@ -38,6 +38,10 @@ fn executor_switches(pid: u32) -> (u64, u64) {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "perf-checks"),
+    ignore = "a scheduling figure: cargo test --features perf-checks --test executor_spin"
+)]
 fn an_executor_polls_while_queries_come_and_parks_once_they_stop() {
     let s = Server::start(&["--threads", "1", "--spin-us", "2000"]);
     let query = json!({"token_ids": (0..64).collect::<Vec<u32>>(), "model_name": MODEL});
