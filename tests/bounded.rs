@@ -3,11 +3,9 @@
 
 mod common;
 
-use common::{Publisher, Server, dump_rows, removed, stored, workers};
+use common::{Publisher, QueryLoop, Server, dump_rows, removed, stored, workers};
 use serde_json::{Value, json};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const MODEL: &str = "m";
 const BOUND: u32 = 200;
@@ -94,52 +92,6 @@ fn the_index_stays_within_max_blocks_keeping_the_newest_and_the_matched() {
         (1..=2 * intervals).contains(&warnings),
         "{warnings} warnings: at most one per shard per 10 s expected\n{log}"
     );
-}
-
-/// Queries `base` from `conns` connections of their own (spread over the
-/// executors) until [`QueryLoop::finish`], noting the longest any waited.
-struct QueryLoop {
-    stop: Arc<AtomicBool>,
-    threads: Vec<std::thread::JoinHandle<(Duration, u64)>>,
-}
-
-impl QueryLoop {
-    fn start(base: &str, conns: usize, body: Value) -> QueryLoop {
-        let stop = Arc::new(AtomicBool::new(false));
-        let threads = (0..conns)
-            .map(|_| {
-                let (stop, url, body) = (stop.clone(), format!("{base}/query"), body.to_string());
-                std::thread::spawn(move || {
-                    let agent = common::agent(Some(Duration::from_secs(60)));
-                    let (mut worst, mut n) = (Duration::ZERO, 0);
-                    while !stop.load(Ordering::Relaxed) {
-                        let t = Instant::now();
-                        let mut r = agent
-                            .post(&url)
-                            .header("Content-Type", "application/json")
-                            .send(&body)
-                            .expect("query");
-                        let text = r.body_mut().read_to_string().expect("query body");
-                        assert_eq!(r.status(), 200, "{text}");
-                        worst = worst.max(t.elapsed());
-                        n += 1;
-                        std::thread::sleep(Duration::from_millis(5));
-                    }
-                    (worst, n)
-                })
-            })
-            .collect();
-        QueryLoop { stop, threads }
-    }
-
-    /// The longest wait of any query, and how many were answered.
-    fn finish(self) -> (Duration, u64) {
-        self.stop.store(true, Ordering::Relaxed);
-        self.threads
-            .into_iter()
-            .map(|t| t.join().expect("query thread"))
-            .fold((Duration::ZERO, 0), |(w, n), (tw, tn)| (w.max(tw), n + tn))
-    }
 }
 
 /// The longest a query may wait while kvix evicts: generous for a loaded

@@ -14,8 +14,6 @@ mod common;
 use common::{Engine, Server, agent, free_port, metric_in, reply};
 use serde_json::{Value, json};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// One call of the script: method, path, content type (none: no header), body.
@@ -658,52 +656,18 @@ fn shares_requests_with_dynamos_replicas() {
 /// loaded two-core machine and a debug build.
 const QUERY_WAIT: Duration = Duration::from_millis(250);
 
-/// `/query`s on the index port from connections of their own until
-/// [`QueryLoop::finish`], noting the longest any waited.
-struct QueryLoop {
-    stop: Arc<AtomicBool>,
-    threads: Vec<std::thread::JoinHandle<(Duration, u64)>>,
-}
+/// `/query`s on the index port from `conns` connections until [`Queries::finish`].
+struct Queries(common::QueryLoop);
 
-impl QueryLoop {
-    fn start(s: &Server, conns: usize) -> QueryLoop {
-        let stop = Arc::new(AtomicBool::new(false));
+impl Queries {
+    fn start(s: &Server, conns: usize) -> Queries {
         let body = json!({"token_ids": (1..=64).collect::<Vec<u32>>(), "model_name": MODEL});
-        let threads = (0..conns)
-            .map(|_| {
-                let (stop, url, body) =
-                    (stop.clone(), format!("{}/query", s.base), body.to_string());
-                std::thread::spawn(move || {
-                    let a = agent(Some(Duration::from_secs(60)));
-                    let (mut worst, mut n) = (Duration::ZERO, 0);
-                    while !stop.load(Ordering::Relaxed) {
-                        let t = Instant::now();
-                        let r = a
-                            .post(&url)
-                            .header("Content-Type", "application/json")
-                            .send(body.as_bytes())
-                            .expect("query");
-                        let (st, text) = reply(r);
-                        assert_eq!(st, 200, "{text}");
-                        worst = worst.max(t.elapsed());
-                        n += 1;
-                        std::thread::sleep(Duration::from_millis(5));
-                    }
-                    (worst, n)
-                })
-            })
-            .collect();
-        QueryLoop { stop, threads }
+        Queries(common::QueryLoop::start(&s.base, conns, body))
     }
 
     /// Asserts no query waited [`QUERY_WAIT`] or longer while `what`.
     fn finish(self, what: &str) {
-        self.stop.store(true, Ordering::Relaxed);
-        let (worst, n) = self
-            .threads
-            .into_iter()
-            .map(|t| t.join().expect("query thread"))
-            .fold((Duration::ZERO, 0), |(w, n), (tw, tn)| (w.max(tw), n + tn));
+        let (worst, n) = self.0.finish();
         eprintln!("{n} queries, the longest {worst:?}, while {what}");
         assert!(n >= 10, "{n} queries answered while {what}");
         assert!(worst < QUERY_WAIT, "a query waited {worst:?} while {what}");
@@ -750,7 +714,7 @@ fn huge_adds_are_refused_at_once_and_queries_keep_answering() {
     );
     // Five adds of a million hashes each (about 20 MB of body): over Dynamo's
     // 2 MB, refused before they are read.
-    let queries = QueryLoop::start(&s, 2);
+    let queries = Queries::start(&s, 2);
     std::thread::sleep(Duration::from_millis(200));
     let adds: Vec<_> = (0..5)
         .map(|i| {
@@ -937,7 +901,7 @@ fn twenty_thousand_bookings_expiring_together_stall_no_query() {
         (last + TTL + Duration::from_millis(500)).saturating_duration_since(Instant::now()),
     );
     s.signal("CONT");
-    let queries = QueryLoop::start(&s, 2);
+    let queries = Queries::start(&s, 2);
     s.eventually("every booking expired", || {
         match s.metric("kvix_slot_requests_expired_total", &[]) {
             n if n == BOOKINGS as f64 => Ok(()),
@@ -959,7 +923,7 @@ fn twenty_thousand_bookings_expiring_together_stall_no_query() {
 #[test]
 fn twenty_registrations_of_4096_ranks_keep_metrics_small_and_queries_quick() {
     let (s, base, _w) = loaded_server(&[]);
-    let queries = QueryLoop::start(&s, 2);
+    let queries = Queries::start(&s, 2);
     for w in 0..20 {
         slot_ok(
             &base,
@@ -980,22 +944,14 @@ fn twenty_registrations_of_4096_ranks_keep_metrics_small_and_queries_quick() {
     eprintln!("/metrics: {} bytes in {took:?}", text.len());
     assert!(text.len() < 5 << 20, "/metrics is {} bytes", text.len());
     let tracker = [("model", MODEL), ("routing_group", "default")];
-    assert_eq!(
-        metric_in(&text, "kvix_slot_tracker_ranks", &tracker),
-        81_920.0
-    );
-    assert_eq!(
-        metric_in(&text, "kvix_slot_tracker_active_requests", &tracker),
-        1.0
-    );
-    assert_eq!(
-        metric_in(&text, "kvix_slot_tracker_active_blocks", &tracker),
-        2.0
-    );
-    assert_eq!(
-        metric_in(&text, "kvix_slot_tracker_prefill_tokens", &tracker),
-        9.0
-    );
+    for (name, want) in [
+        ("kvix_slot_tracker_ranks", 81_920.0),
+        ("kvix_slot_tracker_active_requests", 1.0),
+        ("kvix_slot_tracker_active_blocks", 2.0),
+        ("kvix_slot_tracker_prefill_tokens", 9.0),
+    ] {
+        assert_eq!(metric_in(&text, name, &tracker), want, "{name}");
+    }
     assert!(
         !text.contains("kvix_slot_active_requests{"),
         "per-rank series above the bound"

@@ -14,6 +14,14 @@ fn rank(worker_id: WorkerId, dp_rank: u32) -> Rank {
     Rank { worker_id, dp_rank }
 }
 
+/// The answer to a request that answers `Done`.
+fn done(s: &mut SlotShard, req: SlotReq, now: Instant) -> Result<(), SlotError> {
+    match s.answer(req, now) {
+        SlotRep::Done(r) => r,
+        r => panic!("{r:?}"),
+    }
+}
+
 fn register(
     s: &mut SlotShard,
     k: &TrackerKey,
@@ -22,19 +30,14 @@ fn register(
     start: u32,
     size: u32,
 ) -> Result<(), SlotError> {
-    match s.answer(
-        SlotReq::Register {
-            key: k.clone(),
-            worker: w,
-            block_size: bs,
-            dp_start: start,
-            dp_size: size,
-        },
-        Instant::now(),
-    ) {
-        SlotRep::Done(r) => r,
-        r => panic!("{r:?}"),
-    }
+    let req = SlotReq::Register {
+        key: k.clone(),
+        worker: w,
+        block_size: bs,
+        dp_start: start,
+        dp_size: size,
+    };
+    done(s, req, Instant::now())
 }
 
 fn add(
@@ -53,10 +56,20 @@ fn add(
         path: path.iter().map(|&h| SeqHash(h)).collect(),
         new_tokens: tokens,
     };
-    match s.answer(req, now) {
-        SlotRep::Done(r) => r,
-        r => panic!("{r:?}"),
-    }
+    done(s, req, now)
+}
+
+fn unregister(
+    s: &mut SlotShard,
+    k: &TrackerKey,
+    w: WorkerId,
+    now: Instant,
+) -> Result<(), SlotError> {
+    let req = SlotReq::Unregister {
+        key: k.clone(),
+        worker: w,
+    };
+    done(s, req, now)
 }
 
 fn potential(s: &mut SlotShard, k: &TrackerKey, path: &[u64], tokens: usize) -> Vec<PotentialLoad> {
@@ -191,34 +204,15 @@ fn lifecycle_errors_are_dynamos() {
         dup.to_string(),
         "Request a already exists (assigned to worker WorkerWithDpRank { worker_id: 1, dp_rank: 0 })"
     );
-    let done = |s: &mut SlotShard, id: &str| match s.answer(
-        SlotReq::PrefillComplete {
-            key: k.clone(),
-            request_id: id.into(),
-        },
-        now,
-    ) {
-        SlotRep::Done(r) => r,
-        r => panic!("{r:?}"),
-    };
-    assert_eq!(done(&mut s, "a"), Ok(()));
-    assert_eq!(done(&mut s, "a"), Ok(()));
+    assert_eq!(prefill_complete(&mut s, &k, "a"), Ok(()));
+    assert_eq!(prefill_complete(&mut s, &k, "a"), Ok(()));
     assert_eq!(
-        done(&mut s, "x"),
+        prefill_complete(&mut s, &k, "x"),
         Err(SlotError::RequestNotFound("x".into()))
     );
     assert_eq!(loads(&mut s)[0].active_prefill_tokens, 0);
     // Unregistering the last worker drops the tracker and its requests.
-    assert!(matches!(
-        s.answer(
-            SlotReq::Unregister {
-                key: k.clone(),
-                worker: 1
-            },
-            now
-        ),
-        SlotRep::Done(Ok(()))
-    ));
+    assert_eq!(unregister(&mut s, &k, 1, now), Ok(()));
     assert!(loads(&mut s).is_empty());
     register(&mut s, &k, 1, 16, 0, 1).unwrap();
     add(&mut s, &k, "a", rank(1, 0), &[1], 0, now).unwrap();
@@ -269,10 +263,7 @@ fn prefill_complete(s: &mut SlotShard, k: &TrackerKey, id: &str) -> Result<(), S
         key: k.clone(),
         request_id: id.into(),
     };
-    match s.answer(req, Instant::now()) {
-        SlotRep::Done(r) => r,
-        r => panic!("{r:?}"),
-    }
+    done(s, req, Instant::now())
 }
 
 #[test]
@@ -415,16 +406,7 @@ fn unregistering_gives_the_trie_back_and_rebooks() {
     register(&mut s, &k, 2, 16, 0, 1).unwrap();
     add(&mut s, &k, "a", rank(1, 0), &[1, 2], 0, now).unwrap();
     add(&mut s, &k, "b", rank(2, 0), &[1, 3], 0, now).unwrap();
-    assert!(matches!(
-        s.answer(
-            SlotReq::Unregister {
-                key: k.clone(),
-                worker: 1
-            },
-            now
-        ),
-        SlotRep::Done(Ok(()))
-    ));
+    assert_eq!(unregister(&mut s, &k, 1, now), Ok(()));
     while s.step(now) {}
     register(&mut s, &k, 1, 16, 0, 1).unwrap();
     add(&mut s, &k, "a", rank(1, 0), &[1, 2], 0, now).unwrap();

@@ -910,3 +910,49 @@ pub fn rss_mib(pid: u32) -> f64 {
         .unwrap_or(0.0)
         / 1024.0
 }
+
+/// Queries `base` from `conns` connections of their own (spread over the
+/// executors) until [`QueryLoop::finish`], noting the longest any waited.
+pub struct QueryLoop {
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<(Duration, u64)>>,
+}
+
+impl QueryLoop {
+    pub fn start(base: &str, conns: usize, body: Value) -> QueryLoop {
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads = (0..conns)
+            .map(|_| {
+                let (stop, url, body) = (stop.clone(), format!("{base}/query"), body.to_string());
+                std::thread::spawn(move || {
+                    let agent = agent(Some(Duration::from_secs(60)));
+                    let (mut worst, mut n) = (Duration::ZERO, 0);
+                    while !stop.load(Ordering::Relaxed) {
+                        let t = Instant::now();
+                        let mut r = agent
+                            .post(&url)
+                            .header("Content-Type", "application/json")
+                            .send(&body)
+                            .expect("query");
+                        let text = r.body_mut().read_to_string().expect("query body");
+                        assert_eq!(r.status(), 200, "{text}");
+                        worst = worst.max(t.elapsed());
+                        n += 1;
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    (worst, n)
+                })
+            })
+            .collect();
+        QueryLoop { stop, threads }
+    }
+
+    /// The longest wait of any query, and how many were answered.
+    pub fn finish(self) -> (Duration, u64) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.threads
+            .into_iter()
+            .map(|t| t.join().expect("query thread"))
+            .fold((Duration::ZERO, 0), |(w, n), (tw, tn)| (w.max(tw), n + tn))
+    }
+}
