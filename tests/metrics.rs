@@ -227,6 +227,22 @@ fn dynamo_families(text: &str) -> BTreeMap<String, Value> {
     out
 }
 
+/// Every `dynamo_*` family a `/metrics` text has samples of, by the name a query
+/// uses (a histogram's `_bucket`, `_sum` and `_count` as the histogram).
+fn sample_families(text: &str) -> std::collections::BTreeSet<String> {
+    text.lines()
+        .filter(|l| l.starts_with("dynamo_"))
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .map(|n| {
+            ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| n.strip_suffix(s))
+                .unwrap_or(n)
+                .to_string()
+        })
+        .collect()
+}
+
 /// Register one worker of `MODEL` at `base`, publish [`event_script`] to it and
 /// return its Dynamo families once the last event (the clear) is counted.
 fn drive(base: &str, ctx: &zmq::Context) -> BTreeMap<String, Value> {
@@ -260,7 +276,10 @@ fn drive(base: &str, ctx: &zmq::Context) -> BTreeMap<String, Value> {
             // Every event decoded; `/dump` answers once the index applied them all
             // (kvix's shards count what a store changed when they apply it).
             get("/dump");
-            return dynamo_families(&get("/metrics"));
+            let text = get("/metrics");
+            let mut got = dynamo_families(&text);
+            got.insert("families".into(), json!(sample_families(&text)));
+            return got;
         }
         assert!(
             Instant::now() < deadline,
@@ -331,9 +350,26 @@ fn dynamos_metric_families_match_dynamos_indexer() {
 }
 
 fn compare_families(peer: &str, dynamo: &BTreeMap<String, Value>, kvix: &BTreeMap<String, Value>) {
-    let keys = |m: &BTreeMap<String, Value>| m.keys().cloned().collect::<Vec<_>>();
+    // Every family Dynamo writes, kvix writes too (it has more of its own).
+    let families = |m: &BTreeMap<String, Value>| -> Vec<String> {
+        serde_json::from_value(m["families"].clone()).unwrap()
+    };
+    let missing: Vec<String> = families(dynamo)
+        .into_iter()
+        .filter(|f| !families(kvix).contains(f))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "families {peer} has and kvix has not: {missing:?}"
+    );
+    let keys = |m: &BTreeMap<String, Value>| {
+        m.keys()
+            .filter(|k| *k != "families")
+            .cloned()
+            .collect::<Vec<_>>()
+    };
     assert_eq!(keys(kvix), keys(dynamo), "series: kvix vs {peer}");
-    for (k, v) in dynamo {
+    for (k, v) in dynamo.iter().filter(|(k, _)| *k != "families") {
         // Dynamo 1.6.1 never bumps its CKF outcomes; kvix counts unknown removals there.
         if k.starts_with("dynamo_kvrouter_ckf_mutation_total{") {
             continue;
