@@ -216,12 +216,12 @@ impl AccessLog {
                 self.format(&r, &mut text);
                 n += 1;
                 if text.len() >= 64 * 1024 {
-                    self.write(&mut text, n, false);
+                    self.write(&mut text, n);
                     n = 0;
                 }
             }
             if n > 0 {
-                self.write(&mut text, n, true);
+                self.write(&mut text, n);
             }
             if stopping {
                 return;
@@ -232,11 +232,11 @@ impl AccessLog {
 
     /// Write `text` (its `lines` lines) and count them written, or dropped when the
     /// write fails (a full or failing disk): lost lines are never counted written.
-    fn write(&self, text: &mut Vec<u8>, lines: u64, flush: bool) {
+    /// `text` is a batch already, so it goes to the file itself, past the buffer:
+    /// nothing of a failed write stays behind to be written (and counted) later.
+    fn write(&self, text: &mut Vec<u8>, lines: u64) {
         let mut f = self.file.lock().unwrap_or_else(|p| p.into_inner());
-        let r = f
-            .write_all(text)
-            .and_then(|()| if flush { f.flush() } else { Ok(()) });
+        let r = f.flush().and_then(|()| f.get_mut().write_all(text));
         match r {
             Ok(()) => self.written.fetch_add(lines, Ordering::Relaxed),
             Err(e) => {

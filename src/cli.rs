@@ -234,6 +234,15 @@ pub struct Args {
     /// group); an /add beyond is refused with 429 (kvix_slot_refused_total)
     #[arg(long, env = "KVIX_SLOT_MAX_BOOKINGS", default_value_t = 65_536)]
     pub slot_max_bookings: usize,
+    /// Most blocks the booked requests' paths of one slot tracker may name
+    /// together (what its bookings keep in memory); an /add beyond is refused with
+    /// 429 (kvix_slot_refused_total)
+    #[arg(
+        long,
+        env = "KVIX_SLOT_MAX_TRACKER_BLOCKS",
+        default_value_t = 16_777_216
+    )]
+    pub slot_max_tracker_blocks: usize,
     /// Registered worker ranks (over every slot tracker) up to which /metrics
     /// has per-rank kvix_slot_* series; above, per-tracker series only
     #[arg(long, env = "KVIX_SLOT_METRICS_MAX_RANKS", default_value_t = 1024)]

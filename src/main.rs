@@ -633,6 +633,7 @@ fn serve_options(
             max_booking_blocks: args.slot_max_booking_blocks,
             max_rank_blocks: args.slot_max_rank_blocks,
             max_bookings: args.slot_max_bookings,
+            max_tracker_blocks: args.slot_max_tracker_blocks,
             metrics_max_ranks: args.slot_metrics_max_ranks,
         },
         slots_addr: None,

@@ -517,12 +517,13 @@ fn slot_families(g: &mut Gathered, shards: &[ShardStats]) {
             booking_blocks: a.booking_blocks + s.refused.booking_blocks,
             rank_blocks: a.rank_blocks + s.refused.rank_blocks,
             bookings: a.bookings + s.refused.bookings,
+            tracker_blocks: a.tracker_blocks + s.refused.tracker_blocks,
         }
     });
     let bodies: u64 = shards.iter().map(|s| s.http.slot_bodies_refused).sum();
     let f = g.add(
         "kvix_slot_refused",
-        "Slot-tracker calls refused by a bound, by reason: body (over --slot-max-body-bytes, 413), booking_blocks (over --slot-max-booking-blocks, 413), rank_blocks (over --slot-max-rank-blocks, 429), bookings (over --slot-max-bookings, 429)",
+        "Slot-tracker calls refused by a bound, by reason: body (over --slot-max-body-bytes, 413), booking_blocks (over --slot-max-booking-blocks, 413), rank_blocks (over --slot-max-rank-blocks, 429), bookings (over --slot-max-bookings, 429), tracker_blocks (over --slot-max-tracker-blocks, 429)",
         MetricType::Counter,
     );
     for (reason, n) in [
@@ -530,6 +531,7 @@ fn slot_families(g: &mut Gathered, shards: &[ShardStats]) {
         ("booking_blocks", refused.booking_blocks),
         ("rank_blocks", refused.rank_blocks),
         ("bookings", refused.bookings),
+        ("tracker_blocks", refused.tracker_blocks),
     ] {
         f.with(&[("reason", reason.into())], Value::Counter(n));
     }

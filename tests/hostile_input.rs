@@ -679,7 +679,6 @@ fn a_publisher_can_neither_forge_nor_flood_the_log() {
         written < 200,
         "{written} lines for 20,001 bad frames:\n{log}"
     );
-    assert!(log.contains("suppressed="), "{log}");
 }
 
 /// Names a client registers are bounded: a 1 MB model name, a tenant with a newline

@@ -225,3 +225,46 @@ fn a_sequence_that_goes_back_is_a_restart_and_nothing_wraps() {
     assert_eq!(s.metric("kvix_sequence_restarts_total", &[]), 2.0);
     wait_same_dump(&s, &reference, MODEL);
 }
+
+/// An engine that restarts right after a replay: the replay covered live frames up
+/// to 9, which were then skipped as duplicates, and the restarted engine's 0, 1, 2
+/// are no such duplicates: a restart, applied.
+#[test]
+fn a_restart_right_after_a_replay_is_not_taken_for_duplicates() {
+    let ctx = zmq::Context::new();
+    let s = Server::start(&["--threads", "2"]);
+    let reference = Server::start(&["--threads", "2"]);
+    let mut e = Engine::start(&ctx);
+    let [mut p_ok] = common::workers::<1>(&reference, &ctx, MODEL);
+    register_with(
+        &s,
+        MODEL,
+        1,
+        &e.publisher,
+        json!({"replay_endpoint": e.replay_endpoint}),
+    );
+    // The replay of the gap at 5 answers late, with everything up to 9.
+    e.replay_delay_ms
+        .store(300, std::sync::atomic::Ordering::Relaxed);
+    e.drop.insert(5);
+    let mut w = Workload::new(41, 0);
+    for _ in 0..10 {
+        let b = w.next();
+        e.publish(&b);
+        p_ok.send(&b);
+    }
+    s.eventually("the gap replayed and the queued frames skipped", || {
+        let d = s.metric("kvix_replay_duplicates_total", &[]);
+        (d >= 3.0).then_some(()).ok_or(format!("{d}"))
+    });
+    e.restart();
+    e.drop.clear();
+    for _ in 0..3 {
+        let b = w.next();
+        e.publish(&b);
+        p_ok.send_seq(0, &b);
+    }
+    wait_same_dump(&s, &reference, MODEL);
+    same_answers(&s, &reference, MODEL, &w.prompts(13));
+    assert_eq!(s.metric("kvix_sequence_restarts_total", &[]), 1.0);
+}

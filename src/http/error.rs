@@ -122,33 +122,38 @@ impl From<RegistryError> for ApiError {
 /// The top-level field of the JSON object `body` that made `T` fail with `msg`:
 /// the one whose removal makes that error go. serde loses the path inside a flattened
 /// struct (and reports its errors at the object's end), so the field is found by
-/// asking again. Only for error answers, and only for small objects (at most 32
-/// fields, 1 MiB): a hostile body costs a bounded number of extra parses.
+/// asking again, without a copy of the body. Only for error answers, and only for
+/// small objects (at most 32 fields, 64 KiB): a hostile body costs a bounded number
+/// of extra parses.
 fn field_of<T: serde::de::DeserializeOwned>(body: &[u8], msg: &str) -> Option<String> {
-    if body.len() > 1 << 20 {
+    if body.len() > 64 << 10 {
         return None;
     }
-    let map: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(body).ok()?;
-    if map.len() > 32 {
+    let mut v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let keys: Vec<String> = v.as_object()?.keys().cloned().collect();
+    if keys.len() > 32 {
         return None;
     }
     // serde_json adds the position to errors from text, not from values.
     let plain = msg.split(" at line ").next().unwrap_or(msg);
-    map.keys()
-        .find(|k| {
-            let mut rest = map.clone();
-            rest.remove(*k);
-            // Without the culprit the error goes (or the next one shows); without
-            // any other field it stays, or that field is now missing.
-            serde_json::from_value::<T>(serde_json::Value::Object(rest)).map_or_else(
-                |e| {
-                    let e = e.to_string();
-                    e != plain && e != format!("missing field `{k}`")
-                },
-                |_| true,
-            )
-        })
-        .cloned()
+    keys.into_iter().find(|k| {
+        let Some(taken) = v.as_object_mut().and_then(|m| m.remove(k)) else {
+            return false;
+        };
+        // Without the culprit the error goes (or the next one shows); without any
+        // other field it stays, or that field is now missing.
+        let culprit = T::deserialize(&v).map_or_else(
+            |e| {
+                let e = e.to_string();
+                e != plain && e != format!("missing field `{k}`")
+            },
+            |_| true,
+        );
+        if let Some(m) = v.as_object_mut() {
+            m.insert(k.clone(), taken);
+        }
+        culprit
+    })
 }
 
 pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {

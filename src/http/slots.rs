@@ -117,9 +117,9 @@ fn status(e: &SlotError) -> StatusCode {
         | SlotError::RankNotFound(_)
         | SlotError::RequestNotFound(_) => StatusCode::NOT_FOUND,
         SlotError::BookingTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-        SlotError::RankFull { .. } | SlotError::TooManyBookings { .. } => {
-            StatusCode::TOO_MANY_REQUESTS
-        }
+        SlotError::RankFull { .. }
+        | SlotError::TooManyBookings { .. }
+        | SlotError::TrackerFull { .. } => StatusCode::TOO_MANY_REQUESTS,
     }
 }
 

@@ -268,6 +268,8 @@ impl IngestThread {
         if let (Some(seq), Some(t)) = (seq, topic)
             && let [s] = &mut t.streams[..]
         {
+            // Its number still says whether a gap or a restart came before it.
+            s.feed.stats.count(s.cursor.step(seq));
             s.feed.stats.received(&mut s.cursor, seq);
         }
     }

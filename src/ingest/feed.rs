@@ -276,11 +276,11 @@ impl WorkerFeed {
             let Some(i) = self.slot_of(&ev, batch, registry) else {
                 continue;
             };
+            // A store is counted where it goes to the shard (past its checks).
             let kind = match ev.op {
-                EventOp::Stored => Some(&stats.stored_events),
                 EventOp::Removed => Some(&stats.removed_events),
                 EventOp::Cleared => Some(&stats.cleared_events),
-                EventOp::Updated => None,
+                EventOp::Stored | EventOp::Updated => None,
             };
             if let Some(kind) = kind {
                 FeedStats::bump(kind, 1);
@@ -491,6 +491,7 @@ impl WorkerFeed {
                 }
             }
             FeedStats::bump(&stats.blocks_stored, ev.hashes.len() as u64);
+            FeedStats::bump(&stats.stored_events, 1);
             return;
         }
         if ev.tokens.len() != ev.hashes.len() * block_size {
@@ -540,6 +541,7 @@ impl WorkerFeed {
             }
         }
         FeedStats::bump(&stats.blocks_stored, ev.hashes.len() as u64);
+        FeedStats::bump(&stats.stored_events, 1);
     }
 
     fn remove(&mut self, i: usize, ev: &Event<'_>, registry: &Registry, sink: &mut impl OpSink) {

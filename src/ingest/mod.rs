@@ -400,9 +400,15 @@ struct Listener {
     monitor: zmq::Socket,
     endpoint: Endpoint,
     feed: WorkerFeed,
-    /// After a replay: live frames up to this sequence were already applied from the
-    /// replay and are skipped as duplicates.
-    dedup_until: Option<u64>,
+    /// After a replay, `(after, until)`: live frames numbered above `after` and up to
+    /// `until` were queued while it ran and applied from it, so they are skipped as
+    /// duplicates. A frame at or below `after` is none of those (the engine
+    /// restarted) and follows the cursor's rule.
+    dedup: Option<(Option<u64>, u64)>,
+    /// When a restart last made this listener replay: a restart replays at most once
+    /// per [`REPLAY_COOLDOWN`], so an engine whose numbers keep going back cannot
+    /// keep this thread replaying.
+    restart_replayed_at: Option<std::time::Instant>,
     /// When a replay of this listener last went unanswered: no new replay is tried for
     /// [`REPLAY_COOLDOWN`] after it, so an engine that cannot keep up with replays does
     /// not keep this thread from live frames (the gaps stay counted).
@@ -699,7 +705,8 @@ impl IngestThread {
             monitor,
             endpoint,
             feed,
-            dedup_until: None,
+            dedup: None,
+            restart_replayed_at: None,
             replay_failed_at: None,
             cursor: Cursor::new(prior),
         });
@@ -857,12 +864,12 @@ impl IngestThread {
     /// advances the sequence and the next frame is no gap.
     fn sequenced(&mut self, i: usize, seq: u64, well_formed: bool) {
         let l = &mut self.listeners[i];
-        if let Some(until) = l.dedup_until {
-            if seq <= until {
+        if let Some((after, until)) = l.dedup {
+            if seq <= until && after.is_none_or(|a| seq > a) {
                 FeedStats::bump(&self.replay_stats.duplicates, 1);
                 return;
             }
-            l.dedup_until = None;
+            l.dedup = None;
         }
         let step = l.cursor.step(seq);
         l.feed.stats.count(step);
@@ -898,9 +905,10 @@ impl IngestThread {
                 (seq > 0).then_some(0)
             }
         };
-        let cooling = l
-            .replay_failed_at
-            .is_some_and(|t| t.elapsed() < REPLAY_COOLDOWN);
+        let recent =
+            |t: Option<std::time::Instant>| t.is_some_and(|t| t.elapsed() < REPLAY_COOLDOWN);
+        let restart = matches!(step, Step::Restart { .. });
+        let cooling = recent(l.replay_failed_at) || (restart && recent(l.restart_replayed_at));
         if let Some(from) = missing_from
             && l.endpoint.replay_endpoint.is_some()
             && !cooling
@@ -912,8 +920,13 @@ impl IngestThread {
             // The held frame is in the scratch, which the replay decodes into, so
             // keep a copy of the frame and decode it again afterwards.
             let held = self.scratch.parts[2].to_vec();
+            if restart {
+                self.listeners[i].restart_replayed_at = Some(std::time::Instant::now());
+            }
             self.replay(i, from, counted);
             let l = &mut self.listeners[i];
+            // Frames queued behind this one are numbered above it.
+            l.dedup = l.dedup.map(|(_, until)| (Some(seq), until));
             if l.cursor.last().is_some_and(|x| seq <= x) {
                 FeedStats::bump(&self.replay_stats.duplicates, 1);
                 return;

@@ -101,7 +101,7 @@ impl IngestThread {
                 FeedStats::bump(&rs.failures, 1);
                 self.listeners[i].replay_failed_at = Some(std::time::Instant::now());
                 let l = &self.listeners[i];
-                tracing::warn!(
+                crate::warn_throttled!(
                     instance = l.feed.instance,
                     dp = l.feed.dp,
                     replay_endpoint = ep,
@@ -114,6 +114,7 @@ impl IngestThread {
         let registry = self.registry.clone();
         let l = &mut self.listeners[i];
         let mut last = l.cursor.last();
+        let before = last;
         let mut applied = 0u64;
         // `expected`: the next number the replay should hold; `None` once the replay
         // reached `u64::MAX`, after which nothing can be missing.
@@ -154,7 +155,7 @@ impl IngestThread {
         if unrecovered > 0 {
             FeedStats::bump_saturating(&rs.unrecovered, unrecovered);
             FeedStats::bump_saturating(&l.feed.stats.gap_batches, uncounted);
-            tracing::warn!(
+            crate::warn_throttled!(
                 instance = l.feed.instance,
                 dp = l.feed.dp,
                 from,
@@ -164,7 +165,7 @@ impl IngestThread {
         }
         if let Some(x) = last {
             l.feed.stats.received(&mut l.cursor, x);
-            l.dedup_until = Some(x);
+            l.dedup = Some((before, x));
         }
         tracing::info!(
             instance = l.feed.instance,

@@ -117,6 +117,10 @@ pub enum SlotError {
         "the tracker holds {max} booked requests, as many as it may (raise --slot-max-bookings)"
     )]
     TooManyBookings { max: usize },
+    #[error(
+        "the tracker's bookings would name {blocks} blocks, more than the {max} it may hold (raise --slot-max-tracker-blocks)"
+    )]
+    TrackerFull { blocks: usize, max: usize },
 }
 
 impl SlotError {
@@ -131,6 +135,9 @@ impl SlotError {
                 Some(("sequence_hashes", *max, "--slot-max-rank-blocks"))
             }
             SlotError::TooManyBookings { max } => Some(("request_id", *max, "--slot-max-bookings")),
+            SlotError::TrackerFull { max, .. } => {
+                Some(("sequence_hashes", *max, "--slot-max-tracker-blocks"))
+            }
             _ => None,
         }
     }
@@ -145,6 +152,9 @@ pub struct SlotLimits {
     pub max_rank_blocks: usize,
     /// Requests booked and not freed, per tracker.
     pub max_bookings: usize,
+    /// Blocks the booked requests' paths name, per tracker (shared prefixes once
+    /// per booking: what the bookings keep in memory).
+    pub max_tracker_blocks: usize,
     /// Registered ranks (over every tracker) up to which `/metrics` has per-rank
     /// series; above, per-tracker ones only.
     pub metrics_max_ranks: usize,
@@ -158,6 +168,7 @@ impl Default for SlotLimits {
             max_booking_blocks: 1 << 17,
             max_rank_blocks: 1 << 20,
             max_bookings: 1 << 16,
+            max_tracker_blocks: 1 << 24,
             metrics_max_ranks: 1024,
         }
     }
@@ -169,6 +180,7 @@ pub struct Refused {
     pub booking_blocks: u64,
     pub rank_blocks: u64,
     pub bookings: u64,
+    pub tracker_blocks: u64,
 }
 
 /// A tracker's name: (model_name, routing_group).
@@ -662,6 +674,7 @@ fn count(refused: &mut Refused, r: &Result<(), SlotError>) {
         Err(SlotError::BookingTooLarge { .. }) => refused.booking_blocks += 1,
         Err(SlotError::RankFull { .. }) => refused.rank_blocks += 1,
         Err(SlotError::TooManyBookings { .. }) => refused.bookings += 1,
+        Err(SlotError::TrackerFull { .. }) => refused.tracker_blocks += 1,
         _ => {}
     }
 }

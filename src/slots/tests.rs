@@ -292,6 +292,7 @@ fn bounds_refuse_and_count() {
         max_booking_blocks: 3,
         max_rank_blocks: 4,
         max_bookings: 3,
+        max_tracker_blocks: 8,
         metrics_max_ranks: 1,
     };
     let mut s = SlotShard::new(DEFAULT_TTL, limits, None);
@@ -320,21 +321,34 @@ fn bounds_refuse_and_count() {
     );
     free(&mut s, &k, "c", now);
     add(&mut s, &k, "d", rank(1, 1), &[], 0, now).unwrap();
+    // Every booking's path counts, shared or not, until it is given back: once
+    // the frees' steps ran, 3 + 3 + 3 > 8.
+    free(&mut s, &k, "d", now);
+    while s.step(now) {}
+    assert_eq!(
+        add(&mut s, &k, "e", rank(1, 1), &[1, 2, 3], 0, now),
+        Err(SlotError::TrackerFull { blocks: 9, max: 8 })
+    );
+    free(&mut s, &k, "b", now);
+    while s.step(now) {}
+    add(&mut s, &k, "e", rank(1, 1), &[1, 2, 3], 0, now).unwrap();
     let st = s.stats(now);
     assert_eq!(
         st.refused,
         Refused {
             booking_blocks: 1,
             rank_blocks: 1,
-            bookings: 1
+            bookings: 1,
+            tracker_blocks: 1
         }
     );
     // Two ranks, over the metrics' bound of one: per tracker only.
     assert!(st.ranks.is_empty());
     assert_eq!(st.trackers.len(), 1);
     assert_eq!(st.trackers[0].ranks, 2);
-    assert_eq!(st.trackers[0].load.active_decode_blocks, 4);
-    assert_eq!(st.trackers[0].load.active_requests, 3);
+    // "a" on rank 0, "e" on rank 1: three blocks each.
+    assert_eq!(st.trackers[0].load.active_decode_blocks, 6);
+    assert_eq!(st.trackers[0].load.active_requests, 2);
 }
 
 #[test]
@@ -413,4 +427,59 @@ fn unregistering_gives_the_trie_back_and_rebooks() {
     let p = potential(&mut s, &k, &[1, 2, 4], 0);
     assert_eq!(p[0].potential_decode_blocks, 3);
     assert_eq!(p[1].potential_decode_blocks, 2 + 2);
+}
+
+/// While a large free is given back in steps, the rank's held blocks stay a prefix
+/// of the path (deepest given back first), so a potential load of the same path
+/// counts every block once: held ones as held, the rest as new.
+#[test]
+fn a_path_given_back_in_steps_keeps_potential_loads_exact() {
+    let mut s = SlotShard::default();
+    let k = key("default");
+    let now = Instant::now();
+    register(&mut s, &k, 1, 16, 0, 1).unwrap();
+    let path: Vec<u64> = (1..=3 * STEP_BLOCKS as u64).collect();
+    add(&mut s, &k, "big", rank(1, 0), &path, 0, now).unwrap();
+    free(&mut s, &k, "big", now);
+    let mut held = Vec::new();
+    loop {
+        let p = potential(&mut s, &k, &path, 0);
+        assert_eq!(p[0].potential_decode_blocks, path.len());
+        held.push(loads(&mut s)[0].active_decode_blocks);
+        if !s.step(now) {
+            break;
+        }
+    }
+    // (Every call takes a step too.) Some answer came from a partial release.
+    assert!(held.iter().any(|&h| h > 0 && h < path.len()), "{held:?}");
+    assert_eq!(loads(&mut s)[0].active_decode_blocks, 0);
+}
+
+/// A worker unregistered while its bookings are given back, and registered again,
+/// keeps what it books anew: the old releases no longer touch its ranks.
+#[test]
+fn releases_of_an_unregistered_worker_leave_its_new_bookings_alone() {
+    let mut s = SlotShard::default();
+    let k = key("default");
+    let now = Instant::now();
+    register(&mut s, &k, 1, 16, 0, 1).unwrap();
+    register(&mut s, &k, 2, 16, 0, 1).unwrap();
+    let path: Vec<u64> = (1..=3 * STEP_BLOCKS as u64).collect();
+    add(&mut s, &k, "old", rank(1, 0), &path, 0, now).unwrap();
+    assert_eq!(unregister(&mut s, &k, 1, now), Ok(()));
+    register(&mut s, &k, 1, 16, 0, 1).unwrap();
+    add(&mut s, &k, "new", rank(1, 0), &path[..10], 0, now).unwrap();
+    while s.step(now) {}
+    let l = loads(&mut s);
+    let w1 = l.iter().find(|l| l.worker_id == 1).unwrap();
+    assert_eq!(w1.active_decode_blocks, 10);
+    free(&mut s, &k, "new", now);
+    while s.step(now) {}
+    assert_eq!(
+        loads(&mut s)
+            .iter()
+            .map(|l| l.active_decode_blocks)
+            .sum::<usize>(),
+        0
+    );
 }

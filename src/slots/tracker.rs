@@ -175,49 +175,70 @@ impl Trie {
     }
 }
 
-/// A booking's blocks being given back, from `pos` on; `at` is the node of
-/// `path[pos - 1]` (the root at 0). Ids are never reused, so the nodes still to
-/// release stay where they are whatever is booked or freed meanwhile.
+/// A booking's blocks being given back, in two bounded walks: down the path to find
+/// its nodes (changing nothing), then back up giving them back, deepest first, so
+/// that a rank's held set stays closed under prefixes while the steps go on (what
+/// [`RankState::overlap`]'s binary search needs). Ids are never reused and this
+/// booking's references keep its nodes alive, so they stay where they are whatever
+/// is booked or freed meanwhile.
 #[derive(Debug)]
 struct Release {
-    rank: Rank,
+    /// `None` once its worker unregistered: only the trie is given back (a worker
+    /// registered again under the same ranks starts from nothing).
+    rank: Option<Rank>,
     path: Vec<SeqHash>,
-    pos: usize,
-    at: u64,
+    /// The path's nodes found so far, root first: (trie key, id).
+    found: Vec<(NodeKey, u64)>,
+    /// Whether the walk down is over (`found` holds every node there is).
+    walked: bool,
 }
 
 impl Release {
-    fn new(rank: Rank, path: Vec<SeqHash>) -> Self {
+    fn new(rank: Option<Rank>, path: Vec<SeqHash>) -> Self {
         Release {
             rank,
             path,
-            pos: 0,
-            at: ROOT,
+            found: Vec::new(),
+            walked: false,
         }
     }
 
-    /// Gives back at most `budget` blocks; whether it is done.
+    /// Gives back at most `budget` blocks' worth of work; whether it is done.
     fn advance(
         &mut self,
         trie: &mut Trie,
         ranks: &mut HashMap<Rank, RankState>,
         budget: &mut usize,
     ) -> bool {
-        // An unregistered worker's ranks are gone: only the trie is given back.
-        let mut state = ranks.get_mut(&self.rank);
-        while self.pos < self.path.len() {
+        while !self.walked {
+            let pos = self.found.len();
+            if pos == self.path.len() {
+                self.walked = true;
+                break;
+            }
             if *budget == 0 {
                 return false;
             }
             *budget -= 1;
-            let key = (self.at, self.path[self.pos]);
-            let Some(node) = trie.nodes.get_mut(&key) else {
-                return true;
-            };
-            let id = node.id;
-            node.refs -= 1;
-            if node.refs == 0 {
-                trie.nodes.remove(&key);
+            let at = self.found.last().map_or(ROOT, |&(_, id)| id);
+            let key = (at, self.path[pos]);
+            match trie.nodes.get(&key) {
+                Some(node) => self.found.push((key, node.id)),
+                None => self.walked = true,
+            }
+        }
+        let mut state = self.rank.and_then(|r| ranks.get_mut(&r));
+        while let Some(&(key, id)) = self.found.last() {
+            if *budget == 0 {
+                return false;
+            }
+            *budget -= 1;
+            self.found.pop();
+            if let Some(node) = trie.nodes.get_mut(&key) {
+                node.refs -= 1;
+                if node.refs == 0 {
+                    trie.nodes.remove(&key);
+                }
             }
             if let Some(s) = state.as_deref_mut()
                 && let hashbrown::hash_map::Entry::Occupied(mut e) = s.nodes.entry(id)
@@ -227,8 +248,6 @@ impl Release {
                     e.remove();
                 }
             }
-            self.at = id;
-            self.pos += 1;
         }
         true
     }
@@ -262,6 +281,9 @@ pub struct Tracker {
     next_seq: u64,
     /// Blocks of freed bookings not given back yet, in order.
     releasing: VecDeque<Release>,
+    /// Path blocks the bookings and the releases under way keep (bounded by
+    /// [`SlotLimits::max_tracker_blocks`]).
+    booked_blocks: usize,
 }
 
 impl Tracker {
@@ -274,6 +296,7 @@ impl Tracker {
             requests: HashMap::new(),
             by_age: BTreeMap::new(),
             next_seq: 0,
+            booked_blocks: 0,
             releasing: VecDeque::new(),
         }
     }
@@ -322,10 +345,17 @@ impl Tracker {
             .filter(|(_, b)| b.rank.worker_id == worker)
             .map(|(id, _)| id.clone())
             .collect();
+        // Releases under way no longer touch these ranks: a worker registered
+        // again under them must not lose what it books anew.
+        for r in &mut self.releasing {
+            if r.rank.is_some_and(|rank| rank.worker_id == worker) {
+                r.rank = None;
+            }
+        }
         for id in gone {
             if let Some(b) = self.requests.remove(&id) {
                 self.by_age.remove(&b.age);
-                self.releasing.push_back(Release::new(b.rank, b.path));
+                self.releasing.push_back(Release::new(None, b.path));
             }
         }
         true
@@ -373,6 +403,13 @@ impl Tracker {
                 max: limits.max_bookings,
             });
         }
+        let booked = self.booked_blocks + path.len();
+        if booked > limits.max_tracker_blocks {
+            return Err(SlotError::TrackerFull {
+                blocks: booked,
+                max: limits.max_tracker_blocks,
+            });
+        }
         let blocks = state.nodes.len() + (path.len() - self.trie.overlap(state, &path));
         if blocks > limits.max_rank_blocks {
             return Err(SlotError::RankFull {
@@ -382,6 +419,7 @@ impl Tracker {
             });
         }
         self.trie.acquire(state, &path);
+        self.booked_blocks = booked;
         state.prefill_tokens += prefill_tokens as u128;
         state.requests += 1;
         self.next_seq += 1;
@@ -427,6 +465,7 @@ impl Tracker {
         {
             let mut all = usize::MAX;
             r.advance(&mut self.trie, &mut self.ranks, &mut all);
+            self.booked_blocks -= r.path.len();
         }
         Some(rank)
     }
@@ -440,7 +479,7 @@ impl Tracker {
             state.prefill_tokens -= b.prefill as u128;
             state.requests -= 1;
         }
-        self.releasing.push_back(Release::new(b.rank, b.path));
+        self.releasing.push_back(Release::new(Some(b.rank), b.path));
         Some(b.rank)
     }
 
@@ -462,6 +501,7 @@ impl Tracker {
             if !r.advance(&mut self.trie, &mut self.ranks, budget) {
                 return;
             }
+            self.booked_blocks -= r.path.len();
             self.releasing.pop_front();
         }
     }

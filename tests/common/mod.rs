@@ -812,6 +812,12 @@ impl Engine {
         seq
     }
 
+    /// The engine restarts: its replay buffer starts empty and its numbers from 0.
+    pub fn restart(&mut self) {
+        self.buffer.lock().unwrap().clear();
+        self.next_seq = 0;
+    }
+
     /// Buffer without publishing (the frame is lost on the wire, or was published
     /// before anyone subscribed).
     pub fn lose(&mut self, payload: &[u8]) -> u64 {
