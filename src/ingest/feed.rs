@@ -29,7 +29,8 @@ pub struct FeedStats {
     pub batches: AtomicU64,
     pub events: AtomicU64,
     pub blocks_stored: AtomicU64,
-    /// Events by kind, as they reached a worker slot (Dynamo counts per event).
+    /// Events by kind that reached a worker slot (Dynamo counts per event); a store
+    /// once it passed its checks and went to the shard.
     pub stored_events: AtomicU64,
     pub removed_events: AtomicU64,
     pub cleared_events: AtomicU64,
