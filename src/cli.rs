@@ -402,4 +402,54 @@ mod tests {
         assert!(validate_endpoint("tcp://h:99999").is_err());
         assert!(validate_endpoint("host:1").is_err());
     }
+
+    /// README's flag table is the operator's reference: every flag `--help` lists
+    /// has a row, and a row's default is the flag's (in backticks at the start of the
+    /// cell; `—` for a flag with none, `off` for a switch).
+    #[test]
+    fn every_flag_is_in_readmes_table_with_its_default() {
+        use clap::CommandFactory;
+        let readme = include_str!("../README.md");
+        let rows: std::collections::HashMap<&str, &str> = readme
+            .lines()
+            .filter(|l| l.starts_with("| `--"))
+            .filter_map(|l| {
+                let mut cells = l.split('|').map(str::trim).skip(1);
+                Some((cells.next()?.trim_matches('`'), cells.next()?))
+            })
+            .collect();
+        let mut wrong = Vec::new();
+        for a in Args::command().get_arguments() {
+            let Some(long) = a.get_long() else { continue };
+            if a.is_hide_set() || long == "help" || long == "version" {
+                continue;
+            }
+            let flag = format!("--{long}");
+            let default = a
+                .get_default_values()
+                .first()
+                .map(|v| v.to_string_lossy().into_owned());
+            match (rows.get(flag.as_str()), default) {
+                (None, _) => wrong.push(format!("{flag}: no row")),
+                (Some(cell), Some(d)) if !cell.starts_with(&format!("`{d}`")) => {
+                    wrong.push(format!("{flag}: default `{d}`, README says {cell}"))
+                }
+                // A switch (no value) is off unless given.
+                (Some(cell), None)
+                    if !a.get_action().takes_values() && !cell.starts_with("off") =>
+                {
+                    wrong.push(format!("{flag}: a switch, README says {cell}"))
+                }
+                (Some(cell), None) if a.get_action().takes_values() && !cell.starts_with('—') => {
+                    wrong.push(format!("{flag}: no default, README says {cell}"))
+                }
+                _ => {}
+            }
+        }
+        assert!(
+            wrong.is_empty(),
+            "README's flag table:\n{}",
+            wrong.join("\n")
+        );
+    }
 }
