@@ -18,6 +18,7 @@
 pub mod access;
 pub mod access_log;
 pub mod cli;
+pub mod config;
 pub mod hash;
 pub mod heap;
 pub mod http;
