@@ -15,6 +15,7 @@ pub mod error;
 pub mod json;
 pub mod peers;
 pub mod routes;
+pub mod scope;
 pub mod slots;
 pub mod speculate;
 pub mod tiered;
@@ -187,7 +188,7 @@ async fn route<M: ShardMesh>(
     // The conductor API under `/conductor/...` forces Mooncake's shapes; the shared
     // routes tell the two APIs apart by their bodies (`model_name` vs `model`/`modelname`).
     let (route, under) = conductor(&path);
-    let forced = under.then_some(api::Shape::Conductor);
+    let forced = under.then_some(scope::Shape::Conductor);
     let phase = mesh.app().lifecycle().phase();
     let auth = req
         .headers()
@@ -262,7 +263,7 @@ async fn dispatch<M: ShardMesh>(
     req: Request<Incoming>,
     query: &str,
     phase: crate::lifecycle::Phase,
-    forced: Option<api::Shape>,
+    forced: Option<scope::Shape>,
     body_read: Option<&mut Bytes>,
 ) -> Result<Reply, ApiError> {
     let client = req.extensions().get::<client::Client>().copied();

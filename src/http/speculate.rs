@@ -11,9 +11,11 @@
 //! slot) made, off the executor; nothing here blocks.
 
 use super::Reply;
-use super::api::{HashNum, InstanceRef, Named, Scope, TokenIds, index_for, known_instance, named};
 use super::error::{ApiError, parse as parse_json};
 use super::json;
+use super::scope::{
+    HashNum, InstanceRef, Named, Scope, TokenIds, index_for, known_instance, named,
+};
 use crate::hash;
 use crate::mesh::ShardMesh;
 use crate::registry::IndexInfo;

@@ -7,9 +7,9 @@
 //! through [`ShardMesh::lookup`] as for `/query_by_hash`.
 
 use super::Reply;
-use super::api::{HashNum, Named, Scope, named, resolve_named};
 use super::error::{ApiError, parse};
 use super::json;
+use super::scope::{HashNum, Named, Scope, named, resolve_named};
 use crate::mesh::ShardMesh;
 use crate::query::{self, PromptBlocks};
 use crate::types::{BlockHash, WorkerSlot};
@@ -47,7 +47,7 @@ pub(super) fn check(body: &[u8]) -> Result<Checked, ApiError> {
         msg: "missing field `block_hashes`".into(),
     })?;
     // Always Dynamo's shape: its router is the client.
-    let named = named(&mut r.scope, Some(super::api::Shape::Dynamo))?;
+    let named = named(&mut r.scope, Some(super::scope::Shape::Dynamo))?;
     Ok(Checked {
         hashes,
         device_only: r.device_only,

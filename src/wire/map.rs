@@ -21,7 +21,7 @@
 //!
 //! Unknown keys are skipped, in every dialect.
 
-use super::batch::{
+use super::fields::{
     check_stored, check_stored_optional_tokens, extra_keys, group_kind, hashes, lenient_str,
     lenient_u32, lenient_window, lora_id, numeric_key, opt_hash, opt_u64, seconds_ms, text, tokens,
     unknown_tag,

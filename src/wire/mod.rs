@@ -19,6 +19,7 @@
 //! a legacy Mooncake batch without a timestamp, `[[events]]`, is accepted too.
 
 mod batch;
+mod fields;
 pub mod map;
 pub mod mooncake;
 pub mod msgpack;

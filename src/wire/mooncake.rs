@@ -22,7 +22,7 @@
 //! changed, which the index may use to refresh its tiers but never to add or
 //! remove blocks. Trailing fields are tolerated. Map forms are in [`super::map`].
 
-use super::batch::{
+use super::fields::{
     Fields, check_stored_optional_tokens, lora_id, opt_hash, seconds_ms, text, text_nonempty,
     tokens,
 };

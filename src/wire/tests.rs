@@ -692,7 +692,7 @@ fn deep_nesting_is_refused() {
 
 #[test]
 fn hash_and_key_text() {
-    use super::batch::{hash_text, numeric_key};
+    use super::fields::{hash_text, numeric_key};
     assert_eq!(numeric_key(b"0x00000000075bcd15"), Some(123456789));
     assert_eq!(numeric_key(b"18446744073709551615"), Some(u64::MAX));
     assert_eq!(numeric_key(b"18446744073709551616"), None);

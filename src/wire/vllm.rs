@@ -23,7 +23,7 @@
 //! batch; those are decoded by [`super::map`]. The batch envelope is in
 //! `batch.rs`, and [`super::decode`] is the entry point for every dialect.
 
-use super::batch::{
+use super::fields::{
     Fields, check_stored, extra_keys, group_kind, hashes, lenient_str, lenient_u32, lenient_window,
     lora_id, opt_hash, text, tokens,
 };

@@ -9,7 +9,8 @@
 //! (400 or 422; 413 is the body limit's). Registers nothing, starts nothing.
 #![no_main]
 
-use kvix::http::api::{self, Shape};
+use kvix::http::api;
+use kvix::http::scope::Shape;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -12,7 +12,8 @@
 //! A `prompt` or `messages` body is refused with a 422: no tokenizer is loaded here.
 #![no_main]
 
-use kvix::http::api::{self, Shape};
+use kvix::http::api;
+use kvix::http::scope::Shape;
 use kvix::http::token_ids;
 use libfuzzer_sys::fuzz_target;
 use serde::Deserialize;
