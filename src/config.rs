@@ -4,9 +4,9 @@
 //!
 //! Owns no state and starts nothing: `main.rs` calls these, then starts the service.
 
+use crate::app::{Config, SnapshotConfig};
 use crate::cli::Args;
 use crate::runtime::ServeOptions;
-use crate::service::{Config, SnapshotConfig};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -263,8 +263,8 @@ fn hybrid_defaults(args: &Args) -> Result<Vec<(String, crate::registry::HybridDe
     Ok(out)
 }
 
-fn speculation(args: &Args) -> crate::service::Speculation {
-    crate::service::Speculation {
+fn speculation(args: &Args) -> crate::app::Speculation {
+    crate::app::Speculation {
         ttl: Duration::from_millis(clamp(
             "speculative-ttl-ms",
             args.speculative_ttl_ms,
@@ -341,7 +341,7 @@ pub fn serve_options(
                 1 << 30,
             ),
         },
-        slot_limits: crate::slots::SlotLimits {
+        slot_limits: crate::slot_tracker::SlotLimits {
             max_booking_blocks: args.slot_max_booking_blocks,
             max_rank_blocks: args.slot_max_rank_blocks,
             max_bookings: args.slot_max_bookings,

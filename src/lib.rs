@@ -17,6 +17,7 @@
 
 pub mod access;
 pub mod access_log;
+pub mod app;
 pub mod cli;
 pub mod config;
 pub mod hash;
@@ -34,9 +35,8 @@ pub mod recovery;
 pub mod registry;
 pub mod ring;
 pub mod runtime;
-pub mod service;
 pub mod shard;
-pub mod slots;
+pub mod slot_tracker;
 #[cfg(test)]
 mod testing;
 pub mod tokenize;

@@ -4,10 +4,10 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 use clap::Parser;
+use kvix::app::{App, registration};
 use kvix::cli::{Args, parse_peers, parse_workers};
 use kvix::config::{check_flags, clamp, config, load_access, serve_options, shard_count};
 use kvix::recovery::{Options, bootstrap};
-use kvix::service::{App, registration};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
@@ -256,7 +256,7 @@ fn slot_sync(
     app: &Arc<App>,
     addr: SocketAddr,
     shards: usize,
-) -> Result<Option<Arc<kvix::slots::sync::Links>>, String> {
+) -> Result<Option<Arc<kvix::slot_tracker::sync::Links>>, String> {
     if args.slot_sync_port.is_none() && args.slot_sync_peers.is_empty() {
         return Ok(None);
     }
@@ -268,7 +268,7 @@ fn slot_sync(
     let router_id = xxhash_rust::xxh3::xxh3_64(
         format!("{}-{:?}", std::process::id(), std::time::SystemTime::now()).as_bytes(),
     );
-    let links = kvix::slots::sync::Links::new(shards, router_id);
+    let links = kvix::slot_tracker::sync::Links::new(shards, router_id);
     if let Some(port) = args.slot_sync_port {
         let ep = format!("tcp://{}", SocketAddr::new(addr.ip(), port));
         let sock = ctx.socket(zmq::PUB).map_err(|e| e.to_string())?;
@@ -287,7 +287,7 @@ fn slot_sync(
             sock.connect(p)
                 .map_err(|e| format!("--slot-sync-peers: cannot connect {p}: {e}"))?;
         }
-        sock.set_subscribe(kvix::slots::sync::TOPIC)
+        sock.set_subscribe(kvix::slot_tracker::sync::TOPIC)
             .map_err(|e| e.to_string())?;
         let (l, app) = (links.clone(), app.clone());
         std::thread::Builder::new()

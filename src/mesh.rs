@@ -6,11 +6,11 @@
 //! control work off the executor, and timers. Implementations must never block the
 //! calling executor.
 
+use crate::app::App;
 use crate::metrics::{HttpStats, ShardStats};
 use crate::query::{PromptBlocks, ShardReply};
-use crate::service::App;
 use crate::shard::{ChainAt, PredictRefused, PredictStep, PruneBound, ShardExport};
-use crate::slots::{SlotRep, SlotReq};
+use crate::slot_tracker::{SlotRep, SlotReq};
 use crate::types::{IndexId, ShardId};
 use std::cell::RefCell;
 use std::future::Future;
@@ -64,9 +64,12 @@ pub trait ShardMesh {
         prune: Option<PruneBound>,
     ) -> impl Future<Output = Result<Result<ChainAt, PredictRefused>, ShardUnavailable>>;
 
-    /// A slot-tracker call ([`crate::slots`]), answered by the shard that owns its
+    /// A slot-tracker call ([`crate::slot_tracker`]), answered by the shard that owns its
     /// tracker, or by every shard (one answer each) for a call that names none.
-    fn slots(&self, req: SlotReq) -> impl Future<Output = Result<Vec<SlotRep>, ShardUnavailable>>;
+    fn slot_tracker(
+        &self,
+        req: SlotReq,
+    ) -> impl Future<Output = Result<Vec<SlotRep>, ShardUnavailable>>;
 
     /// Every shard's figures.
     fn stats(&self) -> impl Future<Output = Result<Vec<ShardStats>, ShardUnavailable>>;

@@ -6,10 +6,10 @@
 //! over the mesh, adds the ingest threads' counters, and encodes the lot with
 //! `prometheus-client` through a one-shot collector.
 
+use crate::app::{App, RecoveryStats};
 use crate::ingest::feed::FeedStats;
 use crate::ingest::{ListenerStats, ReplayStats};
 use crate::registry::Snapshot;
-use crate::service::{App, RecoveryStats};
 use crate::types::Tier;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -161,7 +161,7 @@ pub struct ShardStats {
     pub heap_bytes: u64,
     pub http: HttpStats,
     /// The slot trackers this shard owns.
-    pub slots: crate::slots::SlotStats,
+    pub slots: crate::slot_tracker::SlotStats,
 }
 
 type Labels = Vec<(String, String)>;
@@ -441,7 +441,7 @@ fn access_log(g: &mut Gathered, app: &App) {
 /// the ranks are few enough (`--slot-metrics-max-ranks`); its expiries and
 /// refusals.
 fn slot_families(g: &mut Gathered, shards: &[ShardStats]) {
-    type Of = fn(&crate::slots::RankLoad) -> usize;
+    type Of = fn(&crate::slot_tracker::RankLoad) -> usize;
     // (per rank, per tracker, help of each, figure)
     let families: [(&str, &str, &str, &str, Of); 3] = [
         (
@@ -512,8 +512,8 @@ fn slot_families(g: &mut Gathered, shards: &[ShardStats]) {
             gauge(t.ranks),
         );
     }
-    let refused = stats().fold(crate::slots::Refused::default(), |a, s| {
-        crate::slots::Refused {
+    let refused = stats().fold(crate::slot_tracker::Refused::default(), |a, s| {
+        crate::slot_tracker::Refused {
             booking_blocks: a.booking_blocks + s.refused.booking_blocks,
             rank_blocks: a.rank_blocks + s.refused.rank_blocks,
             bookings: a.bookings + s.refused.bookings,
@@ -585,7 +585,7 @@ fn guards(g: &mut Gathered, app: &App) {
         MetricType::Counter,
     );
     let failures = &app.recovery_stats().peer_dump_failures;
-    for (reason, n) in crate::service::PEER_DUMP_FAILURES.iter().zip(failures) {
+    for (reason, n) in crate::app::PEER_DUMP_FAILURES.iter().zip(failures) {
         f.with(
             &[("reason", (*reason).into())],
             Value::Counter(n.load(Ordering::Relaxed)),

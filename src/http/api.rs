@@ -12,12 +12,12 @@ use super::scope::{
     resolve, resolve_named, tenant,
 };
 use super::token_ids;
+use crate::app::{ControlError, registration};
 use crate::hash;
 use crate::mesh::ShardMesh;
 use crate::prompt::{self, PromptError, Prompts, Text};
 use crate::query::{self, PromptBlocks, gather};
 use crate::registry::{Endpoint, IndexInfo, ListenerOpts, MAX_NAME_BYTES};
-use crate::service::{ControlError, registration};
 use crate::types::{BlockHash, InstanceId, SeqHash, WorkerSlot};
 use hyper::StatusCode;
 use serde::Deserialize;
@@ -163,7 +163,7 @@ struct ConductorRegisterReq {
 /// Run a control call (it waits on an ingest thread) off the executor.
 async fn control<M: ShardMesh, R: Send + 'static>(
     mesh: &M,
-    f: impl FnOnce(&crate::service::Control) -> R + Send + 'static,
+    f: impl FnOnce(&crate::app::Control) -> R + Send + 'static,
 ) -> R {
     let app = mesh.app().clone();
     mesh.offload(move || f(app.control())).await
@@ -423,7 +423,7 @@ async fn score<M: ShardMesh>(
     mesh: &M,
     t: &Target,
     prompt: PromptBlocks,
-    loads: Option<crate::slots::SlotReq>,
+    loads: Option<crate::slot_tracker::SlotReq>,
 ) -> Result<Reply, ApiError> {
     let ix = &t.ix;
     let lookup = mesh.lookup(ix.id, ix.slots.len(), Arc::new(prompt));
@@ -432,7 +432,7 @@ async fn score<M: ShardMesh>(
         None => (lookup.await?, None),
         Some(call) => {
             let (replies, loads) =
-                futures_lite::future::zip(lookup, super::slots::potential(mesh, call)).await;
+                futures_lite::future::zip(lookup, super::slot_tracker::potential(mesh, call)).await;
             (replies?, Some(loads?))
         }
     };
@@ -456,7 +456,7 @@ async fn score<M: ShardMesh>(
         }
     };
     let body = match loads {
-        Some(l) => super::slots::append_loads(body, &l),
+        Some(l) => super::slot_tracker::append_loads(body, &l),
         None => body,
     };
     Ok(json::bytes(StatusCode::OK, body))
@@ -508,7 +508,7 @@ struct QueryReq {
     #[serde(flatten)]
     scope: Scope,
     #[serde(flatten)]
-    ask: super::slots::LoadsAsk,
+    ask: super::slot_tracker::LoadsAsk,
 }
 
 /// A `/query` body: the token ids by the fast path when it applies (see
@@ -647,7 +647,7 @@ struct QueryByHashReq {
     #[serde(flatten)]
     scope: Scope,
     #[serde(flatten)]
-    ask: super::slots::LoadsAsk,
+    ask: super::slot_tracker::LoadsAsk,
 }
 
 pub async fn query_by_hash<M: ShardMesh>(

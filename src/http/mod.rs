@@ -16,7 +16,7 @@ pub mod json;
 pub mod peers;
 pub mod routes;
 pub mod scope;
-pub mod slots;
+pub mod slot_tracker;
 pub mod speculate;
 pub mod tiered;
 pub mod token_ids;

@@ -69,7 +69,7 @@ pub enum DumpError {
 }
 
 impl DumpError {
-    /// A short label of the cause, one of [`crate::service::PEER_DUMP_FAILURES`].
+    /// A short label of the cause, one of [`crate::app::PEER_DUMP_FAILURES`].
     pub fn reason(&self) -> &'static str {
         match self {
             DumpError::Unreachable(_) => "unreachable",

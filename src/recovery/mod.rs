@@ -13,12 +13,12 @@ pub mod snapshot;
 pub mod workers;
 
 use crate::access::Token;
+use crate::app::{Control, ControlError, RecoveryStats, registration};
 use crate::ingest::SeedOutcome;
 use crate::ingest::feed::{SeedBlock, SeedGroups};
 use crate::lifecycle::Lifecycle;
 use crate::registry::{Endpoint, InstanceKey};
 use crate::ring::Rings;
-use crate::service::{Control, ControlError, RecoveryStats, registration};
 use crate::types::DpRank;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;

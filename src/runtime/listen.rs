@@ -91,7 +91,7 @@ impl RateLog {
 pub(super) enum Serve {
     /// The indexer's API on `--port` (`ServeOptions::addr`).
     Main,
-    /// The slot tracker's API ([`http::slots`]) on this address.
+    /// The slot tracker's API ([`http::slot_tracker`]) on this address.
     Slots(SocketAddr),
 }
 
@@ -178,7 +178,9 @@ pub(super) async fn accept_loop(
                 async move {
                     Ok::<_, std::convert::Infallible>(match serve {
                         Serve::Main => http::handle(&*core, &http_opts, req).await,
-                        Serve::Slots(_) => http::slots::handle(&*core, &http_opts, req).await,
+                        Serve::Slots(_) => {
+                            http::slot_tracker::handle(&*core, &http_opts, req).await
+                        }
                     })
                 }
             });

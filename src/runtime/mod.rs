@@ -17,17 +17,17 @@ pub mod slice;
 
 pub use listen::{PortGuard, claim_port};
 
+use crate::app::App;
 use crate::http;
 use crate::lifecycle::Phase;
 use crate::mesh::{ShardMesh, ShardUnavailable};
 use crate::metrics::{HttpStats, ShardStats};
 use crate::query::{self, PromptBlocks, ShardReply};
-use crate::service::App;
 use crate::shard::tree::SlotGroups;
 use crate::shard::{
     ChainAt, DumpedBlock, ExportAt, PredictRefused, PredictStep, PruneBound, Shard, ShardExport,
 };
-use crate::slots::{SlotRep, SlotReq, SlotShard};
+use crate::slot_tracker::{SlotRep, SlotReq, SlotShard};
 use crate::types::{EngineHash, IndexId, ShardId, WorkerSlot};
 use glommio::channels::channel_mesh::{MeshBuilder, Senders};
 use glommio::channels::local_channel::{self, LocalSender};
@@ -115,9 +115,9 @@ pub struct ServeOptions {
     /// How long a booked request that is never freed is tracked.
     pub slot_ttl: Duration,
     /// What the slot trackers may hold and how `/metrics` reports them.
-    pub slot_limits: crate::slots::SlotLimits,
+    pub slot_limits: crate::slot_tracker::SlotLimits,
     /// The slot tracker's links to its replicas (`--slot-sync-*`), if any.
-    pub slot_links: Option<Arc<crate::slots::sync::Links>>,
+    pub slot_links: Option<Arc<crate::slot_tracker::sync::Links>>,
 }
 
 /// Per-executor context: this core's shard and its link to the others.
@@ -127,7 +127,7 @@ pub struct Core {
     app: Arc<App>,
     shard: RefCell<Shard>,
     /// The slot trackers this core owns; only this core's executor touches them.
-    slots: RefCell<SlotShard>,
+    slot_tracker: RefCell<SlotShard>,
     mesh: Senders<Msg>,
     pending: RefCell<HashMap<u64, LocalSender<Rep>>>,
     next_qid: Cell<u64>,
@@ -161,11 +161,11 @@ impl Core {
                     engine_map_bytes: shard.engine_map_bytes() as u64,
                     heap_bytes: shard.heap_bytes() as u64,
                     http: self.http_stats.borrow().clone(),
-                    slots: self.slots.borrow_mut().stats(Instant::now()),
+                    slots: self.slot_tracker.borrow_mut().stats(Instant::now()),
                 }))
             }
             Req::Slots(req) => Rep::Slots(Box::new(
-                self.slots.borrow_mut().answer(*req, Instant::now()),
+                self.slot_tracker.borrow_mut().answer(*req, Instant::now()),
             )),
             Req::Lookup { index, prompt } => Rep::Lookup(query::answer(
                 &mut self.shard.borrow_mut(),
@@ -389,7 +389,7 @@ impl ShardMesh for Core {
         Ok(out)
     }
 
-    async fn slots(&self, req: SlotReq) -> Result<Vec<SlotRep>, ShardUnavailable> {
+    async fn slot_tracker(&self, req: SlotReq) -> Result<Vec<SlotRep>, ShardUnavailable> {
         let owner = req.key().map(|k| k.owner(self.shards));
         let mut req = Some(req);
         let reqs = (0..self.shards)
@@ -507,17 +507,17 @@ fn drain_pass(core: &Core, shard: &mut Shard) -> usize {
 /// Steps other slot-tracker replicas took on this core's trackers, at most
 /// [`PASS_STEP_OPS`] a pass; how many.
 fn take_replica_steps(core: &Core) -> usize {
-    let Some(links) = core.slots.borrow().links() else {
+    let Some(links) = core.slot_tracker.borrow().links() else {
         return 0;
     };
-    let mut slots = core.slots.borrow_mut();
+    let mut slots = core.slot_tracker.borrow_mut();
     let now = Instant::now();
     let mut n = 0;
     while n < PASS_STEP_OPS {
         let Some(e) = links.next_for(core.id) else {
             break;
         };
-        slots.answer(crate::slots::sync::call(e), now);
+        slots.answer(crate::slot_tracker::sync::call(e), now);
         n += 1;
     }
     n
@@ -568,7 +568,7 @@ async fn drain_loop(core: Rc<Core>) {
             let clearing = shard.step_clears()
                 | shard.step_budget()
                 | shard.expire(crate::shard::predict::now_tick())
-                | core.slots.borrow_mut().step(Instant::now());
+                | core.slot_tracker.borrow_mut().step(Instant::now());
             shard.sync_budget();
             (n, clearing, shard.evicted)
         };
@@ -774,7 +774,7 @@ pub fn serve(app: Arc<App>, opts: ServeOptions) -> std::io::Result<()> {
                     shards,
                     app,
                     shard: RefCell::new(shard),
-                    slots: RefCell::new(SlotShard::new(
+                    slot_tracker: RefCell::new(SlotShard::new(
                         opts.slot_ttl,
                         opts.slot_limits,
                         opts.slot_links.clone(),

@@ -2,7 +2,7 @@
 //! 1.6.1's standalone slot tracker answers it: the same routes, bodies, status
 //! codes and JSON, the same wording of errors, including axum's for bodies it
 //! cannot take (415 without a JSON content type, 400 for bad JSON, 422 for the
-//! wrong shape). The rules live in [`crate::slots`]; this module parses, sends
+//! wrong shape). The rules live in [`crate::slot_tracker`]; this module parses, sends
 //! the call to the shard that owns the tracker ([`ShardMesh::slots`]) and
 //! renders. Never touches tracker state itself and never blocks the executor.
 
@@ -10,7 +10,7 @@ use super::error::ApiError;
 use super::{Options, Reply, json};
 use crate::access::Need;
 use crate::mesh::ShardMesh;
-use crate::slots::{
+use crate::slot_tracker::{
     Filter, LoadInfo, PotentialLoad, Rank, SlotError, SlotRep, SlotReq, TrackerKey, WorkerInfo,
 };
 use crate::types::SeqHash;
@@ -301,7 +301,7 @@ async fn serve<M: ShardMesh>(
                 _ => Vec::new(),
             });
             let mut all: Vec<WorkerInfo> = all.await?;
-            crate::slots::sort_workers(&mut all);
+            crate::slot_tracker::sort_workers(&mut all);
             Ok(list(&all))
         }
         Route::Loads => {
@@ -310,7 +310,7 @@ async fn serve<M: ShardMesh>(
                 _ => Vec::new(),
             });
             let mut all: Vec<LoadInfo> = all.await?;
-            crate::slots::sort_loads(&mut all);
+            crate::slot_tracker::sort_loads(&mut all);
             Ok(list(&all))
         }
         Route::Post(post) => post_call(mesh, opts, post, req).await,
@@ -323,7 +323,12 @@ async fn every_shard<M: ShardMesh, T>(
     req: SlotReq,
     part: impl Fn(SlotRep) -> Vec<T>,
 ) -> Result<Vec<T>, ApiError> {
-    Ok(mesh.slots(req).await?.into_iter().flat_map(part).collect())
+    Ok(mesh
+        .slot_tracker(req)
+        .await?
+        .into_iter()
+        .flat_map(part)
+        .collect())
 }
 
 async fn post_call<M: ShardMesh>(
@@ -355,7 +360,7 @@ async fn post_call<M: ShardMesh>(
         Err(Refused(status, msg)) => return Ok(error(status, msg)),
     };
     let created = matches!(route, Post::Register | Post::Add);
-    let rep = mesh.slots(call).await?.into_iter().next();
+    let rep = mesh.slot_tracker(call).await?.into_iter().next();
     Ok(match rep {
         Some(SlotRep::Done(Ok(()))) if created => json::ok(StatusCode::CREATED),
         Some(SlotRep::Done(Ok(()))) => json::ok(StatusCode::OK),
@@ -494,7 +499,7 @@ pub async fn potential<M: ShardMesh>(
     mesh: &M,
     call: SlotReq,
 ) -> Result<Vec<PotentialLoad>, crate::mesh::ShardUnavailable> {
-    Ok(match mesh.slots(call).await?.into_iter().next() {
+    Ok(match mesh.slot_tracker(call).await?.into_iter().next() {
         Some(SlotRep::Potential(Ok(p))) => p,
         _ => Vec::new(),
     })
