@@ -325,6 +325,8 @@ mod tests {
         assert!(matches!(refused, Some(PromptError::Busy { .. })));
         // Withdraw everything: what no worker took is never run.
         let submitted = waiting.len() as u64;
+        // On a loaded machine the one worker may finish a job while the queue fills.
+        let done_before = pool.stats().done.load(Ordering::Relaxed);
         drop(waiting);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         loop {
@@ -339,6 +341,7 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         assert!(pool.stats().dropped.load(Ordering::Relaxed) >= 1);
-        assert_eq!(pool.stats().done.load(Ordering::Relaxed), 0);
+        // After the withdrawal only the job in the worker's hands may still finish.
+        assert!(pool.stats().done.load(Ordering::Relaxed) - done_before <= 1);
     }
 }
