@@ -165,8 +165,10 @@ pub struct Server {
 }
 
 impl Server {
+    /// Start `kvix` on a port of its own choosing (`--port 0`, read from its log): no
+    /// port is picked here and handed over, so parallel tests never race for one.
     pub fn start(extra: &[&str]) -> Server {
-        Self::launch(extra, None, Some(free_port()))
+        Self::launch(extra, None, None)
     }
 
     /// Start `kvix` with an open-file limit (`ulimit -n`) and a port; `None` lets it
@@ -178,7 +180,7 @@ impl Server {
     /// Like [`Server::start`], but returns once every core serves, while startup
     /// recovery may still run (data routes answer 503 until it ends).
     pub fn start_recovering(extra: &[&str]) -> Server {
-        Self::launch_until(extra, None, Some(free_port()), false)
+        Self::launch_until(extra, None, None, false)
     }
 
     /// Start `kvix`; return once `/ready` answers 200 (`ready`), or once it is past
