@@ -11,6 +11,7 @@
 
 pub mod api;
 pub mod client;
+pub mod control;
 pub mod error;
 pub mod json;
 pub mod peers;
@@ -282,8 +283,8 @@ async fn dispatch<M: ShardMesh>(
         Route::Dump => api::dump(mesh).await,
         Route::Peers => peers::peers(mesh),
         Route::Metrics => metrics(mesh).await,
-        Route::Register => api::register(mesh, &opts.access, b, forced).await,
-        Route::Unregister => api::unregister(mesh, b, forced).await,
+        Route::Register => control::register(mesh, &opts.access, b, forced).await,
+        Route::Unregister => control::unregister(mesh, b, forced).await,
         Route::Query => api::query(mesh, &b, forced, client).await,
         Route::QueryByHash => api::query_by_hash(mesh, &b, forced).await,
         Route::QueryTieredByHash => tiered::query_tiered_by_hash(mesh, &b).await,
