@@ -6,6 +6,9 @@
 //! over the mesh, adds the ingest threads' counters, and encodes the lot with
 //! `prometheus-client` through a one-shot collector.
 
+mod dynamo;
+mod slot_tracker;
+
 use crate::app::{App, RecoveryStats};
 use crate::ingest::feed::FeedStats;
 use crate::ingest::{ListenerStats, ReplayStats};
@@ -298,125 +301,15 @@ pub fn render(app: &App, shards: &[ShardStats]) -> String {
     http.query_latency(&mut g);
     guards(&mut g, app);
     access_log(&mut g, app);
-    slot_families(&mut g, shards);
-    listener_family(&mut g, &snap);
-    let dynamo = (!snap.live_indexes().is_empty()).then(|| dynamo_event_families(&scrape));
+    slot_tracker::slot_families(&mut g, shards);
+    dynamo::listener_family(&mut g, &snap);
+    let dynamo = (!snap.live_indexes().is_empty()).then(|| dynamo::dynamo_event_families(&scrape));
     let mut out = encode(g);
     if let Some(text) = dynamo {
         // Before the trailing `# EOF` that the encoder ends with.
         let at = out.rfind("# EOF").unwrap_or(out.len());
         out.insert_str(at, &text);
     }
-    out
-}
-
-/// Dynamo's listener gauge: one series per status, always all four. Every
-/// registered (instance, dp rank) and every bound pod's rank is a subscribed stream
-/// kvix keeps reading (it reconnects a dropped one itself), so all are `active`.
-fn listener_family(g: &mut Gathered, snap: &Snapshot) {
-    let active: usize = snap
-        .live_indexes()
-        .iter()
-        .flat_map(|ix| ix.endpoints.values())
-        .map(|by_dp| by_dp.len())
-        .sum();
-    let f = g.add(
-        "dynamo_kvindexer_listeners",
-        "Number of ZMQ listeners by status",
-        MetricType::Gauge,
-    );
-    for (status, n) in [
-        ("active", active),
-        ("failed", 0),
-        ("paused", 0),
-        ("pending", 0),
-    ] {
-        f.with(&[("status", status.into())], Value::Gauge(n as i64));
-    }
-}
-
-/// Statuses of Dynamo's `kv_cache_events_applied`, in its order.
-const DYNAMO_EVENT_STATUSES: [&str; 9] = [
-    "ok",
-    "parent_block_not_found",
-    "block_not_found",
-    "invalid_block",
-    "capacity_exhausted",
-    "allocation_failed",
-    "ownership_degree_overflow",
-    "indexer_invariant_violation",
-    "unsupported_residency_domain",
-];
-
-/// Dynamo's event families, named and shaped as its indexer writes them (Prometheus
-/// text 0.0.4, counters without a `_total` suffix added, every label value present
-/// from the first index on), read from kvix's own counters:
-/// - `kv_cache_events_applied{event_type, status}`: stores, removals and clears that
-///   reached a worker; a store whose parent the worker does not name is
-///   `parent_block_not_found`, the rest `ok` (as Dynamo's default concurrent tree
-///   counts a removal of unknown blocks `ok`);
-/// - `kv_cache_event_warnings{warning_kind="duplicate_store"}`: stores that changed
-///   nothing, the worker held every block already;
-/// - `ckf_mutation_total{outcome}`: block-level outcomes; `unknown_remove` counts
-///   removals of blocks their worker does not hold, `capacity_exhausted` stays 0
-///   (`--max-blocks` evicts instead of refusing).
-///
-/// Written by hand because the encoder adds `_total` to every counter.
-fn dynamo_event_families(s: &Scrape) -> String {
-    use std::fmt::Write;
-    let stored = s.feed(|f| &f.stored_events);
-    let orphan = s.shards(|x| x.unknown_parent);
-    let applied = |kind: &str, status: &str| -> u64 {
-        match (kind, status) {
-            ("stored", "ok") => stored.saturating_sub(orphan),
-            ("stored", "parent_block_not_found") => orphan.min(stored),
-            ("removed", "ok") => s.feed(|f| &f.removed_events),
-            ("cleared", "ok") => s.feed(|f| &f.cleared_events),
-            _ => 0,
-        }
-    };
-    let mut out = String::new();
-    let mut family = |name: &str, help: &str, rows: &[(String, u64)]| {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-        for (labels, n) in rows {
-            let _ = writeln!(out, "{name}{{{labels}}} {n}");
-        }
-    };
-    let mut rows = Vec::new();
-    for kind in ["cleared", "removed", "stored"] {
-        let mut statuses = DYNAMO_EVENT_STATUSES;
-        statuses.sort_unstable();
-        for status in statuses {
-            rows.push((
-                format!("event_type=\"{kind}\",status=\"{status}\""),
-                applied(kind, status),
-            ));
-        }
-    }
-    family(
-        "dynamo_kvrouter_kv_cache_events_applied",
-        "Total number of KV cache events applied to index",
-        &rows,
-    );
-    family(
-        "dynamo_kvrouter_kv_cache_event_warnings",
-        "Total number of suspicious KV cache events seen by the router indexer",
-        &[(
-            "warning_kind=\"duplicate_store\"".into(),
-            s.shards(|x| x.duplicate_stores),
-        )],
-    );
-    family(
-        "dynamo_kvrouter_ckf_mutation_total",
-        "Total number of CKF block-level mutation outcomes",
-        &[
-            ("outcome=\"capacity_exhausted\"".into(), 0),
-            (
-                "outcome=\"unknown_remove\"".into(),
-                s.shards(|x| x.unknown_removed),
-            ),
-        ],
-    );
     out
 }
 
@@ -435,130 +328,6 @@ fn access_log(g: &mut Gathered, app: &App) {
         MetricType::Counter,
     )
     .with(&[], Value::Counter(dropped));
-}
-
-/// The slot tracker's requests and blocks per tracker, and per worker rank while
-/// the ranks are few enough (`--slot-metrics-max-ranks`); its expiries and
-/// refusals.
-fn slot_families(g: &mut Gathered, shards: &[ShardStats]) {
-    type Of = fn(&crate::slot_tracker::RankLoad) -> usize;
-    // (per rank, per tracker, help of each, figure)
-    let families: [(&str, &str, &str, &str, Of); 3] = [
-        (
-            "kvix_slot_active_requests",
-            "kvix_slot_tracker_active_requests",
-            "Requests booked on the slot tracker (/add, not yet freed), per worker rank; none above --slot-metrics-max-ranks ranks",
-            "Requests booked on the slot tracker (/add, not yet freed), per tracker",
-            |l| l.active_requests,
-        ),
-        (
-            "kvix_slot_active_blocks",
-            "kvix_slot_tracker_active_blocks",
-            "Decode blocks of the slot tracker's booked requests (shared prefix blocks once), per worker rank; none above --slot-metrics-max-ranks ranks",
-            "Decode blocks of the slot tracker's booked requests (shared prefix blocks once per rank), per tracker",
-            |l| l.active_decode_blocks,
-        ),
-        (
-            "kvix_slot_prefill_tokens",
-            "kvix_slot_tracker_prefill_tokens",
-            "Prompt tokens of booked requests whose prefill is not complete, per worker rank; none above --slot-metrics-max-ranks ranks",
-            "Prompt tokens of booked requests whose prefill is not complete, per tracker",
-            |l| l.active_prefill_tokens,
-        ),
-    ];
-    let stats = || shards.iter().map(|s| &s.slots);
-    let ranks: usize = stats().flat_map(|s| &s.trackers).map(|t| t.ranks).sum();
-    let limit = stats().map(|s| s.metrics_max_ranks).min().unwrap_or(0);
-    // A shard over the limit sent no ranks: all of them or none.
-    let per_rank = ranks <= limit;
-    let gauge = |n: usize| Value::Gauge(i64::try_from(n).unwrap_or(i64::MAX));
-    for (name, by_tracker, help, tracker_help, of) in families {
-        let f = g.add(name, help, MetricType::Gauge);
-        if per_rank {
-            for r in stats().flat_map(|s| &s.ranks) {
-                f.with(
-                    &[
-                        ("model", r.key.model_name.clone()),
-                        ("routing_group", r.key.routing_group.clone()),
-                        ("worker_id", r.rank.worker_id.to_string()),
-                        ("dp_rank", r.rank.dp_rank.to_string()),
-                    ],
-                    gauge(of(&r.load)),
-                );
-            }
-        }
-        let f = g.add(by_tracker, tracker_help, MetricType::Gauge);
-        for t in stats().flat_map(|s| &s.trackers) {
-            f.with(
-                &[
-                    ("model", t.key.model_name.clone()),
-                    ("routing_group", t.key.routing_group.clone()),
-                ],
-                gauge(of(&t.load)),
-            );
-        }
-    }
-    let f = g.add(
-        "kvix_slot_tracker_ranks",
-        "Worker ranks registered on the slot tracker, per tracker",
-        MetricType::Gauge,
-    );
-    for t in stats().flat_map(|s| &s.trackers) {
-        f.with(
-            &[
-                ("model", t.key.model_name.clone()),
-                ("routing_group", t.key.routing_group.clone()),
-            ],
-            gauge(t.ranks),
-        );
-    }
-    let refused = stats().fold(crate::slot_tracker::Refused::default(), |a, s| {
-        crate::slot_tracker::Refused {
-            booking_blocks: a.booking_blocks + s.refused.booking_blocks,
-            rank_blocks: a.rank_blocks + s.refused.rank_blocks,
-            bookings: a.bookings + s.refused.bookings,
-            tracker_blocks: a.tracker_blocks + s.refused.tracker_blocks,
-        }
-    });
-    let bodies: u64 = shards.iter().map(|s| s.http.slot_bodies_refused).sum();
-    let f = g.add(
-        "kvix_slot_refused",
-        "Slot-tracker calls refused by a bound, by reason: body (over --slot-max-body-bytes, 413), booking_blocks (over --slot-max-booking-blocks, 413), rank_blocks (over --slot-max-rank-blocks, 429), bookings (over --slot-max-bookings, 429), tracker_blocks (over --slot-max-tracker-blocks, 429)",
-        MetricType::Counter,
-    );
-    for (reason, n) in [
-        ("body", bodies),
-        ("booking_blocks", refused.booking_blocks),
-        ("rank_blocks", refused.rank_blocks),
-        ("bookings", refused.bookings),
-        ("tracker_blocks", refused.tracker_blocks),
-    ] {
-        f.with(&[("reason", reason.into())], Value::Counter(n));
-    }
-    g.add(
-        "kvix_slot_requests_expired",
-        "Slot-tracker requests never freed and dropped after --slot-request-ttl-secs",
-        MetricType::Counter,
-    )
-    .with(
-        &[],
-        Value::Counter(shards.iter().map(|s| s.slots.expired).sum()),
-    );
-    if let Some(c) = shards.iter().find_map(|s| s.slots.sync) {
-        let f = g.add(
-            "kvix_slot_sync_events",
-            "Slot-tracker steps shared with replicas (--slot-sync-*), by outcome: published, dropped_out (publisher queue full or send failed), received (from peers, handed to a shard), dropped_in (undecodable, or a shard's queue full)",
-            MetricType::Counter,
-        );
-        for (outcome, n) in [
-            ("published", c.published),
-            ("dropped_out", c.dropped_out),
-            ("received", c.received),
-            ("dropped_in", c.dropped_in),
-        ] {
-            f.with(&[("outcome", outcome.into())], Value::Counter(n));
-        }
-    }
 }
 
 /// What the guards against costly requests did: the tokenizing pool and the peer
