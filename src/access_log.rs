@@ -73,7 +73,7 @@ pub struct AccessLog {
     held: AtomicUsize,
     written: AtomicU64,
     dropped: AtomicU64,
-    file: Mutex<std::io::BufWriter<std::fs::File>>,
+    file: Mutex<std::fs::File>,
     writer: OnceLock<std::thread::Thread>,
     /// Joined at shutdown, so that every queued line is written before the process ends.
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -111,12 +111,12 @@ struct Line<'a> {
     duration_ms: f64,
 }
 
-fn open(path: &Path) -> std::io::Result<std::io::BufWriter<std::fs::File>> {
-    let f = std::fs::OpenOptions::new()
+/// The file, appended to. Unbuffered: the writer hands it whole batches.
+fn open(path: &Path) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(path)?;
-    Ok(std::io::BufWriter::with_capacity(64 * 1024, f))
+        .open(path)
 }
 
 impl AccessLog {
@@ -187,7 +187,6 @@ impl AccessLog {
     /// off the executors.
     pub fn reopen(&self) -> Result<(), String> {
         let mut f = self.file.lock().unwrap_or_else(|p| p.into_inner());
-        let _ = f.flush();
         *f = open(&self.settings.path)
             .map_err(|e| format!("cannot reopen {}: {e}", self.settings.path.display()))?;
         Ok(())
@@ -232,12 +231,11 @@ impl AccessLog {
 
     /// Write `text` (its `lines` lines) and count them written, or dropped when the
     /// write fails (a full or failing disk): lost lines are never counted written.
-    /// `text` is a batch already, so it goes to the file itself, past the buffer:
-    /// nothing of a failed write stays behind to be written (and counted) later.
+    /// The file has no buffer of its own, so nothing of a failed write stays
+    /// behind to be written (and counted) later.
     fn write(&self, text: &mut Vec<u8>, lines: u64) {
         let mut f = self.file.lock().unwrap_or_else(|p| p.into_inner());
-        let r = f.flush().and_then(|()| f.get_mut().write_all(text));
-        match r {
+        match f.write_all(text) {
             Ok(()) => self.written.fetch_add(lines, Ordering::Relaxed),
             Err(e) => {
                 crate::warn_throttled!(

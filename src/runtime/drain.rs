@@ -147,7 +147,7 @@ pub(super) async fn drain_loop(core: Rc<Core>) {
             let clearing = shard.step_clears()
                 | shard.step_budget()
                 | shard.expire(crate::shard::predict::now_tick())
-                | core.slot_tracker.borrow_mut().step(Instant::now());
+                | core.slot_tracker.borrow_mut().step_if_any();
             shard.sync_budget();
             (n, clearing, shard.evicted)
         };

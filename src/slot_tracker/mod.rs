@@ -617,6 +617,12 @@ impl SlotShard {
         out
     }
 
+    /// [`Self::step`] now, when there is a tracker to step (the drain loop calls it
+    /// every pass; without trackers it reads no clock).
+    pub fn step_if_any(&mut self) -> bool {
+        !self.trackers.is_empty() && self.step(Instant::now())
+    }
+
     /// One bounded step (about [`STEP_BLOCKS`] blocks and bookings) of giving
     /// back freed blocks and of expiring the requests older than the TTL, oldest
     /// first; whether work is left for another step.
