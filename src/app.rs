@@ -27,7 +27,7 @@ pub enum ControlError {
     #[error(transparent)]
     Registry(#[from] RegistryError),
     #[error("cannot listen: {0}")]
-    Listen(String),
+    Listen(#[from] crate::ingest::ListenError),
 }
 
 /// Where and how often to write local snapshots (`--snapshot-path`).
@@ -41,6 +41,8 @@ pub struct SnapshotConfig {
 /// What the service is built from (the validated command line).
 #[derive(Clone, Debug)]
 pub struct Config {
+    /// How the open-file limit is shared between HTTP and engines.
+    pub descriptors: crate::descriptors::Descriptors,
     /// Executors, one shard each.
     pub shards: usize,
     /// The most shards one index's slots spread over (`--shards-per-index`).
@@ -109,7 +111,15 @@ impl Speculation {
 
 impl Config {
     pub fn new(shards: usize) -> Self {
+        let descriptors = crate::descriptors::Descriptors::plan(
+            crate::descriptors::raise_open_file_limit(),
+            shards,
+            shards,
+            0,
+            0,
+        );
         Config {
+            descriptors,
             shards,
             shards_per_index: shards,
             ingest_threads: shards,
@@ -117,7 +127,10 @@ impl Config {
             snapshot: None,
             event_limits: EventLimits::default(),
             hybrid: Vec::new(),
-            sockets: SocketOptions::default(),
+            sockets: SocketOptions {
+                max_engines: descriptors.engines,
+                ..SocketOptions::default()
+            },
             prompts: Arc::default(),
             speculation: Speculation::default(),
             max_blocks: None,
@@ -178,7 +191,7 @@ pub struct App {
 
 impl App {
     /// Create the rings and start the ingest threads.
-    pub fn new(cfg: &Config) -> Arc<App> {
+    pub fn new(cfg: &Config) -> Result<Arc<App>, String> {
         let shards = cfg.shards.max(1);
         let registry =
             Arc::new(Registry::with_limits(cfg.event_limits).with_hybrid(cfg.hybrid.clone()));
@@ -187,8 +200,8 @@ impl App {
             Partition::new(shards, cfg.shards_per_index),
             cfg.ring_capacity.max(16),
         );
-        let ingest = Ingest::start(rings.clone(), registry.clone(), cfg.sockets);
-        Arc::new(App {
+        let ingest = Ingest::start(rings.clone(), registry.clone(), cfg.sockets)?;
+        Ok(Arc::new(App {
             control: Control {
                 registry,
                 ingest,
@@ -214,7 +227,7 @@ impl App {
             })
             .expect("spawn tokenizing threads"),
             access_log: cfg.access_log.clone(),
-        })
+        }))
     }
 
     /// The access log, when `--access-log` names one.

@@ -81,9 +81,13 @@ pub struct Args {
     #[arg(long, env = "KVIX_ADOPT_WORKERS", default_value_t = true, action = clap::ArgAction::Set)]
     pub adopt_workers: bool,
     /// Open HTTP connections per core; beyond it new connections wait in the kernel's
-    /// backlog. 0: derived from the open-file limit (RLIMIT_NOFILE)
+    /// backlog. 0: an eighth of the open-file limit (RLIMIT_NOFILE), shared by the cores
     #[arg(long, env = "KVIX_MAX_CONNECTIONS", default_value_t = 0)]
     pub max_connections: usize,
+    /// Engines `/register` accepts in connect mode; past it, 503. 0: what the
+    /// open-file limit leaves after HTTP, at two descriptors an engine
+    #[arg(long, env = "KVIX_MAX_ENGINES", default_value_t = 0)]
+    pub max_engines: usize,
     /// Milliseconds a connection may take, from when it waits for a request (accepted
     /// or its previous response sent), to send that request's headers: bounds slow
     /// headers and idle keep-alive connections
@@ -103,9 +107,9 @@ pub struct Args {
     /// under overload; drops surface as sequence gaps, counted and replayed)
     #[arg(long, env = "KVIX_ZMQ_RCVHWM", default_value_t = 10_000)]
     pub zmq_rcvhwm: i32,
-    /// Largest ZMQ message part accepted from an engine, in bytes (`ZMQ_MAXMSGSIZE`
-    /// on every SUB and replay socket); a larger one drops that connection, which
-    /// reconnects, and the frames lost meanwhile count as a sequence gap
+    /// Largest ZMQ message part accepted from an engine, in bytes: a registered
+    /// engine's larger frame is skipped and counted as malformed; on a bound or
+    /// replay socket libzmq drops that connection (`ZMQ_MAXMSGSIZE`)
     #[arg(long, env = "KVIX_ZMQ_MAX_MSG_BYTES", default_value_t = crate::ingest::DEFAULT_MAX_MSG_BYTES)]
     pub zmq_max_msg_bytes: u64,
     /// File holding the bearer token (trimmed) that `/register`, `/unregister`,

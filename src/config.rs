@@ -6,6 +6,7 @@
 
 use crate::app::{Config, SnapshotConfig};
 use crate::cli::Args;
+use crate::descriptors::{Descriptors, raise_open_file_limit};
 use crate::runtime::ServeOptions;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -24,23 +25,6 @@ pub fn clamp<T: PartialOrd + Copy + std::fmt::Display>(flag: &str, v: T, lo: T, 
         tracing::warn!("--{flag} {v} is outside [{lo}, {hi}]; using {c}");
     }
     c
-}
-
-/// Connections per core when `--max-connections` is 0: the open-file limit, less a
-/// reserve for ZMQ sockets, io_uring and logs, shared by the cores.
-fn default_max_connections(cores: usize) -> usize {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes only the struct we pass.
-    let nofile = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
-        lim.rlim_cur.min(1 << 20) as usize
-    } else {
-        1024
-    };
-    let reserve = (nofile / 2).min(256);
-    ((nofile - reserve) / cores.max(1)).max(1)
 }
 
 /// Tokens and the endpoint allow list, read once at start.
@@ -176,6 +160,18 @@ pub fn config(
         0 => shards,
         n => clamp("ingest-threads", n, 1, (4 * cores).min(64)),
     };
+    let descriptors = Descriptors::plan(
+        raise_open_file_limit(),
+        shards,
+        ingest_threads,
+        // Each connection holds a descriptor: beyond a million per core the open-file
+        // limit refuses them anyway.
+        match args.max_connections {
+            0 => 0,
+            n => clamp("max-connections", n, 1, 1 << 20),
+        },
+        args.max_engines,
+    );
     if !args.router_prune_target_ratio.is_finite() {
         return Err("--router-prune-target-ratio must be a number in [0, 1]".into());
     }
@@ -195,7 +191,9 @@ pub fn config(
             rcvhwm: clamp("zmq-rcvhwm", args.zmq_rcvhwm, 16, 10_000_000),
             // Below a few KiB no real batch fits; above 1 TiB is no limit at all.
             max_msg_bytes: clamp("zmq-max-msg-bytes", args.zmq_max_msg_bytes, 4096, 1 << 40) as i64,
+            max_engines: descriptors.engines,
         },
+        descriptors,
         prompts: Arc::new(prompts),
         speculation: speculation(args),
         // Each shard keeps at least one block, so fewer than one a shard cannot hold.
@@ -302,16 +300,11 @@ fn speculation(args: &Args) -> crate::app::Speculation {
 /// How the executors serve HTTP.
 pub fn serve_options(
     args: &Args,
-    shards: usize,
+    descriptors: &Descriptors,
     addr: SocketAddr,
     access: crate::access::Access,
 ) -> ServeOptions {
-    let max_connections = match args.max_connections {
-        0 => default_max_connections(shards),
-        // Each connection holds a file descriptor: beyond a million per core the
-        // open-file limit refuses them anyway.
-        n => clamp("max-connections", n, 1, 1 << 20),
-    };
+    let max_connections = descriptors.http_per_core;
     ServeOptions {
         addr,
         spin: Duration::from_micros(clamp("spin-us", args.spin_us, 0, 1_000_000)),

@@ -10,7 +10,8 @@
 //! - recovery: gap replay ([`ingest::replay`]), peer `/dump` bootstrap and local
 //!   snapshots ([`recovery`]) feed the same rings; [`metrics`] renders `/metrics`.
 //!
-//! [`registry`] holds the control plane (models, tenants, workers); [`runtime`] is the
+//! [`registry`] holds the control plane (models, tenants, workers); [`descriptors`]
+//! shares the open-file limit between HTTP and engines; [`runtime`] is the
 //! only module that knows glommio.
 
 #![warn(clippy::undocumented_unsafe_blocks)]
@@ -20,6 +21,7 @@ pub mod access_log;
 pub mod app;
 pub mod cli;
 pub mod config;
+pub mod descriptors;
 pub mod hash;
 pub mod heap;
 pub mod http;

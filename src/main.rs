@@ -121,9 +121,9 @@ fn run(args: Args) -> Result<(), String> {
         None => None,
     };
     let cfg = config(&args, shards, cores, prompts)?;
-    let app = App::new(&cfg);
+    let app = App::new(&cfg)?;
     start(&args, &app, addr, workers, &access)?;
-    let mut opts = serve_options(&args, shards, addr, access);
+    let mut opts = serve_options(&args, &cfg.descriptors, addr, access);
     opts.slots_addr = slots.as_ref().map(|(a, _)| *a);
     opts.slot_links = slot_sync(&args, &app, addr, shards)?;
     tracing::info!(

@@ -11,7 +11,7 @@ mod common;
 
 use common::{Engine, Server, removed, stored};
 use serde_json::json;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
@@ -244,4 +244,150 @@ impl Load {
             }
         }
     }
+}
+
+/// Raise this process's soft open-file limit to its hard one; returns it.
+fn raise_nofile() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit read and write only the struct passed.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
+        lim.rlim_cur = lim.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+    }
+    lim.rlim_max
+}
+
+/// Wait until `p` has seen `n` subscriptions (kvix's SUB sockets connected).
+fn wait_subscribers(p: &common::Publisher, n: usize) {
+    p.sock.set_rcvtimeo(30_000).unwrap();
+    let mut seen = 0;
+    while seen < n {
+        let msg = p
+            .sock
+            .recv_bytes(0)
+            .unwrap_or_else(|e| panic!("{seen} of {n} subscribers within 30 s: {e}"));
+        if msg.first() == Some(&1u8) {
+            seen += 1;
+        }
+    }
+}
+
+/// `/register` body of engine `instance` at `endpoint`.
+fn engine(instance: usize, endpoint: &str) -> serde_json::Value {
+    json!({"instance_id": instance, "endpoint": endpoint, "model_name": "m", "block_size": 4})
+}
+
+#[test]
+fn three_thousand_engines_register_and_a_shared_prefix_scores_on_each() {
+    const PUBS: usize = 300;
+    const PER_PUB: usize = 10;
+    let hard = raise_nofile();
+    // kvix holds two descriptors an engine; this process about a dozen a publisher.
+    assert!(
+        hard >= 8_000,
+        "this test needs an open-file hard limit of 8,000 (ulimit -Hn), not {hard}"
+    );
+    let ctx = zmq::Context::new();
+    let s = Server::start(&["--threads", "2"]);
+    let pubs: Vec<common::Publisher> = (0..PUBS).map(|_| common::Publisher::bind(&ctx)).collect();
+    // Engines of one publisher all hear its frames: each holds what it publishes.
+    for (p, publisher) in pubs.iter().enumerate() {
+        for k in 0..PER_PUB {
+            s.post_ok(
+                "/register",
+                &engine(p * PER_PUB + k + 1, &publisher.endpoint),
+            );
+        }
+    }
+    for p in &pubs {
+        wait_subscribers(p, PER_PUB);
+    }
+    let workers = s.get_json("/workers");
+    assert_eq!(
+        workers.as_array().map(|w| w.len()),
+        Some(PUBS * PER_PUB),
+        "{workers}"
+    );
+    // A shared system prompt, then one block of each publisher's own.
+    for (p, publisher) in pubs.iter().enumerate() {
+        let own = 1000 + p as u64;
+        publisher.send_seq(0, &stored(&[1, 2], None, &(1..=8).collect::<Vec<_>>(), 4));
+        publisher.send_seq(1, &stored(&[own], Some(2), &[p as u32 + 100; 4], 4));
+    }
+    let every: serde_json::Map<String, serde_json::Value> = (1..=PUBS * PER_PUB)
+        .map(|i| (i.to_string(), json!({"0": 8})))
+        .collect();
+    s.wait_scores(
+        &json!({"model_name": "m", "token_ids": (1..=8).collect::<Vec<u32>>()}),
+        &serde_json::Value::Object(every),
+    );
+    // Past the shared prefix, each publisher's own block scores on its engines only.
+    let p = 7;
+    let mut tokens: Vec<u32> = (1..=8).collect();
+    tokens.extend([p as u32 + 100; 4]);
+    let v = s.post_ok("/query", &json!({"model_name": "m", "token_ids": tokens}));
+    let own: Vec<usize> = v["scores"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(_, d)| d["0"] == 12)
+        .map(|(i, _)| i.parse().unwrap())
+        .collect::<BTreeSet<usize>>()
+        .into_iter()
+        .collect();
+    assert_eq!(
+        own,
+        (p * PER_PUB + 1..=(p + 1) * PER_PUB).collect::<Vec<_>>()
+    );
+    assert_eq!(s.metric("kvix_engines", &[]), (PUBS * PER_PUB) as f64);
+}
+
+#[test]
+fn past_the_descriptor_budget_register_is_a_503_and_registered_engines_keep_indexing() {
+    let ctx = zmq::Context::new();
+    // A low open-file limit (soft and hard): kvix cannot raise it.
+    let s = Server::launch(&["--threads", "1"], Some(400), None);
+    let pubs: Vec<common::Publisher> = (0..40).map(|_| common::Publisher::bind(&ctx)).collect();
+    let mut registered = 0;
+    let refusal = loop {
+        assert!(registered < 1_000, "never refused");
+        let p = &pubs[registered % pubs.len()];
+        let (st, v) = s.post_json("/register", &engine(registered + 1, &p.endpoint));
+        if !(200..300).contains(&st) {
+            break (st, v);
+        }
+        registered += 1;
+    };
+    let (st, v) = refusal;
+    let msg = v["error"].as_str().unwrap_or_default().to_string();
+    assert_eq!(st, 503, "{v}");
+    assert!(msg.contains("LimitNOFILE"), "{msg}");
+    assert!(msg.contains(&format!("{registered} engines")), "{msg}");
+    assert_eq!(s.metric("kvix_engines_max", &[]), registered as f64);
+    let listed = s.get_json("/workers");
+    assert_eq!(listed.as_array().map(|w| w.len()), Some(registered));
+    // Every engine registered before the refusal still indexes: each publisher's
+    // engines all hold what it sends.
+    for (i, p) in pubs.iter().enumerate() {
+        wait_subscribers(
+            p,
+            registered / pubs.len() + usize::from(i < registered % pubs.len()),
+        );
+        p.send_seq(0, &stored(&[1], None, &[1, 2, 3, 4], 4));
+    }
+    let every: serde_json::Map<String, serde_json::Value> = (1..=registered)
+        .map(|i| (i.to_string(), json!({"0": 4})))
+        .collect();
+    let q = json!({"model_name": "m", "token_ids": [1, 2, 3, 4]});
+    s.wait_scores(&q, &serde_json::Value::Object(every));
+    // An unregistered engine gives its place back.
+    s.post_ok("/unregister", &json!({"instance_id": 1, "model_name": "m"}));
+    s.post_ok("/register", &engine(registered + 1, &pubs[0].endpoint));
+    let (st, _) = s.post_json("/register", &engine(registered + 2, &pubs[0].endpoint));
+    assert_eq!(st, 503);
+    assert_eq!(s.call("GET", "/health", None).0, 200);
 }

@@ -7,6 +7,7 @@ use super::error::{ApiError, parse};
 use super::json;
 use super::scope::{DEFAULT_TENANT, InstanceRef, Shape, known_instance, tenant};
 use crate::app::{ControlError, registration};
+use crate::ingest::ListenError;
 use crate::mesh::ShardMesh;
 use crate::registry::{Endpoint, ListenerOpts, MAX_NAME_BYTES};
 use hyper::StatusCode;
@@ -17,7 +18,9 @@ impl From<ControlError> for ApiError {
     fn from(e: ControlError) -> Self {
         match e {
             ControlError::Registry(r) => r.into(),
-            ControlError::Endpoint(m) | ControlError::Listen(m) => ApiError::BadRequest(m),
+            ControlError::Listen(e @ ListenError::Budget { .. }) => ApiError::NoRoom(e.to_string()),
+            ControlError::Endpoint(m) => ApiError::BadRequest(m),
+            ControlError::Listen(e) => ApiError::BadRequest(e.to_string()),
         }
     }
 }

@@ -32,6 +32,10 @@ pub enum ApiError {
     /// A configured cap is reached; the request may succeed once it is not.
     #[error("{0}")]
     AtCapacity(String),
+    /// What the process was given at start (descriptors) is spent: only an operator
+    /// can make room.
+    #[error("{0}")]
+    NoRoom(String),
     #[error("no route for {0}")]
     NoRoute(String),
     #[error("method not allowed")]
@@ -72,7 +76,9 @@ impl ApiError {
             ApiError::AtCapacity(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Method => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            ApiError::NotReady(_) | ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::NotReady(_) | ApiError::Unavailable(_) | ApiError::NoRoom(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ApiError::Timeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden { .. } => StatusCode::FORBIDDEN,

@@ -341,11 +341,12 @@ impl PodThreads {
 
 /// Bind a SUB socket to every topic at `endpoint`.
 pub(super) fn bind_socket(
-    ctx: &zmq::Context,
+    ctx: &super::Context,
     opts: super::SocketOptions,
     endpoint: &str,
 ) -> Result<zmq::Socket, String> {
-    let s = super::subscriber(ctx, opts).map_err(|e| e.to_string())?;
+    // Pods connect: a pod whose connection libzmq drops reconnects by itself.
+    let s = super::subscriber(ctx, opts, true).map_err(|e| e.to_string())?;
     s.bind(endpoint)
         .map_err(|e| format!("cannot bind {endpoint}: {e}"))?;
     Ok(s)

@@ -12,11 +12,52 @@ use crate::registry::{Endpoint, ListenerOpts, Registry};
 use crate::ring::{RingSink, Rings};
 use crate::types::{DpRank, IndexId, InstanceId, WorkerSlot};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
+
+/// Why a listener did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ListenError {
+    /// Every engine the open-file budget allows is listened to.
+    #[error(
+        "kvix already listens to {limit} engines, the most its open-file limit allows \
+         (two descriptors each, the rest kept for HTTP); raise LimitNOFILE= in the systemd \
+         unit (or `ulimit -n`) and restart kvix, or set --max-engines lower to keep this \
+         refusal early"
+    )]
+    Budget { limit: usize },
+    #[error("{0}")]
+    Socket(String),
+}
+
+/// Engines (registered listeners) the descriptor budget allows, and how many hold a
+/// place.
+struct EngineBudget {
+    limit: usize,
+    used: AtomicUsize,
+}
+
+impl EngineBudget {
+    /// Take a place; false when none is left.
+    fn take(&self) -> bool {
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.limit).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    fn give_back(&self, n: usize) {
+        let _ = self
+            .used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+                Some(u.saturating_sub(n))
+            });
+    }
+}
 
 /// Control messages to an ingest thread.
 pub enum Command {
@@ -36,7 +77,8 @@ pub enum Command {
         instance: InstanceId,
         dp: Option<DpRank>,
         also_clear: Vec<WorkerSlot>,
-        done: mpsc::Sender<()>,
+        /// Answered with the number of listeners stopped.
+        done: mpsc::Sender<usize>,
     },
     /// Seed one worker's feed from a dump or snapshot (see [`WorkerFeed::seed`]).
     Seed {
@@ -108,6 +150,7 @@ pub type ListenerStats = (IndexId, InstanceId, DpRank, Arc<FeedStats>);
 
 /// Handle to all ingest threads.
 pub struct Ingest {
+    budget: EngineBudget,
     /// Any thread may send without a lock (`mpsc::Sender` is `Sync`).
     senders: Vec<CommandTx<Command>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
@@ -124,8 +167,12 @@ pub struct Ingest {
 }
 
 impl Ingest {
-    pub fn start(rings: Arc<Rings>, registry: Arc<Registry>, sockets: SocketOptions) -> Arc<Self> {
-        let ctx = zmq::Context::new();
+    pub fn start(
+        rings: Arc<Rings>,
+        registry: Arc<Registry>,
+        sockets: SocketOptions,
+    ) -> Result<Arc<Self>, String> {
+        let ctx = super::Context::shared(sockets.max_engines)?;
         let mut senders = Vec::new();
         let mut threads = Vec::new();
         let paused = Arc::new(AtomicBool::new(false));
@@ -171,7 +218,11 @@ impl Ingest {
             );
             senders.push(CommandTx::new(tx, wake));
         }
-        Arc::new(Ingest {
+        Ok(Arc::new(Ingest {
+            budget: EngineBudget {
+                limit: sockets.max_engines,
+                used: AtomicUsize::new(0),
+            },
             senders,
             threads: Mutex::new(threads),
             listeners: listener_stats,
@@ -179,7 +230,7 @@ impl Ingest {
             bind_stats,
             paused,
             replay_stats,
-        })
+        }))
     }
 
     /// The thread of `instance`'s listeners: the one that heard it on a bound socket,
@@ -207,7 +258,9 @@ impl Ingest {
         let _ = self.senders[self.thread_for(instance)].send(cmd);
     }
 
-    /// Start a listener; returns once its socket is connected.
+    /// Start a listener; returns once its socket is connected. Refused once the
+    /// descriptor budget's engines all listen: every listener's place is kept while
+    /// it lives, so libzmq can always reopen its connection.
     pub fn add(
         &self,
         index: IndexId,
@@ -216,7 +269,12 @@ impl Ingest {
         block_size: u32,
         endpoint: Endpoint,
         opts: ListenerOpts,
-    ) -> Result<(), String> {
+    ) -> Result<(), ListenError> {
+        if !self.budget.take() {
+            return Err(ListenError::Budget {
+                limit: self.budget.limit,
+            });
+        }
         let (done, rx) = mpsc::channel();
         self.send(
             instance,
@@ -230,9 +288,17 @@ impl Ingest {
                 done,
             },
         );
-        let stats = rx
-            .recv()
-            .map_err(|_| "ingest thread stopped".to_string())??;
+        let stats = match rx.recv() {
+            Ok(Ok(stats)) => stats,
+            Ok(Err(e)) => {
+                self.budget.give_back(1);
+                return Err(ListenError::Socket(e));
+            }
+            Err(_) => {
+                self.budget.give_back(1);
+                return Err(ListenError::Socket("ingest thread stopped".into()));
+            }
+        };
         self.listeners
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -259,7 +325,14 @@ impl Ingest {
                 done,
             },
         );
-        let _ = rx.recv();
+        if let Ok(stopped) = rx.recv() {
+            self.budget.give_back(stopped);
+        }
+    }
+
+    /// Engines listened to, and the most the descriptor budget allows.
+    pub fn engines(&self) -> (usize, usize) {
+        (self.budget.used.load(Ordering::Relaxed), self.budget.limit)
     }
 
     /// Seed one worker from a dump or snapshot; returns once its ops are on the rings.

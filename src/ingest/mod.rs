@@ -13,6 +13,7 @@
 //! into ops; `replay.rs` asks engines for what was missed; `bind.rs` serves pods.
 
 pub mod bind;
+pub mod context;
 pub mod feed;
 mod handle;
 pub mod replay;
@@ -20,9 +21,10 @@ pub mod sequence;
 mod thread;
 pub mod wake;
 
+pub use context::Context;
 pub use handle::{
-    Command, Ingest, ListenerStats, REPLAY_COOLDOWN, REPLAY_TIMEOUT, ReplayStats, SeedOutcome,
-    SeqKey, SeqRecord,
+    Command, Ingest, ListenError, ListenerStats, REPLAY_COOLDOWN, REPLAY_TIMEOUT, ReplayStats,
+    SeedOutcome, SeqKey, SeqRecord,
 };
 use thread::{BURST, IngestThread, recv_parts};
 
@@ -33,19 +35,24 @@ pub struct SocketOptions {
     /// overload costs bounded memory: dropped batches show up as sequence gaps, which
     /// are counted and replayed where the engine has a replay endpoint.
     pub rcvhwm: i32,
-    /// Largest message part an engine may send (`ZMQ_MAXMSGSIZE`), on every SUB and
-    /// replay socket.
+    /// Largest message part an engine may send. A bound socket and a replay socket
+    /// leave larger ones to libzmq (`ZMQ_MAXMSGSIZE`), which drops that connection
+    /// (the pod reconnects; the replay times out). A registered engine's SUB socket
+    /// takes them and kvix skips them: libzmq would close that connection for good,
+    /// and watching for it would cost each engine two more descriptors.
     pub max_msg_bytes: i64,
+    /// Engines (SUB sockets) the descriptor budget allows; `/register` past it is
+    /// refused.
+    pub max_engines: usize,
 }
 
-/// A SUB socket to every topic, set up as `opts` says, not yet connected.
-fn subscriber(ctx: &zmq::Context, opts: SocketOptions) -> zmq::Result<zmq::Socket> {
+/// A SUB socket to every topic, set up as `opts` says, not yet connected. `limit`:
+/// libzmq drops a connection that announces a part over `opts.max_msg_bytes`
+/// before buffering it; without, the caller skips such parts itself.
+fn subscriber(ctx: &Context, opts: SocketOptions, limit: bool) -> zmq::Result<zmq::Socket> {
     let s = ctx.socket(zmq::SUB)?;
     s.set_rcvhwm(opts.rcvhwm)?;
-    // Nor without a size limit: libzmq drops a connection that announces a larger
-    // part before buffering it; the frames lost meanwhile show up as a sequence gap
-    // (replayed when the engine can).
-    s.set_maxmsgsize(opts.max_msg_bytes)?;
+    s.set_maxmsgsize(if limit { opts.max_msg_bytes } else { -1 })?;
     // An engine that is down is retried at growing intervals, up to a second, so
     // that many stopped engines do not keep an ingest thread busy connecting
     // (libzmq's default retries each one every 100 ms forever).
@@ -67,6 +74,7 @@ impl Default for SocketOptions {
         SocketOptions {
             rcvhwm: 10_000,
             max_msg_bytes: DEFAULT_MAX_MSG_BYTES as i64,
+            max_engines: 4096,
         }
     }
 }
@@ -77,15 +85,18 @@ mod tests {
 
     #[test]
     fn subscribers_bound_their_queue_and_back_off_from_a_stopped_engine() {
-        let ctx = zmq::Context::new();
+        let ctx = Context::shared(16).unwrap();
         let opts = SocketOptions {
             rcvhwm: 123,
             max_msg_bytes: 4567,
+            max_engines: 16,
         };
-        let s = subscriber(&ctx, opts).unwrap();
+        let s = subscriber(&ctx, opts, true).unwrap();
         assert_eq!(s.get_rcvhwm().unwrap(), 123);
         assert_eq!(s.get_maxmsgsize().unwrap(), 4567);
         assert_eq!(s.get_reconnect_ivl_max().unwrap(), RECONNECT_MAX_MS);
         assert!(s.get_reconnect_ivl().unwrap() < RECONNECT_MAX_MS);
+        let unlimited = subscriber(&ctx, opts, false).unwrap();
+        assert_eq!(unlimited.get_maxmsgsize().unwrap(), -1);
     }
 }

@@ -30,7 +30,7 @@ pub enum ReplayError {
 /// Request every buffered batch with `seq >= from` from `endpoint`; returns them in the
 /// order the engine sent them (its ring buffer order, ascending).
 pub fn fetch(
-    ctx: &zmq::Context,
+    ctx: &super::Context,
     endpoint: &str,
     from: u64,
     timeout: Duration,

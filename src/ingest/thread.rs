@@ -1,6 +1,8 @@
 //! One ingest thread: its listeners' SUB sockets polled, frames received and
 //! decoded, each frame's sequence number judged ([`super::sequence`]), events turned
-//! into shard ops, commands run between bursts, dropped connections reopened.
+//! into shard ops, commands run between bursts. libzmq reconnects an engine that
+//! went away by itself; a part too large for kvix is taken and skipped rather than
+//! left to libzmq, which would close the connection for good.
 //!
 //! Never runs on an executor and never touches shard memory: it only pushes ops.
 
@@ -17,15 +19,13 @@ use crate::shard::ShardOp;
 use crate::types::{DpRank, IndexId, InstanceId, WorkerSlot};
 use crate::wire::{self, Batch};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub(super) struct Listener {
     pub(super) socket: zmq::Socket,
-    /// PAIR end of `socket`'s monitor: tells when its connection dropped.
-    pub(super) monitor: zmq::Socket,
     pub(super) endpoint: Endpoint,
     pub(super) feed: WorkerFeed,
     /// After a replay, `(after, until)`: live frames numbered above `after` and up to
@@ -83,7 +83,7 @@ impl Scratch {
 }
 
 pub(super) struct IngestThread {
-    pub(super) ctx: zmq::Context,
+    pub(super) ctx: super::Context,
     pub(super) rx: mpsc::Receiver<Command>,
     /// Rung with every command: polled beside the SUB sockets.
     pub(super) wake: Arc<Wake>,
@@ -145,17 +145,15 @@ impl IngestThread {
                 }
                 continue;
             }
-            // The wake-up, then per listener: its SUB socket, then its monitor; then
-            // the bound sockets.
+            // The wake-up, then the listeners' SUB sockets, then the bound sockets.
             let ready: Vec<bool> = {
                 let wake = zmq::PollItem::from_fd(self.wake.fd(), zmq::POLLIN);
                 let mut items: Vec<zmq::PollItem<'_>> = std::iter::once(wake)
-                    .chain(self.listeners.iter().flat_map(|l| {
-                        [
-                            l.socket.as_poll_item(zmq::POLLIN),
-                            l.monitor.as_poll_item(zmq::POLLIN),
-                        ]
-                    }))
+                    .chain(
+                        self.listeners
+                            .iter()
+                            .map(|l| l.socket.as_poll_item(zmq::POLLIN)),
+                    )
                     .chain(
                         self.binds
                             .iter()
@@ -178,13 +176,10 @@ impl IngestThread {
             } else {
                 (wait * 2).min(POLL_IDLE_MAX)
             };
-            let (listeners, binds) = ready.split_at(2 * self.listeners.len());
-            for (i, r) in listeners.chunks_exact(2).enumerate() {
-                if r[0] {
+            let (listeners, binds) = ready.split_at(self.listeners.len());
+            for (i, r) in listeners.iter().enumerate() {
+                if *r {
                     self.drain(i);
-                }
-                if r[1] {
-                    self.check_connection(i);
                 }
             }
             for (b, r) in binds.iter().enumerate() {
@@ -243,9 +238,9 @@ impl IngestThread {
                 also_clear,
                 done,
             } => {
-                self.stop_listening(index, instance, dp, also_clear);
+                let stopped = self.stop_listening(index, instance, dp, also_clear);
                 self.sink.flush();
-                let _ = done.send(());
+                let _ = done.send(stopped);
             }
             Command::Seed {
                 index,
@@ -325,12 +320,11 @@ impl IngestThread {
             .last_seq
             .get(&(instance, dp, endpoint.endpoint.clone()))
             .copied();
-        let (socket, monitor) = self.connect(&endpoint.endpoint)?;
+        let socket = self.connect(&endpoint.endpoint)?;
         let stats = feed.stats.clone();
         tracing::info!(instance, dp, endpoint = endpoint.endpoint, "listening");
         self.listeners.push(Listener {
             socket,
-            monitor,
             endpoint,
             feed,
             dedup: None,
@@ -343,13 +337,15 @@ impl IngestThread {
 
     /// Stop the listeners of `instance` in `index` (one dp rank or all), keep their
     /// last sequence numbers, and clear every slot they fed plus `also_clear`.
+    /// Returns how many listeners stopped.
     fn stop_listening(
         &mut self,
         index: IndexId,
         instance: InstanceId,
         dp: Option<DpRank>,
         also_clear: Vec<WorkerSlot>,
-    ) {
+    ) -> usize {
+        let before = self.listeners.len();
         let mut cleared: Vec<(IndexId, WorkerSlot)> = Vec::new();
         let mut saved = Vec::new();
         self.listeners.retain_mut(|l| {
@@ -390,6 +386,7 @@ impl IngestThread {
                 tiers: crate::types::TierSet::ALL,
             });
         }
+        before - self.listeners.len()
     }
 
     /// The listener whose feed a seed of (`index`, `instance`, `dp`) goes to: the
@@ -410,65 +407,14 @@ impl IngestThread {
             .or_else(|| self.listeners.iter().position(of))
     }
 
-    /// A SUB socket connected to `endpoint`, and the PAIR socket its monitor reports
-    /// dropped connections on.
-    fn connect(&self, endpoint: &str) -> Result<(zmq::Socket, zmq::Socket), String> {
-        static MONITORS: AtomicU64 = AtomicU64::new(0);
-        let s = subscriber(&self.ctx, self.sockets).map_err(|e| e.to_string())?;
-        let at = format!(
-            "inproc://kvix-monitor-{}",
-            MONITORS.fetch_add(1, Ordering::Relaxed)
-        );
-        s.monitor(&at, zmq::SocketEvent::DISCONNECTED as i32)
-            .map_err(|e| e.to_string())?;
-        let monitor = self.ctx.socket(zmq::PAIR).map_err(|e| e.to_string())?;
-        monitor.connect(&at).map_err(|e| e.to_string())?;
+    /// A SUB socket connected to `endpoint`: two descriptors while it lives (its
+    /// mailbox and its connection), which libzmq reopens whenever the engine comes
+    /// back.
+    fn connect(&self, endpoint: &str) -> Result<zmq::Socket, String> {
+        let s = subscriber(&self.ctx, self.sockets, false).map_err(|e| e.to_string())?;
         s.connect(endpoint)
             .map_err(|e| format!("cannot connect to {endpoint}: {e}"))?;
-        Ok((s, monitor))
-    }
-
-    /// Read listener `i`'s monitor; if its connection dropped, take what the socket
-    /// still holds and open a fresh one. libzmq reconnects by itself after a network
-    /// error, but after a protocol error (a part over `ZMQ_MAXMSGSIZE`, a corrupt
-    /// stream) it closes that connection for good: a fresh socket is the one way back.
-    /// What the engine sent meanwhile is lost to it and shows up as a sequence gap.
-    fn check_connection(&mut self, i: usize) {
-        let mut dropped = false;
-        while let Ok(frames) = self.listeners[i].monitor.recv_multipart(zmq::DONTWAIT) {
-            let event = frames
-                .first()
-                .and_then(|f| f.get(..2))
-                .map(|b| u16::from_le_bytes([b[0], b[1]]));
-            dropped |= event == Some(zmq::SocketEvent::DISCONNECTED as u16);
-        }
-        if !dropped {
-            return;
-        }
-        // Frames received before the drop are still queued: apply them first.
-        let queued = |l: &Listener| l.socket.get_events().is_ok_and(|e| e.contains(zmq::POLLIN));
-        for _ in 0..64 {
-            if !queued(&self.listeners[i]) {
-                break;
-            }
-            self.drain(i);
-        }
-        let endpoint = self.listeners[i].endpoint.endpoint.clone();
-        let l = &self.listeners[i];
-        tracing::warn!(
-            instance = l.feed.instance,
-            dp = l.feed.dp,
-            endpoint,
-            "engine connection dropped (oversized or corrupt message, or the engine went away); reconnecting"
-        );
-        match self.connect(&endpoint) {
-            Ok((socket, monitor)) => {
-                let l = &mut self.listeners[i];
-                l.socket = socket;
-                l.monitor = monitor;
-            }
-            Err(e) => tracing::error!(endpoint, "cannot reconnect: {e}"),
-        }
+        Ok(s)
     }
 
     fn drain(&mut self, i: usize) {
@@ -593,11 +539,18 @@ impl IngestThread {
                 } else {
                     wire::split_seq(&parts[1])
                 };
+                let limit = self.sockets.max_msg_bytes;
                 // Sequence bookkeeping may need a replay (which borrows the whole
                 // thread), so the caller does it outside this borrow.
                 let parsed = seq.and_then(|seq| {
                     *pending = Some((seq, false));
-                    wire::decode(&parts[2], batch).map(|_| seq)
+                    match parts.iter().map(|p| p.len()).max() {
+                        Some(bytes) if bytes as i64 > limit => Err(wire::WireError::Oversized {
+                            bytes,
+                            limit: limit as u64,
+                        }),
+                        _ => wire::decode(&parts[2], batch).map(|_| seq),
+                    }
                 });
                 match parsed {
                     Ok(seq) => *pending = Some((seq, true)),

@@ -281,6 +281,7 @@ pub fn render(app: &App, shards: &[ShardStats]) -> String {
     http.families(&mut g, shards);
     let snap = app.registry().snapshot();
     registry_families(&mut g, &snap);
+    engine_budget(&mut g, app);
     let scrape = Scrape {
         app,
         shards,
@@ -490,6 +491,23 @@ fn registry_families(g: &mut Gathered, snap: &Snapshot) {
         MetricType::Gauge,
     )
     .with(&[], Value::Gauge(workers.len() as i64));
+}
+
+/// Engines listened to in connect mode and the most the open-file limit allows.
+fn engine_budget(g: &mut Gathered, app: &App) {
+    let (engines, max) = app.ingest().engines();
+    g.add(
+        "kvix_engines",
+        "Registered engines kvix listens to (connect mode), two descriptors each",
+        MetricType::Gauge,
+    )
+    .with(&[], Value::Gauge(engines as i64));
+    g.add(
+        "kvix_engines_max",
+        "Engines the open-file limit allows; /register past it answers 503",
+        MetricType::Gauge,
+    )
+    .with(&[], Value::Gauge(max as i64));
 }
 
 /// What the process-wide totals are read from.

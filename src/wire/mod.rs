@@ -61,6 +61,8 @@ pub enum WireError {
     },
     #[error("trailing bytes after batch")]
     Trailing,
+    #[error("a part of {bytes} bytes, over --zmq-max-msg-bytes {limit}")]
+    Oversized { bytes: usize, limit: u64 },
 }
 
 /// What one event does.
