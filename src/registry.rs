@@ -125,11 +125,11 @@ pub struct IndexInfo {
     pub tenant: String,
     pub block_size: u32,
     pub slots: Vec<SlotInfo>,
-    pub slot_of: HashMap<(InstanceId, DpRank), WorkerSlot>,
+    pub slot_of: imbl::HashMap<(InstanceId, DpRank), WorkerSlot>,
     /// Registered listeners: instance → dp rank → endpoint.
     /// Several listeners may feed one (instance, dp rank) when their publisher
     /// kinds differ (an engine and a Mooncake Store publisher for its pools).
-    pub endpoints: BTreeMap<InstanceId, BTreeMap<DpRank, Vec<Endpoint>>>,
+    pub endpoints: imbl::OrdMap<InstanceId, BTreeMap<DpRank, Vec<Endpoint>>>,
     /// Live `/speculate` predictions of the index over every shard: kept by the
     /// shards, shared by every copy of this entry.
     pub live_predictions: Arc<AtomicUsize>,
@@ -171,8 +171,8 @@ pub struct Snapshot {
     /// Router-facing names of instances registered by string (Mooncake's
     /// `instance_id`), by their ids from [`NAMED_BASE`] up; integer instances are
     /// their own name.
-    names: HashMap<InstanceId, String>,
-    ids: HashMap<String, InstanceId>,
+    names: imbl::HashMap<InstanceId, String>,
+    ids: imbl::HashMap<String, InstanceId>,
 }
 
 impl Snapshot {
@@ -772,8 +772,8 @@ fn ensure_index_in(
         tenant: tenant.to_string(),
         block_size,
         slots: Vec::new(),
-        slot_of: HashMap::new(),
-        endpoints: BTreeMap::new(),
+        slot_of: imbl::HashMap::new(),
+        endpoints: imbl::OrdMap::new(),
         live_predictions: Arc::default(),
     }));
     s.by_name

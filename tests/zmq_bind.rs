@@ -386,3 +386,66 @@ fn huge_or_forged_topics_are_skipped_and_never_kept() {
         "{log}"
     );
 }
+
+#[test]
+fn ten_thousand_pods_on_one_bound_socket_are_all_listed_and_scored() {
+    // `KVIX_PODS=1000` for the larger fleet in BENCHMARKS.md.
+    const MODELS: usize = 20;
+    let pods = common::env_u64("KVIX_PODS", 500) as usize;
+    let (s, endpoint) = bound("2", &["--max-event-slots", "100000"]);
+    let ctx = zmq::Context::new();
+    // One connection may carry many pods: the topic names the pod. Unbounded, so
+    // that the burst below is not dropped at the sender.
+    let p = ctx.socket(zmq::XPUB).unwrap();
+    p.set_sndhwm(0).unwrap();
+    p.set_linger(0).unwrap();
+    p.set_rcvtimeo(10_000).unwrap();
+    p.connect(&endpoint).unwrap();
+    assert_eq!(
+        p.recv_bytes(0).unwrap().first(),
+        Some(&1u8),
+        "kvix subscribed"
+    );
+    let t0 = std::time::Instant::now();
+    for m in 0..MODELS {
+        for pod in 0..pods {
+            let topic = format!("kv@pod-{pod}@model-{m}");
+            let batch = with_dp(
+                &stored(
+                    &[7, pod as u64 + 100],
+                    None,
+                    &[1, 2, 3, 4, 5, 6, 7, pod as u32],
+                    4,
+                ),
+                0,
+            );
+            p.send_multipart([topic.as_bytes(), &0u64.to_be_bytes(), &batch], 0)
+                .unwrap();
+        }
+    }
+    let last = format!("/workers?model_name=model-{}", MODELS - 1);
+    s.eventually("the last model's pods listed", || {
+        let n = s.get_json(&last).as_array().map_or(0, |w| w.len());
+        (n == pods).then_some(()).ok_or(format!("{n} listed"))
+    });
+    eprintln!("{} pods listed after {:?}", MODELS * pods, t0.elapsed());
+    let t = std::time::Instant::now();
+    let workers = s.get_json("/workers");
+    eprintln!(
+        "/workers: {:?}, {} bytes",
+        t.elapsed(),
+        workers.to_string().len()
+    );
+    assert_eq!(workers.as_array().map(|w| w.len()), Some(MODELS * pods));
+    let t = std::time::Instant::now();
+    let dump = s.get_json("/dump");
+    eprintln!("/dump: {:?}", t.elapsed());
+    assert!(dump.to_string().contains(&format!("pod-{}", pods - 1)));
+    // Every pod of every model holds the shared first block.
+    for m in [0, MODELS - 1] {
+        let v = s.post_ok("/query", &query(&format!("model-{m}"), &[1, 2, 3, 4]));
+        let scores = v["scores"].as_object().unwrap();
+        assert_eq!(scores.len(), pods, "model-{m}");
+        assert!(scores.values().all(|d| d["0"] == 4), "{v}");
+    }
+}

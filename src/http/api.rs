@@ -70,7 +70,7 @@ pub fn parse_body(
     }
 }
 
-pub fn workers<M: ShardMesh>(mesh: &M, query: &str) -> Result<Reply, ApiError> {
+pub async fn workers<M: ShardMesh>(mesh: &M, query: &str) -> Result<Reply, ApiError> {
     let mut model = None;
     let mut tenant = None;
     for (k, v) in form_urlencoded::parse(query.as_bytes()) {
@@ -80,7 +80,21 @@ pub fn workers<M: ShardMesh>(mesh: &M, query: &str) -> Result<Reply, ApiError> {
             _ => {}
         }
     }
-    let snap = mesh.app().registry().snapshot();
+    let snap = mesh.app().registry().snapshot_arc();
+    // Thousands of workers are megabytes of JSON: written off the executor, which
+    // serves queries meanwhile.
+    let body = mesh
+        .offload(move || workers_json(&snap, model, tenant))
+        .await;
+    Ok(json::bytes(StatusCode::OK, body))
+}
+
+/// The `/workers` list of `snap`, one model or all, one tenant or all.
+fn workers_json(
+    snap: &crate::registry::Snapshot,
+    model: Option<String>,
+    tenant: Option<String>,
+) -> Vec<u8> {
     let mut out = Vec::new();
     for ix in snap.live_indexes() {
         if model.as_deref().is_some_and(|m| m != ix.model)
@@ -120,10 +134,7 @@ pub fn workers<M: ShardMesh>(mesh: &M, query: &str) -> Result<Reply, ApiError> {
             }));
         }
     }
-    Ok(json::bytes(
-        StatusCode::OK,
-        serde_json::Value::Array(out).to_string().into_bytes(),
-    ))
+    serde_json::Value::Array(out).to_string().into_bytes()
 }
 
 async fn score<M: ShardMesh>(

@@ -279,7 +279,7 @@ async fn dispatch<M: ShardMesh>(
     match spec.route {
         Route::Health => Ok(json::empty(StatusCode::OK)),
         Route::Ready => Ok(ready(mesh.app().lifecycle(), phase)),
-        Route::Workers => api::workers(mesh, query),
+        Route::Workers => api::workers(mesh, query).await,
         Route::Dump => api::dump(mesh).await,
         Route::Peers => peers::peers(mesh),
         Route::Metrics => metrics(mesh).await,

@@ -184,7 +184,7 @@ impl Ingest {
             let (tx, rx) = mpsc::channel();
             let wake = Arc::new(Wake::new().expect("eventfd for an ingest thread"));
             let sink = RingSink::new(rings.clone(), producer);
-            let (ctx, registry) = (ctx.clone(), registry.clone());
+            let (ctx, registry) = (ctx, registry.clone());
             let (paused, replay_stats) = (paused.clone(), replay_stats.clone());
             let thread_wake = wake.clone();
             let (stats_list, thread_pods, thread_bind_stats) =

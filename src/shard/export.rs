@@ -62,8 +62,8 @@ pub struct ExportAt {
 
 impl Shard {
     /// A step of an export of `index` (at most a keyed table's part,
-    /// [`EXPORT_STEP_BLOCKS`] of the tree's blocks, or a part of one slot's engine
-    /// map), appending every (block, holder) it reads to `blocks` and the names
+    /// [`EXPORT_STEP_BLOCKS`] of the tree's blocks, or about as many engine names
+    /// from the slots' engine maps), appending every (block, holder) it reads to `blocks` and the names
     /// the slots give their blocks ([`tree::Tree::engine_names_part`]) to `names`;
     /// returns whether the export is done. Together the steps cover every block
     /// held throughout, once, however the index changes between them; a block
@@ -80,8 +80,12 @@ impl Shard {
             return true;
         };
         if at.tree_done {
+            // Parts of one slot's map or several slots' small maps, up to a step's
+            // worth of names: one step per slot would cost a fleet of slots as many
+            // round trips.
             let tree = &ix.tree;
-            if at.names_slot < tree.engine_slots() {
+            let from = names.len();
+            while at.names_slot < tree.engine_slots() && names.len() - from < EXPORT_STEP_BLOCKS {
                 let slot = WorkerSlot(at.names_slot as u32);
                 let bits = *at
                     .names_bits
