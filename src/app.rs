@@ -41,6 +41,8 @@ pub struct SnapshotConfig {
 /// What the service is built from (the validated command line).
 #[derive(Clone, Debug)]
 pub struct Config {
+    /// Engine streams up to which `/metrics` has per-worker series.
+    pub metrics_max_workers: usize,
     /// How the open-file limit is shared between HTTP and engines.
     pub descriptors: crate::descriptors::Descriptors,
     /// Executors, one shard each.
@@ -119,6 +121,7 @@ impl Config {
             0,
         );
         Config {
+            metrics_max_workers: 1024,
             descriptors,
             shards,
             shards_per_index: shards,
@@ -187,6 +190,8 @@ pub struct App {
     /// Text prompts' tokenization, off the executors and the control threads.
     tokenize: crate::tokenize::Pool,
     access_log: Option<Arc<crate::access_log::AccessLog>>,
+    /// Engine streams up to which `/metrics` has per-worker series.
+    metrics_max_workers: usize,
 }
 
 impl App {
@@ -227,7 +232,14 @@ impl App {
             })
             .expect("spawn tokenizing threads"),
             access_log: cfg.access_log.clone(),
+            metrics_max_workers: cfg.metrics_max_workers,
         }))
+    }
+
+    /// Engine streams up to which `/metrics` has per-worker series
+    /// (`--metrics-max-workers`); above, none, so a scrape stays small.
+    pub fn metrics_max_workers(&self) -> usize {
+        self.metrics_max_workers
     }
 
     /// The access log, when `--access-log` names one.

@@ -247,6 +247,11 @@ pub struct Args {
         default_value_t = 16_777_216
     )]
     pub slot_max_tracker_blocks: usize,
+    /// Engine streams ((instance, dp rank) pairs heard) up to which /metrics has
+    /// per-worker series (kvix_listener_last_sequence); above, none, so that a
+    /// fleet's scrape does not grow with it (/workers lists every worker)
+    #[arg(long, env = "KVIX_METRICS_MAX_WORKERS", default_value_t = 1024)]
+    pub metrics_max_workers: usize,
     /// Registered worker ranks (over every slot tracker) up to which /metrics
     /// has per-rank kvix_slot_* series; above, per-tracker series only
     #[arg(long, env = "KVIX_SLOT_METRICS_MAX_RANKS", default_value_t = 1024)]

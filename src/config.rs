@@ -128,7 +128,10 @@ pub fn check_flags(args: &Args, workers: &[crate::cli::WorkerSpec]) -> Result<()
     if !args.slot_request_ttl_secs.is_finite() || args.slot_request_ttl_secs <= 0.0 {
         return Err("--slot-request-ttl-secs must be a number of seconds > 0".into());
     }
-    if args.slot_tracker_port.is_some_and(|p| p == args.port) {
+    if args
+        .slot_tracker_port
+        .is_some_and(|p| p == args.port && p != 0)
+    {
         return Err("--slot-tracker-port must differ from --port".into());
     }
     if !args.snapshot_interval.is_finite() || args.snapshot_interval < 0.0 {
@@ -194,6 +197,7 @@ pub fn config(
             max_engines: descriptors.engines,
         },
         descriptors,
+        metrics_max_workers: args.metrics_max_workers,
         prompts: Arc::new(prompts),
         speculation: speculation(args),
         // Each shard keeps at least one block, so fewer than one a shard cannot hold.

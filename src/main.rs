@@ -116,6 +116,8 @@ fn run(args: Args) -> Result<(), String> {
             let a = SocketAddr::new(addr.ip(), port);
             let (a, guard) =
                 kvix::runtime::claim_port(a).map_err(|e| format!("--slot-tracker-port: {e}"))?;
+            // Port 0 lets the system choose: say which.
+            tracing::info!("slot tracker on http://{a}");
             Some((a, guard))
         }
         None => None,

@@ -262,12 +262,19 @@ impl Drop for Dynamo {
     }
 }
 
+/// kvix with a slot tracker on a port of its own choosing, and that tracker's URL.
 fn slot_server(extra: &[&str]) -> (Server, String) {
-    let port = free_port().to_string();
-    let mut flags = vec!["--slot-tracker-port", &port];
+    let mut flags = vec!["--slot-tracker-port", "0"];
     flags.extend_from_slice(extra);
     let s = Server::start(&flags);
-    (s, format!("http://127.0.0.1:{port}"))
+    let url = s
+        .log()
+        .split("slot tracker on ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .map(str::to_string)
+        .expect("the slot tracker's address logged");
+    (s, url)
 }
 
 fn compare(who: &str, want: &[Value], got: &[Value]) {

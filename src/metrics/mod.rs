@@ -556,9 +556,13 @@ impl Scrape<'_> {
         }
         let f = g.add(
             "kvix_listener_last_sequence",
-            "Last batch sequence number applied per (instance, dp rank)",
+            "Last batch sequence number applied per (instance, dp rank); no series above \
+             --metrics-max-workers streams",
             MetricType::Gauge,
         );
+        if last.len() > self.app.metrics_max_workers() {
+            return;
+        }
         for ((instance, dp), seq) in last {
             f.with(
                 &[("instance", instance), ("dp", dp.to_string())],

@@ -23,19 +23,33 @@ pub struct Publisher {
 }
 
 /// Bind one PUB socket per worker on a free loopback port.
+/// Sockets per ZMQ context: libzmq's default cap is 1,023 a context.
+const SOCKETS_PER_CONTEXT: usize = 1000;
+
+/// `count` PUB sockets on free loopback ports, a new context every
+/// [`SOCKETS_PER_CONTEXT`] (`ctx` is the first; a socket keeps its context alive).
+/// The open-file limit is raised to the hard one first: each worker holds three
+/// descriptors (its mailbox, its listening socket, the indexer's connection).
 pub fn bind(
     ctx: &zmq::Context,
     count: usize,
     first_instance: u64,
 ) -> Result<Vec<Publisher>, String> {
+    raise_open_file_limit();
+    let mut ctx = ctx.clone();
     (0..count)
         .map(|i| {
-            let s = ctx.socket(zmq::PUB).map_err(|e| e.to_string())?;
+            if i > 0 && i % SOCKETS_PER_CONTEXT == 0 {
+                ctx = zmq::Context::new();
+            }
+            let s = ctx
+                .socket(zmq::PUB)
+                .map_err(|e| format!("worker {i}: {e}"))?;
             // Unlimited queue: a slow indexer must see every frame, not a dropped one.
             s.set_sndhwm(0).map_err(|e| e.to_string())?;
             s.set_linger(0).map_err(|e| e.to_string())?;
             s.bind("tcp://127.0.0.1:*")
-                .map_err(|e| format!("bind: {e}"))?;
+                .map_err(|e| format!("bind worker {i}: {e}"))?;
             let endpoint = s
                 .get_last_endpoint()
                 .map_err(|e| e.to_string())?
@@ -48,6 +62,21 @@ pub fn bind(
             })
         })
         .collect()
+}
+
+/// Raise the soft open-file limit to the hard one.
+fn raise_open_file_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit read and write only the struct passed.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
 }
 
 pub fn register(

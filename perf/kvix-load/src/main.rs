@@ -220,9 +220,10 @@ struct EventArgs {
     /// Flush a worker's batch (one ZMQ frame) once it holds this many events
     #[arg(long, default_value_t = 8)]
     batch_events: usize,
-    /// Encode batches as `[ts, events, nil]` instead of vLLM's `[ts, events]` when it
-    /// has no dp rank: Dynamo's decoder (dynamo-kv-router 1.6.1) takes only the former
-    #[arg(long)]
+    /// Encode batches as vLLM does, `[ts, events, dp_rank]` (nil without a rank);
+    /// `--batch-dp-rank false`: the two-field `[ts, events]` older publishers send,
+    /// which Dynamo's decoder (dynamo-kv-router 1.6.1) cannot read
+    #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     batch_dp_rank: bool,
     /// Give a block the same engine hash on every worker (as engines with a fixed
     /// hash seed do) instead of one per worker (as engines seeded per process do).

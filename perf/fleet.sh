@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Fleets: kvix and Dynamo's standalone indexer as the worker count grows, in one run,
+# one table (DIR/fleet.md).
+#
+#   perf/fleet.sh [--out DIR] [--requests N] [--duration S] [--workers "16 300 1000 3000"]
+#                 [--systems "kvix dynamo"] [--no-build]
+#
+# For each worker count, each system on a fresh server at --threads 2: the Mooncake
+# trace's first --requests requests routed at random over that many engines (kvix-load
+# events: one PUB socket and one /register each, vLLM's three-field batches, one
+# engine hash per block on every worker as Dynamo 1.6.1 needs), then closed-loop
+# /query with 1k-token prompts at 16 and at 1 connection. Recorded: the wall time of
+# registering and applying everything, blocks applied/s, settled RSS per live
+# (block, worker) pair, query p50/p99 at each connection count, and the server's open
+# descriptors once loaded. A system that fails at one size (it exits or refuses) is
+# marked so and not tried at larger ones. The load tool holds three descriptors a
+# worker (mailbox, listening socket, the indexer's connection): under this machine's
+# hard open-file limit it stops near a third of it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+REQUESTS=30000 DURATION=5 WORKERS="16 300 1000 3000" SYSTEMS="kvix dynamo" BUILD=1
+OUT="perf/out/fleet-$(date +%Y%m%d-%H%M%S)"
+. perf/lib.sh
+parse_options "OUT REQUESTS DURATION WORKERS SYSTEMS NO_BUILD" "$@"
+pick_trace
+log_to fleet
+
+if [ "$BUILD" = 1 ]; then
+    build_release
+    cargo build --release --locked --manifest-path scripts/dynamo_peer/Cargo.toml >&2
+fi
+BIN=target/release PEER_BIN=scripts/dynamo_peer/target/release
+describe_machine "$OUT/machine.txt" "requests: $REQUESTS duration: $DURATION trace: $TRACE"
+
+PID=""
+cleanup() { [ -n "$PID" ] && kill "$PID" 2>/dev/null; wait 2>/dev/null || true; }
+trap cleanup EXIT
+load() { "$BIN/kvix-load" "$@" || [ $? = 2 ]; }
+
+declare -A FAILED
+for workers in $WORKERS; do
+    for system in $SYSTEMS; do
+        name="$system-w$workers"
+        if [ -n "${FAILED[$system]:-}" ]; then
+            echo "{\"skipped\": \"failed at ${FAILED[$system]} workers\"}" >"$OUT/$name.json"
+            continue
+        fi
+        say "$system, $workers workers"
+        start_indexer "$system" 2 "$OUT/$name.log"
+        common=(--url "http://127.0.0.1:$PORT" --quiet --json --workload trace --trace "$TRACE"
+            --requests "$REQUESTS")
+        t0=$(date +%s.%N)
+        if ! load events "${common[@]}" --workers-count "$workers" --policy random \
+            --shared-engine-hashes --pid "$PID" --keep >"$OUT/$name-events.json" 2>>"$OUT/$name.log" ||
+            ! kill -0 "$PID" 2>/dev/null; then
+            FAILED[$system]=$workers
+            echo "{\"failed\": true}" >"$OUT/$name.json"
+            cleanup
+            PID=""
+            continue
+        fi
+        t1=$(date +%s.%N)
+        fds=$(ls "/proc/$PID/fd" | wc -l)
+        load query "${common[@]}" --connections 16,1 --prompt-tokens 1024 --duration "$DURATION" \
+            >"$OUT/$name-query.json"
+        echo "{\"events_wall_secs\": $(echo "$t1 - $t0" | bc), \"fds\": $fds}" >"$OUT/$name.json"
+        kill "$PID"
+        wait "$PID" 2>/dev/null || true
+        PID=""
+    done
+done
+
+python3 - "$OUT" "$WORKERS" "$SYSTEMS" >"$OUT/fleet.md" <<'EOF'
+import json, os, sys
+out, workers, systems = sys.argv[1], sys.argv[2].split(), sys.argv[3].split()
+def read(name):
+    p = os.path.join(out, name)
+    return json.load(open(p)) if os.path.exists(p) else {}
+print("| workers | system | register + apply (s) | blocks applied/s | RSS B/live pair | fds | "
+      "p50 / p99 µs, 16 conns | req/s, 16 conns | p50 / p99 µs, 1 conn |")
+print("|---|---|---|---|---|---|---|---|---|")
+for w in workers:
+    for s in systems:
+        base = read(f"{s}-w{w}.json")
+        if "skipped" in base or "failed" in base:
+            print(f"| {w} | {s} | {base.get('skipped', 'failed (see its log)')} | | | | | | |")
+            continue
+        ev = read(f"{s}-w{w}-events.json").get("events", {})
+        q = {x["connections"]: x for x in read(f"{s}-w{w}-query.json").get("queries", [])}
+        def lat(c):
+            x = q.get(c)
+            return f"{x['p50_us']:.0f} / {x['p99_us']:.0f}" if x else ""
+        rps = f"{q[16]['achieved_rps']:.0f}" if 16 in q else ""
+        print(f"| {w} | {s} | {base.get('events_wall_secs', 0):.1f} | "
+              f"{ev.get('blocks_applied_per_sec', 0) / 1e6:.2f}M | "
+              f"{ev.get('bytes_per_live_pair', 0):.1f} | {base.get('fds', '')} | "
+              f"{lat(16)} | {rps} | {lat(1)} |")
+EOF
+say "results in $OUT (fleet.md)"
+cat "$OUT/fleet.md" >&3
