@@ -12,10 +12,12 @@
 # /query with 1k-token prompts at 16 and at 1 connection. Recorded: the wall time of
 # registering and applying everything, blocks applied/s, settled RSS per live
 # (block, worker) pair, query p50/p99 at each connection count, and the server's open
-# descriptors once loaded. A system that fails at one size (it exits or refuses) is
-# marked so and not tried at larger ones. The load tool holds three descriptors a
-# worker (mailbox, listening socket, the indexer's connection): under this machine's
-# hard open-file limit it stops near a third of it.
+# descriptors while every engine is connected (sampled every 0.2 s). A system that
+# fails at one size (it exits or refuses) is marked so and not tried at larger ones.
+# The load tool holds three descriptors a worker (mailbox, listening socket, the
+# indexer's connection): under this machine's hard open-file limit it stops near a
+# third of it. At fleet size the event phase's time is mostly the load tool's
+# sentinel wait: one /query per worker, each answer listing every worker's tree size.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -51,9 +53,17 @@ for workers in $WORKERS; do
         common=(--url "http://127.0.0.1:$PORT" --quiet --json --workload trace --trace "$TRACE"
             --requests "$REQUESTS")
         t0=$(date +%s.%N)
-        if ! load events "${common[@]}" --workers-count "$workers" --policy random \
-            --shared-engine-hashes --pid "$PID" --keep >"$OUT/$name-events.json" 2>>"$OUT/$name.log" ||
-            ! kill -0 "$PID" 2>/dev/null; then
+        load events "${common[@]}" --workers-count "$workers" --policy random \
+            --shared-engine-hashes --pid "$PID" --keep >"$OUT/$name-events.json" 2>>"$OUT/$name.log" &
+        loader=$!
+        # The server's open descriptors while every engine is connected (the most seen).
+        fds=0
+        while kill -0 "$loader" 2>/dev/null; do
+            n=$(ls "/proc/$PID/fd" 2>/dev/null | wc -l)
+            [ "$n" -gt "$fds" ] && fds=$n
+            sleep 0.2
+        done
+        if ! wait "$loader" || ! kill -0 "$PID" 2>/dev/null; then
             FAILED[$system]=$workers
             echo "{\"failed\": true}" >"$OUT/$name.json"
             cleanup
@@ -61,7 +71,6 @@ for workers in $WORKERS; do
             continue
         fi
         t1=$(date +%s.%N)
-        fds=$(ls "/proc/$PID/fd" | wc -l)
         load query "${common[@]}" --connections 16,1 --prompt-tokens 1024 --duration "$DURATION" \
             >"$OUT/$name-query.json"
         echo "{\"events_wall_secs\": $(echo "$t1 - $t0" | bc), \"fds\": $fds}" >"$OUT/$name.json"

@@ -205,11 +205,13 @@ impl Snapshot {
 
     /// An instance as routers name it.
     pub fn instance_key(&self, id: InstanceId) -> InstanceKey {
-        match (u64::try_from(id), self.names.get(&id)) {
-            (Ok(i), _) => InstanceKey::Id(i),
-            (Err(_), Some(n)) => InstanceKey::Name(n.clone()),
+        if let Ok(i) = u64::try_from(id) {
+            return InstanceKey::Id(i);
+        }
+        match self.names.get(&id) {
+            Some(n) => InstanceKey::Name(n.clone()),
             // Not reachable: named ids are only made by `intern`, with their name.
-            (Err(_), None) => InstanceKey::Name(id.to_string()),
+            None => InstanceKey::Name(id.to_string()),
         }
     }
 

@@ -359,12 +359,20 @@ fn await_sentinels(
     }
 }
 
+/// The `scores` of a `/query` reply; the rest (`tree_sizes` lists every worker, so
+/// it grows with the fleet) is skipped without being built.
+#[derive(serde::Deserialize)]
+struct ScoresOnly<'a> {
+    #[serde(borrow)]
+    scores: std::collections::HashMap<&'a str, serde_json::Value>,
+}
+
 /// Does a Dynamo-style `{"scores": {"<instance>": {"<dp>": n}}}` reply give `instance` a score > 0?
 pub fn scored(body: &[u8], instance: u64) -> bool {
-    let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) else {
+    let Ok(v) = serde_json::from_slice::<ScoresOnly>(body) else {
         return false;
     };
-    let Some(per_dp) = v.get("scores").and_then(|s| s.get(instance.to_string())) else {
+    let Some(per_dp) = v.scores.get(instance.to_string().as_str()) else {
         return false;
     };
     match per_dp {
