@@ -91,18 +91,9 @@ mod tests {
     #[test]
     fn a_context_opens_more_than_libzmqs_default_of_sockets() {
         // Each socket holds a descriptor (its mailbox): let this process open them.
-        let mut lim = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        // SAFETY: getrlimit and setrlimit read and write only the struct passed.
-        unsafe {
-            libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
+        let nofile = crate::descriptors::raise_open_file_limit();
         assert!(
-            lim.rlim_max >= 2_000,
+            nofile >= 2_000,
             "this test needs an open-file limit of 2,000"
         );
         let ctx = Context::new(2_000).unwrap();
