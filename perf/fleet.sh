@@ -2,7 +2,7 @@
 # Fleets: kvix and Dynamo's standalone indexer as the worker count grows, in one run,
 # one table (DIR/fleet.md).
 #
-#   perf/fleet.sh [--out DIR] [--requests N] [--duration S] [--workers "16 300 1000 3000"]
+#   perf/fleet.sh [--out DIR] [--requests N] [--duration S] [--workers "16 300 1000 3000 8000"]
 #                 [--systems "kvix dynamo"] [--no-build]
 #
 # For each worker count, each system on a fresh server at --threads 2: the Mooncake
@@ -15,13 +15,14 @@
 # descriptors while every engine is connected (sampled every 0.2 s). A system that
 # fails at one size (it exits or refuses) is marked so and not tried at larger ones.
 # The load tool holds three descriptors a worker (mailbox, listening socket, the
-# indexer's connection): under this machine's hard open-file limit it stops near a
-# third of it. At fleet size the event phase's time is mostly the load tool's
+# indexer's connection), so above 4,000 workers several run side by side, each with
+# its own instance ids and an equal share of the requests (their figures summed). At fleet size the event phase's time is mostly the load tool's
 # sentinel wait: one /query per worker, each answer listing every worker's tree size.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-REQUESTS=30000 DURATION=5 WORKERS="16 300 1000 3000" SYSTEMS="kvix dynamo" BUILD=1
+REQUESTS=30000 DURATION=5 WORKERS="16 300 1000 3000 8000" SYSTEMS="kvix dynamo" BUILD=1
+PER_LOADER=4000
 OUT="perf/out/fleet-$(date +%Y%m%d-%H%M%S)"
 . perf/lib.sh
 parse_options "OUT REQUESTS DURATION WORKERS SYSTEMS NO_BUILD" "$@"
@@ -50,20 +51,31 @@ for workers in $WORKERS; do
         fi
         say "$system, $workers workers"
         start_indexer "$system" 2 "$OUT/$name.log"
-        common=(--url "http://127.0.0.1:$PORT" --quiet --json --workload trace --trace "$TRACE"
-            --requests "$REQUESTS")
+        common=(--url "http://127.0.0.1:$PORT" --quiet --json --workload trace --trace "$TRACE")
+        # One load tool drives at most PER_LOADER workers (three descriptors each);
+        # more run side by side, each with its own instance ids and its share of the
+        # requests.
+        loaders=$(( (workers + PER_LOADER - 1) / PER_LOADER ))
         t0=$(date +%s.%N)
-        load events "${common[@]}" --workers-count "$workers" --policy random \
-            --shared-engine-hashes --pid "$PID" --keep >"$OUT/$name-events.json" 2>>"$OUT/$name.log" &
-        loader=$!
+        pids=()
+        for k in $(seq 0 $((loaders - 1))); do
+            load events "${common[@]}" --requests $((REQUESTS / loaders)) \
+                --workers-count $((workers / loaders)) --first-instance-id $((k * workers / loaders + 1)) \
+                --policy random --shared-engine-hashes --pid "$PID" --keep \
+                >"$OUT/$name-events-$k.json" 2>>"$OUT/$name.log" &
+            pids+=($!)
+        done
         # The server's open descriptors while every engine is connected (the most seen).
         fds=0
-        while kill -0 "$loader" 2>/dev/null; do
+        alive() { local p; for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && return 0; done; return 1; }
+        while alive; do
             n=$(ls "/proc/$PID/fd" 2>/dev/null | wc -l)
             [ "$n" -gt "$fds" ] && fds=$n
             sleep 0.2
         done
-        if ! wait "$loader" || ! kill -0 "$PID" 2>/dev/null; then
+        ok=1
+        for p in "${pids[@]}"; do wait "$p" || ok=0; done
+        if [ "$ok" = 0 ] || ! kill -0 "$PID" 2>/dev/null; then
             FAILED[$system]=$workers
             echo "{\"failed\": true}" >"$OUT/$name.json"
             cleanup
@@ -71,7 +83,7 @@ for workers in $WORKERS; do
             continue
         fi
         t1=$(date +%s.%N)
-        load query "${common[@]}" --connections 16,1 --prompt-tokens 1024 --duration "$DURATION" \
+        load query "${common[@]}" --requests "$REQUESTS" --connections 16,1 --prompt-tokens 1024 --duration "$DURATION" \
             >"$OUT/$name-query.json"
         echo "{\"events_wall_secs\": $(echo "$t1 - $t0" | bc), \"fds\": $fds}" >"$OUT/$name.json"
         kill "$PID"
@@ -95,7 +107,14 @@ for w in workers:
         if "skipped" in base or "failed" in base:
             print(f"| {w} | {s} | {base.get('skipped', 'failed (see its log)')} | | | | | | |")
             continue
-        ev = read(f"{s}-w{w}-events.json").get("events", {})
+        evs = [read(f"{s}-w{w}-events-{k}.json").get("events", {}) for k in range(8)]
+        evs = [e for e in evs if e]
+        pairs = sum(e["sim"]["live_pairs"] for e in evs) if evs else 0
+        rss = [(e.get("rss_before_bytes"), e.get("rss_after_bytes")) for e in evs]
+        growth = (max(a for _, a in rss) - min(b for b, _ in rss)) if evs and all(
+            b and a for b, a in rss) else 0
+        ev = {"blocks_applied_per_sec": sum(e.get("blocks_applied_per_sec", 0) for e in evs),
+              "bytes_per_live_pair": growth / pairs if pairs else 0}
         q = {x["connections"]: x for x in read(f"{s}-w{w}-query.json").get("queries", [])}
         def lat(c):
             x = q.get(c)

@@ -48,7 +48,7 @@ fn descriptor_exhaustion_pauses_accepting_and_recovers() {
     let mut s = Server::launch(
         &["--threads", "2", "--max-connections", "1000"],
         Some(128),
-        Some(common::free_port()),
+        None,
     );
     // Idle executors spin briefly before parking: that is the baseline.
     let (cpu0, t0) = (cpu_secs(s.pid()), Instant::now());
@@ -303,10 +303,9 @@ fn response(s: &mut TcpStream) -> (u16, bool) {
 fn a_refused_request_leaves_its_connection_usable() {
     let admin = common::dir_with("refused", &[("admin", "secret".to_string())]);
     let token = admin.join("admin");
-    let port = common::free_port().to_string();
     let s = Server::start(&[
         "--slot-tracker-port",
-        &port,
+        "0",
         "--admin-token-file",
         token.to_str().unwrap(),
     ]);
@@ -321,7 +320,12 @@ fn a_refused_request_leaves_its_connection_usable() {
     // Each refusal comes before any handler reads the body; the same connection
     // then answers /health.
     let main = s.port;
-    let slots: u16 = port.parse().unwrap();
+    let slots: u16 = s
+        .slot_tracker_url()
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap();
     for (port, request, want) in [
         (main, post("/nope", json, "{\"a\":1}"), 404),
         (main, post("/health", json, "{\"a\":1}"), 404),

@@ -164,18 +164,14 @@ fn an_oversized_zmq_frame_is_skipped_and_its_stream_goes_on() {
 
 /// Run the binary with `args` until it exits or `wait` passes; (exit code, stderr).
 fn run_kvix(args: &[&str], wait: Duration) -> (Option<i32>, String) {
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let log = std::env::temp_dir().join(format!(
         "kvix-flags-{}-{}.log",
         std::process::id(),
-        common::free_port()
+        RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
     let mut child = std::process::Command::new(common::kvix_bin())
-        .args([
-            "--host",
-            "127.0.0.1",
-            "--port",
-            &common::free_port().to_string(),
-        ])
+        .args(["--host", "127.0.0.1", "--port", "0"])
         .args(args)
         .stdout(std::process::Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())

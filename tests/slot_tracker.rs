@@ -267,13 +267,7 @@ fn slot_server(extra: &[&str]) -> (Server, String) {
     let mut flags = vec!["--slot-tracker-port", "0"];
     flags.extend_from_slice(extra);
     let s = Server::start(&flags);
-    let url = s
-        .log()
-        .split("slot tracker on ")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .map(str::to_string)
-        .expect("the slot tracker's address logged");
+    let url = s.slot_tracker_url();
     (s, url)
 }
 

@@ -277,6 +277,17 @@ impl Server {
         }
     }
 
+    /// The slot tracker's URL, for a server started with `--slot-tracker-port 0`
+    /// (read from its log).
+    pub fn slot_tracker_url(&self) -> String {
+        self.log()
+            .split("slot tracker on ")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .map(str::to_string)
+            .expect("the slot tracker's address logged")
+    }
+
     /// Everything the server logged so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
