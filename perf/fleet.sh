@@ -10,14 +10,18 @@
 # events: one PUB socket and one /register each, vLLM's three-field batches, one
 # engine hash per block on every worker as Dynamo 1.6.1 needs), then closed-loop
 # /query with 1k-token prompts at 16 and at 1 connection. Recorded: the wall time of
-# registering and applying everything, blocks applied/s, settled RSS per live
-# (block, worker) pair, query p50/p99 at each connection count, and the server's open
-# descriptors while every engine is connected (sampled every 0.2 s). A system that
-# fails at one size (it exits or refuses) is marked so and not tried at larger ones.
-# The load tool holds three descriptors a worker (mailbox, listening socket, the
-# indexer's connection), so above 4,000 workers several run side by side, each with
-# its own instance ids and an equal share of the requests (their figures summed). At fleet size the event phase's time is mostly the load tool's
-# sentinel wait: one /query per worker, each answer listing every worker's tree size.
+# registering and applying everything, blocks applied/s (timed by the indexer's tree
+# sizes adding up to every block published, one /query a poll, `--wait-tree-sizes`:
+# a query per worker, each of kvix's answers listing every worker, would time the
+# load tool; Dynamo's answers list matched workers only and carry no tree sizes, so
+# it is timed by its sentinels as before),
+# settled RSS per live (block, worker) pair, query p50/p99 at each connection count,
+# and the server's open descriptors while every engine is connected (sampled every
+# 0.2 s). A system that fails at one size (it exits or refuses) is marked so and not
+# tried at larger ones. The load tool holds three descriptors a worker (mailbox,
+# listening socket, the indexer's connection), so above 4,000 workers several run side
+# by side, each with its own instance ids and an equal share of the requests (their
+# figures summed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -61,7 +65,7 @@ for workers in $WORKERS; do
         for k in $(seq 0 $((loaders - 1))); do
             load events "${common[@]}" --requests $((REQUESTS / loaders)) \
                 --workers-count $((workers / loaders)) --first-instance-id $((k * workers / loaders + 1)) \
-                --policy random --shared-engine-hashes --pid "$PID" --keep \
+                --policy random --shared-engine-hashes --wait-tree-sizes --pid "$PID" --keep \
                 >"$OUT/$name-events-$k.json" 2>>"$OUT/$name.log" &
             pids+=($!)
         done

@@ -283,8 +283,12 @@ fn engine(instance: usize, endpoint: &str) -> serde_json::Value {
 
 #[test]
 fn three_thousand_engines_register_and_a_shared_prefix_scores_on_each() {
-    const PUBS: usize = 300;
     const PER_PUB: usize = 10;
+    // `KVIX_ENGINES=1000 KVIX_TEST_BIN=target/release/kvix cargo test --release --test
+    // overload -- three --nocapture` prints the latency of a prefix every engine holds.
+    let pubs_count = common::env_u64("KVIX_ENGINES", 3_000) as usize / PER_PUB;
+    const SHARED: u64 = 64;
+    let shared_tokens: Vec<u32> = (1..=SHARED as u32 * 4).collect();
     let hard = raise_nofile();
     // kvix holds two descriptors an engine; this process about a dozen a publisher.
     assert!(
@@ -293,7 +297,9 @@ fn three_thousand_engines_register_and_a_shared_prefix_scores_on_each() {
     );
     let ctx = zmq::Context::new();
     let s = Server::start(&["--threads", "2"]);
-    let pubs: Vec<common::Publisher> = (0..PUBS).map(|_| common::Publisher::bind(&ctx)).collect();
+    let pubs: Vec<common::Publisher> = (0..pubs_count)
+        .map(|_| common::Publisher::bind(&ctx))
+        .collect();
     // Engines of one publisher all hear its frames: each holds what it publishes.
     for (p, publisher) in pubs.iter().enumerate() {
         for k in 0..PER_PUB {
@@ -309,32 +315,46 @@ fn three_thousand_engines_register_and_a_shared_prefix_scores_on_each() {
     let workers = s.get_json("/workers");
     assert_eq!(
         workers.as_array().map(|w| w.len()),
-        Some(PUBS * PER_PUB),
+        Some(pubs_count * PER_PUB),
         "{workers}"
     );
     // A shared system prompt, then one block of each publisher's own.
+    let shared: Vec<u64> = (1..=SHARED).collect();
     for (p, publisher) in pubs.iter().enumerate() {
         let own = 1000 + p as u64;
-        publisher.send_seq(0, &stored(&[1, 2], None, &(1..=8).collect::<Vec<_>>(), 4));
-        publisher.send_seq(1, &stored(&[own], Some(2), &[p as u32 + 100; 4], 4));
+        publisher.send_seq(0, &stored(&shared, None, &shared_tokens, 4));
+        publisher.send_seq(1, &stored(&[own], Some(SHARED), &[p as u32 + 100; 4], 4));
     }
-    let every: serde_json::Map<String, serde_json::Value> = (1..=PUBS * PER_PUB)
-        .map(|i| (i.to_string(), json!({"0": 8})))
+    let every: serde_json::Map<String, serde_json::Value> = (1..=pubs_count * PER_PUB)
+        .map(|i| (i.to_string(), json!({"0": shared_tokens.len()})))
         .collect();
-    s.wait_scores(
-        &json!({"model_name": "m", "token_ids": (1..=8).collect::<Vec<u32>>()}),
-        &serde_json::Value::Object(every),
+    let q = json!({"model_name": "m", "token_ids": shared_tokens});
+    s.wait_scores(&q, &serde_json::Value::Object(every));
+    let body = q.to_string();
+    let mut took: Vec<std::time::Duration> = (0..200)
+        .map(|_| {
+            let t = Instant::now();
+            assert_eq!(s.call("POST", "/query", Some(&body)).0, 200);
+            t.elapsed()
+        })
+        .collect();
+    took.sort();
+    eprintln!(
+        "a prefix all {} engines hold, one connection: p50 {:?}, p99 {:?}",
+        pubs_count * PER_PUB,
+        took[100],
+        took[197]
     );
     // Past the shared prefix, each publisher's own block scores on its engines only.
     let p = 7;
-    let mut tokens: Vec<u32> = (1..=8).collect();
+    let mut tokens = shared_tokens.clone();
     tokens.extend([p as u32 + 100; 4]);
     let v = s.post_ok("/query", &json!({"model_name": "m", "token_ids": tokens}));
     let own: Vec<usize> = v["scores"]
         .as_object()
         .unwrap()
         .iter()
-        .filter(|(_, d)| d["0"] == 12)
+        .filter(|(_, d)| d["0"] == shared_tokens.len() + 4)
         .map(|(i, _)| i.parse().unwrap())
         .collect::<BTreeSet<usize>>()
         .into_iter()
@@ -343,7 +363,7 @@ fn three_thousand_engines_register_and_a_shared_prefix_scores_on_each() {
         own,
         (p * PER_PUB + 1..=(p + 1) * PER_PUB).collect::<Vec<_>>()
     );
-    assert_eq!(s.metric("kvix_engines", &[]), (PUBS * PER_PUB) as f64);
+    assert_eq!(s.metric("kvix_engines", &[]), (pubs_count * PER_PUB) as f64);
 }
 
 #[test]

@@ -190,7 +190,9 @@ struct Share {
 }
 
 /// Publish all frames (then the sentinels) on `threads` threads, and poll the
-/// indexer until every sentinel is visible or `timeout` passes.
+/// indexer until every sentinel is visible or `timeout` passes. With
+/// `expected_tree_sum`, the apply is timed by the tree sizes reaching it
+/// ([`await_tree_sum`]) and the sentinels are checked after, untimed.
 #[allow(clippy::too_many_arguments)]
 pub fn publish(
     pubs: Vec<Publisher>,
@@ -203,6 +205,7 @@ pub fn publish(
     nonce: u64,
     timeout: Duration,
     sent: Arc<AtomicU64>,
+    expected_tree_sum: Option<u64>,
 ) -> Result<(Vec<Publisher>, PublishResult), String> {
     let sentinels = Sentinels {
         nonce,
@@ -214,14 +217,49 @@ pub fn publish(
     let pubs = send_all(shares, sent)?;
     let publish_secs = start.elapsed().as_secs_f64();
     let deadline = timeout + Duration::from_secs_f64(publish_secs);
+    let applied = expected_tree_sum
+        .and_then(|sum| await_tree_sum(target, model, &sentinels, &pubs, sum, start, deadline));
     let seen = await_sentinels(target, model, &sentinels, &pubs, start, deadline);
     Ok((
         pubs,
         PublishResult {
             publish_secs,
+            applied_secs: applied.unwrap_or(seen.applied_secs),
             ..seen
         },
     ))
+}
+
+/// Poll one `/query` until the indexer's tree sizes over `pubs`' workers add up to
+/// `expected` (every block they hold, sentinels included); returns when, in seconds
+/// since `start`, or `None` if they never do before `deadline` (an indexer that
+/// lost stores) or if its answers carry no tree sizes. One query a poll, however many
+/// workers: at fleet size a query per worker, each of kvix's answers listing every
+/// worker, would time the load tool.
+fn await_tree_sum(
+    target: &Target,
+    model: &str,
+    sentinels: &Sentinels,
+    pubs: &[Publisher],
+    expected: u64,
+    start: Instant,
+    deadline: Duration,
+) -> Option<f64> {
+    let body = sentinels.query(target, model, 0);
+    let instances: Vec<u64> = pubs.iter().map(|p| p.instance).collect();
+    let mut conn = Conn::new(target);
+    while start.elapsed() < deadline {
+        if let Ok(200) = conn.send(&body) {
+            // An indexer whose answers carry no tree sizes (Dynamo's lists matched
+            // workers only) is timed by its sentinels.
+            let sum = tree_sizes_sum(conn.body(), &instances)?;
+            if sum >= expected {
+                return Some(start.elapsed().as_secs_f64());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    None
 }
 
 /// Spread the workers over `threads` threads, each with its workers' frames and

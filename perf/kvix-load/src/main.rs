@@ -245,6 +245,14 @@ struct EventArgs {
     /// Publisher threads (workers are spread over them)
     #[arg(long, default_value_t = 1)]
     publish_threads: usize,
+    /// Time the apply by the indexer's tree sizes (one /query a poll, summed over
+    /// the workers) reaching every block published, then check each worker's
+    /// sentinel untimed; an indexer whose answers carry no tree sizes is timed by its
+    /// sentinels. Without it the apply ends with the last sentinel seen, one /query
+    /// per worker, which at fleet size (each of kvix's answers listing every worker)
+    /// times the load tool as much as the indexer
+    #[arg(long)]
+    wait_tree_sizes: bool,
     /// instance_id of the first worker; the others follow consecutively
     #[arg(long, default_value_t = 1)]
     first_instance_id: u64,
@@ -573,6 +581,8 @@ fn event_phase(
                 nonce,
                 Duration::from_secs_f64(ev.settle_timeout),
                 sent.clone(),
+                ev.wait_tree_sizes
+                    .then_some(sim_stats.live_pairs + ev.workers_count as u64),
             )
         },
     );
