@@ -319,3 +319,36 @@ fn workers_flag_registers_at_startup() {
         }),
     );
 }
+
+#[test]
+fn matched_only_lists_just_the_workers_holding_the_prefix() {
+    let s = Server::start(&["--threads", "2"]);
+    let ctx = zmq::Context::new();
+    let mut pubs = publishers::<3>(&ctx);
+    for (i, p) in pubs.iter().enumerate() {
+        register(&s, MODEL, i as u64 + 1, p);
+    }
+    pubs[1].send(&stored(&[local(&tokens(1, 4))], None, &tokens(1, 4), 4));
+    pubs[2].send(&stored(&[local(&tokens(9, 12))], None, &tokens(9, 12), 4));
+    s.wait_scores(&query(&tokens(1, 4)), &json!({"2": {"0": 4}}));
+    // By default every live worker is listed, holding the prefix or not.
+    let all = s.post_ok("/query", &query(&tokens(1, 4)));
+    assert_eq!(
+        all["tree_sizes"],
+        json!({"1": {"0": 0}, "2": {"0": 1}, "3": {"0": 1}})
+    );
+    let mut body = query(&tokens(1, 4));
+    body["matched_only"] = json!(true);
+    let some = s.post_ok("/query", &body);
+    assert_eq!(some["scores"], all["scores"]);
+    assert_eq!(some["frequencies"], all["frequencies"]);
+    assert_eq!(some["tree_sizes"], json!({"2": {"0": 1}}));
+    let listed: Vec<&String> = some["instances"].as_object().unwrap().keys().collect();
+    assert_eq!(listed, ["2"]);
+    // Nothing held: nothing listed.
+    let mut none = query(&tokens(21, 24));
+    none["matched_only"] = json!(true);
+    let v = s.post_ok("/query", &none);
+    assert_eq!(v["tree_sizes"], json!({}));
+    assert_eq!(v["instances"], json!({}));
+}

@@ -170,7 +170,14 @@ async fn score<M: ShardMesh>(
             let llmd = t
                 .weights
                 .map(|w| query::weighted(&merged, ix.slots.len(), live, &w));
-            json::scores(&snap, ix, &overlap, llmd.as_deref(), &live)
+            let holds = |s: WorkerSlot| {
+                overlap
+                    .matched
+                    .get(s.0 as usize)
+                    .is_some_and(|m| m.iter().any(|&n| n > 0))
+            };
+            let shown = |s: WorkerSlot| live(s) && (!t.matched_only || holds(s));
+            json::scores(&snap, ix, &overlap, llmd.as_deref(), &shown)
         }
     };
     let body = match loads {

@@ -99,6 +99,9 @@ pub(super) struct Scope {
     scoring: Option<String>,
     /// llm-d tier weights by medium name (defaults: GPU 1.0, CPU 0.8).
     tier_weights: Option<HashMap<String, f32>>,
+    /// List only the workers holding some of the prefix in `tree_sizes` and
+    /// `instances` (a fleet's answer otherwise lists every worker of the model).
+    matched_only: Option<bool>,
 }
 
 /// A resolved query: which index, in which shape, for whom.
@@ -109,6 +112,7 @@ pub(super) struct Target {
     pub(super) only: Option<InstanceId>,
     pub(super) weights: Option<[f32; Tier::COUNT]>,
     pub(super) lora: Option<String>,
+    pub(super) matched_only: bool,
 }
 
 /// What a query's scope names without asking the registry.
@@ -228,6 +232,7 @@ pub(super) fn resolve_named<M: ShardMesh>(
         only,
         weights,
         lora,
+        matched_only: sc.matched_only.unwrap_or(false),
     })
 }
 

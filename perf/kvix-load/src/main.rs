@@ -293,6 +293,10 @@ struct QueryArgs {
     /// Ask for the slot tracker's potential loads too (`"loads": true`, kvix only)
     #[arg(long)]
     loads: bool,
+    /// Ask for only the workers holding some of the prefix in the answer
+    /// (`"matched_only": true`, kvix only)
+    #[arg(long)]
+    matched_only: bool,
     /// A second indexer, already filled the same way: every phase loads `--url`
     /// and this one in turn, `--slice-ms` each, so that both meet the same
     /// machine (one result per server and phase)
@@ -674,6 +678,7 @@ fn query_phases(
                             q.prompt_pool,
                             q.signed_hashes,
                             q.loads,
+                            q.matched_only,
                         ))
                     })
                     .collect();

@@ -90,6 +90,7 @@ pub fn bodies(
     pool: usize,
     signed_hashes: bool,
     loads: bool,
+    matched_only: bool,
 ) -> Vec<Vec<u8>> {
     let pool = pool.clamp(1, reqs.len());
     let seed = hash::block_seed(None, None);
@@ -131,6 +132,10 @@ pub fn bodies(
             // kvix: the slot tracker's potential loads beside the overlap.
             if loads {
                 b.extend_from_slice(b",\"loads\":true");
+            }
+            // kvix: list only the workers holding some of the prefix.
+            if matched_only {
+                b.extend_from_slice(b",\"matched_only\":true");
             }
             b.push(b'}');
             target.request("POST", endpoint.path(), &b)
