@@ -1,8 +1,9 @@
 //! Block identity: Dynamo-compatible local and sequence hashes.
 //!
-//! Owns the one hashing decision of DESIGN.md: local hash = XXH3-64 over the
-//! block's tokens as little-endian `u32`, seed 1337 (LoRA name mixed in);
-//! sequence hash = XXH3-64(parent ‖ local, 1337). Must never depend on engine hashes.
+//! Owns the one hashing decision (ARCHITECTURE.md, "Block identity"): local
+//! hash = XXH3-64 over the block's tokens as little-endian `u32`, seed 1337 (LoRA
+//! name mixed in); sequence hash = XXH3-64(parent ‖ local, 1337). Must never
+//! depend on engine hashes.
 
 use crate::types::{BlockHash, SeqHash};
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
