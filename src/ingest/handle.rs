@@ -24,9 +24,8 @@ pub enum ListenError {
     /// Every engine the open-file budget allows is listened to.
     #[error(
         "kvix already listens to {limit} engines, the most its open-file limit allows \
-         (two descriptors each, the rest kept for HTTP); raise LimitNOFILE= in the systemd \
-         unit (or `ulimit -n`) and restart kvix, or set --max-engines lower to keep this \
-         refusal early"
+         (two descriptors each, the rest kept for HTTP, or --max-engines); raise \
+         LimitNOFILE= in the systemd unit (or `ulimit -n`) and restart kvix"
     )]
     Budget { limit: usize },
     #[error("{0}")]
@@ -184,7 +183,7 @@ impl Ingest {
             let (tx, rx) = mpsc::channel();
             let wake = Arc::new(Wake::new().expect("eventfd for an ingest thread"));
             let sink = RingSink::new(rings.clone(), producer);
-            let (ctx, registry) = (ctx, registry.clone());
+            let registry = registry.clone();
             let (paused, replay_stats) = (paused.clone(), replay_stats.clone());
             let thread_wake = wake.clone();
             let (stats_list, thread_pods, thread_bind_stats) =
