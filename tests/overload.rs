@@ -286,15 +286,26 @@ fn three_thousand_engines_register_and_a_shared_prefix_scores_on_each() {
     const PER_PUB: usize = 10;
     // `KVIX_ENGINES=1000 KVIX_TEST_BIN=target/release/kvix cargo test --release --test
     // overload -- three --nocapture` prints the latency of a prefix every engine holds.
-    let pubs_count = common::env_u64("KVIX_ENGINES", 3_000) as usize / PER_PUB;
+    let want = common::env_u64("KVIX_ENGINES", 3_000) as usize / PER_PUB;
     const SHARED: u64 = 64;
     let shared_tokens: Vec<u32> = (1..=SHARED as u32 * 4).collect();
-    let hard = raise_nofile();
-    // kvix holds two descriptors an engine; this process about a dozen a publisher.
+    // kvix holds two descriptors an engine (of its own limit, the same hard one);
+    // this process one a connection plus two a publisher: a machine whose hard
+    // limit is below 8,000 runs as many engines as it allows, and says so.
+    let hard = raise_nofile() as usize;
+    let fit = hard.saturating_sub(500) / (3 * PER_PUB);
+    let pubs_count = want.min(fit);
     assert!(
-        hard >= 8_000,
-        "this test needs an open-file hard limit of 8,000 (ulimit -Hn), not {hard}"
+        pubs_count >= 30,
+        "this test needs an open-file hard limit of at least 1,500 (ulimit -Hn), not {hard}"
     );
+    if pubs_count < want {
+        eprintln!(
+            "open-file hard limit {hard}: {} engines, not {}",
+            pubs_count * PER_PUB,
+            want * PER_PUB
+        );
+    }
     let ctx = zmq::Context::new();
     let s = Server::start(&["--threads", "2"]);
     let pubs: Vec<common::Publisher> = (0..pubs_count)
