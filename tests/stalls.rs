@@ -259,10 +259,14 @@ fn an_abandoned_prompt_is_dropped_not_tokenized() {
     eprintln!(
         "all {sent} abandoned prompts ended {ended_after:?} after their clients left; tokenizing CPU in the next 0.5 s: {busy} s"
     );
-    assert!(
-        busy < 0.1,
-        "the tokenizing thread still used {busy} s of CPU in 0.5 s"
-    );
+    // A CPU figure: asserted on a quiet machine (`--features perf-checks`), printed
+    // above always.
+    if cfg!(feature = "perf-checks") {
+        assert!(
+            busy < 0.1,
+            "the tokenizing thread still used {busy} s of CPU in 0.5 s"
+        );
+    }
 }
 
 #[test]
