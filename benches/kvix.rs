@@ -12,8 +12,8 @@
 
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use kvix::hash;
-use kvix::query;
 use kvix::ring::{OpSink, RingSink, Rings};
+use kvix::score;
 use kvix::shard::{Prompt, SeqHasherBuilder, Shard, ShardOp};
 use kvix::types::{BlockHash, EngineHash, IndexId, SeqHash, ShardId, Tier, WorkerSlot};
 use kvix::wire::{self, Batch};
@@ -429,7 +429,7 @@ fn bench_render(c: &mut Criterion) {
         live_predictions: Default::default(),
     });
     let snap = Snapshot::default();
-    let ov = query::Overlap {
+    let ov = score::Overlap {
         matched: (0..workers)
             .map(|w| {
                 let m = 40 + (w * 7) % 24;
@@ -460,9 +460,9 @@ fn bench_query(c: &mut Criterion) {
                 let q = Prompt::Locals(&chains[i]);
                 let replies: Vec<_> = shards
                     .iter_mut()
-                    .map(|sh| query::answer(sh, IndexId(0), q))
+                    .map(|sh| score::answer(sh, IndexId(0), q))
                     .collect();
-                black_box(query::gather(&query::merge(replies), 16, |_| true))
+                black_box(score::gather(&score::merge(replies), 16, |_| true))
             })
         });
         if n == 1 {
@@ -477,8 +477,8 @@ fn bench_query(c: &mut Criterion) {
                             .chunks_exact(BS)
                             .map(|c| hash::local_hash(c, seed)),
                     );
-                    let r = query::answer(&mut shards[0], IndexId(0), Prompt::Locals(&hs));
-                    black_box(query::gather(&query::merge(vec![r]), 16, |_| true))
+                    let r = score::answer(&mut shards[0], IndexId(0), Prompt::Locals(&hs));
+                    black_box(score::gather(&score::merge(vec![r]), 16, |_| true))
                 })
             });
         }

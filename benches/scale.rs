@@ -8,7 +8,7 @@
 //! shard, timed one by one over random chains (cold caches, as in service).
 //! Run: `cargo bench --bench scale` (`-- 1,10` for the smaller sizes only).
 
-use kvix::query;
+use kvix::score;
 use kvix::shard::{Prompt, Shard, ShardOp};
 use kvix::types::{BlockHash, EngineHash, IndexId, SeqHash, Tier, WorkerSlot};
 use std::time::Instant;
@@ -100,8 +100,8 @@ fn main() {
             chain(x % chains, &mut seqs);
             let t = Instant::now();
             let locals: Vec<BlockHash> = seqs.iter().map(|s| BlockHash(s.0)).collect();
-            let r = query::answer(&mut shard, IndexId(0), Prompt::Locals(&locals));
-            let ov = query::gather(&query::merge(vec![r]), WORKERS as usize, |_| true);
+            let r = score::answer(&mut shard, IndexId(0), Prompt::Locals(&locals));
+            let ov = score::gather(&score::merge(vec![r]), WORKERS as usize, |_| true);
             std::hint::black_box(ov);
             lat.record(t.elapsed().as_nanos() as u64).ok();
         }

@@ -4,7 +4,7 @@
 //! - events: ZMQ ([`ingest`]) → decode ([`wire`]) → engine→kvix hashes ([`ingest::feed`], [`hash`])
 //!   → SPSC rings ([`ring`]) → the owning shard ([`shard`], chosen by [`partition`]);
 //! - queries: HTTP ([`http`]) → hash ([`hash`]) → scatter to shards ([`runtime`]) →
-//!   gather ([`query`]) → JSON ([`http::json`]); a text prompt is first turned into
+//!   gather and score ([`score`]) → JSON ([`http::json`]); a text prompt is first turned into
 //!   token ids ([`prompt`]) on threads of its own ([`tokenize`]).
 //!
 //! - recovery: gap replay ([`ingest::replay`]), peer `/dump` bootstrap and local
@@ -32,11 +32,11 @@ pub mod mesh;
 pub mod metrics;
 pub mod partition;
 pub mod prompt;
-pub mod query;
 pub mod recovery;
 pub mod registry;
 pub mod ring;
 pub mod runtime;
+pub mod score;
 pub mod shard;
 pub mod slot_tracker;
 #[cfg(test)]

@@ -8,7 +8,7 @@
 
 use crate::app::App;
 use crate::metrics::{HttpStats, ShardStats};
-use crate::query::{PromptBlocks, ShardReply};
+use crate::score::{PromptBlocks, ShardReply};
 use crate::shard::{ChainAt, PredictRefused, PredictStep, PruneBound, ShardExport};
 use crate::slot_tracker::{SlotRep, SlotReq};
 use crate::types::{IndexId, ShardId};

@@ -3,8 +3,8 @@
 //!
 //! The sharded side is kvix's real event path minus the sockets: msgpack
 //! frames (vLLM positional encoding) → `wire::decode` → `WorkerFeed`
-//! → SPSC rings → per-shard `Shard::apply`; queries go `hash` → `query::split`
-//! → `query::answer` per shard → `query::gather`. The model knows nothing of
+//! → SPSC rings → per-shard `Shard::apply`; queries go `hash` → `score::split`
+//! → `score::answer` per shard → `score::gather`. The model knows nothing of
 //! hashes or shards: each worker holds a set of token prefixes with tiers, and a
 //! set of predicted prefixes (`/speculate`'s ops, pushed on the same rings) that
 //! score as the device until the worker stores them, clears, or they expire.
@@ -23,10 +23,10 @@
 use kvix::hash;
 use kvix::ingest::feed::{SeedBlock, SeedGroups, WorkerFeed};
 use kvix::partition::Partition;
-use kvix::query::{self, Overlap};
 use kvix::recovery::export::IndexExport;
 use kvix::registry::{Endpoint, Registration, Registry};
 use kvix::ring::{OpSink, RingSink, Rings};
+use kvix::score::{self, Overlap};
 use kvix::shard::Shard;
 use kvix::types::{IndexId, ShardId, Tier, WorkerSlot};
 use kvix::wire::{self, Batch};
@@ -329,7 +329,7 @@ impl Model {
     fn matched(&self, w: (u64, u32), q: &[u32]) -> [u32; 3] {
         let held = self.workers.get(&w);
         let mut out = [0u32; 3];
-        for (k, set) in query::TIER_SETS.iter().enumerate() {
+        for (k, set) in score::TIER_SETS.iter().enumerate() {
             for depth in 1..=q.len() / BS {
                 let prefix = &q[..depth * BS];
                 let hit = held.is_some_and(|m| {
@@ -509,11 +509,11 @@ impl Sharded {
         let replies: Vec<_> = self
             .shards
             .iter_mut()
-            .map(|shard| query::answer(shard, self.index, prompt))
+            .map(|shard| score::answer(shard, self.index, prompt))
             .collect();
         let snap = self.registry.snapshot();
         let ix = &snap.indexes[self.index.0 as usize];
-        let ov = query::gather(&query::merge(replies), ix.slots.len(), |_| true);
+        let ov = score::gather(&score::merge(replies), ix.slots.len(), |_| true);
         let who = ix
             .slots
             .iter()

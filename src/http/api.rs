@@ -12,8 +12,8 @@ use super::token_ids;
 use crate::hash;
 use crate::mesh::ShardMesh;
 use crate::prompt::{self, PromptError, Prompts, Text};
-use crate::query::{self, PromptBlocks, gather};
 use crate::registry::IndexInfo;
+use crate::score::{self, PromptBlocks, gather};
 use crate::types::{BlockHash, InstanceId, SeqHash, WorkerSlot};
 use hyper::StatusCode;
 use serde::Deserialize;
@@ -137,7 +137,7 @@ fn workers_json(
     serde_json::Value::Array(out).to_string().into_bytes()
 }
 
-async fn score<M: ShardMesh>(
+async fn score_prompt<M: ShardMesh>(
     mesh: &M,
     t: &Target,
     prompt: PromptBlocks,
@@ -154,7 +154,7 @@ async fn score<M: ShardMesh>(
             (replies?, Some(loads?))
         }
     };
-    let merged = query::merge(replies);
+    let merged = score::merge(replies);
     let live = |s: WorkerSlot| {
         let info = ix.slot(s);
         info.live && t.only.is_none_or(|i| i == info.instance)
@@ -169,7 +169,7 @@ async fn score<M: ShardMesh>(
             let overlap = gather(&merged, ix.slots.len(), live);
             let llmd = t
                 .weights
-                .map(|w| query::weighted(&merged, ix.slots.len(), live, &w));
+                .map(|w| score::weighted(&merged, ix.slots.len(), live, &w));
             let holds = |s: WorkerSlot| {
                 overlap
                     .matched
@@ -190,9 +190,9 @@ async fn score<M: ShardMesh>(
 /// Conductor overlap of every live instance, in instance order.
 fn conductor_overlap(
     ix: &IndexInfo,
-    merged: &query::Merged,
+    merged: &score::Merged,
     live: &impl Fn(WorkerSlot) -> bool,
-) -> Vec<(InstanceId, query::InstanceOverlap)> {
+) -> Vec<(InstanceId, score::InstanceOverlap)> {
     let mut instances: Vec<InstanceId> = ix
         .slots
         .iter()
@@ -212,7 +212,7 @@ fn conductor_overlap(
                 .flatten()
         })
         .collect();
-    let per = query::conductor(merged, &instance_of, instances.len());
+    let per = score::conductor(merged, &instance_of, instances.len());
     instances.into_iter().zip(per).collect()
 }
 
@@ -351,7 +351,7 @@ pub async fn query<M: ShardMesh>(
         || seqs_of(&locals),
         token_ids.len(),
     );
-    score(mesh, &t, PromptBlocks::Locals(locals), loads).await
+    score_prompt(mesh, &t, PromptBlocks::Locals(locals), loads).await
 }
 
 /// The sequence hashes (as routers send the slot tracker) of local block hashes.
@@ -423,7 +423,7 @@ pub async fn query_by_hash<M: ShardMesh>(
         },
         blocks * t.ix.block_size as usize,
     );
-    score(mesh, &t, prompt, loads).await
+    score_prompt(mesh, &t, prompt, loads).await
 }
 
 /// `GET /dump`: the one export ([`crate::recovery::export`]) rendered as a chunked

@@ -4,8 +4,8 @@
 //! a byte buffer (this is the hot path); the rare control responses use serde_json.
 
 use super::Reply;
-use crate::query::{Hit, InstanceOverlap, Overlap, TieredSlot};
 use crate::registry::{IndexInfo, Snapshot};
+use crate::score::{Hit, InstanceOverlap, Overlap, TieredSlot};
 use crate::types::{DpRank, InstanceId, Tier, WorkerSlot};
 use bytes::Bytes;
 use http_body_util::{Either, Full};
@@ -451,7 +451,7 @@ pub fn scores(
     out.push(b'}');
     if let Some(raw) = llmd {
         let live_scores: Vec<f32> = rows.iter().map(|s| raw[s.0 as usize]).collect();
-        let norm = crate::query::normalize(&live_scores);
+        let norm = crate::score::normalize(&live_scores);
         let vals: Vec<_> = rows
             .iter()
             .zip(live_scores.iter().zip(&norm))

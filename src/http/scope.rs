@@ -7,8 +7,8 @@
 use super::error::ApiError;
 use super::token_ids;
 use crate::mesh::ShardMesh;
-use crate::query;
 use crate::registry::{IndexInfo, InstanceKey};
+use crate::score;
 use crate::types::{InstanceId, Tier};
 use serde::Deserialize;
 use std::collections::HashMap;
@@ -204,11 +204,11 @@ pub(super) fn resolve_named<M: ShardMesh>(
                 msg: format!("unknown scoring `{s}`; expected \"llm-d\""),
             });
         }
-        (_, None) => Some(query::LLMD_WEIGHTS),
+        (_, None) => Some(score::LLMD_WEIGHTS),
         (_, Some(w)) => {
             // As llm-d's configured media: the listed weights replace the defaults
             // and every medium not listed weighs 1.0.
-            let mut out = [query::LLMD_UNLISTED; crate::types::Tier::COUNT];
+            let mut out = [score::LLMD_UNLISTED; crate::types::Tier::COUNT];
             for (medium, weight) in w {
                 if !(0.0..=1.0).contains(&weight) {
                     return Err(ApiError::Field {

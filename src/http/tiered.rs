@@ -2,7 +2,7 @@
 //! standalone selection service, `--remote-indexer-url`) asks a standalone indexer
 //! for, answered in dynamo-kv-router's `WireTieredMatchDetails` shape.
 //!
-//! Owns the request's parsing; the walk itself is [`crate::query::tiered`], the
+//! Owns the request's parsing; the walk itself is [`crate::score::tiered`], the
 //! answer's bytes [`json::tiered`]. Never touches shard memory: the shards are asked
 //! through [`ShardMesh::lookup`] as for `/query_by_hash`.
 
@@ -11,7 +11,7 @@ use super::error::{ApiError, parse};
 use super::json;
 use super::scope::{HashNum, Named, Scope, named, resolve_named};
 use crate::mesh::ShardMesh;
-use crate::query::{self, PromptBlocks};
+use crate::score::{self, PromptBlocks};
 use crate::types::{BlockHash, WorkerSlot};
 use hyper::StatusCode;
 use serde::Deserialize;
@@ -28,7 +28,7 @@ struct TieredReq {
     scope: Scope,
 }
 
-/// Dynamo's names of [`query::LOWER_TIERS`], in its walk order.
+/// Dynamo's names of [`score::LOWER_TIERS`], in its walk order.
 const LOWER_TIER_NAMES: [&str; 3] = ["host_pinned", "disk", "external"];
 
 /// A request as parsed and checked before the registry is asked: its hashes, and
@@ -66,7 +66,7 @@ pub async fn query_tiered_by_hash<M: ShardMesh>(mesh: &M, body: &[u8]) -> Result
     let t = resolve_named(mesh, named, scope)?;
     let ix = &t.ix;
     let prompt = PromptBlocks::Locals(hashes.iter().map(|h| BlockHash(h.0)).collect());
-    let merged = query::merge(mesh.lookup(ix.id, ix.slots.len(), Arc::new(prompt)).await?);
+    let merged = score::merge(mesh.lookup(ix.id, ix.slots.len(), Arc::new(prompt)).await?);
     // Dynamo's workers are integers: one registered by name has no id to send, and
     // is left out of the frequencies too.
     let live = |s: WorkerSlot| {
@@ -75,8 +75,8 @@ pub async fn query_tiered_by_hash<M: ShardMesh>(mesh: &M, body: &[u8]) -> Result
             && u64::try_from(info.instance).is_ok()
             && t.only.is_none_or(|i| i == info.instance)
     };
-    let overlap = query::gather(&merged, ix.slots.len(), live);
-    let tiers = query::tiered(&merged, ix.slots.len(), live);
+    let overlap = score::gather(&merged, ix.slots.len(), live);
+    let tiers = score::tiered(&merged, ix.slots.len(), live);
     let body = json::tiered(
         ix,
         &overlap.frequencies,

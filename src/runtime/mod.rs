@@ -27,7 +27,7 @@ use crate::http;
 use crate::lifecycle::Phase;
 use crate::mesh::{ShardMesh, ShardUnavailable};
 use crate::metrics::{HttpStats, ShardStats};
-use crate::query::{self, PromptBlocks, ShardReply};
+use crate::score::{self, PromptBlocks, ShardReply};
 use crate::shard::tree::SlotGroups;
 use crate::shard::{
     ChainAt, DumpedBlock, ExportAt, PredictRefused, PredictStep, PruneBound, Shard, ShardExport,
@@ -172,7 +172,7 @@ impl Core {
             Req::Slots(req) => Rep::Slots(Box::new(
                 self.slot_tracker.borrow_mut().answer(*req, Instant::now()),
             )),
-            Req::Lookup { index, prompt } => Rep::Lookup(query::answer(
+            Req::Lookup { index, prompt } => Rep::Lookup(score::answer(
                 &mut self.shard.borrow_mut(),
                 index,
                 prompt.as_prompt(),
