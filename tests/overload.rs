@@ -246,21 +246,6 @@ impl Load {
     }
 }
 
-/// Raise this process's soft open-file limit to its hard one; returns it.
-fn raise_nofile() -> u64 {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit and setrlimit read and write only the struct passed.
-    unsafe {
-        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
-        lim.rlim_cur = lim.rlim_max;
-        libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-    }
-    lim.rlim_max
-}
-
 /// Wait until `p` has seen `n` subscriptions (kvix's SUB sockets connected).
 fn wait_subscribers(p: &common::Publisher, n: usize) {
     p.sock.set_rcvtimeo(30_000).unwrap();
@@ -292,7 +277,7 @@ fn three_thousand_engines_register_and_a_shared_prefix_scores_on_each() {
     // kvix holds two descriptors an engine (of its own limit, the same hard one);
     // this process one a connection plus two a publisher: a machine whose hard
     // limit is below 8,000 runs as many engines as it allows, and says so.
-    let hard = raise_nofile() as usize;
+    let hard = kvix::descriptors::raise_open_file_limit() as usize;
     let fit = hard.saturating_sub(500) / (3 * PER_PUB);
     let pubs_count = want.min(fit);
     assert!(

@@ -287,17 +287,13 @@ impl Ingest {
                 done,
             },
         );
-        let stats = match rx.recv() {
-            Ok(Ok(stats)) => stats,
-            Ok(Err(e)) => {
+        let stats = rx
+            .recv()
+            .unwrap_or_else(|_| Err("ingest thread stopped".into()))
+            .map_err(|e| {
                 self.budget.give_back(1);
-                return Err(ListenError::Socket(e));
-            }
-            Err(_) => {
-                self.budget.give_back(1);
-                return Err(ListenError::Socket("ingest thread stopped".into()));
-            }
-        };
+                ListenError::Socket(e)
+            })?;
         self.listeners
             .lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -35,7 +35,7 @@ pub fn bind(
     count: usize,
     first_instance: u64,
 ) -> Result<Vec<Publisher>, String> {
-    raise_open_file_limit();
+    kvix::descriptors::raise_open_file_limit();
     let mut ctx = ctx.clone();
     (0..count)
         .map(|i| {
@@ -62,21 +62,6 @@ pub fn bind(
             })
         })
         .collect()
-}
-
-/// Raise the soft open-file limit to the hard one.
-fn raise_open_file_limit() {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit and setrlimit read and write only the struct passed.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
-    }
 }
 
 pub fn register(
