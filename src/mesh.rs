@@ -6,7 +6,6 @@
 //! control work off the executor, and timers. Implementations must never block the
 //! calling executor.
 
-use crate::app::App;
 use crate::metrics::{HttpStats, ShardStats};
 use crate::score::{PromptBlocks, ShardReply};
 use crate::shard::{ChainAt, PredictRefused, PredictStep, PruneBound, ShardExport};
@@ -26,9 +25,6 @@ use thiserror::Error;
 pub struct ShardUnavailable(pub ShardId);
 
 pub trait ShardMesh {
-    /// The process-wide service.
-    fn app(&self) -> &Arc<App>;
-
     /// This executor's HTTP figures (executor-local, gathered on scrape).
     fn http_stats(&self) -> &RefCell<HttpStats>;
 

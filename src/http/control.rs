@@ -3,9 +3,10 @@
 //! against the allow list, carried out on the control plane off the executor.
 
 use super::Reply;
+use super::context::Ctx;
 use super::error::{ApiError, parse};
 use super::json;
-use super::scope::{DEFAULT_TENANT, InstanceRef, Shape, known_instance, tenant};
+use super::scope::{DEFAULT_TENANT, InstanceRef, Shape, tenant};
 use crate::app::{ControlError, registration};
 use crate::ingest::ListenError;
 use crate::mesh::ShardMesh;
@@ -102,15 +103,6 @@ struct ConductorRegisterReq {
     hybrid: HybridReq,
 }
 
-/// Run a control call (it waits on an ingest thread) off the executor.
-async fn control<M: ShardMesh, R: Send + 'static>(
-    mesh: &M,
-    f: impl FnOnce(&crate::app::Control) -> R + Send + 'static,
-) -> R {
-    let app = mesh.app().clone();
-    mesh.offload(move || f(app.control())).await
-}
-
 /// Refuse endpoints outside `--allow-endpoints` (403 naming the field). The check may
 /// resolve a host name, so it runs off the executor.
 async fn check_allowed<M: ShardMesh>(
@@ -173,8 +165,7 @@ fn check_name(field: &str, value: Option<&str>) -> Result<(), ApiError> {
 }
 
 pub async fn register<M: ShardMesh>(
-    mesh: &M,
-    access: &Arc<crate::access::Access>,
+    cx: &Ctx<'_, M>,
     body: bytes::Bytes,
     forced: Option<Shape>,
 ) -> Result<Reply, ApiError> {
@@ -188,7 +179,13 @@ pub async fn register<M: ShardMesh>(
                 r.lora_name.as_deref().filter(|s| !s.is_empty()),
             )?;
             check_name("instance_id", r.instance_id.name())?;
-            check_allowed(mesh, access, &r.endpoint, r.replay_endpoint.as_deref()).await?;
+            check_allowed(
+                cx.mesh,
+                &cx.opts.access,
+                &r.endpoint,
+                r.replay_endpoint.as_deref(),
+            )
+            .await?;
             let key = r.instance_id.key();
             let opts = ListenerOpts {
                 salt: r.additionalsalt.filter(|s| !s.is_empty()),
@@ -197,7 +194,7 @@ pub async fn register<M: ShardMesh>(
                 ..ListenerOpts::default()
             };
             let reply_name = key.to_string();
-            control(mesh, move |c| {
+            cx.control(move |c| {
                 let id = c.registry().intern(&key);
                 let opts = r.hybrid.apply(&r.modelname, c.registry(), opts);
                 c.register(registration(
@@ -220,10 +217,16 @@ pub async fn register<M: ShardMesh>(
     check_name("tenant_id", r.tenant_id.as_deref())?;
     check_name("routing_group", r.routing_group.as_deref())?;
     check_name("instance_id", r.instance_id.name())?;
-    check_allowed(mesh, access, &r.endpoint, r.replay_endpoint.as_deref()).await?;
+    check_allowed(
+        cx.mesh,
+        &cx.opts.access,
+        &r.endpoint,
+        r.replay_endpoint.as_deref(),
+    )
+    .await?;
     let tenant = tenant(r.tenant_id, r.routing_group).unwrap_or_else(|| DEFAULT_TENANT.into());
     let key = r.instance_id.key();
-    control(mesh, move |c| {
+    cx.control(move |c| {
         let opts = r
             .hybrid
             .apply(&r.model_name, c.registry(), ListenerOpts::default());
@@ -273,7 +276,7 @@ fn parse_unregister(body: &[u8], forced: Option<Shape>) -> Result<UnregisterBody
 }
 
 pub async fn unregister<M: ShardMesh>(
-    mesh: &M,
+    cx: &Ctx<'_, M>,
     body: bytes::Bytes,
     forced: Option<Shape>,
 ) -> Result<Reply, ApiError> {
@@ -282,12 +285,11 @@ pub async fn unregister<M: ShardMesh>(
         UnregisterBody::Conductor(r) => {
             let name = r.instance_id.key().to_string();
             let tenant = r.tenant_id.unwrap_or_else(|| DEFAULT_TENANT.into());
-            let id = known_instance(mesh, &r.instance_id)?;
+            let id = cx.instance(&r.instance_id.key())?;
             let t = tenant.clone();
-            let dps = control(mesh, move |c| {
-                c.unregister(&r.modelname, Some(&t), id, r.dp_rank)
-            })
-            .await?;
+            let dps = cx
+                .control(move |c| c.unregister(&r.modelname, Some(&t), id, r.dp_rank))
+                .await?;
             let removed: Vec<String> = dps
                 .into_iter()
                 .map(|dp| format!("{name}|{tenant}|{dp}"))
@@ -297,16 +299,14 @@ pub async fn unregister<M: ShardMesh>(
         }
     };
     let tenant = tenant(r.tenant_id, r.routing_group);
-    let id = known_instance(mesh, &r.instance_id)?;
-    control(mesh, move |c| {
-        c.unregister(&r.model_name, tenant.as_deref(), id, r.dp_rank)
-    })
-    .await?;
+    let id = cx.instance(&r.instance_id.key())?;
+    cx.control(move |c| c.unregister(&r.model_name, tenant.as_deref(), id, r.dp_rank))
+        .await?;
     Ok(json::ok(StatusCode::OK))
 }
 
 /// A `/register` body checked as its handler checks it, and nothing done (for
-/// [`super::api::parse_body`]).
+/// [`super::routes::check_body`]).
 pub(super) fn check_register(body: &[u8], forced: Option<Shape>) -> Result<(), ApiError> {
     parse_register(body, forced).map(|_| ())
 }

@@ -4,27 +4,35 @@
 //! before dispatch), the lifecycle gate (data routes answer only once the service is
 //! Ready), body limits and timeouts, and the error → response mapping. Which route
 //! needs what is one table ([`routes`]) that the gates and dispatch all read.
-//! The handlers ([`api`]) parse, hash, scatter through [`ShardMesh`] and render
-//! JSON ([`json`]). Never touches shard memory and never blocks the executor:
-//! control calls go through [`ShardMesh::offload`], text prompts through the
+//! Each request gets one [`Ctx`]: the registry as it stood when it came in and the
+//! services its handler may use. The handlers, one file per route family
+//! ([`query`], [`tiered`], [`speculate`], [`control`], [`peers`], [`workers`],
+//! [`dump`]), parse, hash, scatter through [`ShardMesh`] and render JSON
+//! ([`json`]). Never touches shard memory and never blocks the executor: control
+//! calls go off the executor ([`ShardMesh::offload`]), text prompts to the
 //! tokenizing pool ([`crate::tokenize`]).
 
-pub mod api;
 pub mod client;
+pub mod context;
 pub mod control;
+pub mod dump;
 pub mod error;
 pub mod json;
 pub mod peers;
+pub mod query;
 pub mod routes;
 pub mod scope;
 pub mod slot_tracker;
 pub mod speculate;
 pub mod tiered;
 pub mod token_ids;
+pub mod workers;
 
 use crate::access::{Access, Need};
+use crate::app::App;
 use crate::mesh::ShardMesh;
 use bytes::Bytes;
+use context::Ctx;
 use error::ApiError;
 use http_body_util::{BodyExt, Either, Full, Limited};
 use hyper::body::Incoming;
@@ -70,11 +78,16 @@ impl Default for Options {
 }
 
 /// Serve one request: route it, count it, hand it to the access log.
-pub async fn handle<M: ShardMesh>(mesh: &M, opts: &Options, req: Request<Incoming>) -> Reply {
+pub async fn handle<M: ShardMesh>(
+    mesh: &M,
+    app: &Arc<App>,
+    opts: &Options,
+    req: Request<Incoming>,
+) -> Reply {
     let t0 = std::time::Instant::now();
     let method = req.method().clone();
     let path = req.uri().path().to_string();
-    let log = mesh.app().access_log().cloned();
+    let log = app.access_log().cloned();
     // As Dynamo's: the time the request came in.
     let at = log.as_ref().map(|_| std::time::SystemTime::now());
     let trace_id = log
@@ -83,7 +96,7 @@ pub async fn handle<M: ShardMesh>(mesh: &M, opts: &Options, req: Request<Incomin
     let mut body = Bytes::new();
     // The body is kept (a second reference to it) only for the log.
     let keep = log.as_ref().map(|_| &mut body);
-    let reply = route(mesh, opts, req, keep).await;
+    let reply = route(mesh, app, opts, req, keep).await;
     let status = reply.status().as_u16();
     // Core-local counters (no atomics): gathered from every core on scrape.
     mesh.http_stats()
@@ -179,6 +192,7 @@ pub(crate) async fn body_within<M: ShardMesh>(
 /// access log).
 async fn route<M: ShardMesh>(
     mesh: &M,
+    app: &Arc<App>,
     opts: &Options,
     req: Request<Incoming>,
     body_read: Option<&mut Bytes>,
@@ -190,7 +204,7 @@ async fn route<M: ShardMesh>(
     // routes tell the two APIs apart by their bodies (`model_name` vs `model`/`modelname`).
     let (route, under) = conductor(&path);
     let forced = under.then_some(scope::Shape::Conductor);
-    let phase = mesh.app().lifecycle().phase();
+    let phase = app.lifecycle().phase();
     let auth = req
         .headers()
         .get(hyper::header::AUTHORIZATION)
@@ -208,10 +222,11 @@ async fn route<M: ShardMesh>(
     } else {
         match spec {
             Some(s) if s.method == method => {
-                let result = dispatch(mesh, opts, s, req, &query, phase, forced, body_read).await;
+                let cx = Ctx::new(mesh, app, opts);
+                let result = dispatch(&cx, s, req, &query, phase, forced, body_read).await;
                 return result.unwrap_or_else(|e| {
                     if matches!(e, ApiError::Unavailable(_)) {
-                        mesh.http_stats().borrow_mut().shard_failures += 1;
+                        cx.mesh.http_stats().borrow_mut().shard_failures += 1;
                     }
                     if e.status().is_server_error() {
                         tracing::error!(path, "{e}");
@@ -256,10 +271,8 @@ pub(crate) fn error_reply(e: &ApiError) -> Reply {
 /// Answers a request for `spec`'s route with its method; a POST's body is read
 /// first (the handler parses it) and left in `body_read` too if given (a reference,
 /// not a copy).
-#[allow(clippy::too_many_arguments)]
 async fn dispatch<M: ShardMesh>(
-    mesh: &M,
-    opts: &Options,
+    cx: &Ctx<'_, M>,
     spec: &routes::Spec,
     req: Request<Incoming>,
     query: &str,
@@ -269,7 +282,7 @@ async fn dispatch<M: ShardMesh>(
 ) -> Result<Reply, ApiError> {
     let client = req.extensions().get::<client::Client>().copied();
     let b = if spec.method == Method::POST {
-        body(mesh, opts, req).await?
+        body(cx.mesh, cx.opts, req).await?
     } else {
         Bytes::new()
     };
@@ -278,34 +291,35 @@ async fn dispatch<M: ShardMesh>(
     }
     match spec.route {
         Route::Health => Ok(json::empty(StatusCode::OK)),
-        Route::Ready => Ok(ready(mesh.app().lifecycle(), phase)),
-        Route::Workers => api::workers(mesh, query).await,
-        Route::Dump => api::dump(mesh).await,
-        Route::Peers => peers::peers(mesh),
-        Route::Metrics => metrics(mesh).await,
-        Route::Register => control::register(mesh, &opts.access, b, forced).await,
-        Route::Unregister => control::unregister(mesh, b, forced).await,
-        Route::Query => api::query(mesh, &b, forced, client).await,
-        Route::QueryByHash => api::query_by_hash(mesh, &b, forced).await,
-        Route::QueryTieredByHash => tiered::query_tiered_by_hash(mesh, &b).await,
-        Route::Speculate => speculate::speculate(mesh, b).await,
-        Route::RegisterPeer => peers::register_peer(mesh, &b).await,
-        Route::DeregisterPeer => peers::deregister_peer(mesh, &b).await,
-        Route::ReopenLogs => reopen_logs(mesh).await,
+        Route::Ready => Ok(ready(cx.lifecycle(), phase)),
+        Route::Workers => workers::workers(cx, query).await,
+        Route::Dump => dump::dump(cx).await,
+        Route::Peers => peers::peers(cx),
+        Route::Metrics => metrics(cx).await,
+        Route::Register => control::register(cx, b, forced).await,
+        Route::Unregister => control::unregister(cx, b, forced).await,
+        Route::Query => query::query(cx, &b, forced, client).await,
+        Route::QueryByHash => query::query_by_hash(cx, &b, forced).await,
+        Route::QueryTieredByHash => tiered::query_tiered_by_hash(cx, &b).await,
+        Route::Speculate => speculate::speculate(cx, b).await,
+        Route::RegisterPeer => peers::register_peer(cx, &b).await,
+        Route::DeregisterPeer => peers::deregister_peer(cx, &b).await,
+        Route::ReopenLogs => reopen_logs(cx).await,
     }
 }
 
 /// `POST /reopen_logs`: the access log's file is closed and its path opened again
 /// (after logrotate moved it), off the executor. Without `--access-log` there is
 /// nothing to reopen, which is no error (a rotation script need not know).
-async fn reopen_logs<M: ShardMesh>(mesh: &M) -> Result<Reply, ApiError> {
-    let Some(log) = mesh.app().access_log().cloned() else {
+async fn reopen_logs<M: ShardMesh>(cx: &Ctx<'_, M>) -> Result<Reply, ApiError> {
+    let Some(log) = cx.access_log().cloned() else {
         return Ok(json::bytes(
             StatusCode::OK,
             br#"{"status":"ok","reopened":false}"#.to_vec(),
         ));
     };
-    mesh.offload(move || log.reopen())
+    cx.mesh
+        .offload(move || log.reopen())
         .await
         .map_err(ApiError::Internal)?;
     Ok(json::bytes(
@@ -341,12 +355,9 @@ fn ready(life: &crate::lifecycle::Lifecycle, phase: crate::lifecycle::Phase) -> 
 
 /// `GET /metrics`: every core's figures, gathered over the mesh, rendered off the
 /// executor (it reads ingest-side state), as Prometheus text.
-async fn metrics<M: ShardMesh>(mesh: &M) -> Result<Reply, ApiError> {
-    let shards = mesh.stats().await?;
-    let app = mesh.app().clone();
-    let text = mesh
-        .offload(move || crate::metrics::render(&app, &shards))
-        .await;
+async fn metrics<M: ShardMesh>(cx: &Ctx<'_, M>) -> Result<Reply, ApiError> {
+    let shards = cx.mesh.stats().await?;
+    let text = cx.render_metrics(shards).await;
     let mut r = Response::new(Either::Left(Full::new(Bytes::from(text))));
     r.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
@@ -354,3 +365,6 @@ async fn metrics<M: ShardMesh>(mesh: &M) -> Result<Reply, ApiError> {
     );
     Ok(r)
 }
+
+#[cfg(test)]
+mod tests;

@@ -5,6 +5,7 @@
 //! is the control plane's. Never asks a peer anything: recovery does that.
 
 use super::Reply;
+use super::context::Ctx;
 use super::error::{ApiError, parse};
 use super::json;
 use crate::mesh::ShardMesh;
@@ -33,24 +34,27 @@ pub(super) fn parse_new_peer(
     Ok(r)
 }
 
-pub async fn register_peer<M: ShardMesh>(mesh: &M, body: &[u8]) -> Result<Reply, ApiError> {
-    let r = parse_new_peer(body, mesh.app().lifecycle().addr())?;
-    mesh.app().control().add_peer(r.url);
+pub async fn register_peer<M: ShardMesh>(cx: &Ctx<'_, M>, body: &[u8]) -> Result<Reply, ApiError> {
+    let r = parse_new_peer(body, cx.lifecycle().addr())?;
+    cx.add_peer(r.url);
     Ok(json::ok(StatusCode::CREATED))
 }
 
-pub async fn deregister_peer<M: ShardMesh>(mesh: &M, body: &[u8]) -> Result<Reply, ApiError> {
+pub async fn deregister_peer<M: ShardMesh>(
+    cx: &Ctx<'_, M>,
+    body: &[u8],
+) -> Result<Reply, ApiError> {
     let r: PeerReq = parse(body)?;
-    if mesh.app().control().remove_peer(&r.url) {
+    if cx.remove_peer(&r.url) {
         Ok(json::ok(StatusCode::OK))
     } else {
         Err(ApiError::NotFound("peer not found".into()))
     }
 }
 
-pub fn peers<M: ShardMesh>(mesh: &M) -> Result<Reply, ApiError> {
+pub fn peers<M: ShardMesh>(cx: &Ctx<'_, M>) -> Result<Reply, ApiError> {
     Ok(json::bytes(
         StatusCode::OK,
-        serde_json::to_vec(&*mesh.app().control().peers()).unwrap_or_default(),
+        serde_json::to_vec(&*cx.peers()).unwrap_or_default(),
     ))
 }

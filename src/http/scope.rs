@@ -2,8 +2,9 @@
 //! instance, dialect) resolved against the registry into the index to ask, and the
 //! JSON forms of token ids and block hashes they accept.
 //!
-//! Owns no route: `api`, `speculate` and `tiered` build their requests on it.
+//! Owns no route: `query`, `speculate` and `tiered` build their requests on it.
 
+use super::context::Ctx;
 use super::error::ApiError;
 use super::token_ids;
 use crate::mesh::ShardMesh;
@@ -15,25 +16,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 /// The tenant of a body that names none.
-pub(super) const DEFAULT_TENANT: &str = "default";
+pub const DEFAULT_TENANT: &str = "default";
 
 /// `tenant_id` (kvix's name) or `routing_group` (Dynamo 1.6.1's) selects the index.
 pub(super) fn tenant(tenant_id: Option<String>, routing_group: Option<String>) -> Option<String> {
     tenant_id.or(routing_group)
-}
-
-pub(super) fn index_for<M: ShardMesh>(
-    mesh: &M,
-    model: &str,
-    tenant: Option<&str>,
-) -> Result<Arc<IndexInfo>, ApiError> {
-    let tenant = tenant.unwrap_or(DEFAULT_TENANT);
-    mesh.app()
-        .registry()
-        .snapshot()
-        .lookup(model, tenant)
-        .cloned()
-        .ok_or_else(|| ApiError::NotFound(format!("no indexer for model={model} tenant={tenant}")))
 }
 
 /// Which API's shape a query body speaks.
@@ -69,19 +56,6 @@ impl InstanceRef {
             InstanceRef::Name(n) => InstanceKey::parse(n),
         }
     }
-}
-
-/// The id of an instance a request names: any integer, or a name registered before.
-pub(super) fn known_instance<M: ShardMesh>(
-    mesh: &M,
-    r: &InstanceRef,
-) -> Result<InstanceId, ApiError> {
-    let key = r.key();
-    mesh.app()
-        .registry()
-        .snapshot()
-        .find(&key)
-        .ok_or_else(|| ApiError::NotFound(format!("no instance {key} registered")))
 }
 
 /// Fields every query route shares, in both shapes.
@@ -162,17 +136,17 @@ pub(super) fn named(sc: &mut Scope, forced: Option<Shape>) -> Result<Named, ApiE
 }
 
 pub(super) fn resolve<M: ShardMesh>(
-    mesh: &M,
+    cx: &Ctx<'_, M>,
     mut sc: Scope,
     forced: Option<Shape>,
 ) -> Result<Target, ApiError> {
     let n = named(&mut sc, forced)?;
-    resolve_named(mesh, n, sc)
+    resolve_named(cx, n, sc)
 }
 
 /// [`resolve`] once [`named`] has run.
 pub(super) fn resolve_named<M: ShardMesh>(
-    mesh: &M,
+    cx: &Ctx<'_, M>,
     n: Named,
     sc: Scope,
 ) -> Result<Target, ApiError> {
@@ -182,7 +156,7 @@ pub(super) fn resolve_named<M: ShardMesh>(
         tenant,
         lora,
     } = n;
-    let ix = index_for(mesh, &model, Some(&tenant))?;
+    let ix = cx.index(&model, Some(&tenant))?;
     if let Some(bs) = sc.block_size
         && bs != ix.block_size
     {
@@ -191,10 +165,9 @@ pub(super) fn resolve_named<M: ShardMesh>(
             ix.block_size
         )));
     }
-    let snap = mesh.app().registry().snapshot();
     let only = match &sc.instance_id {
         None => None,
-        Some(r) => Some(known_instance(mesh, r)?),
+        Some(r) => Some(cx.instance(&r.key())?),
     };
     let weights = match (sc.scoring.as_deref(), sc.tier_weights) {
         (None, None) => None,
@@ -216,10 +189,13 @@ pub(super) fn resolve_named<M: ShardMesh>(
                         msg: "weights must lie in [0, 1]".into(),
                     });
                 }
-                let t = snap.tier_of(Some(&medium)).ok_or_else(|| ApiError::Field {
-                    field: format!("tier_weights.{medium}"),
-                    msg: "unknown medium".into(),
-                })?;
+                let t = cx
+                    .snap()
+                    .tier_of(Some(&medium))
+                    .ok_or_else(|| ApiError::Field {
+                        field: format!("tier_weights.{medium}"),
+                        msg: "unknown medium".into(),
+                    })?;
                 out[t.0 as usize] = weight;
             }
             Some(out)

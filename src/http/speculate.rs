@@ -11,11 +11,10 @@
 //! slot) made, off the executor; nothing here blocks.
 
 use super::Reply;
+use super::context::Ctx;
 use super::error::{ApiError, parse as parse_json};
 use super::json;
-use super::scope::{
-    HashNum, InstanceRef, Named, Scope, TokenIds, index_for, known_instance, named,
-};
+use super::scope::{HashNum, InstanceRef, Named, Scope, TokenIds, named};
 use crate::hash;
 use crate::mesh::ShardMesh;
 use crate::registry::IndexInfo;
@@ -130,30 +129,25 @@ fn hashed(mut p: Parsed, block_size: usize) -> (Parsed, Vec<BlockHash>) {
     (p, locals)
 }
 
-pub async fn speculate<M: ShardMesh>(mesh: &M, body: Bytes) -> Result<Reply, ApiError> {
+pub async fn speculate<M: ShardMesh>(cx: &Ctx<'_, M>, body: Bytes) -> Result<Reply, ApiError> {
+    let mesh = cx.mesh;
     let off = body.len() > PARSE_OFF_EXECUTOR;
     let parsed = if off {
         mesh.offload(move || parse(&body)).await?
     } else {
         parse(&body)?
     };
-    let spec = mesh.app().speculation();
+    let spec = cx.speculation();
     let approximate = spec.is_approximate(&parsed.named.model);
-    let ix = index(
-        mesh,
-        &parsed.named,
-        parsed.req.scope.block_size,
-        approximate,
-    )
-    .await?;
+    let ix = index(cx, &parsed.named, parsed.req.scope.block_size, approximate).await?;
     let dp = parsed.req.dp_rank.unwrap_or(0);
-    let decode = slot(mesh, &ix, &parsed.instance, dp, approximate).await?;
+    let decode = slot(cx, &ix, &parsed.instance, dp, approximate).await?;
     // Both workers are checked before anything is predicted.
     let prefill = match &parsed.req.prefill_instance_id {
         None => None,
         Some(p) => {
             let pdp = parsed.req.prefill_dp_rank.unwrap_or(0);
-            let s = slot(mesh, &ix, p, pdp, approximate)
+            let s = slot(cx, &ix, p, pdp, approximate)
                 .await
                 .map_err(as_prefill)?;
             (s != decode).then_some(s)
@@ -275,12 +269,12 @@ fn as_prefill(e: ApiError) -> ApiError {
 /// The index a speculation names: it must exist, unless the model is approximate
 /// (then the request's `block_size` creates it).
 async fn index<M: ShardMesh>(
-    mesh: &M,
+    cx: &Ctx<'_, M>,
     n: &Named,
     block_size: Option<u32>,
     approximate: bool,
 ) -> Result<Arc<IndexInfo>, ApiError> {
-    let ix = match index_for(mesh, &n.model, Some(&n.tenant)) {
+    let ix = match cx.index(&n.model, Some(&n.tenant)) {
         Ok(ix) => ix,
         Err(ApiError::NotFound(_)) if approximate => {
             let bs = block_size.ok_or_else(|| ApiError::Field {
@@ -290,14 +284,11 @@ async fn index<M: ShardMesh>(
                     n.model
                 ),
             })?;
-            let (reg, model, tenant) = (
-                mesh.app().registry().clone(),
-                n.model.clone(),
-                n.tenant.clone(),
-            );
-            mesh.offload(move || reg.ensure_index(&model, &tenant, bs))
+            let (reg, model, tenant) = (cx.registry().clone(), n.model.clone(), n.tenant.clone());
+            cx.mesh
+                .offload(move || reg.ensure_index(&model, &tenant, bs))
                 .await?;
-            index_for(mesh, &n.model, Some(&n.tenant))?
+            cx.index_created(&n.model, Some(&n.tenant))?
         }
         Err(e) => return Err(e),
     };
@@ -318,7 +309,7 @@ async fn index<M: ShardMesh>(
 /// approximate model's workers are named by `/speculate` alone, so there the
 /// slot is made if new, within the cap on slots per index.
 async fn slot<M: ShardMesh>(
-    mesh: &M,
+    cx: &Ctx<'_, M>,
     ix: &IndexInfo,
     instance: &InstanceRef,
     dp: DpRank,
@@ -326,12 +317,12 @@ async fn slot<M: ShardMesh>(
 ) -> Result<WorkerSlot, ApiError> {
     let id: InstanceId = match instance {
         InstanceRef::Int(i) => InstanceId::from(*i),
-        InstanceRef::Name(_) if !approximate => {
-            known_instance(mesh, instance).map_err(|_| unknown_worker(ix, instance, None))?
-        }
+        InstanceRef::Name(_) if !approximate => cx
+            .instance(&instance.key())
+            .map_err(|_| unknown_worker(ix, instance, None))?,
         InstanceRef::Name(_) => {
-            let (reg, key) = (mesh.app().registry().clone(), instance.key());
-            mesh.offload(move || reg.intern(&key)).await
+            let (reg, key) = (cx.registry().clone(), instance.key());
+            cx.mesh.offload(move || reg.intern(&key)).await
         }
     };
     if let Some(&s) = ix.slot_of.get(&(id, dp))
@@ -344,8 +335,9 @@ async fn slot<M: ShardMesh>(
         let dp = ix.endpoints.contains_key(&id).then_some(dp);
         return Err(unknown_worker(ix, instance, dp));
     }
-    let (reg, index) = (mesh.app().registry().clone(), ix.id);
-    Ok(mesh
+    let (reg, index) = (cx.registry().clone(), ix.id);
+    Ok(cx
+        .mesh
         .offload(move || reg.speculated_slot(index, id, dp))
         .await?)
 }

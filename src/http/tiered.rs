@@ -7,6 +7,7 @@
 //! through [`ShardMesh::lookup`] as for `/query_by_hash`.
 
 use super::Reply;
+use super::context::Ctx;
 use super::error::{ApiError, parse};
 use super::json;
 use super::scope::{HashNum, Named, Scope, named, resolve_named};
@@ -32,7 +33,7 @@ struct TieredReq {
 const LOWER_TIER_NAMES: [&str; 3] = ["host_pinned", "disk", "external"];
 
 /// A request as parsed and checked before the registry is asked: its hashes, and
-/// its scope with the names taken out (for [`super::api::parse_body`] too).
+/// its scope with the names taken out (for [`super::routes::check_body`] too).
 pub(super) struct Checked {
     hashes: Vec<HashNum>,
     device_only: bool,
@@ -56,17 +57,24 @@ pub(super) fn check(body: &[u8]) -> Result<Checked, ApiError> {
     })
 }
 
-pub async fn query_tiered_by_hash<M: ShardMesh>(mesh: &M, body: &[u8]) -> Result<Reply, ApiError> {
+pub async fn query_tiered_by_hash<M: ShardMesh>(
+    cx: &Ctx<'_, M>,
+    body: &[u8],
+) -> Result<Reply, ApiError> {
     let Checked {
         hashes,
         device_only,
         named,
         scope,
     } = check(body)?;
-    let t = resolve_named(mesh, named, scope)?;
+    let t = resolve_named(cx, named, scope)?;
     let ix = &t.ix;
     let prompt = PromptBlocks::Locals(hashes.iter().map(|h| BlockHash(h.0)).collect());
-    let merged = score::merge(mesh.lookup(ix.id, ix.slots.len(), Arc::new(prompt)).await?);
+    let merged = score::merge(
+        cx.mesh
+            .lookup(ix.id, ix.slots.len(), Arc::new(prompt))
+            .await?,
+    );
     // Dynamo's workers are integers: one registered by name has no id to send, and
     // is left out of the frequencies too.
     let live = |s: WorkerSlot| {

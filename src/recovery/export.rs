@@ -10,8 +10,8 @@
 //! binary search, so an export costs a few dozen bytes per (block, holder) pair.
 
 use super::{IndexState, ListenerState, State, WorkerBlocks};
-use crate::ingest::SeqKey;
 use crate::ingest::feed::{SeedBlock, SeedGroups};
+use crate::ingest::{Ingest, SeqKey};
 use crate::mesh::{ShardMesh, ShardUnavailable};
 use crate::registry::{IndexInfo, Snapshot};
 use crate::shard::tree::SlotGroups;
@@ -49,12 +49,15 @@ pub struct Export {
 
 /// Gather sequence numbers (off the executor: they wait on the ingest threads) and
 /// every shard's blocks and engine hashes, then order them off the executor.
-pub async fn export<M: ShardMesh>(mesh: &M) -> Result<Export, ShardUnavailable> {
-    let ingest = mesh.app().ingest().clone();
+/// `snap` names the instances; it is the registry as the export's caller saw it.
+pub async fn export<M: ShardMesh>(
+    mesh: &M,
+    ingest: Arc<Ingest>,
+    snap: Arc<Snapshot>,
+) -> Result<Export, ShardUnavailable> {
     let seqs: HashMap<_, _> = mesh
         .offload(move || ingest.seqs().into_iter().collect())
         .await;
-    let snap = mesh.app().registry().snapshot_arc();
     let mut indexes = Vec::new();
     for ix in snap.live_indexes() {
         let mut all = crate::shard::ShardExport::default();

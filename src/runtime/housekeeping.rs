@@ -8,7 +8,13 @@ use super::*;
 /// off the executor, which keeps serving. Returns when the file is durable.
 async fn write_snapshot(core: &Core, path: std::path::PathBuf) {
     let t0 = Instant::now();
-    let export = match crate::recovery::export::export(core).await {
+    let export = match crate::recovery::export::export(
+        core,
+        core.app.ingest().clone(),
+        core.app.registry().snapshot_arc(),
+    )
+    .await
+    {
         Ok(s) => s,
         Err(e) => {
             core.app

@@ -8,7 +8,6 @@
 use super::io::{HyperStream, LocalTimer};
 use super::{Core, ServeOptions};
 use crate::http;
-use crate::mesh::ShardMesh;
 use glommio::net::TcpListener;
 use std::net::SocketAddr;
 use std::os::unix::net::UnixListener;
@@ -107,7 +106,7 @@ pub(super) async fn accept_loop(
     let listener = match serve {
         Serve::Main => {
             let l = TcpListener::bind(opts.addr)?;
-            core.app().lifecycle().core_listening(l.local_addr()?);
+            core.app.lifecycle().core_listening(l.local_addr()?);
             l
         }
         Serve::Slots(addr) => TcpListener::bind(addr)?,
@@ -177,7 +176,7 @@ pub(super) async fn accept_loop(
                 let (core, http_opts) = (core.clone(), http_opts.clone());
                 async move {
                     Ok::<_, std::convert::Infallible>(match serve {
-                        Serve::Main => http::handle(&*core, &http_opts, req).await,
+                        Serve::Main => http::handle(&*core, &core.app, &http_opts, req).await,
                         Serve::Slots(_) => {
                             http::slot_tracker::handle(&*core, &http_opts, req).await
                         }

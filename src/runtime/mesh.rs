@@ -194,10 +194,6 @@ impl Core {
 }
 
 impl ShardMesh for Core {
-    fn app(&self) -> &Arc<App> {
-        &self.app
-    }
-
     fn http_stats(&self) -> &RefCell<HttpStats> {
         &self.http_stats
     }

@@ -1,4 +1,4 @@
-//! The HTTP API's control bodies through `kvix::http::api::parse_body`, which runs
+//! The HTTP API's control bodies through `kvix::http::routes::check_body`, which runs
 //! the handlers' own parsing and checks up to their first registry access:
 //! `/register` and `/unregister` in Dynamo's and the conductor's shape (told from the
 //! body, or forced as under `/conductor/...` for inputs of odd length: half the work
@@ -9,7 +9,7 @@
 //! (400 or 422; 413 is the body limit's). Registers nothing, starts nothing.
 #![no_main]
 
-use kvix::http::api;
+use kvix::http::routes;
 use kvix::http::scope::Shape;
 use libfuzzer_sys::fuzz_target;
 
@@ -22,7 +22,7 @@ fuzz_target!(|data: &[u8]| {
         ("/deregister_peer", None),
     ];
     for (route, forced) in calls {
-        match api::parse_body(route, forced, data) {
+        match routes::check_body(route, forced, data) {
             Ok(ids) => assert!(ids.is_none(), "{route} yielded token ids"),
             Err(e) => assert!(
                 matches!(e.status().as_u16(), 400 | 413 | 422),

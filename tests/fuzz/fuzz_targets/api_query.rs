@@ -1,4 +1,4 @@
-//! The HTTP API's query bodies through `kvix::http::api::parse_body`, which runs the
+//! The HTTP API's query bodies through `kvix::http::routes::check_body`, which runs the
 //! handlers' own parsing and checks up to their first registry access: `/query` (its
 //! token ids by the fast path of `kvix::http::token_ids` when it applies) and
 //! `/query_by_hash` and `/speculate`, each in the shape the body names or, for inputs of odd length,
@@ -12,7 +12,7 @@
 //! A `prompt` or `messages` body is refused with a 422: no tokenizer is loaded here.
 #![no_main]
 
-use kvix::http::api;
+use kvix::http::routes;
 use kvix::http::scope::Shape;
 use kvix::http::token_ids;
 use libfuzzer_sys::fuzz_target;
@@ -36,7 +36,7 @@ fn client_error(route: &str, e: &kvix::http::error::ApiError) {
 fuzz_target!(|data: &[u8]| {
     let slow = serde_json::from_slice::<Slow>(data).map(|s| s.token_ids);
     let forced = (data.len() % 2 == 1).then_some(Shape::Conductor);
-    match api::parse_body("/query", forced, data) {
+    match routes::check_body("/query", forced, data) {
         Ok(ids) => {
             let ids = ids.expect("/query yields its token ids");
             match &slow {
@@ -47,7 +47,7 @@ fuzz_target!(|data: &[u8]| {
         Err(e) => client_error("/query", &e),
     }
     for route in ["/query_by_hash", "/speculate", "/query_tiered_by_hash"] {
-        match api::parse_body(route, forced, data) {
+        match routes::check_body(route, forced, data) {
             Ok(ids) => assert!(ids.is_none()),
             Err(e) => client_error(route, &e),
         }

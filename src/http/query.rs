@@ -1,10 +1,12 @@
-//! Route handlers of Dynamo's standalone-indexer API: the queries, `/workers`,
-//! `/dump` (the control routes are [`super::control`]'s).
+//! `/query` and `/query_by_hash`: a prompt as token ids, text or block hashes,
+//! scored against every worker of one index, in Dynamo's or Mooncake's shape.
 //!
-//! Owns request shapes and the flow of each route: parse → registry → hash →
-//! scatter (via [`ShardMesh`]) → gather → render. Query routes never lock.
+//! Owns the two bodies and the flow parse → scope → hash → scatter (through
+//! [`ShardMesh`]) → gather → render. Never locks and never blocks the executor:
+//! text is encoded on the tokenizing pool.
 
 use super::Reply;
+use super::context::Ctx;
 use super::error::{ApiError, parse};
 use super::json;
 use super::scope::{HashNum, Scope, Shape, Target, TokenIds, named, resolve, resolve_named};
@@ -30,127 +32,42 @@ impl From<PromptError> for ApiError {
     }
 }
 
-/// Parse and check a POST body exactly as the handler of `route` (`/register`,
-/// `/query`, ...; `forced` as under `/conductor`) does before it first reads or
-/// changes the registry, and stop there: nothing is registered, looked up or
-/// answered. For the fuzz targets, so they exercise the handlers' own parsing.
-/// Returns the token ids of a `/query` (fast path or serde_json, as the handler
-/// reads them) and `None` for the other routes. A `prompt` or `messages` is checked
-/// against no tokenizers (the fuzz targets load none): it ends in the 422 a model
-/// without `--tokenizer` gets.
-pub fn parse_body(
-    route: &str,
-    forced: Option<Shape>,
-    body: &[u8],
-) -> Result<Option<Vec<u32>>, ApiError> {
-    match route {
-        "/register" => super::control::check_register(body, forced).map(|_| None),
-        "/unregister" => super::control::check_unregister(body, forced).map(|_| None),
-        "/query" => {
-            let mut r = parse_query(body)?;
-            let input = r.input()?;
-            let n = named(&mut r.scope, forced)?;
-            Ok(Some(match input {
-                Input::Ids(ids) => ids,
-                Input::Text(t) => Prompts::default().model_for(&n.model, &t)?.encode(&t)?,
-            }))
-        }
-        "/query_by_hash" => {
-            let mut r: QueryByHashReq = parse(body)?;
-            named(&mut r.scope, forced)?;
-            Ok(None)
-        }
-        // Always Dynamo's shape, whatever `forced` says: its router is the client.
-        "/query_tiered_by_hash" => super::tiered::check(body).map(|_| None),
-        // Without the service's own address: every URL a peer could have passes.
-        "/speculate" => super::speculate::parse(body).map(|_| None),
-        "/register_peer" => super::peers::parse_new_peer(body, None).map(|_| None),
-        "/deregister_peer" => parse::<super::peers::PeerReq>(body).map(|_| None),
-        _ => Err(ApiError::NoRoute(route.to_string())),
-    }
+/// The token ids of a `/query` body, checked as the handler checks it before it
+/// reads the registry (fast path or serde_json, as the handler reads them). A
+/// `prompt` or `messages` is checked against no tokenizers: it ends in the 422 a
+/// model without `--tokenizer` gets. For [`super::routes::check_body`].
+pub(super) fn check(body: &[u8], forced: Option<Shape>) -> Result<Vec<u32>, ApiError> {
+    let mut r = parse_query(body)?;
+    let input = r.input()?;
+    let n = named(&mut r.scope, forced)?;
+    Ok(match input {
+        Input::Ids(ids) => ids,
+        Input::Text(t) => Prompts::default().model_for(&n.model, &t)?.encode(&t)?,
+    })
 }
 
-pub async fn workers<M: ShardMesh>(mesh: &M, query: &str) -> Result<Reply, ApiError> {
-    let mut model = None;
-    let mut tenant = None;
-    for (k, v) in form_urlencoded::parse(query.as_bytes()) {
-        match &*k {
-            "model_name" => model = Some(v.into_owned()),
-            "tenant_id" | "routing_group" => tenant = Some(v.into_owned()),
-            _ => {}
-        }
-    }
-    let snap = mesh.app().registry().snapshot_arc();
-    // Thousands of workers are megabytes of JSON: written off the executor, which
-    // serves queries meanwhile.
-    let body = mesh
-        .offload(move || workers_json(&snap, model, tenant))
-        .await;
-    Ok(json::bytes(StatusCode::OK, body))
-}
-
-/// The `/workers` list of `snap`, one model or all, one tenant or all.
-fn workers_json(
-    snap: &crate::registry::Snapshot,
-    model: Option<String>,
-    tenant: Option<String>,
-) -> Vec<u8> {
-    let mut out = Vec::new();
-    for ix in snap.live_indexes() {
-        if model.as_deref().is_some_and(|m| m != ix.model)
-            || tenant.as_deref().is_some_and(|t| t != ix.tenant)
-        {
-            continue;
-        }
-        for (inst, eps) in &ix.endpoints {
-            let endpoints: serde_json::Map<String, serde_json::Value> = eps
-                .iter()
-                .map(|(dp, e)| (dp.to_string(), e[0].endpoint.clone().into()))
-                .collect();
-            let listeners: serde_json::Map<String, serde_json::Value> = eps
-                .iter()
-                .map(|(dp, e)| {
-                    let list: Vec<serde_json::Value> = e
-                        .iter()
-                        .map(|l| {
-                            serde_json::json!({"endpoint": l.endpoint, "type": l.publisher,
-                                               "replay_endpoint": l.replay_endpoint, "status": "active"})
-                        })
-                        .collect();
-                    (dp.to_string(), list.into())
-                })
-                .collect();
-            let instance_id = snap.instance_key(*inst).to_json();
-            out.push(serde_json::json!({
-                "instance_id": instance_id,
-                "source": "zmq",
-                "status": "active",
-                "model_name": ix.model,
-                "tenant_id": ix.tenant,
-                "routing_group": ix.tenant,
-                "block_size": ix.block_size,
-                "endpoints": endpoints,
-                "listeners": listeners,
-            }));
-        }
-    }
-    serde_json::Value::Array(out).to_string().into_bytes()
+/// A `/query_by_hash` body, checked as the handler checks it before it reads the
+/// registry.
+pub(super) fn check_by_hash(body: &[u8], forced: Option<Shape>) -> Result<(), ApiError> {
+    let mut r: QueryByHashReq = parse(body)?;
+    named(&mut r.scope, forced).map(drop)
 }
 
 async fn score_prompt<M: ShardMesh>(
-    mesh: &M,
+    cx: &Ctx<'_, M>,
     t: &Target,
     prompt: PromptBlocks,
     loads: Option<crate::slot_tracker::SlotReq>,
 ) -> Result<Reply, ApiError> {
     let ix = &t.ix;
-    let lookup = mesh.lookup(ix.id, ix.slots.len(), Arc::new(prompt));
+    let lookup = cx.mesh.lookup(ix.id, ix.slots.len(), Arc::new(prompt));
     // Overlap and loads are asked for at once: one round trip to the shards.
     let (replies, loads) = match loads {
         None => (lookup.await?, None),
         Some(call) => {
             let (replies, loads) =
-                futures_lite::future::zip(lookup, super::slot_tracker::potential(mesh, call)).await;
+                futures_lite::future::zip(lookup, super::slot_tracker::potential(cx.mesh, call))
+                    .await;
             (replies?, Some(loads?))
         }
     };
@@ -159,11 +76,11 @@ async fn score_prompt<M: ShardMesh>(
         let info = ix.slot(s);
         info.live && t.only.is_none_or(|i| i == info.instance)
     };
-    let snap = mesh.app().registry().snapshot();
+    let snap = cx.snap();
     let body = match t.shape {
         Shape::Conductor => {
             let cond = conductor_overlap(ix, &merged, &live);
-            json::conductor(&snap, ix, &t.tenant, &cond)
+            json::conductor(snap, ix, &t.tenant, &cond)
         }
         Shape::Dynamo => {
             let overlap = gather(&merged, ix.slots.len(), live);
@@ -177,7 +94,7 @@ async fn score_prompt<M: ShardMesh>(
                     .is_some_and(|m| m.iter().any(|&n| n > 0))
             };
             let shown = |s: WorkerSlot| live(s) && (!t.matched_only || holds(s));
-            json::scores(&snap, ix, &overlap, llmd.as_deref(), &shown)
+            json::scores(snap, ix, &overlap, llmd.as_deref(), &shown)
         }
     };
     let body = match loads {
@@ -297,7 +214,7 @@ impl QueryReq {
 /// `client`: the connection the query came on; a text's tokenizing is withdrawn once
 /// it is gone.
 pub async fn query<M: ShardMesh>(
-    mesh: &M,
+    cx: &Ctx<'_, M>,
     body: &[u8],
     forced: Option<Shape>,
     client: Option<super::client::Client>,
@@ -309,17 +226,17 @@ pub async fn query<M: ShardMesh>(
     // before it; the encoding, the costly part, runs once the index is known.
     let text = match input {
         Input::Ids(ids) => Tokens::Ids(ids),
-        Input::Text(text) => Tokens::Text(mesh.app().prompts().model_for(&n.model, &text)?, text),
+        Input::Text(text) => Tokens::Text(cx.prompts().model_for(&n.model, &text)?, text),
     };
-    let t = resolve_named(mesh, n, r.scope)?;
+    let t = resolve_named(cx, n, r.scope)?;
     let token_ids = match text {
         Tokens::Ids(ids) => ids,
         // On the tokenizing pool: encoding 1k tokens costs many times what a whole
         // token-id query does (BENCHMARKS.md, "Text prompts"), time in which this
         // core's other connections and shard lookups, or the control calls, would wait.
         Tokens::Text(model, text) => {
-            let pending = mesh.app().tokenize().submit(model, text)?;
-            super::client::unless_gone(mesh, client, pending)
+            let pending = cx.tokenize().submit(model, text)?;
+            super::client::unless_gone(cx.mesh, client, pending)
                 .await
                 .ok_or(ApiError::Abandoned)??
         }
@@ -351,7 +268,7 @@ pub async fn query<M: ShardMesh>(
         || seqs_of(&locals),
         token_ids.len(),
     );
-    score_prompt(mesh, &t, PromptBlocks::Locals(locals), loads).await
+    score_prompt(cx, &t, PromptBlocks::Locals(locals), loads).await
 }
 
 /// The sequence hashes (as routers send the slot tracker) of local block hashes.
@@ -376,12 +293,12 @@ struct QueryByHashReq {
 }
 
 pub async fn query_by_hash<M: ShardMesh>(
-    mesh: &M,
+    cx: &Ctx<'_, M>,
     body: &[u8],
     forced: Option<Shape>,
 ) -> Result<Reply, ApiError> {
     let r: QueryByHashReq = parse(body)?;
-    let t = resolve(mesh, r.scope, forced)?;
+    let t = resolve(cx, r.scope, forced)?;
     let prompt = match t.shape {
         Shape::Dynamo => {
             if r.cache_salt.as_ref().is_some_and(|v| !v.is_null()) {
@@ -423,96 +340,16 @@ pub async fn query_by_hash<M: ShardMesh>(
         },
         blocks * t.ix.block_size as usize,
     );
-    score_prompt(mesh, &t, prompt, loads).await
-}
-
-/// `GET /dump`: the one export ([`crate::recovery::export`]) rendered as a chunked
-/// stream of about 256 KiB per chunk, pausing between chunks
-/// ([`ShardMesh::pauser`]), so a large dump neither holds its JSON in memory nor
-/// keeps the executor from queries.
-pub async fn dump<M: ShardMesh>(mesh: &M) -> Result<Reply, ApiError> {
-    const CHUNK: usize = 256 * 1024;
-    let export = crate::recovery::export::export(mesh).await?;
-    let pauser = mesh.pauser();
-    let stream = futures_lite::stream::unfold(
-        (export, json::DumpCursor::default()),
-        move |(export, mut cur)| {
-            let pause = pauser();
-            async move {
-                let mut out = Vec::with_capacity(CHUNK + 1024);
-                if !json::dump_chunk(&mut out, &export, &mut cur, CHUNK) {
-                    return None;
-                }
-                // Queries that arrived meanwhile run between chunks.
-                pause.await;
-                let frame = hyper::body::Frame::data(bytes::Bytes::from(out));
-                Some((Ok::<_, std::convert::Infallible>(frame), (export, cur)))
-            }
-        },
-    );
-    let body: super::Streamed = Box::pin(http_body_util::StreamBody::new(stream));
-    let mut r = hyper::Response::new(http_body_util::Either::Right(body));
-    r.headers_mut().insert(
-        hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static("application/json"),
-    );
-    Ok(r)
+    score_prompt(cx, &t, prompt, loads).await
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn status(route: &str, forced: Option<Shape>, body: &str) -> u16 {
-        parse_body(route, forced, body.as_bytes())
-            .unwrap_err()
-            .status()
-            .as_u16()
-    }
-
-    #[test]
-    fn parse_body_runs_a_routes_parsing_and_stops_before_the_registry() {
-        let ok = |route, body: &str| parse_body(route, None, body.as_bytes()).unwrap();
-        // No index "m" exists anywhere here: nothing past the parsing ran.
-        let q = r#"{"token_ids": [1, 2, 3], "model_name": "m"}"#;
-        assert_eq!(ok("/query", q), Some(vec![1, 2, 3]));
-        // Not the fast path's plain array: serde_json reads it.
-        let q = r#"{"token_ids": [1, 2.0], "model": "m"}"#;
-        assert_eq!(status("/query", None, q), 422);
-        let reg =
-            r#"{"instance_id": 1, "endpoint": "tcp://h:1", "model_name": "m", "block_size": 16}"#;
-        assert_eq!(ok("/register", reg), None);
-        let creg = r#"{"endpoint": "tcp://h:1", "type": "vLLM", "modelname": "m",
-                       "instance_id": "vllm-1", "block_size": 2, "dp_rank": 0}"#;
-        assert_eq!(ok("/register", creg), None);
-        assert_eq!(
-            ok("/unregister", r#"{"modelname": "m", "instance_id": "x"}"#),
-            None
-        );
-        assert_eq!(
-            ok("/query_by_hash", r#"{"model": "m", "seq_hashes": ["0x1"]}"#),
-            None
-        );
-        assert_eq!(ok("/register_peer", r#"{"url": "http://peer:8091"}"#), None);
-        assert_eq!(ok("/deregister_peer", r#"{"url": "gone"}"#), None);
-        let tiered = r#"{"block_hashes": [-1, 2], "model_name": "m"}"#;
-        assert_eq!(ok("/query_tiered_by_hash", tiered), None);
-        assert_eq!(
-            status("/query_tiered_by_hash", None, r#"{"model_name": "m"}"#),
-            422
-        );
-
-        assert_eq!(status("/query", None, r#"{"token_ids": [1]}"#), 422);
-        assert_eq!(status("/query", None, "{"), 400);
-        assert_eq!(status("/register_peer", None, r#"{"url": "ftp://x"}"#), 422);
-        // Forced to the conductor's shape, a Dynamo body lacks `modelname`.
-        assert_eq!(status("/register", Some(Shape::Conductor), reg), 422);
-        assert_eq!(status("/nowhere", None, "{}"), 404);
-    }
-
     #[test]
     fn a_query_carries_one_input_and_text_needs_a_tokenizer() {
-        let field = |body: &str| match parse_body("/query", None, body.as_bytes()) {
+        let field = |body: &str| match check(body.as_bytes(), None) {
             Err(e @ ApiError::Field { .. }) => {
                 let v: serde_json::Value = serde_json::from_slice(&e.body()).unwrap();
                 (
@@ -549,9 +386,6 @@ mod tests {
         );
         // Explicit nulls are absent fields; token ids keep their fast path.
         let q = r#"{"token_ids": [4, 5], "prompt": null, "messages": null, "model_name": "m"}"#;
-        assert_eq!(
-            parse_body("/query", None, q.as_bytes()).unwrap(),
-            Some(vec![4, 5])
-        );
+        assert_eq!(check(q.as_bytes(), None).unwrap(), vec![4, 5]);
     }
 }
