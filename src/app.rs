@@ -6,7 +6,6 @@
 //! control thread or off the executors (`mesh::ShardMesh::offload`), never on an
 //! executor. Nothing here runs per block.
 
-use crate::cli::validate_endpoint;
 use crate::ingest::{Ingest, SocketOptions};
 use crate::lifecycle::Lifecycle;
 use crate::partition::Partition;
@@ -314,9 +313,10 @@ impl Control {
     /// ingest thread has connected the socket; on failure exactly this
     /// registration is undone.
     pub fn register(&self, reg: Registration) -> Result<(), ControlError> {
-        validate_endpoint(&reg.endpoint.endpoint).map_err(ControlError::Endpoint)?;
+        crate::ingest::endpoint::validate(&reg.endpoint.endpoint)
+            .map_err(ControlError::Endpoint)?;
         if let Some(r) = &reg.endpoint.replay_endpoint {
-            validate_endpoint(r).map_err(|e| {
+            crate::ingest::endpoint::validate(r).map_err(|e| {
                 ControlError::Endpoint(format!("invalid replay endpoint `{r}`: {e}"))
             })?;
         }

@@ -301,7 +301,7 @@ pub fn parse_workers(s: &str) -> Result<Vec<WorkerSpec>, String> {
             ),
         };
         let endpoint = endpoint.trim().to_string();
-        validate_endpoint(&endpoint)?;
+        crate::ingest::endpoint::validate(&endpoint)?;
         out.push(WorkerSpec {
             instance: id,
             dp,
@@ -318,39 +318,6 @@ pub fn parse_peers(s: &str) -> Vec<String> {
         .filter(|p| !p.is_empty())
         .map(str::to_string)
         .collect()
-}
-
-/// Check a ZMQ endpoint the way Dynamo does: `scheme://address`, tcp needs `host:port`.
-pub fn validate_endpoint(ep: &str) -> Result<(), String> {
-    let bad = |why: &str| Err(format!("invalid ZMQ endpoint `{ep}`: {why}"));
-    let Some((scheme, addr)) = ep.split_once("://") else {
-        return bad("missing scheme");
-    };
-    if addr.is_empty() {
-        return bad("missing address");
-    }
-    match scheme {
-        "tcp" => {
-            let Some((host, port)) = addr.rsplit_once(':') else {
-                return bad("missing TCP port");
-            };
-            if host.is_empty() {
-                return bad("missing TCP host");
-            }
-            if host.starts_with('[') != host.ends_with(']') {
-                return bad("missing closing `]`");
-            }
-            if !host.starts_with('[') && host.contains(':') {
-                return bad("missing closing `]`");
-            }
-            if let Err(e) = port.parse::<u16>() {
-                return bad(&format!("invalid TCP port: {e}"));
-            }
-            Ok(())
-        }
-        "ipc" | "inproc" => Ok(()),
-        other => bad(&format!("unsupported scheme `{other}`")),
-    }
 }
 
 #[cfg(test)]
@@ -400,16 +367,6 @@ mod tests {
                 .unwrap_err()
                 .contains("unsupported scheme")
         );
-    }
-
-    #[test]
-    fn endpoints() {
-        assert!(validate_endpoint("tcp://*:5557").is_ok());
-        assert!(validate_endpoint("tcp://[::1]:5557").is_ok());
-        assert!(validate_endpoint("ipc:///tmp/x").is_ok());
-        assert!(validate_endpoint("tcp://:1").is_err());
-        assert!(validate_endpoint("tcp://h:99999").is_err());
-        assert!(validate_endpoint("host:1").is_err());
     }
 
     /// README's flag table is the operator's reference: every flag `--help` lists

@@ -2,7 +2,8 @@
 //! clamped to what works (saying so), every flag that cannot mean anything refused
 //! with a message, and the options each part of the service starts with.
 //!
-//! Owns no state and starts nothing: `main.rs` calls these, then starts the service.
+//! Owns no state and starts nothing: `startup.rs` calls these, then starts
+//! the service.
 
 use crate::app::{Config, SnapshotConfig};
 use crate::cli::Args;
@@ -123,7 +124,7 @@ pub fn check_flags(args: &Args, workers: &[crate::cli::WorkerSpec]) -> Result<()
         return Err("--block-size is required when --zmq-bind is specified".into());
     }
     for ep in &args.zmq_bind {
-        crate::cli::validate_endpoint(ep).map_err(|e| format!("--zmq-bind: {e}"))?;
+        crate::ingest::endpoint::validate(ep).map_err(|e| format!("--zmq-bind: {e}"))?;
     }
     if !args.slot_request_ttl_secs.is_finite() || args.slot_request_ttl_secs <= 0.0 {
         return Err("--slot-request-ttl-secs must be a number of seconds > 0".into());
@@ -298,6 +299,22 @@ fn speculation(args: &Args) -> crate::app::Speculation {
             1.0,
         ),
         max_predictions: clamp("max-predictions", args.max_predictions, 1, 1 << 32),
+    }
+}
+
+/// How startup recovery seeds the index (`--snapshot-path`, `--peers`).
+pub fn recovery_options(args: &Args, access: &crate::access::Access) -> crate::recovery::Options {
+    crate::recovery::Options {
+        snapshot_path: args.snapshot_path.clone(),
+        peer_wait: Duration::from_millis(clamp("peer-wait-ms", args.peer_wait_ms, 0, 60_000)),
+        adopt_workers: args.adopt_workers,
+        // Only the read token: a peer has no business with our admin token.
+        peer_token: access.query.clone(),
+        dump_limits: crate::recovery::dump::DumpLimits {
+            // "{}" is the smallest dump.
+            max_bytes: clamp("max-peer-dump-bytes", args.max_peer_dump_bytes, 2, 1 << 50),
+            max_blocks: args.max_peer_dump_blocks,
+        },
     }
 }
 

@@ -2,7 +2,7 @@
 //!
 //! Owns the calls that return freed heap to the OS: libzmq's frames live on the
 //! C heap (glibc), everything of kvix's on mimalloc's. During a burst freed
-//! memory stays with the allocator for a short delay (set in `main.rs`), so a
+//! memory stays with the allocator for a short delay ([`configure_allocator`]), so a
 //! growing table reuses the pages the last growth freed instead of faulting and
 //! zeroing fresh ones; a thread that has worked and then had nothing to do for
 //! [`QUIET`] releases the rest ([`Release`]), so an idle indexer does not keep
@@ -10,6 +10,55 @@
 //! at most once per [`RELEASE_EVERY`].
 
 use std::time::{Duration, Instant};
+
+/// The process's memory settings, before any thread allocates: freed memory goes
+/// back promptly and pages stay small (see the two settings below).
+pub fn configure_allocator() {
+    small_pages_only();
+    return_freed_memory_promptly();
+}
+
+/// mimalloc's `mi_option_purge_delay` (`mimalloc.h`, v2 and v3 alike); the -sys
+/// crate does not name it.
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
+/// Freed memory goes back to the OS after [`PURGE_DELAY_MS`] (arena memory after ten
+/// times that, mimalloc's `arena_purge_mult`) instead of mimalloc's 1 s, checked on
+/// a later allocator call. Not at once: a table that grows reuses the pages its last
+/// growth freed instead of faulting in and zeroing fresh ones. A thread that goes
+/// quiet after work releases the rest ([`Release`]), so an idle indexer does not
+/// keep what a burst or an unregister freed. Purges are whole 2 MiB spans, so
+/// small-object churn does not pay for them. `MIMALLOC_PURGE_DELAY` still wins
+/// when set.
+fn return_freed_memory_promptly() {
+    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
+        // SAFETY: sets a process-wide integer option; mimalloc reads options with
+        // relaxed atomics, so changing one while threads allocate is allowed.
+        unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, PURGE_DELAY_MS) };
+    }
+}
+
+/// Milliseconds freed memory stays with mimalloc before it is purged.
+const PURGE_DELAY_MS: std::ffi::c_long = 10;
+
+/// Transparent huge pages off for this process, unless `MIMALLOC_ALLOW_THP` is set
+/// (mimalloc's own switch, read before `main`; unset, mimalloc advises huge pages
+/// for its arenas). The trees' arenas and engine-hash maps are written at random
+/// positions, so a 2 MiB huge page is faulted in, zeroed and kept resident whole
+/// wherever one entry lands; with 4 KiB pages only what is written is resident.
+fn small_pages_only() {
+    if std::env::var_os("MIMALLOC_ALLOW_THP").is_none() {
+        // SAFETY: PR_SET_THP_DISABLE only sets a flag on this process's memory map,
+        // checked at page-fault time; it reads no pointers.
+        let r = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+        if r != 0 {
+            eprintln!(
+                "kvix: transparent huge pages stay on (prctl: {})",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+}
 
 /// How long a thread goes without work before it releases freed memory.
 pub const QUIET: Duration = Duration::from_millis(50);
@@ -96,6 +145,22 @@ fn release(heaps: Heaps) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Guards the option's number against a renumbering upstream: mimalloc v3's
+    /// default purge delay is 1000 ms, which no neighbouring option has.
+    #[test]
+    fn purge_delay_option_is_the_one_set() {
+        if std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
+            return;
+        }
+        // SAFETY: reads a process-wide integer option (see above).
+        let before = unsafe { libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY) };
+        assert_eq!(before, 1000);
+        return_freed_memory_promptly();
+        // SAFETY: as above.
+        let after = unsafe { libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY) };
+        assert_eq!(after, PURGE_DELAY_MS);
+    }
 
     #[test]
     fn trim_frees_only_what_grew_past_the_bound() {

@@ -39,6 +39,7 @@ pub mod runtime;
 pub mod score;
 pub mod shard;
 pub mod slot_tracker;
+pub mod startup;
 #[cfg(test)]
 mod testing;
 pub mod tokenize;

@@ -14,6 +14,7 @@
 
 pub mod bind;
 pub mod context;
+pub mod endpoint;
 pub mod feed;
 mod handle;
 pub mod replay;
