@@ -1,7 +1,7 @@
 //! kvix: a thread-per-core KV-cache indexer for LLM inference routers.
 //!
 //! Data flow, one module per step:
-//! - events: ZMQ ([`ingest`]) → decode ([`wire`]) → engine→kvix hashes ([`ingest::feed`], [`hash`])
+//! - events: ZMQ ([`ingest`]) → decode ([`wire`]) → shard ops ([`ingest::feed`], [`hash`])
 //!   → SPSC rings ([`ring`]) → the owning shard ([`shard`], chosen by [`partition`]);
 //! - queries: HTTP ([`http`]) → hash ([`hash`]) → scatter to shards ([`runtime`]) →
 //!   gather and score ([`score`]) → JSON ([`http::json`]); a text prompt is first turned into
@@ -12,7 +12,8 @@
 //!
 //! [`registry`] holds the control plane (models, tenants, workers); [`descriptors`]
 //! shares the open-file limit between HTTP and engines; [`runtime`] is the
-//! only module that knows glommio.
+//! only module that knows glommio. [`config`] turns the flags ([`cli`]) into the
+//! service's configuration and [`startup`] starts the service from it.
 
 #![warn(clippy::undocumented_unsafe_blocks)]
 
