@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fleets: kvix and Dynamo's standalone indexer as the worker count grows, in one run,
-# one table (DIR/fleet.md).
+# one table and one plot (DIR/fleet.md, DIR/fleet.svg; perf/fleet_table.py).
 #
 #   perf/fleet.sh [--out DIR] [--requests N] [--duration S] [--workers "16 300 1000 3000 8000"]
 #                 [--systems "kvix dynamo"] [--no-build]
@@ -96,38 +96,7 @@ for workers in $WORKERS; do
     done
 done
 
-python3 - "$OUT" "$WORKERS" "$SYSTEMS" >"$OUT/fleet.md" <<'EOF'
-import json, os, sys
-out, workers, systems = sys.argv[1], sys.argv[2].split(), sys.argv[3].split()
-def read(name):
-    p = os.path.join(out, name)
-    return json.load(open(p)) if os.path.exists(p) else {}
-print("| workers | system | register + apply (s) | blocks applied/s | RSS B/live pair | fds | "
-      "p50 / p99 µs, 16 conns | req/s, 16 conns | p50 / p99 µs, 1 conn |")
-print("|---|---|---|---|---|---|---|---|---|")
-for w in workers:
-    for s in systems:
-        base = read(f"{s}-w{w}.json")
-        if "skipped" in base or "failed" in base:
-            print(f"| {w} | {s} | {base.get('skipped', 'failed (see its log)')} | | | | | | |")
-            continue
-        evs = [read(f"{s}-w{w}-events-{k}.json").get("events", {}) for k in range(8)]
-        evs = [e for e in evs if e]
-        pairs = sum(e["sim"]["live_pairs"] for e in evs) if evs else 0
-        rss = [(e.get("rss_before_bytes"), e.get("rss_after_bytes")) for e in evs]
-        growth = (max(a for _, a in rss) - min(b for b, _ in rss)) if evs and all(
-            b and a for b, a in rss) else 0
-        ev = {"blocks_applied_per_sec": sum(e.get("blocks_applied_per_sec", 0) for e in evs),
-              "bytes_per_live_pair": growth / pairs if pairs else 0}
-        q = {x["connections"]: x for x in read(f"{s}-w{w}-query.json").get("queries", [])}
-        def lat(c):
-            x = q.get(c)
-            return f"{x['p50_us']:.0f} / {x['p99_us']:.0f}" if x else ""
-        rps = f"{q[16]['achieved_rps']:.0f}" if 16 in q else ""
-        print(f"| {w} | {s} | {base.get('events_wall_secs', 0):.1f} | "
-              f"{ev.get('blocks_applied_per_sec', 0) / 1e6:.2f}M | "
-              f"{ev.get('bytes_per_live_pair', 0):.1f} | {base.get('fds', '')} | "
-              f"{lat(16)} | {rps} | {lat(1)} |")
-EOF
-say "results in $OUT (fleet.md)"
+perf/fleet_table.py "$OUT" "$WORKERS" "$SYSTEMS"
+"$BIN/kvix-load" plot --fleet "$OUT/fleet.json" --out "$OUT" >/dev/null
+say "results in $OUT (fleet.md, fleet.svg)"
 cat "$OUT/fleet.md" >&3

@@ -128,13 +128,17 @@ enum Cmd {
         /// index size
         #[arg(long)]
         scale: Option<String>,
+        /// A `perf/fleet_table.py` file: fleet.svg, each figure against the engines
+        /// registered
+        #[arg(long)]
+        fleet: Option<String>,
         /// Endpoint of the latency plot
         #[arg(long, default_value = "query")]
         endpoint: String,
         /// Prompt length of the latency plot
         #[arg(long, default_value_t = 1024)]
         prompt_tokens: u64,
-        /// Folder for latency.svg, events.svg and scale.svg
+        /// Folder for latency.svg, events.svg, scale.svg and fleet.svg
         #[arg(long, default_value = ".")]
         out: std::path::PathBuf,
     },
@@ -356,6 +360,7 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             latency,
             events,
             scale,
+            fleet,
             endpoint,
             prompt_tokens,
             out,
@@ -364,6 +369,7 @@ fn run(cmd: Cmd) -> Result<bool, String> {
                 &latency,
                 &events,
                 scale.as_deref(),
+                fleet.as_deref(),
                 &endpoint,
                 prompt_tokens,
                 &out,
@@ -437,6 +443,7 @@ fn plots(
     latency: &[String],
     events: &[String],
     scale: Option<&str>,
+    fleet: Option<&str>,
     endpoint: &str,
     prompt_tokens: u64,
     out: &std::path::Path,
@@ -454,7 +461,12 @@ fn plots(
     }
     if let Some(series) = scale {
         let path = out.join("scale.svg");
-        plot::scale_svg(series, &path)?;
+        plot::scale_svg(series, &plot::BY_INDEX_SIZE, &path)?;
+        println!("{}", path.display());
+    }
+    if let Some(series) = fleet {
+        let path = out.join("fleet.svg");
+        plot::scale_svg(series, &plot::BY_ENGINES, &path)?;
         println!("{}", path.display());
     }
     Ok(())

@@ -234,15 +234,41 @@ const SCALE_PANELS: [Panel; 4] = [
     },
 ];
 
-/// The figures of `perf/compare.py scale-series` against the index size, kvix and
-/// Dynamo in each of four panels (events/s, 16-connection req/s, latency, bytes
-/// per pair); x is live (block, worker) pairs in millions, on a log scale.
-pub fn scale_svg(path: &str, out: &Path) -> Result<(), String> {
+/// What a series of points is plotted against: each point's `key`, divided by
+/// `divisor`, on a log scale.
+pub struct XAxis {
+    key: &'static str,
+    divisor: f64,
+    desc: &'static str,
+}
+
+/// `perf/compare.py scale-series`: the index size.
+pub const BY_INDEX_SIZE: XAxis = XAxis {
+    key: "live_pairs",
+    divisor: 1e6,
+    desc: "live (block, worker) pairs, millions (log scale)",
+};
+
+/// `perf/fleet_table.py`: the engines registered.
+pub const BY_ENGINES: XAxis = XAxis {
+    key: "workers",
+    divisor: 1.0,
+    desc: "engines registered (log scale)",
+};
+
+/// The figures of a series (`perf/compare.py scale-series`, `perf/fleet_table.py`),
+/// kvix and Dynamo in each of four panels (events/s, 16-connection req/s, latency,
+/// bytes per pair), against `axis`. A system's point without a figure (it failed
+/// at that size) is left out of its line.
+pub fn scale_svg(path: &str, axis: &XAxis, out: &Path) -> Result<(), String> {
     let r = read(path)?;
     let points = r["points"].as_array().cloned().unwrap_or_default();
-    let sizes: Vec<f64> = points.iter().map(|p| f(&p["live_pairs"]) / 1e6).collect();
+    let sizes: Vec<f64> = points
+        .iter()
+        .map(|p| f(&p[axis.key]) / axis.divisor)
+        .collect();
     if sizes.is_empty() || sizes.iter().any(|&x| x <= 0.0) {
-        return Err(format!("{path}: no points with live pairs"));
+        return Err(format!("{path}: no points with `{}`", axis.key));
     }
     let (xmin, xmax) = sizes
         .iter()
@@ -252,7 +278,8 @@ pub fn scale_svg(path: &str, out: &Path) -> Result<(), String> {
     let root = root
         .titled(
             &format!(
-                "How cost grows with the index ({} workload)",
+                "How cost grows with the {} ({} workload)",
+                if axis.key == BY_ENGINES.key { "fleet" } else { "index" },
                 r["workload"].as_str().unwrap_or("?")
             ),
             ("sans-serif", 24),
@@ -290,10 +317,7 @@ pub fn scale_svg(path: &str, out: &Path) -> Result<(), String> {
             .x_label_area_size(40)
             .y_label_area_size(64);
         let x = (xmin / 1.5..xmax * 1.5).log_scale();
-        let axes = (
-            "live (block, worker) pairs, millions (log scale)",
-            panel.y_desc,
-        );
+        let axes = (axis.desc, panel.y_desc);
         let legend = SeriesLabelPosition::UpperRight;
         if panel.log {
             // Headroom above the lines for the legend.
@@ -344,7 +368,7 @@ mod tests {
         let big = POINT.replace("1000000", "50000000");
         let (dir, path) = series(&format!("{POINT}, {big}"));
         let out = dir.path().join("scale.svg");
-        scale_svg(&path, &out).unwrap();
+        scale_svg(&path, &BY_INDEX_SIZE, &out).unwrap();
         let svg = std::fs::read_to_string(&out).unwrap();
         for panel in &SCALE_PANELS {
             assert!(svg.contains(panel.title), "{}", panel.title);
@@ -357,8 +381,25 @@ mod tests {
     #[test]
     fn scale_plot_refuses_a_series_without_sizes() {
         let (dir, path) = series("");
-        assert!(scale_svg(&path, &dir.path().join("scale.svg")).is_err());
+        assert!(scale_svg(&path, &BY_INDEX_SIZE, &dir.path().join("scale.svg")).is_err());
         let (dir, path) = series(&POINT.replace("1000000", "0"));
-        assert!(scale_svg(&path, &dir.path().join("scale.svg")).is_err());
+        assert!(scale_svg(&path, &BY_INDEX_SIZE, &dir.path().join("scale.svg")).is_err());
+    }
+
+    #[test]
+    fn fleet_plot_draws_each_system_where_it_ran() {
+        let (dir, path) = series(&format!(
+            "{}, {}",
+            POINT.replace("\"live_pairs\": 1000000", "\"workers\": 16"),
+            r#"{"workers": 3000, "kvix": {"applied": 4e6, "q16_rps": 1700, "q16_p99": 16000,
+                "q1_p50": 800, "bpp": 55}, "dynamo": {}}"#
+        ));
+        let out = dir.path().join("fleet.svg");
+        scale_svg(&path, &BY_ENGINES, &out).unwrap();
+        let svg = std::fs::read_to_string(&out).unwrap();
+        assert!(svg.contains("How cost grows with the fleet"));
+        assert!(svg.contains(BY_ENGINES.desc));
+        // By the index size, these points have none.
+        assert!(scale_svg(&path, &BY_INDEX_SIZE, &out).is_err());
     }
 }
