@@ -10,7 +10,6 @@
 
 use super::Options;
 use super::error::ApiError;
-use super::scope::DEFAULT_TENANT;
 use crate::access_log::AccessLog;
 use crate::app::{App, Control, Speculation};
 use crate::ingest::Ingest;
@@ -21,6 +20,9 @@ use crate::prompt::Prompts;
 use crate::registry::{IndexInfo, InstanceKey, Registry, Snapshot};
 use crate::types::InstanceId;
 use std::sync::Arc;
+
+/// The tenant of a body that names none.
+pub const DEFAULT_TENANT: &str = "default";
 
 /// One request's view of the service.
 pub struct Ctx<'r, M> {

@@ -3,10 +3,10 @@
 //! against the allow list, carried out on the control plane off the executor.
 
 use super::Reply;
-use super::context::Ctx;
+use super::context::{Ctx, DEFAULT_TENANT};
 use super::error::{ApiError, parse};
 use super::json;
-use super::scope::{DEFAULT_TENANT, InstanceRef, Shape, tenant};
+use super::scope::{InstanceRef, Shape, tenant};
 use crate::app::{ControlError, registration};
 use crate::ingest::ListenError;
 use crate::mesh::ShardMesh;

@@ -4,7 +4,7 @@
 //!
 //! Owns no route: `query`, `speculate` and `tiered` build their requests on it.
 
-use super::context::Ctx;
+use super::context::{Ctx, DEFAULT_TENANT};
 use super::error::ApiError;
 use super::token_ids;
 use crate::mesh::ShardMesh;
@@ -14,9 +14,6 @@ use crate::types::{InstanceId, Tier};
 use serde::Deserialize;
 use std::collections::HashMap;
 use std::sync::Arc;
-
-/// The tenant of a body that names none.
-pub const DEFAULT_TENANT: &str = "default";
 
 /// `tenant_id` (kvix's name) or `routing_group` (Dynamo 1.6.1's) selects the index.
 pub(super) fn tenant(tenant_id: Option<String>, routing_group: Option<String>) -> Option<String> {
