@@ -173,52 +173,36 @@ class V0BlockRemoved(KVCacheEvent, tag="BlockRemoved"):
     block_hashes: list[int]
 
 
-class TailBlockStored(KVCacheEvent, tag="BlockStored"):
-    """Newest vLLM field order (hybrid KV-cache groups, locality), positional."""
+def newest_events(base):
+    """Newest vLLM field order (hybrid KV-cache groups, locality), on `base`:
+    positional events (KVCacheEvent) or tagged maps (MapEvent, current vLLM: no
+    array_like, inside a positional batch)."""
 
-    block_hashes: list[int | bytes]
-    parent_block_hash: int | bytes | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-    lora_name: str | None
-    extra_keys: list[Any] | None = None
-    group_idx: int | None = None
-    kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: int | None = None
-    locality: str | None = None
+    class BlockStored(base, tag="BlockStored"):
+        block_hashes: list[int | bytes]
+        parent_block_hash: int | bytes | None
+        token_ids: list[int]
+        block_size: int
+        lora_id: int | None
+        medium: str | None
+        lora_name: str | None
+        extra_keys: list[Any] | None = None
+        group_idx: int | None = None
+        kv_cache_spec_kind: str | None = None
+        kv_cache_spec_sliding_window: int | None = None
+        locality: str | None = None
 
+    class BlockRemoved(base, tag="BlockRemoved"):
+        block_hashes: list[int | bytes]
+        medium: str | None
+        group_idx: int | None = None
+        locality: str | None = None
 
-class TailBlockRemoved(KVCacheEvent, tag="BlockRemoved"):
-    block_hashes: list[int | bytes]
-    medium: str | None
-    group_idx: int | None = None
-    locality: str | None = None
-
-
-class CurBlockStored(MapEvent, tag="BlockStored"):
-    """Current vLLM: events are tagged maps (no array_like) inside a positional batch."""
-
-    block_hashes: list[int | bytes]
-    parent_block_hash: int | bytes | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-    lora_name: str | None
-    extra_keys: list[Any] | None = None
-    group_idx: int | None = None
-    kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: int | None = None
-    locality: str | None = None
+    return BlockStored, BlockRemoved
 
 
-class CurBlockRemoved(MapEvent, tag="BlockRemoved"):
-    block_hashes: list[int | bytes]
-    medium: str | None
-    group_idx: int | None = None
-    locality: str | None = None
+TailBlockStored, TailBlockRemoved = newest_events(KVCacheEvent)
+CurBlockStored, CurBlockRemoved = newest_events(MapEvent)
 
 
 # vllm_array_v0: [ts, events] without dp rank; 5-field BlockStored, 1-field BlockRemoved.
