@@ -460,7 +460,7 @@ fn bench_query(c: &mut Criterion) {
                 let q = Prompt::Locals(&chains[i]);
                 let replies: Vec<_> = shards
                     .iter_mut()
-                    .map(|sh| score::answer(sh, IndexId(0), q))
+                    .map(|sh| kvix::shard::answer(sh, IndexId(0), q))
                     .collect();
                 black_box(score::gather(&score::merge(replies), 16, |_| true))
             })
@@ -477,7 +477,7 @@ fn bench_query(c: &mut Criterion) {
                             .chunks_exact(BS)
                             .map(|c| hash::local_hash(c, seed)),
                     );
-                    let r = score::answer(&mut shards[0], IndexId(0), Prompt::Locals(&hs));
+                    let r = kvix::shard::answer(&mut shards[0], IndexId(0), Prompt::Locals(&hs));
                     black_box(score::gather(&score::merge(vec![r]), 16, |_| true))
                 })
             });

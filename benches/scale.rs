@@ -100,7 +100,7 @@ fn main() {
             chain(x % chains, &mut seqs);
             let t = Instant::now();
             let locals: Vec<BlockHash> = seqs.iter().map(|s| BlockHash(s.0)).collect();
-            let r = score::answer(&mut shard, IndexId(0), Prompt::Locals(&locals));
+            let r = kvix::shard::answer(&mut shard, IndexId(0), Prompt::Locals(&locals));
             let ov = score::gather(&score::merge(vec![r]), WORKERS as usize, |_| true);
             std::hint::black_box(ov);
             lat.record(t.elapsed().as_nanos() as u64).ok();

@@ -7,8 +7,8 @@
 //! calling executor.
 
 use crate::metrics::{HttpStats, ShardStats};
-use crate::score::{PromptBlocks, ShardReply};
 use crate::shard::{ChainAt, PredictRefused, PredictStep, PruneBound, ShardExport};
+use crate::shard::{PromptBlocks, ShardReply};
 use crate::slot_tracker::{SlotRep, SlotReq};
 use crate::types::{IndexId, ShardId};
 use std::cell::RefCell;

@@ -14,65 +14,12 @@
 //!   compute it, see [`crate::shard::hybrid`]); llm-d's run and the conductor's
 //!   prefix end there too.
 //!
-//! Pure computation: no I/O, no shard access beyond [`answer`].
+//! Pure computation over the shards' answers ([`ShardReply`]): no I/O, no shard
+//! access.
 
 use crate::shard::holders::Holder;
-use crate::shard::{HolderLists, Prompt, Shard, union_holders};
-use crate::types::{BlockHash, IndexId, SeqHash, Tier, TierSet, WorkerSlot};
-
-/// What one shard answers for a query: its slots' holders of the prompt's blocks.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct ShardReply {
-    /// Per block, in order: `[n, holder_1 .. holder_n]`, or
-    /// [`SAME_HOLDERS`](crate::shard::SAME_HOLDERS) for a block held exactly as the
-    /// one before it, ending at the first block none of the shard's slots holds (the
-    /// prefix ends there for each of them).
-    pub holders: Vec<u32>,
-    /// Blocks held per slot in this shard (for `tree_sizes`).
-    pub per_slot: Vec<u32>,
-    /// Per slot with KV-cache groups besides full attention, the blocks it would
-    /// reuse under their rules (its `effective` prefix).
-    pub effective: Vec<(WorkerSlot, u32)>,
-}
-
-/// A query's blocks, as the shards are sent them (see [`Prompt`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PromptBlocks {
-    Locals(Vec<BlockHash>),
-    Seqs(Vec<SeqHash>),
-}
-
-impl PromptBlocks {
-    pub fn as_prompt(&self) -> Prompt<'_> {
-        match self {
-            PromptBlocks::Locals(l) => Prompt::Locals(l),
-            PromptBlocks::Seqs(s) => Prompt::Seqs(s),
-        }
-    }
-
-    pub fn len(&self) -> usize {
-        self.as_prompt().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-/// What `shard` answers for a query on `index`.
-pub fn answer(shard: &mut Shard, index: IndexId, prompt: Prompt<'_>) -> ShardReply {
-    let mut reply = ShardReply {
-        holders: Vec::with_capacity(prompt.len() * 3),
-        per_slot: Vec::new(),
-        effective: Vec::new(),
-    };
-    shard.lookup(index, prompt, &mut reply.holders);
-    shard.effective(index, &mut reply.effective);
-    if let Some(ix) = shard.index(index) {
-        ix.tree_sizes_into(&mut reply.per_slot);
-    }
-    reply
-}
+use crate::shard::{HolderLists, ShardReply, union_holders};
+use crate::types::{Tier, TierSet, WorkerSlot};
 
 /// Gather: every shard's reply to one query as one, each block's holders the
 /// union of the shards' (their slots are disjoint).

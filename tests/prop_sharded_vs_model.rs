@@ -4,7 +4,7 @@
 //! The sharded side is kvix's real event path minus the sockets: msgpack
 //! frames (vLLM positional encoding) → `wire::decode` → `WorkerFeed`
 //! → SPSC rings → per-shard `Shard::apply`; queries go `hash` → `score::split`
-//! → `score::answer` per shard → `score::gather`. The model knows nothing of
+//! → `shard::answer` per shard → `score::gather`. The model knows nothing of
 //! hashes or shards: each worker holds a set of token prefixes with tiers, and a
 //! set of predicted prefixes (`/speculate`'s ops, pushed on the same rings) that
 //! score as the device until the worker stores them, clears, or they expire.
@@ -509,7 +509,7 @@ impl Sharded {
         let replies: Vec<_> = self
             .shards
             .iter_mut()
-            .map(|shard| score::answer(shard, self.index, prompt))
+            .map(|shard| kvix::shard::answer(shard, self.index, prompt))
             .collect();
         let snap = self.registry.snapshot();
         let ix = &snap.indexes[self.index.0 as usize];

@@ -10,8 +10,8 @@ use crate::app::{App, Config, registration};
 use crate::mesh::{ShardMesh, ShardUnavailable};
 use crate::metrics::{HttpStats, ShardStats};
 use crate::registry::{Endpoint, ListenerOpts};
-use crate::score::{self, PromptBlocks, ShardReply};
 use crate::shard::{ChainAt, PredictRefused, PredictStep, PruneBound, Shard, ShardExport, ShardOp};
+use crate::shard::{PromptBlocks, ShardReply};
 use crate::slot_tracker::{SlotRep, SlotReq};
 use crate::types::{EngineHash, IndexId, InstanceId, ShardId, Tier, WorkerSlot};
 use http_body_util::BodyExt;
@@ -58,7 +58,7 @@ impl ShardMesh for LocalMesh {
         Ok(self
             .shards
             .iter()
-            .map(|s| score::answer(&mut s.borrow_mut(), index, prompt.as_prompt()))
+            .map(|s| crate::shard::answer(&mut s.borrow_mut(), index, prompt.as_prompt()))
             .collect())
     }
 

@@ -89,7 +89,7 @@ impl Core {
             Req::Slots(req) => Rep::Slots(Box::new(
                 self.slot_tracker.borrow_mut().answer(*req, Instant::now()),
             )),
-            Req::Lookup { index, prompt } => Rep::Lookup(score::answer(
+            Req::Lookup { index, prompt } => Rep::Lookup(crate::shard::answer(
                 &mut self.shard.borrow_mut(),
                 index,
                 prompt.as_prompt(),

@@ -30,11 +30,11 @@ use crate::http;
 use crate::lifecycle::Phase;
 use crate::mesh::{ShardMesh, ShardUnavailable};
 use crate::metrics::{HttpStats, ShardStats};
-use crate::score::{self, PromptBlocks, ShardReply};
 use crate::shard::tree::SlotGroups;
 use crate::shard::{
     ChainAt, DumpedBlock, ExportAt, PredictRefused, PredictStep, PruneBound, Shard, ShardExport,
 };
+use crate::shard::{PromptBlocks, ShardReply};
 use crate::slot_tracker::{SlotRep, SlotReq, SlotShard};
 use crate::types::{EngineHash, IndexId, ShardId, WorkerSlot};
 use glommio::channels::channel_mesh::{MeshBuilder, Senders};

@@ -22,6 +22,7 @@
 //! predictions' deadlines, [`table`] the segmented hash table. Here: the shard and
 //! its index shards, and how ops, predictions and lookups reach them.
 
+mod answer;
 mod budget;
 mod clear;
 mod export;
@@ -34,6 +35,7 @@ mod reply;
 pub mod table;
 pub mod tree;
 
+pub use answer::{PromptBlocks, ShardReply, answer};
 pub use budget::BlockBudget;
 pub use export::{DumpedBlock, ExportAt, NO_NODE, ShardExport};
 pub use op::{SeedParent, ShardOp};
