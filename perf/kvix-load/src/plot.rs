@@ -279,7 +279,11 @@ pub fn scale_svg(path: &str, axis: &XAxis, out: &Path) -> Result<(), String> {
         .titled(
             &format!(
                 "How cost grows with the {} ({} workload)",
-                if axis.key == BY_ENGINES.key { "fleet" } else { "index" },
+                if axis.key == BY_ENGINES.key {
+                    "fleet"
+                } else {
+                    "index"
+                },
                 r["workload"].as_str().unwrap_or("?")
             ),
             ("sans-serif", 24),
