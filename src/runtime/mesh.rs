@@ -193,6 +193,26 @@ impl Core {
     }
 }
 
+impl Core {
+    /// [`Core::scatter`], then each asked shard's reply as `expect` reads it, in
+    /// shard order: a reply `expect` does not take fails the request as one that
+    /// never came.
+    async fn ask<T>(
+        &self,
+        reqs: Vec<Option<Req>>,
+        expect: impl Fn(Rep) -> Option<T>,
+    ) -> Result<Vec<T>, ShardUnavailable> {
+        let mut out = Vec::with_capacity(self.shards);
+        for (i, rep) in self.scatter(reqs).await?.into_iter().enumerate() {
+            // Not asked: scatter fails the request for a shard that was asked and
+            // did not answer.
+            let Some(rep) = rep else { continue };
+            out.push(expect(rep).ok_or(ShardUnavailable(ShardId(i)))?);
+        }
+        Ok(out)
+    }
+}
+
 impl ShardMesh for Core {
     fn http_stats(&self) -> &RefCell<HttpStats> {
         &self.http_stats
@@ -214,15 +234,11 @@ impl ShardMesh for Core {
                 })
             })
             .collect();
-        let mut out = Vec::with_capacity(self.shards);
-        for (i, r) in self.scatter(reqs).await?.into_iter().enumerate() {
-            match r {
-                Some(Rep::Lookup(r)) => out.push(r),
-                None if !asked(i) => {}
-                _ => return Err(ShardUnavailable(ShardId(i))),
-            }
-        }
-        Ok(out)
+        self.ask(reqs, |r| match r {
+            Rep::Lookup(r) => Some(r),
+            _ => None,
+        })
+        .await
     }
 
     async fn export(
@@ -230,41 +246,39 @@ impl ShardMesh for Core {
         shard: ShardId,
         index: IndexId,
     ) -> Result<ShardExport, ShardUnavailable> {
-        let ask = |req: Req| {
+        let step = |at| {
             let mut reqs: Vec<Option<Req>> = (0..self.shards).map(|_| None).collect();
             if let Some(r) = reqs.get_mut(shard.0) {
-                *r = Some(req);
+                *r = Some(Req::Export { index, at });
             }
-            self.scatter(reqs)
+            self.ask(reqs, |r| match r {
+                Rep::Export(step) => Some(step),
+                _ => None,
+            })
         };
         let mut out = ShardExport::default();
         let mut at = Box::default();
         loop {
-            match ask(Req::Export { index, at })
-                .await?
-                .get_mut(shard.0)
-                .and_then(Option::take)
-            {
-                Some(Rep::Export(step)) => {
-                    let ExportStep {
-                        blocks,
-                        mut names,
-                        mut groups,
-                        at: next,
-                        done,
-                    } = *step;
-                    if !blocks.is_empty() {
-                        out.parts.push(blocks);
-                    }
-                    out.names.append(&mut names);
-                    out.groups.append(&mut groups);
-                    at = Box::new(next);
-                    if done {
-                        return Ok(out);
-                    }
-                }
-                _ => return Err(ShardUnavailable(shard)),
+            // A shard out of range is asked nothing and answers nothing.
+            let Some(step) = step(at).await?.pop() else {
+                return Err(ShardUnavailable(shard));
+            };
+            let ExportStep {
+                blocks,
+                mut names,
+                mut groups,
+                at: next,
+                done,
+            } = *step;
+            if !blocks.is_empty() {
+                out.parts.push(blocks);
             }
+            out.names.append(&mut names);
+            out.groups.append(&mut groups);
+            if done {
+                return Ok(out);
+            }
+            at = Box::new(next);
             // Our own shard answers in place: let queued queries run between steps.
             let_requests_in().await;
         }
@@ -284,27 +298,25 @@ impl ShardMesh for Core {
                 (step.is_some() || prune.is_some()).then_some(Req::Predict { index, step, prune })
             })
             .collect();
-        match self
-            .scatter(reqs)
-            .await?
-            .get_mut(owner.0)
-            .and_then(Option::take)
-        {
-            Some(Rep::Predicted(Some(r))) => Ok(r),
-            _ => Err(ShardUnavailable(owner)),
-        }
+        // Only the owner applies a step; the others were asked to bound the index.
+        self.ask(reqs, |r| match r {
+            Rep::Predicted(r) => Some(r),
+            _ => None,
+        })
+        .await?
+        .into_iter()
+        .flatten()
+        .next()
+        .ok_or(ShardUnavailable(owner))
     }
 
     async fn stats(&self) -> Result<Vec<ShardStats>, ShardUnavailable> {
         let reqs = (0..self.shards).map(|_| Some(Req::Stats)).collect();
-        let mut out = Vec::with_capacity(self.shards);
-        for (i, r) in self.scatter(reqs).await?.into_iter().enumerate() {
-            match r {
-                Some(Rep::Stats(s)) => out.push(*s),
-                _ => return Err(ShardUnavailable(ShardId(i))),
-            }
-        }
-        Ok(out)
+        self.ask(reqs, |r| match r {
+            Rep::Stats(s) => Some(*s),
+            _ => None,
+        })
+        .await
     }
 
     async fn slot_tracker(&self, req: SlotReq) -> Result<Vec<SlotRep>, ShardUnavailable> {
@@ -317,15 +329,11 @@ impl ShardMesh for Core {
                 None => req.clone().map(|r| Req::Slots(Box::new(r))),
             })
             .collect();
-        let mut out = Vec::new();
-        for (i, r) in self.scatter(reqs).await?.into_iter().enumerate() {
-            match r {
-                Some(Rep::Slots(r)) => out.push(*r),
-                None if owner.is_some_and(|o| o.0 != i) => {}
-                _ => return Err(ShardUnavailable(ShardId(i))),
-            }
-        }
-        Ok(out)
+        self.ask(reqs, |r| match r {
+            Rep::Slots(r) => Some(*r),
+            _ => None,
+        })
+        .await
     }
 
     fn shards(&self) -> usize {
