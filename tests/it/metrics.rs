@@ -1,9 +1,7 @@
 //! `/metrics` over the real binary: parses with a Prometheus text parser, carries
 //! Dynamo's indexer metric names, and its counters move as the test drives the server.
 
-mod common;
-
-use common::{
+use crate::support::{
     Engine, Publisher, Server, agent, all_cleared, free_port, metric_in, removed, stored,
 };
 use serde_json::{Value, json};

@@ -3,9 +3,7 @@
 //! topic `kv@<pod>@<model>`. Pods appear on their first message and are workers
 //! named by their pod identity everywhere.
 
-mod common;
-
-use common::{Server, free_port, stored};
+use crate::support::{self, Server, free_port, stored};
 use serde_json::{Value, json};
 
 /// An engine's publisher that connects to kvix's bound socket (an XPUB, so the test
@@ -200,7 +198,7 @@ fn pods_publish_to_one_bound_socket() {
 
 #[test]
 fn zmq_bind_needs_a_block_size_and_a_free_endpoint() {
-    let out = std::process::Command::new(common::kvix_bin())
+    let out = std::process::Command::new(support::kvix_bin())
         .args(["--port", "0", "--zmq-bind", "tcp://127.0.0.1:5999"])
         .output()
         .unwrap();
@@ -212,7 +210,7 @@ fn zmq_bind_needs_a_block_size_and_a_free_endpoint() {
     );
 
     let (_first, endpoint) = bound("1", &[]);
-    let out = std::process::Command::new(common::kvix_bin())
+    let out = std::process::Command::new(support::kvix_bin())
         .args(["--port", "0", "--block-size", "4", "--zmq-bind", &endpoint])
         .output()
         .unwrap();
@@ -347,7 +345,7 @@ fn huge_or_forged_topics_are_skipped_and_never_kept() {
     let mut ok = Pod::connect(&ctx, &endpoint, &format!("kv@{A}@{M1}"));
     ok.send(0, &stored(&[1], None, &[1, 2, 3, 4], 4));
     s.wait_scores(&query(M1, &[1, 2, 3, 4]), &json!({A: {"0": 4}}));
-    let rss0 = common::rss_mib(s.pid());
+    let rss0 = support::rss_mib(s.pid());
     let mut bad: Vec<String> = (0..40)
         .map(|i| format!("kv@{}{i}@{M1}", "p".repeat(1 << 20)))
         .collect();
@@ -366,7 +364,7 @@ fn huge_or_forged_topics_are_skipped_and_never_kept() {
     // The pod with a good name goes on.
     ok.send(0, &stored(&[3], Some(1), &[9, 9, 9, 9], 4));
     s.wait_scores(&query(M1, &[1, 2, 3, 4, 9, 9, 9, 9]), &json!({A: {"0": 8}}));
-    let grown = common::rss_mib(s.pid()) - rss0;
+    let grown = support::rss_mib(s.pid()) - rss0;
     assert!(grown < 100.0, "RSS grew {grown:.0} MiB");
     let (_, workers) = s.call("GET", "/workers", None);
     assert!(
@@ -391,7 +389,7 @@ fn huge_or_forged_topics_are_skipped_and_never_kept() {
 fn ten_thousand_pods_on_one_bound_socket_are_all_listed_and_scored() {
     // `KVIX_PODS=1000` for the larger fleet in BENCHMARKS.md.
     const MODELS: usize = 20;
-    let pods = common::env_u64("KVIX_PODS", 500) as usize;
+    let pods = support::env_u64("KVIX_PODS", 500) as usize;
     let (s, endpoint) = bound("2", &["--max-event-slots", "100000"]);
     let ctx = zmq::Context::new();
     // One connection may carry many pods: the topic names the pod. Unbounded, so

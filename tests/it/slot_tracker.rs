@@ -9,9 +9,7 @@
 //! script also runs against it live and both are compared call by call;
 //! `DYNAMO_SLOT_TRACKER_RECORD=<file>` then writes the recording.
 
-mod common;
-
-use common::{Engine, Server, agent, free_port, metric_in, reply};
+use crate::support::{self, Engine, Server, agent, free_port, metric_in, reply};
 use serde_json::{Value, json};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -350,7 +348,12 @@ fn query_with_loads_answers_what_potential_loads_answers() {
     let (s, base) = slot_server(&[]);
     let ctx = zmq::Context::new();
     let mut e = Engine::registered(&ctx, &s, 3, MODEL);
-    e.publish(&common::stored(&[1, 2], None, &[1, 2, 3, 4, 5, 6, 7, 8], 4));
+    e.publish(&support::stored(
+        &[1, 2],
+        None,
+        &[1, 2, 3, 4, 5, 6, 7, 8],
+        4,
+    ));
     let tokens: Vec<u32> = (1..=12).collect();
     let q = json!({"token_ids": tokens, "model_name": MODEL, "loads": true});
     s.eventually("blocks stored", || {
@@ -658,12 +661,12 @@ fn shares_requests_with_dynamos_replicas() {
 const QUERY_WAIT: Duration = Duration::from_millis(250);
 
 /// `/query`s on the index port from `conns` connections until [`Queries::finish`].
-struct Queries(common::QueryLoop);
+struct Queries(support::QueryLoop);
 
 impl Queries {
     fn start(s: &Server, conns: usize) -> Queries {
         let body = json!({"token_ids": (1..=64).collect::<Vec<u32>>(), "model_name": MODEL});
-        Queries(common::QueryLoop::start(&s.base, conns, body))
+        Queries(support::QueryLoop::start(&s.base, conns, body))
     }
 
     /// Asserts no query waited [`QUERY_WAIT`] or longer while `what`.
@@ -677,11 +680,11 @@ impl Queries {
 
 /// A slot tracker on two executors, with a worker of the index registered so
 /// that queries have something to score.
-fn loaded_server(extra: &[&str]) -> (Server, String, common::Publisher) {
+fn loaded_server(extra: &[&str]) -> (Server, String, support::Publisher) {
     let mut flags = vec!["--threads", "2"];
     flags.extend_from_slice(extra);
     let (s, base) = slot_server(&flags);
-    let [w] = common::workers::<1>(&s, &zmq::Context::new(), MODEL);
+    let [w] = support::workers::<1>(&s, &zmq::Context::new(), MODEL);
     (s, base, w)
 }
 

@@ -22,8 +22,12 @@ pub fn free_port() -> u16 {
 }
 
 /// A fresh directory with `files` written into it (a tokenizer and its config).
+/// Numbered per call: tests of every module run in one process, and two may pick
+/// the same tag.
 pub fn dir_with(tag: &str, files: &[(&str, String)]) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("kvix-prompts-{tag}-{}", std::process::id()));
+    static DIRS: AtomicU64 = AtomicU64::new(0);
+    let n = DIRS.fetch_add(1, Ordering::Relaxed);
+    let d = std::env::temp_dir().join(format!("kvix-test-{tag}-{}-{n}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     for (name, text) in files {

@@ -1,9 +1,7 @@
 //! End to end: the real binary, real ZMQ publishers sending msgspec-encoded vLLM
 //! batches (positional, map-encoded, mixed), asserting every query route exactly.
 
-mod common;
-
-use common::{
+use crate::support::{
     Engine, Publisher, Row, Server, dump_rows, fixture, fixture_with, publishers, register,
     register_with, stored, worker_flags,
 };

@@ -4,7 +4,8 @@
 //! `engine.rs` publishes as engines do and registers them; `events.rs` builds their
 //! payloads; `metrics.rs` reads `/metrics`. Everything binds 127.0.0.1.
 
-// Each test binary uses part of the harness.
+// Each binary that includes the harness (tests/it, tests/executor_spin.rs, the load
+// tool's smoke test) uses part of it.
 #![allow(dead_code, unused_imports)]
 
 mod engine;
