@@ -1,7 +1,7 @@
 //! Nothing a client, a publisher or an operator's flag can send wedges kvix: hostile
 //! input against the real binary over real HTTP and ZMQ on 127.0.0.1.
 
-use crate::support::{self, Publisher, Server, register, stored, workers};
+use crate::support::{self, Publisher, ReservedPort, Server, register, stored, workers};
 use serde_json::{Value, json};
 use std::time::Duration;
 
@@ -264,7 +264,9 @@ fn register_peer_takes_only_http_urls_of_other_instances() {
         assert!(v["error"].as_str().unwrap().contains("itself"), "{v}");
     }
     assert_eq!(s.get_json("/peers"), json!([]));
-    let other = format!("http://127.0.0.1:{}", support::free_port());
+    // Another address, where nothing answers.
+    let dead = ReservedPort::new();
+    let other = dead.url();
     let (st, v) = s.post_json("/register_peer", &json!({"url": other}));
     assert_eq!(st, 201, "{v}");
     assert_eq!(s.get_json("/peers"), json!([other]));

@@ -3,7 +3,8 @@
 //! ends with the same `/dump` and query answers as a replica that lost nothing.
 
 use crate::support::{
-    self, Engine, Server, Workload, dump_set, register, register_with, same_answers, wait_same_dump,
+    self, Engine, ReservedPort, Server, Workload, dump_set, register, register_with, same_answers,
+    wait_same_dump,
 };
 use serde_json::json;
 use std::time::Duration;
@@ -102,9 +103,10 @@ fn an_engine_that_never_answers_leaves_the_gap_counted_not_recovered() {
     let s = Server::start(&["--threads", "2"]);
     let mut e = Engine::start(&ctx);
     // A replay endpoint nobody serves: requests time out, live frames go on.
+    let dead = ReservedPort::new();
     let mut body = json!({
         "instance_id": 1, "endpoint": e.endpoint(), "model_name": MODEL, "block_size": 4,
-        "replay_endpoint": format!("tcp://127.0.0.1:{}", support::free_port()),
+        "replay_endpoint": dead.endpoint(),
     });
     s.post_ok("/register", &body);
     e.publisher.wait_subscriber();
