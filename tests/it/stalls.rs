@@ -329,7 +329,7 @@ fn prompts_over_the_caps_get_413_and_a_full_queue_429() {
     let answers: Vec<(u16, Value)> = (0..8)
         .map(|_| {
             let (s, body) = (s.clone(), body.clone());
-            std::thread::spawn(move || s.post_json("/query", &body))
+            std::thread::spawn(move || query_patiently(&s.base, &body))
         })
         .collect::<Vec<_>>()
         .into_iter()
@@ -353,6 +353,22 @@ fn prompts_over_the_caps_get_413_and_a_full_queue_429() {
         s.metric("kvix_tokenize_jobs_total", &[("outcome", "busy")]),
         busy.len() as f64
     );
+}
+
+/// `(status, body)` of a `/query` that may wait two minutes for its answer:
+/// tokenizing a long prompt takes seconds in a debug build, longer while other tests
+/// share the cores, and a prompt queued behind it waits for both.
+fn query_patiently(base: &str, body: &Value) -> (u16, Value) {
+    let r = support::agent(Some(Duration::from_secs(120)))
+        .post(format!("{base}/query"))
+        .header("Content-Type", "application/json")
+        .send(body.to_string())
+        .expect("query");
+    let (st, text) = support::reply(r);
+    (
+        st,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
 }
 
 /// A peer that answers `/workers` with 503 and `/dump` with `spaces` spaces and then
