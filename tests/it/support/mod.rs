@@ -1,8 +1,10 @@
 //! Black-box test harness: the real `kvix` binary, real HTTP, real ZMQ publishers.
 //!
-//! `server.rs` starts, calls and stops the server (on a port of its own choosing);
-//! `engine.rs` publishes as engines do and registers them; `events.rs` builds their
-//! payloads; `metrics.rs` reads `/metrics`. Everything binds 127.0.0.1.
+//! `server.rs` starts, calls and stops the server (on a port of its own choosing),
+//! holds ports that nothing listens on (`ReservedPort`) and starts Dynamo's binaries
+//! for comparisons; `engine.rs` publishes as engines do and registers them;
+//! `events.rs` builds their payloads; `metrics.rs` reads `/metrics`. Everything binds
+//! 127.0.0.1.
 
 // Each binary that includes the harness (tests/it, tests/executor_spin.rs, the load
 // tool's smoke test) uses part of it.
