@@ -534,7 +534,7 @@ fn strftime_now(format: String) -> Result<String, minijinja::Error> {
 
 /// The tests' tokenizer, shared with the black-box tests.
 #[cfg(test)]
-#[path = "../tests/common/tokenizer.rs"]
+#[path = "../tests/it/support/tokenizer.rs"]
 mod test_tokenizer;
 
 #[cfg(test)]

@@ -1,12 +1,15 @@
-//! An executor's polling between queries, alone in its binary: the other black-box
-//! tests load both cores, and a client the scheduler holds back for longer than
-//! `--spin-us` lets the executor park whatever it does.
+//! An executor's polling between queries, in a test binary of its own: the other
+//! black-box tests (`tests/it`) load the cores, and a client the scheduler holds
+//! back for longer than `--spin-us` lets the executor park whatever it does. Cargo
+//! runs test binaries one after another, so this one runs alone.
 
-mod common;
+// The black-box harness of `tests/it`.
+#[path = "it/support/mod.rs"]
+mod support;
 
-use common::Server;
 use serde_json::json;
 use std::time::Duration;
+use support::Server;
 
 const MODEL: &str = "m";
 

@@ -303,7 +303,13 @@ impl IngestThread {
                 done,
             } => {
                 let r = bind::bind_socket(&self.ctx, self.sockets, &endpoint).map(|socket| {
-                    tracing::info!(endpoint, "bound for pods' publishers");
+                    // Port 0 or `*` lets the system choose: say what it chose.
+                    let bound = socket
+                        .get_last_endpoint()
+                        .ok()
+                        .and_then(Result::ok)
+                        .unwrap_or_default();
+                    tracing::info!(endpoint, "bound for pods' publishers on {bound}");
                     self.binds.push(bind::Bound::new(socket, endpoint, opts));
                 });
                 let _ = done.send(r);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Seed the fuzz corpora, tests/fuzz/corpus/<target>/ (gitignored), from the
 # repository: wire fixtures, a snapshot image, /dump and /workers documents, --workers
-# strings, and the HTTP request bodies of README.md and tests/*.rs.
+# strings, and the HTTP request bodies of README.md and the tests (tests/**/*.rs).
 # The `seed` binary is built by cargo-fuzz with the targets' own flags (FUZZ_SANITIZER
 # as for scripts/fuzz.sh), so it shares their build instead of compiling kvix a second
 # time. Existing corpus files are kept.

@@ -4,12 +4,12 @@
 //! query. No timing is enforced here; figures come from `perf/run.sh`.
 
 // The service's black-box harness (server on a free port, its log).
-#[path = "../../../tests/common/mod.rs"]
-mod common;
+#[path = "../../../tests/it/support/mod.rs"]
+mod support;
 
-use common::Server;
 use serde_json::Value;
 use std::process::Command;
+use support::Server;
 
 #[test]
 fn kvix_load_bench_runs_against_kvix() {

@@ -2,7 +2,7 @@
 //! the wire fixtures (`decode`), a snapshot image of a small State (`snapshot_load`),
 //! dumps in Dynamo's and kvix's `/dump` shape (`dump_import`), `--workers` /
 //! `--peers` strings from README.md and the flags' help (`workers_flag`), the JSON
-//! request bodies written in README.md and tests/*.rs (`api_control`, `api_query`),
+//! request bodies written in README.md and the tests (`api_control`, `api_query`),
 //! and `/workers` documents in kvix's and Dynamo's shape (`workers_import`). Writes
 //! only under CORPUS_DIR; never runs kvix itself.
 //!
@@ -302,13 +302,23 @@ fn json_in(text: &str) -> Vec<Value> {
     out
 }
 
-/// The files request bodies are written in: README.md and tests/*.rs, sorted.
+/// The files request bodies are written in: README.md and the tests' Rust files
+/// (tests/*.rs and those of tests/it/, this crate's left out), sorted.
 fn body_sources(root: &Path) -> Vec<String> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(root.join("tests"))
-        .expect("tests/")
-        .map(|e| e.expect("tests/ entry").path())
-        .filter(|p| p.extension().is_some_and(|x| x == "rs"))
-        .collect();
+    let mut files: Vec<PathBuf> = Vec::new();
+    let mut dirs = vec![root.join("tests")];
+    while let Some(dir) = dirs.pop() {
+        for e in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+            let p = e.expect("tests/ entry").path();
+            if p.is_dir() {
+                if p.file_name().is_some_and(|n| n != "fuzz") {
+                    dirs.push(p);
+                }
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                files.push(p);
+            }
+        }
+    }
     files.sort();
     let mut out = vec![read(root, "README.md")];
     out.extend(
@@ -346,7 +356,7 @@ fn numbered(values: Vec<Value>) -> Vec<(String, Vec<u8>)> {
 
 /// Request bodies for `api_control` (`/register`, `/unregister`, the peer routes) and
 /// `api_query` (`/query`, `/query_by_hash`): every JSON object in README.md and
-/// tests/*.rs with the fields of one, plus shapes those files only build in code.
+/// the tests with the fields of one, plus shapes those files only build in code.
 fn body_seeds(root: &Path) -> (Vec<(String, Vec<u8>)>, Vec<(String, Vec<u8>)>) {
     let (mut control, mut query) = (Vec::new(), Vec::new());
     for text in body_sources(root) {
@@ -360,7 +370,7 @@ fn body_seeds(root: &Path) -> (Vec<(String, Vec<u8>)>, Vec<(String, Vec<u8>)>) {
     }
     assert!(
         control.len() >= 5 && query.len() >= 5,
-        "README.md and tests/*.rs hold fewer bodies than expected"
+        "README.md and the tests hold fewer bodies than expected"
     );
     control.extend([
         json!({"endpoint": "tcp://127.0.0.1:5557", "replay_endpoint": "tcp://127.0.0.1:5560",

@@ -46,28 +46,26 @@ fn held(slot: u32, tier: Tier) -> u32 {
     Holder::new(WorkerSlot(slot), tier.bit()).0
 }
 
+/// A store that filed every block, `new_holders` of them new to the slot, none of
+/// them predicted before.
+fn filed(new_holders: usize) -> Stored {
+    Stored::Filed {
+        new_holders,
+        confirmed: 0,
+        duplicate: false,
+        unfiled: 0,
+    }
+}
+
 #[test]
 fn a_chain_is_filed_once_and_shared_by_its_holders() {
     let mut t = Tree::default();
     let s = |x| WorkerSlot(x);
     assert_eq!(
         t.store(s(1), DEV, None, &chain(1, 0, &[10, 11, 12])),
-        Stored::Filed {
-            new_holders: 3,
-            confirmed: 0,
-            duplicate: false,
-            unfiled: 0
-        }
+        filed(3)
     );
-    assert_eq!(
-        t.store(s(2), DEV, None, &chain(2, 0, &[10, 11])),
-        Stored::Filed {
-            new_holders: 2,
-            confirmed: 0,
-            duplicate: false,
-            unfiled: 0
-        }
-    );
+    assert_eq!(t.store(s(2), DEV, None, &chain(2, 0, &[10, 11])), filed(2));
     // The same store again changes nothing: a duplicate.
     assert_eq!(
         t.store(s(2), DEV, None, &chain(2, 0, &[10, 11])),
@@ -87,12 +85,7 @@ fn a_chain_is_filed_once_and_shared_by_its_holders() {
     // A continuation names its parent by the slot's own engine hash.
     assert_eq!(
         t.store(s(2), Tier::HOST, Some(eh(2001)), &chain(2, 2, &[12])),
-        Stored::Filed {
-            new_holders: 1,
-            confirmed: 0,
-            duplicate: false,
-            unfiled: 0
-        }
+        filed(1)
     );
     let b_host = Holder::new(WorkerSlot(2), Tier::HOST.bit()).0;
     assert_eq!(

@@ -1,9 +1,7 @@
 //! Nothing a client, a publisher or an operator's flag can send wedges kvix: hostile
 //! input against the real binary over real HTTP and ZMQ on 127.0.0.1.
 
-mod common;
-
-use common::{Publisher, Server, register, stored, workers};
+use crate::support::{self, Publisher, ReservedPort, Server, register, stored, workers};
 use serde_json::{Value, json};
 use std::time::Duration;
 
@@ -170,7 +168,7 @@ fn run_kvix(args: &[&str], wait: Duration) -> (Option<i32>, String) {
         std::process::id(),
         RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
-    let mut child = std::process::Command::new(common::kvix_bin())
+    let mut child = std::process::Command::new(support::kvix_bin())
         .args(["--host", "127.0.0.1", "--port", "0"])
         .args(args)
         .stdout(std::process::Stdio::null())
@@ -266,7 +264,9 @@ fn register_peer_takes_only_http_urls_of_other_instances() {
         assert!(v["error"].as_str().unwrap().contains("itself"), "{v}");
     }
     assert_eq!(s.get_json("/peers"), json!([]));
-    let other = format!("http://127.0.0.1:{}", common::free_port());
+    // Another address, where nothing answers.
+    let dead = ReservedPort::new();
+    let other = dead.url();
     let (st, v) = s.post_json("/register_peer", &json!({"url": other}));
     assert_eq!(st, 201, "{v}");
     assert_eq!(s.get_json("/peers"), json!([other]));
@@ -373,7 +373,7 @@ fn with_token(
     body: Option<&Value>,
     token: Option<&str>,
 ) -> (u16, Option<String>, String) {
-    let agent = common::agent(Some(Duration::from_secs(20)));
+    let agent = support::agent(Some(Duration::from_secs(20)));
     let url = format!("{}{path}", s.base);
     let auth = token.map(|t| format!("Bearer {t}"));
     let resp = match (method, body) {
@@ -618,9 +618,9 @@ fn event_tagged(tag: &str) -> Vec<u8> {
     rmp::encode::write_array_len(&mut b, 1).unwrap();
     rmp::encode::write_array_len(&mut b, 7).unwrap();
     rmp::encode::write_str(&mut b, tag).unwrap();
-    common::write_uints(&mut b, &[1]);
+    support::write_uints(&mut b, &[1]);
     rmp::encode::write_nil(&mut b).unwrap();
-    common::write_uints(&mut b, &[1, 2, 3, 4]);
+    support::write_uints(&mut b, &[1, 2, 3, 4]);
     rmp::encode::write_uint(&mut b, 4).unwrap();
     rmp::encode::write_nil(&mut b).unwrap();
     rmp::encode::write_nil(&mut b).unwrap();

@@ -9,11 +9,8 @@
 //! script also runs against it live and both are compared call by call;
 //! `DYNAMO_SLOT_TRACKER_RECORD=<file>` then writes the recording.
 
-mod common;
-
-use common::{Engine, Server, agent, free_port, metric_in, reply};
+use crate::support::{self, Dynamo, Engine, ReservedPort, Server, agent, metric_in, reply};
 use serde_json::{Value, json};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// One call of the script: method, path, content type (none: no header), body.
@@ -221,47 +218,6 @@ fn run(base: &str, calls: &[Call]) -> Vec<Value> {
         .collect()
 }
 
-/// Dynamo's slot tracker, started from the binary `bin`; killed on drop.
-struct Dynamo {
-    child: Child,
-    base: String,
-}
-
-impl Dynamo {
-    fn start(bin: &str) -> Dynamo {
-        Self::start_with(bin, &[])
-    }
-
-    fn start_with(bin: &str, extra: &[&str]) -> Dynamo {
-        let port = free_port();
-        let child = Command::new(bin)
-            .args(["--port", &port.to_string(), "--runtime-threads", "2"])
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
-        let d = Dynamo {
-            child,
-            base: format!("http://127.0.0.1:{port}"),
-        };
-        let a = agent(Some(Duration::from_secs(1)));
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while a.get(format!("{}/health", d.base)).call().is_err() {
-            assert!(Instant::now() < deadline, "{bin} did not start serving");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        d
-    }
-}
-
-impl Drop for Dynamo {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// kvix with a slot tracker on a port of its own choosing, and that tracker's URL.
 fn slot_server(extra: &[&str]) -> (Server, String) {
     let mut flags = vec!["--slot-tracker-port", "0"];
@@ -292,7 +248,7 @@ fn answers_every_call_as_dynamos_slot_tracker() {
     )
     .unwrap();
     if let Ok(bin) = std::env::var("DYNAMO_SLOT_TRACKER") {
-        let d = Dynamo::start(&bin);
+        let d = Dynamo::start(&bin, &[]);
         let live = run(&d.base, &calls);
         if let Ok(out) = std::env::var("DYNAMO_SLOT_TRACKER_RECORD") {
             std::fs::write(out, serde_json::to_string_pretty(&live).unwrap()).unwrap();
@@ -350,7 +306,12 @@ fn query_with_loads_answers_what_potential_loads_answers() {
     let (s, base) = slot_server(&[]);
     let ctx = zmq::Context::new();
     let mut e = Engine::registered(&ctx, &s, 3, MODEL);
-    e.publish(&common::stored(&[1, 2], None, &[1, 2, 3, 4, 5, 6, 7, 8], 4));
+    e.publish(&support::stored(
+        &[1, 2],
+        None,
+        &[1, 2, 3, 4, 5, 6, 7, 8],
+        4,
+    ));
     let tokens: Vec<u32> = (1..=12).collect();
     let q = json!({"token_ids": tokens, "model_name": MODEL, "loads": true});
     s.eventually("blocks stored", || {
@@ -591,12 +552,22 @@ fn probe(from: &str, to: &str, tag: &str) {
 
 #[test]
 fn replicas_converge_on_the_same_loads() {
-    let (pa, pb) = (free_port(), free_port());
-    let peer = |p: u16| format!("tcp://127.0.0.1:{p}");
-    let (a_port, b_port) = (pa.to_string(), pb.to_string());
-    let (a_peer, b_peer) = (peer(pb), peer(pa));
-    let (sa, a) = slot_server(&["--slot-sync-port", &a_port, "--slot-sync-peers", &a_peer]);
-    let (_b, b) = slot_server(&["--slot-sync-port", &b_port, "--slot-sync-peers", &b_peer]);
+    // Each replica names the other's sync port before the other starts: both ports
+    // are reserved first, and each replica binds its own beside the reservation.
+    let (pa, pb) = (ReservedPort::new(), ReservedPort::new());
+    let (a_port, b_port) = (pa.port.to_string(), pb.port.to_string());
+    let (sa, a) = slot_server(&[
+        "--slot-sync-port",
+        &a_port,
+        "--slot-sync-peers",
+        &pb.endpoint(),
+    ]);
+    let (_b, b) = slot_server(&[
+        "--slot-sync-port",
+        &b_port,
+        "--slot-sync-peers",
+        &pa.endpoint(),
+    ]);
     register_everywhere(&[&a, &b]);
     probe(&a, &b, "probe-a");
     probe(&b, &a, "probe-b");
@@ -634,16 +605,23 @@ fn replicas_converge_on_the_same_loads() {
 fn shares_requests_with_dynamos_replicas() {
     let bin =
         std::env::var("DYNAMO_SLOT_TRACKER").expect("DYNAMO_SLOT_TRACKER=<dynamo-slot-tracker>");
-    let (pk, pd) = (free_port(), free_port());
-    let (k_port, k_peer) = (pk.to_string(), format!("tcp://127.0.0.1:{pd}"));
-    let (_k, k) = slot_server(&["--slot-sync-port", &k_port, "--slot-sync-peers", &k_peer]);
-    let d = Dynamo::start_with(
+    // Each names the other's sync port before the other starts (reserved ports, as
+    // for two kvix replicas).
+    let (pk, pd) = (ReservedPort::new(), ReservedPort::new());
+    let k_port = pk.port.to_string();
+    let (_k, k) = slot_server(&[
+        "--slot-sync-port",
+        &k_port,
+        "--slot-sync-peers",
+        &pd.endpoint(),
+    ]);
+    let d = Dynamo::start(
         &bin,
         &[
             "--replica-sync-port",
-            &pd.to_string(),
+            &pd.port.to_string(),
             "--replica-sync-peers",
-            &format!("tcp://127.0.0.1:{pk}"),
+            &pk.endpoint(),
         ],
     );
     register_everywhere(&[&k, &d.base]);
@@ -658,12 +636,12 @@ fn shares_requests_with_dynamos_replicas() {
 const QUERY_WAIT: Duration = Duration::from_millis(250);
 
 /// `/query`s on the index port from `conns` connections until [`Queries::finish`].
-struct Queries(common::QueryLoop);
+struct Queries(support::QueryLoop);
 
 impl Queries {
     fn start(s: &Server, conns: usize) -> Queries {
         let body = json!({"token_ids": (1..=64).collect::<Vec<u32>>(), "model_name": MODEL});
-        Queries(common::QueryLoop::start(&s.base, conns, body))
+        Queries(support::QueryLoop::start(&s.base, conns, body))
     }
 
     /// Asserts no query waited [`QUERY_WAIT`] or longer while `what`.
@@ -677,11 +655,11 @@ impl Queries {
 
 /// A slot tracker on two executors, with a worker of the index registered so
 /// that queries have something to score.
-fn loaded_server(extra: &[&str]) -> (Server, String, common::Publisher) {
+fn loaded_server(extra: &[&str]) -> (Server, String, support::Publisher) {
     let mut flags = vec!["--threads", "2"];
     flags.extend_from_slice(extra);
     let (s, base) = slot_server(&flags);
-    let [w] = common::workers::<1>(&s, &zmq::Context::new(), MODEL);
+    let [w] = support::workers::<1>(&s, &zmq::Context::new(), MODEL);
     (s, base, w)
 }
 

@@ -3,9 +3,7 @@
 //! shapes (Dynamo's and Mooncake's conductor), the conductor spec's worked example, and
 //! llm-d's three pods with llm-d scoring.
 
-mod common;
-
-use common::{Publisher, Server, fixture, fixture_with, publishers, register, workers};
+use crate::support::{Publisher, Server, fixture, fixture_with, publishers, register, workers};
 use kvix::hash::{block_seed, chain, local_hash};
 use serde_json::{Value, json};
 

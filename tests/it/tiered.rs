@@ -3,9 +3,7 @@
 //! shape (mirrored here field for field, unknown fields refused) and agree with
 //! `/query_by_hash`'s per-instance summary over the same events.
 
-mod common;
-
-use common::{Server, publishers, register, stored_on};
+use crate::support::{self, Server, publishers, register, stored_on};
 use kvix::hash::{block_seed, local_hash};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -204,7 +202,7 @@ fn tiered_lookup_equals_dynamos() {
     }
     let s = Server::start(&["--threads", "2"]);
     let ctx = zmq::Context::new();
-    let mut engines: Vec<((u64, u32), common::Publisher)> = Vec::new();
+    let mut engines: Vec<((u64, u32), support::Publisher)> = Vec::new();
     let stores = v["stores"].as_array().unwrap();
     for st in stores {
         let key = (
@@ -212,8 +210,8 @@ fn tiered_lookup_equals_dynamos() {
             st["dp_rank"].as_u64().unwrap() as u32,
         );
         if !engines.iter().any(|(k, _)| *k == key) {
-            let p = common::Publisher::bind(&ctx);
-            common::register_with(&s, MODEL, key.0, &p, json!({"dp_rank": key.1}));
+            let p = support::Publisher::bind(&ctx);
+            support::register_with(&s, MODEL, key.0, &p, json!({"dp_rank": key.1}));
             engines.push((key, p));
         }
         let p = &mut engines.iter_mut().find(|(k, _)| *k == key).unwrap().1;

@@ -1,9 +1,7 @@
 //! `--max-blocks` end to end: the real binary fed far past its bound by real vLLM
 //! events over ZMQ and by long predictions, queried over HTTP while it evicts.
 
-mod common;
-
-use common::{Publisher, QueryLoop, Server, dump_rows, removed, stored, workers};
+use crate::support::{Publisher, QueryLoop, Server, dump_rows, removed, stored, workers};
 use serde_json::{Value, json};
 use std::time::Duration;
 

@@ -2,10 +2,9 @@
 //! that are long, many or abandoned; a peer whose `/dump` is huge; an executor that
 //! stops running; a body announced too large.
 
-mod common;
-
-use common::tokenizer::tokenizer_json;
-use common::{Publisher, Server, dir_with, metric_in, rss_mib};
+use crate::support::{
+    self, Publisher, Server, dir_with, metric_in, rss_mib, tokenizer::tokenizer_json,
+};
 use serde_json::{Value, json};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -145,7 +144,7 @@ fn control_calls_answer_within_a_second_while_clients_send_long_prompts() {
                 s.base.clone(),
             );
             std::thread::spawn(move || {
-                let agent = common::agent(Some(Duration::from_secs(300)));
+                let agent = support::agent(Some(Duration::from_secs(300)));
                 while !stop.load(Ordering::Relaxed) {
                     let r = agent
                         .post(format!("{base}/query"))
@@ -297,7 +296,7 @@ fn prompts_over_the_caps_get_413_and_a_full_queue_429() {
         "/register",
         &json!({"instance_id": 1, "endpoint": "tcp://127.0.0.1:1", "model_name": "m", "block_size": 4}),
     );
-    let refused = |body: Value| common::error(&s, "/query", &body);
+    let refused = |body: Value| support::error(&s, "/query", &body);
     // Characters: refused before any tokenizing.
     let (st, field, msg) = refused(json!({"model_name": "m", "prompt": "x".repeat(1001)}));
     assert_eq!((st, field.as_str()), (413, "prompt"), "{msg}");
@@ -330,7 +329,7 @@ fn prompts_over_the_caps_get_413_and_a_full_queue_429() {
     let answers: Vec<(u16, Value)> = (0..8)
         .map(|_| {
             let (s, body) = (s.clone(), body.clone());
-            std::thread::spawn(move || s.post_json("/query", &body))
+            std::thread::spawn(move || query_patiently(&s.base, &body))
         })
         .collect::<Vec<_>>()
         .into_iter()
@@ -354,6 +353,22 @@ fn prompts_over_the_caps_get_413_and_a_full_queue_429() {
         s.metric("kvix_tokenize_jobs_total", &[("outcome", "busy")]),
         busy.len() as f64
     );
+}
+
+/// `(status, body)` of a `/query` that may wait two minutes for its answer:
+/// tokenizing a long prompt takes seconds in a debug build, longer while other tests
+/// share the cores, and a prompt queued behind it waits for both.
+fn query_patiently(base: &str, body: &Value) -> (u16, Value) {
+    let r = support::agent(Some(Duration::from_secs(120)))
+        .post(format!("{base}/query"))
+        .header("Content-Type", "application/json")
+        .send(body.to_string())
+        .expect("query");
+    let (st, text) = support::reply(r);
+    (
+        st,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
 }
 
 /// A peer that answers `/workers` with 503 and `/dump` with `spaces` spaces and then
@@ -433,9 +448,9 @@ fn a_peer_over_the_limit_is_abandoned_and_the_next_peer_recovers_the_replica() {
     let ctx = zmq::Context::new();
     let mut p = Publisher::bind(&ctx);
     let good = Server::start(&["--threads", "2"]);
-    common::register(&good, "m", 1, &p);
+    support::register(&good, "m", 1, &p);
     let tokens: Vec<u32> = (1..=16).collect();
-    p.send(&common::stored(&[1, 2, 3, 4], None, &tokens, 4));
+    p.send(&support::stored(&[1, 2, 3, 4], None, &tokens, 4));
     good.eventually("blocks indexed", || {
         let (_, v) = good.post_json("/query", &json!({"token_ids": tokens, "model_name": "m"}));
         (v["scores"]["1"]["0"] == 16)
@@ -464,7 +479,7 @@ fn a_peer_over_the_limit_is_abandoned_and_the_next_peer_recovers_the_replica() {
         sent.load(Ordering::Relaxed) < 256 << 20,
         "the bad dump was read whole"
     );
-    common::wait_same_dump(&s, &good, "m");
+    support::wait_same_dump(&s, &good, "m");
     let text = s.call("GET", "/metrics", None).1;
     let failures = |reason| {
         metric_in(

@@ -2,10 +2,9 @@
 //! replicas that answer only once recovered, replicas that adopt a peer's workers,
 //! one export for `/dump` and snapshots, exact rollback of a failed registration.
 
-mod common;
-
-use common::{
-    Publisher, Server, cleared_on, fixture, publishers, register, stored_on, worker_flags, workers,
+use crate::support::{
+    self, Publisher, Server, cleared_on, fixture, publishers, register, stored_on, worker_flags,
+    workers,
 };
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -190,7 +189,7 @@ fn a_cleared_worker_is_gone_from_every_answer_while_its_blocks_are_dropped() {
         last.len() as u64,
     );
 
-    one.send(&common::all_cleared());
+    one.send(&support::all_cleared());
     let mut seen = std::collections::BTreeSet::new();
     let mut check = |v: &Value, after: u64| {
         let size = v["tree_sizes"]["1"]["0"].as_u64().unwrap_or(0);
@@ -470,17 +469,17 @@ fn event_data_cannot_grow_the_registry_past_its_caps() {
 
 /// Figures for the README: what a million-block `/dump` costs concurrent queries and
 /// memory. Run against a release build:
-/// `cargo build --release && KVIX_TEST_BIN=target/release/kvix cargo test --test lifecycle -- --ignored --nocapture`
+/// `cargo build --release && KVIX_TEST_BIN=target/release/kvix cargo test --test it lifecycle:: -- --ignored --nocapture`
 /// (`KVIX_DUMP_CHAINS` of 100 blocks, default 10,000; `KVIX_DUMP_THREADS`, default 2).
 #[test]
 #[ignore]
 fn million_block_dump_under_queries() {
     let ctx = zmq::Context::new();
     let mut p = Publisher::bind(&ctx);
-    let threads = common::env_u64("KVIX_DUMP_THREADS", 2).to_string();
+    let threads = support::env_u64("KVIX_DUMP_THREADS", 2).to_string();
     let s = Server::start(&["--threads", &threads]);
     register(&s, MODEL, 1, &p);
-    let chains = common::env_u64("KVIX_DUMP_CHAINS", 10_000);
+    let chains = support::env_u64("KVIX_DUMP_CHAINS", 10_000);
     const LEN: usize = 100;
     let mut prompt = Vec::new();
     for c in 0..chains {
@@ -522,7 +521,7 @@ fn million_block_dump_under_queries() {
         })
     };
     std::thread::sleep(Duration::from_secs(2));
-    let rss0 = common::rss_mib(s.pid());
+    let rss0 = support::rss_mib(s.pid());
     dumping.store(true, Ordering::Release);
     let t = Instant::now();
     let sampler = {
@@ -530,7 +529,7 @@ fn million_block_dump_under_queries() {
         std::thread::spawn(move || {
             let mut peak = 0f64;
             while dumping.load(Ordering::Acquire) {
-                peak = peak.max(common::rss_mib(pid));
+                peak = peak.max(support::rss_mib(pid));
                 std::thread::sleep(Duration::from_millis(20));
             }
             peak
@@ -575,7 +574,7 @@ fn memory_a_burst_grew_goes_back_once_idle() {
     let s = Server::start(&["--threads", "1"]);
     let ctx = zmq::Context::new();
     let [mut p] = workers(&s, &ctx, MODEL);
-    let rss0 = common::rss_mib(s.pid());
+    let rss0 = support::rss_mib(s.pid());
     // 400k blocks in chains of 100.
     let (chains, n) = (4_000u64, 100usize);
     for c in 0..chains {
@@ -587,7 +586,7 @@ fn memory_a_burst_grew_goes_back_once_idle() {
         let b = s.metric("kvix_shard_blocks", &[]);
         (b == want).then_some(()).ok_or(format!("{b} of {want}"))
     });
-    let grown = common::rss_mib(s.pid()) - rss0;
+    let grown = support::rss_mib(s.pid()) - rss0;
     // 400k blocks take about 16 MiB of nodes and engine names (less in a release
     // build): enough growth that a quarter of it left over is a real finding.
     assert!(grown > 10.0, "the index grew only {grown:.1} MiB");
@@ -596,7 +595,7 @@ fn memory_a_burst_grew_goes_back_once_idle() {
         &json!({"instance_id": 1, "model_name": MODEL}),
     );
     s.eventually("memory returned", || {
-        let left = common::rss_mib(s.pid()) - rss0;
+        let left = support::rss_mib(s.pid()) - rss0;
         (left < grown / 4.0)
             .then_some(())
             .ok_or(format!("{left:.1} of {grown:.1} MiB still held"))

@@ -2,9 +2,7 @@
 //! test writes, blocks stored over real ZMQ, and `/query` with `prompt` or `messages`
 //! answering exactly as `/query` with the same token ids; then the errors.
 
-mod common;
-
-use common::{Server, dir_with, error, kvix_bin, publishers, register, stored};
+use crate::support::{self, Server, dir_with, error, kvix_bin, publishers, register, stored};
 use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -18,7 +16,7 @@ const ASSISTANT: u32 = 4;
 
 /// The tests' tokenizer (common/tokenizer.rs), without truncation.
 fn tokenizer_json() -> String {
-    common::tokenizer::tokenizer_json(Value::Null)
+    support::tokenizer::tokenizer_json(Value::Null)
 }
 
 /// A Hugging Face style chat template: BOS from the config, Python's `.strip()`,

@@ -4,12 +4,10 @@
 //! replayed, and once the burst is over the index is exactly the engines' state.
 //!
 //! The short form runs in CI; `KVIX_SOAK_SECS=60 KVIX_SOAK_RATE=200000 cargo test
-//! --release --test overload -- --nocapture` is the long form whose figures go in
+//! --release --test it overload:: -- --nocapture` is the long form whose figures go in
 //! BENCHMARKS.md.
 
-mod common;
-
-use common::{Engine, Server, removed, stored};
+use crate::support::{self, Engine, Server, removed, stored};
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -19,7 +17,7 @@ use std::time::{Duration, Instant};
 
 #[test]
 fn overload_is_bounded_counted_and_replayed() {
-    let secs = common::env_u64("KVIX_SOAK_SECS", 2);
+    let secs = support::env_u64("KVIX_SOAK_SECS", 2);
     let long = std::env::var("KVIX_SOAK_SECS").is_ok();
     let ctx = zmq::Context::new();
     let s = Server::start(&[
@@ -99,7 +97,7 @@ fn overload_is_bounded_counted_and_replayed() {
 /// Queries all along, on one connection, until `stop`: their latencies (µs).
 fn query_all_along(stop: Arc<AtomicBool>, base: String) -> JoinHandle<Vec<u64>> {
     std::thread::spawn(move || {
-        let agent = common::agent(None);
+        let agent = support::agent(None);
         let body =
             json!({"token_ids": (0..256).collect::<Vec<u32>>(), "model_name": "m"}).to_string();
         let mut lat = Vec::new();
@@ -122,7 +120,7 @@ fn sample_peak_rss(stop: Arc<AtomicBool>, pid: u32) -> JoinHandle<f64> {
     std::thread::spawn(move || {
         let mut peak = 0f64;
         while !stop.load(Ordering::Acquire) {
-            peak = peak.max(common::rss_mib(pid));
+            peak = peak.max(support::rss_mib(pid));
             std::thread::sleep(Duration::from_millis(50));
         }
         peak
@@ -247,7 +245,7 @@ impl Load {
 }
 
 /// Wait until `p` has seen `n` subscriptions (kvix's SUB sockets connected).
-fn wait_subscribers(p: &common::Publisher, n: usize) {
+fn wait_subscribers(p: &support::Publisher, n: usize) {
     p.sock.set_rcvtimeo(30_000).unwrap();
     let mut seen = 0;
     while seen < n {
@@ -270,8 +268,8 @@ fn engine(instance: usize, endpoint: &str) -> serde_json::Value {
 fn three_thousand_engines_register_and_a_shared_prefix_scores_on_each() {
     const PER_PUB: usize = 10;
     // `KVIX_ENGINES=1000 KVIX_TEST_BIN=target/release/kvix cargo test --release --test
-    // overload -- three --nocapture` prints the latency of a prefix every engine holds.
-    let want = common::env_u64("KVIX_ENGINES", 3_000) as usize / PER_PUB;
+    // it overload::three -- --nocapture` prints the latency of a prefix every engine holds.
+    let want = support::env_u64("KVIX_ENGINES", 3_000) as usize / PER_PUB;
     const SHARED: u64 = 64;
     let shared_tokens: Vec<u32> = (1..=SHARED as u32 * 4).collect();
     // kvix holds two descriptors an engine (of its own limit, the same hard one);
@@ -293,8 +291,8 @@ fn three_thousand_engines_register_and_a_shared_prefix_scores_on_each() {
     }
     let ctx = zmq::Context::new();
     let s = Server::start(&["--threads", "2"]);
-    let pubs: Vec<common::Publisher> = (0..pubs_count)
-        .map(|_| common::Publisher::bind(&ctx))
+    let pubs: Vec<support::Publisher> = (0..pubs_count)
+        .map(|_| support::Publisher::bind(&ctx))
         .collect();
     // Engines of one publisher all hear its frames: each holds what it publishes.
     for (p, publisher) in pubs.iter().enumerate() {
@@ -367,7 +365,7 @@ fn past_the_descriptor_budget_register_is_a_503_and_registered_engines_keep_inde
     let ctx = zmq::Context::new();
     // A low open-file limit (soft and hard): kvix cannot raise it.
     let s = Server::launch(&["--threads", "1"], Some(400), None);
-    let pubs: Vec<common::Publisher> = (0..40).map(|_| common::Publisher::bind(&ctx)).collect();
+    let pubs: Vec<support::Publisher> = (0..40).map(|_| support::Publisher::bind(&ctx)).collect();
     let mut registered = 0;
     let refusal = loop {
         assert!(registered < 1_000, "never refused");

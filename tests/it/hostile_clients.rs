@@ -2,9 +2,7 @@
 //! real sockets: exhaust descriptors, hold connections open, half-close, start a
 //! second server on the port, send SIGHUP, ask for port 0, ask for absurd threads.
 
-mod common;
-
-use common::{Server, stored, workers};
+use crate::support::{self, Server, stored, workers};
 use serde_json::json;
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
@@ -203,7 +201,7 @@ fn half_closed_clients_still_get_their_answer() {
 #[test]
 fn a_second_server_on_the_same_port_refuses_to_start() {
     let s = Server::start(&["--threads", "2"]);
-    let out = std::process::Command::new(common::kvix_bin())
+    let out = std::process::Command::new(support::kvix_bin())
         .args([
             "--host",
             "127.0.0.1",
@@ -305,7 +303,7 @@ fn response(s: &mut TcpStream) -> (u16, bool) {
 
 #[test]
 fn a_refused_request_leaves_its_connection_usable() {
-    let admin = common::dir_with("refused", &[("admin", "secret".to_string())]);
+    let admin = support::dir_with("refused", &[("admin", "secret".to_string())]);
     let token = admin.join("admin");
     let s = Server::start(&[
         "--slot-tracker-port",

@@ -1,10 +1,9 @@
-//! An executor's time slice while requests come, alone in its binary: the executor
-//! polling test (`executor_spin.rs`) counts context switches that another server
-//! would disturb.
+//! An executor's time slice while requests come: the executor shortens it for a
+//! request and gives it back once requests stop. The slice is the server's own
+//! setting, so other tests running beside this one do not disturb it (unlike the
+//! executor's polling, `tests/executor_spin.rs`).
 
-mod common;
-
-use common::Server;
+use crate::support::Server;
 use kvix::runtime::slice::shown;
 use serde_json::json;
 use std::time::{Duration, Instant};

@@ -1,9 +1,7 @@
 //! The access log over real HTTP: one JSON line per request with Dynamo 1.6's
 //! fields, `/metrics` left out, and logrotate's move + `POST /reopen_logs`.
 
-mod common;
-
-use common::{Server, agent};
+use crate::support::{self, Server, agent};
 use serde_json::{Value, json};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -173,7 +171,7 @@ fn local_time_carries_an_offset_and_no_log_means_nothing_to_reopen() {
 
 #[test]
 fn an_unwritable_access_log_stops_kvix_with_a_message() {
-    let out = std::process::Command::new(common::kvix_bin())
+    let out = std::process::Command::new(support::kvix_bin())
         .args(["--port", "0", "--access-log", "/nonexistent-dir/access.log"])
         .output()
         .unwrap();

@@ -2,10 +2,9 @@
 //! replica A while A keeps ingesting; after convergence their `/dump`s are equal as sets.
 //! Also: an unreachable peer (start empty, say so) and a Dynamo-shaped peer dump.
 
-mod common;
-
-use common::{
-    Engine, Server, Workload, dump_set, same_answers, stored, wait_same_dump, worker_flags,
+use crate::support::{
+    Engine, ReservedPort, Server, Workload, dump_set, same_answers, stored, wait_same_dump,
+    worker_flags,
 };
 use serde_json::json;
 use std::io::{Read, Write};
@@ -80,8 +79,8 @@ fn started_with_peer(e: &Engine, peer: &str) -> Server {
 fn unreachable_peers_mean_an_empty_start_said_in_the_log() {
     let ctx = zmq::Context::new();
     let mut e = Engine::start(&ctx);
-    let dead = format!("http://127.0.0.1:{}", common::free_port());
-    let s = started_with_peer(&e, &dead);
+    let dead = ReservedPort::new();
+    let s = started_with_peer(&e, &dead.url());
     s.wait_log("no peer reachable");
     s.wait_log("recovery done");
     // Live events still apply afterwards.

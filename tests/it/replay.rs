@@ -2,10 +2,9 @@
 //! engine's replay ROUTER (vLLM's protocol) for them, holds live frames meanwhile, and
 //! ends with the same `/dump` and query answers as a replica that lost nothing.
 
-mod common;
-
-use common::{
-    Engine, Server, Workload, dump_set, register, register_with, same_answers, wait_same_dump,
+use crate::support::{
+    self, Engine, ReservedPort, Server, Workload, dump_set, register, register_with, same_answers,
+    wait_same_dump,
 };
 use serde_json::json;
 use std::time::Duration;
@@ -104,9 +103,10 @@ fn an_engine_that_never_answers_leaves_the_gap_counted_not_recovered() {
     let s = Server::start(&["--threads", "2"]);
     let mut e = Engine::start(&ctx);
     // A replay endpoint nobody serves: requests time out, live frames go on.
+    let dead = ReservedPort::new();
     let mut body = json!({
         "instance_id": 1, "endpoint": e.endpoint(), "model_name": MODEL, "block_size": 4,
-        "replay_endpoint": format!("tcp://127.0.0.1:{}", common::free_port()),
+        "replay_endpoint": dead.endpoint(),
     });
     s.post_ok("/register", &body);
     e.publisher.wait_subscriber();
@@ -191,8 +191,8 @@ fn a_sequence_that_goes_back_is_a_restart_and_nothing_wraps() {
     let ctx = zmq::Context::new();
     let s = Server::start(&["--threads", "2"]);
     let reference = Server::start(&["--threads", "2"]);
-    let [p] = common::workers::<1>(&s, &ctx, MODEL);
-    let [mut p_ok] = common::workers::<1>(&reference, &ctx, MODEL);
+    let [p] = support::workers::<1>(&s, &ctx, MODEL);
+    let [mut p_ok] = support::workers::<1>(&reference, &ctx, MODEL);
     let mut w = Workload::new(31, 0);
     for seq in [u64::MAX, 0, 1, 2] {
         let b = w.next();
@@ -235,7 +235,7 @@ fn a_restart_right_after_a_replay_is_not_taken_for_duplicates() {
     let s = Server::start(&["--threads", "2"]);
     let reference = Server::start(&["--threads", "2"]);
     let mut e = Engine::start(&ctx);
-    let [mut p_ok] = common::workers::<1>(&reference, &ctx, MODEL);
+    let [mut p_ok] = support::workers::<1>(&reference, &ctx, MODEL);
     register_with(
         &s,
         MODEL,

@@ -12,18 +12,51 @@ pub fn env_u64(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-/// A free TCP port on loopback (bound, then released for the child to take).
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// A port on 127.0.0.1 held by a socket that is bound but never listens: connecting
+/// to it is refused at once, and the system hands it to no other socket while this
+/// one lives (a port picked, released and handed over could be taken in between).
+///
+/// It serves as an address where nothing answers, and as a port to name before the
+/// server that takes it starts (replicas that name each other): this socket sets
+/// `SO_REUSEADDR` and does not listen, so a server that binds with `SO_REUSEADDR`
+/// too (libzmq's sockets, tokio's listeners) takes the port beside it.
+pub struct ReservedPort {
+    _socket: socket2::Socket,
+    pub port: u16,
+}
+
+impl ReservedPort {
+    pub fn new() -> ReservedPort {
+        use socket2::{Domain, Socket, Type};
+        let socket = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+        socket.set_reuse_address(true).unwrap();
+        let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
+        socket.bind(&any.into()).unwrap();
+        let port = socket.local_addr().unwrap().as_socket().unwrap().port();
+        ReservedPort {
+            _socket: socket,
+            port,
+        }
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// `tcp://127.0.0.1:<port>`, a ZMQ endpoint.
+    pub fn endpoint(&self) -> String {
+        format!("tcp://127.0.0.1:{}", self.port)
+    }
 }
 
 /// A fresh directory with `files` written into it (a tokenizer and its config).
+/// Numbered per call: tests of every module run in one process, and two may pick
+/// the same tag.
 pub fn dir_with(tag: &str, files: &[(&str, String)]) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("kvix-prompts-{tag}-{}", std::process::id()));
+    static DIRS: AtomicU64 = AtomicU64::new(0);
+    let n = DIRS.fetch_add(1, Ordering::Relaxed);
+    let d = std::env::temp_dir().join(format!("kvix-test-{tag}-{}-{n}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     for (name, text) in files {
@@ -223,6 +256,19 @@ impl Server {
             .expect("the slot tracker's address logged")
     }
 
+    /// The endpoint its `--zmq-bind` socket is bound to, for one bound to port 0 (read
+    /// from its log).
+    pub fn zmq_bind_endpoint(&self) -> String {
+        let said = "bound for pods' publishers on ";
+        self.wait_log(said);
+        self.log()
+            .split(said)
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .map(str::to_string)
+            .expect("the bound endpoint logged")
+    }
+
     /// Everything the server logged so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
@@ -329,6 +375,44 @@ impl Drop for Server {
         if !std::thread::panicking() {
             let _ = std::fs::remove_file(&self.log);
         }
+    }
+}
+
+/// One of Dynamo's servers (`scripts/dynamo_peer`'s binaries), started from `bin`
+/// with `extra` flags on a port reserved for it; killed on drop.
+pub struct Dynamo {
+    child: Child,
+    pub base: String,
+}
+
+impl Dynamo {
+    pub fn start(bin: &str, extra: &[&str]) -> Dynamo {
+        let port = ReservedPort::new();
+        let child = Command::new(bin)
+            .args(["--port", &port.port.to_string(), "--runtime-threads", "2"])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
+        let d = Dynamo {
+            child,
+            base: port.url(),
+        };
+        let a = agent(Some(Duration::from_secs(1)));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while a.get(format!("{}/health", d.base)).call().is_err() {
+            assert!(Instant::now() < deadline, "{bin} did not start serving");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        d
+    }
+}
+
+impl Drop for Dynamo {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

@@ -1,9 +1,7 @@
 //! Predictions end to end: the real binary, `/speculate` over HTTP, confirming
 //! `BlockStored` events over real ZMQ, and what every query route and `/dump` see.
 
-mod common;
-
-use common::{Publisher, Server, dump_rows, register, register_with, stored};
+use crate::support::{self, Publisher, Server, dump_rows, register, register_with, stored};
 use kvix::hash::{block_seed, local_hash};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
@@ -414,7 +412,7 @@ fn cpu_secs(pid: u32) -> f64 {
 #[test]
 fn hour_long_predictions_by_the_million_leave_the_process_idle_and_bounded() {
     let (s, _w1) = serve_with_worker("2");
-    let rss0 = common::rss_mib(s.pid());
+    let rss0 = support::rss_mib(s.pid());
     let (requests, blocks) = (16u64, 250_000u64);
     let mut refused = 0;
     for r in 0..requests {
@@ -459,7 +457,7 @@ fn hour_long_predictions_by_the_million_leave_the_process_idle_and_bounded() {
             );
         }
     }
-    let grew = common::rss_mib(s.pid()) - rss0;
+    let grew = support::rss_mib(s.pid()) - rss0;
     eprintln!(
         "idle: {:.1}% of a core; RSS grew {grew:.0} MiB",
         busy * 100.0
@@ -526,7 +524,7 @@ fn a_speculation_names_its_prefill_worker_too() {
         ),
         (json!({"prefill_dp_rank": 1}), "prefill_instance_id"),
     ] {
-        let (st, f, e) = common::error(&s, "/speculate", &body(prefill));
+        let (st, f, e) = support::error(&s, "/speculate", &body(prefill));
         assert_eq!((st >= 400, f.as_str()), (true, field), "{e}");
     }
     // Two blocks on each of two workers: four predictions, within the cap of five.

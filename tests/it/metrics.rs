@@ -1,14 +1,11 @@
 //! `/metrics` over the real binary: parses with a Prometheus text parser, carries
 //! Dynamo's indexer metric names, and its counters move as the test drives the server.
 
-mod common;
-
-use common::{
-    Engine, Publisher, Server, agent, all_cleared, free_port, metric_in, removed, stored,
+use crate::support::{
+    Dynamo, Engine, Publisher, Server, agent, all_cleared, metric_in, removed, stored,
 };
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const MODEL: &str = "m";
@@ -289,37 +286,6 @@ fn drive(base: &str, ctx: &zmq::Context) -> BTreeMap<String, Value> {
     }
 }
 
-/// Dynamo's standalone indexer (`scripts/dynamo_peer`, built `--features metrics`).
-struct Dynamo(Child);
-
-impl Dynamo {
-    fn start(bin: &str) -> (Dynamo, String) {
-        let port = free_port();
-        let child = Command::new(bin)
-            .args(["--port", &port.to_string(), "--runtime-threads", "2"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
-        let d = Dynamo(child);
-        let base = format!("http://127.0.0.1:{port}");
-        let a = agent(Some(Duration::from_secs(1)));
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while a.get(format!("{base}/health")).call().is_err() {
-            assert!(Instant::now() < deadline, "{bin} did not start serving");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        (d, base)
-    }
-}
-
-impl Drop for Dynamo {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// The same registration and events sent to kvix and to Dynamo's indexer give the
 /// same Dynamo families: names, types, label sets, and the counts both keep.
 /// Dynamo's answer is recorded in `tests/data/dynamo_metrics.json`; with
@@ -339,8 +305,9 @@ fn dynamos_metric_families_match_dynamos_indexer() {
     )
     .unwrap();
     if let Ok(bin) = std::env::var("DYNAMO_PEER") {
-        let (_d, base) = Dynamo::start(&bin);
-        let live = drive(&base, &ctx);
+        // Dynamo's standalone indexer (`scripts/dynamo_peer`, built `--features metrics`).
+        let d = Dynamo::start(&bin, &[]);
+        let live = drive(&d.base, &ctx);
         if let Ok(out) = std::env::var("DYNAMO_PEER_RECORD") {
             std::fs::write(out, serde_json::to_string_pretty(&live).unwrap()).unwrap();
         }

@@ -9,9 +9,7 @@
 //! Every prompt here has blocks of 4 tokens, block `i` being tokens
 //! `4i+1 ..= 4i+4`, named by the engine (in every group alike) `100 + i`.
 
-mod common;
-
-use common::{Publisher, Server, publishers, register, register_with};
+use crate::support::{self, Publisher, Server, publishers, register, register_with};
 use serde_json::{Value, json};
 
 const BS: u32 = 4;
@@ -337,7 +335,7 @@ fn a_model_without_group_fields_is_scored_as_before() {
     let [mut w] = publishers(&ctx);
     register(&s, "plain", 1, &w);
     let hashes: Vec<u64> = (0..3).map(hash).collect();
-    w.send(&common::stored(&hashes, None, &tokens(3), BS));
+    w.send(&support::stored(&hashes, None, &tokens(3), BS));
     // Full attention alone: effective is the device match, a hit is whole.
     expect(&s, "plain", 1, 3, 12, 12, "full");
     let v = s
@@ -465,7 +463,7 @@ fn a_replica_recovers_each_group_from_its_peer() {
 
 #[test]
 fn a_restart_from_a_snapshot_keeps_each_group() {
-    let dir = common::dir_with("hybrid-snapshot", &[]);
+    let dir = support::dir_with("hybrid-snapshot", &[]);
     let path = dir.join("hybrid.snap");
     let p = path.to_str().unwrap();
     let flags = [

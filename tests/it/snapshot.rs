@@ -3,9 +3,9 @@
 //! (checked against a replica that saw everything). A corrupt or truncated snapshot is
 //! rejected whole with a clear log line. SIGTERM writes a final snapshot and exits 0.
 
-mod common;
-
-use common::{Engine, Server, Workload, dump_set, register_with, same_answers, wait_same_dump};
+use crate::support::{
+    self, Engine, Server, Workload, dump_set, register_with, same_answers, wait_same_dump,
+};
 use serde_json::json;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -180,7 +180,7 @@ fn rejected_beside(path: &std::path::Path) -> Vec<PathBuf> {
 }
 
 /// Figures for the README: snapshot write and warm restart with ~1M blocks.
-/// `cargo test --release --test snapshot -- --ignored --nocapture`
+/// `cargo test --release --test it snapshot:: -- --ignored --nocapture`
 #[test]
 #[ignore]
 fn million_blocks_write_and_warm_restart() {
@@ -192,7 +192,7 @@ fn million_blocks_write_and_warm_restart() {
     for c in 0..CHAINS {
         let hashes: Vec<u64> = (0..LEN).map(|i| c * LEN + i + 1).collect();
         let tokens: Vec<u32> = (0..LEN as u32 * 4).map(|i| (c as u32) << 12 | i).collect();
-        e.publish(&common::stored(&hashes, None, &tokens, 4));
+        e.publish(&support::stored(&hashes, None, &tokens, 4));
     }
     let want = (CHAINS * LEN) as f64;
     let deadline = std::time::Instant::now() + Duration::from_secs(120);

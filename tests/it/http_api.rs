@@ -1,9 +1,7 @@
 //! The HTTP API as Dynamo's standalone-indexer docs show it, curl
 //! example by curl example, plus every kind of bad input the routes must refuse.
 
-mod common;
-
-use common::Server;
+use crate::support::{self, Server};
 use serde_json::{Value, json};
 
 fn error_of(v: &Value) -> &str {
@@ -217,7 +215,7 @@ fn transparent_huge_pages_are_off_unless_asked_for() {
     drop(s);
 
     let log = std::env::temp_dir().join(format!("kvix-thp-{}.log", std::process::id()));
-    let mut child = std::process::Command::new(common::kvix_bin())
+    let mut child = std::process::Command::new(support::kvix_bin())
         .args(["--host", "127.0.0.1", "--port", "0", "--threads", "1"])
         .env("MIMALLOC_ALLOW_THP", "1")
         .stderr(std::fs::File::create(&log).unwrap())

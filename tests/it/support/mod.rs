@@ -1,10 +1,13 @@
 //! Black-box test harness: the real `kvix` binary, real HTTP, real ZMQ publishers.
 //!
-//! `server.rs` starts, calls and stops the server (on a port of its own choosing);
-//! `engine.rs` publishes as engines do and registers them; `events.rs` builds their
-//! payloads; `metrics.rs` reads `/metrics`. Everything binds 127.0.0.1.
+//! `server.rs` starts, calls and stops the server (on a port of its own choosing),
+//! holds ports that nothing listens on (`ReservedPort`) and starts Dynamo's binaries
+//! for comparisons; `engine.rs` publishes as engines do and registers them;
+//! `events.rs` builds their payloads; `metrics.rs` reads `/metrics`. Everything binds
+//! 127.0.0.1.
 
-// Each test binary uses part of the harness.
+// Each binary that includes the harness (tests/it, tests/executor_spin.rs, the load
+// tool's smoke test) uses part of it.
 #![allow(dead_code, unused_imports)]
 
 mod engine;
@@ -21,7 +24,6 @@ pub use server::*;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::io::Read;
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

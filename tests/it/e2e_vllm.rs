@@ -1,9 +1,7 @@
 //! End to end: the real binary, real ZMQ publishers sending msgspec-encoded vLLM
 //! batches (positional, map-encoded, mixed), asserting every query route exactly.
 
-mod common;
-
-use common::{
+use crate::support::{
     Engine, Publisher, Row, Server, dump_rows, fixture, fixture_with, publishers, register,
     register_with, stored, worker_flags,
 };
@@ -29,6 +27,21 @@ fn query(t: &[u32]) -> Value {
 fn query_by_hash(t: &[u32]) -> Value {
     let hashes: Vec<u64> = t.chunks_exact(4).map(local).collect();
     json!({"block_hashes": hashes, "model_name": MODEL})
+}
+
+/// `/query`'s `instances` entry of a worker whose blocks are all on the device (so
+/// every tier counts them): each `(dp rank, matched tokens)`, the same as its
+/// effective match, a `full` hit where a rank matched anything and a `miss` where
+/// not, and the longest of the ranks' matches.
+fn on_device(ranks: &[(u32, u64)]) -> Value {
+    let longest = ranks.iter().map(|r| r.1).max().unwrap_or(0);
+    let per_rank = |f: fn(u64) -> Value| -> serde_json::Map<String, Value> {
+        ranks.iter().map(|&(r, n)| (r.to_string(), f(n))).collect()
+    };
+    let matched = per_rank(|n| json!(n));
+    let hit = per_rank(|n| json!(if n > 0 { "full" } else { "miss" }));
+    json!({"longest_matched": longest, "gpu": longest, "dp": matched, "cpu": longest,
+           "disk": longest, "effective": matched, "hit": hit})
 }
 
 #[test]
@@ -97,10 +110,8 @@ fn events_to_queries(s: &Server) {
             "frequencies": [2],
             "tree_sizes": {"1": {"0": 0}, "2": {"0": 1, "1": 2}},
             "instances": {
-                "1": {"longest_matched": 0, "gpu": 0, "dp": {"0": 0}, "cpu": 0, "disk": 0,
-                 "effective": {"0": 0}, "hit": {"0": "miss"}},
-                "2": {"longest_matched": 4, "gpu": 4, "dp": {"0": 4, "1": 4}, "cpu": 4, "disk": 4,
-                 "effective": {"0": 4, "1": 4}, "hit": {"0": "full", "1": "full"}}
+                "1": on_device(&[(0, 0)]),
+                "2": on_device(&[(0, 4), (1, 4)])
             }
         }),
     );
@@ -116,10 +127,8 @@ fn events_to_queries(s: &Server) {
         "frequencies": [3, 1],
         "tree_sizes": {"1": {"0": 2}, "2": {"0": 1, "1": 2}},
         "instances": {
-            "1": {"longest_matched": 8, "gpu": 8, "dp": {"0": 8}, "cpu": 8, "disk": 8,
-                 "effective": {"0": 8}, "hit": {"0": "full"}},
-            "2": {"longest_matched": 4, "gpu": 4, "dp": {"0": 4, "1": 4}, "cpu": 4, "disk": 4,
-                 "effective": {"0": 4, "1": 4}, "hit": {"0": "full", "1": "full"}}
+            "1": on_device(&[(0, 8)]),
+            "2": on_device(&[(0, 4), (1, 4)])
         }
     });
     s.wait_post_eq("/query", &query(&prompt), &after_restart);
@@ -138,10 +147,8 @@ fn every_query_shape_answers(s: &Server, prompt: &[u32]) {
         "frequencies": [3, 2, 1, 1],
         "tree_sizes": {"1": {"0": 4}, "2": {"0": 2, "1": 2}},
         "instances": {
-            "1": {"longest_matched": 16, "gpu": 16, "dp": {"0": 16}, "cpu": 16, "disk": 16,
-                 "effective": {"0": 16}, "hit": {"0": "full"}},
-            "2": {"longest_matched": 8, "gpu": 8, "dp": {"0": 8, "1": 4}, "cpu": 8, "disk": 8,
-                 "effective": {"0": 8, "1": 4}, "hit": {"0": "full", "1": "full"}}
+            "1": on_device(&[(0, 16)]),
+            "2": on_device(&[(0, 8), (1, 4)])
         }
     });
     s.wait_post_eq("/query", &query(prompt), &want);
@@ -158,10 +165,8 @@ fn every_query_shape_answers(s: &Server, prompt: &[u32]) {
     assert_eq!(
         s.post_json("/query", &query(&[9, 9, 9, 9])).1,
         json!({"scores": {}, "frequencies": [], "tree_sizes": want["tree_sizes"], "instances": {
-            "1": {"longest_matched": 0, "gpu": 0, "dp": {"0": 0}, "cpu": 0, "disk": 0,
-                 "effective": {"0": 0}, "hit": {"0": "miss"}},
-            "2": {"longest_matched": 0, "gpu": 0, "dp": {"0": 0, "1": 0}, "cpu": 0, "disk": 0,
-                 "effective": {"0": 0, "1": 0}, "hit": {"0": "miss", "1": "miss"}}
+            "1": on_device(&[(0, 0)]),
+            "2": on_device(&[(0, 0), (1, 0)])
         }})
     );
 }
@@ -270,8 +275,7 @@ fn malformed_frames_are_counted_logged_and_skipped() {
             "scores": {"7": {"0": 12}},
             "frequencies": [1, 1, 1],
             "tree_sizes": {"7": {"0": 3}},
-            "instances": {"7": {"longest_matched": 12, "gpu": 12, "dp": {"0": 12}, "cpu": 12, "disk": 12,
-                 "effective": {"0": 12}, "hit": {"0": "full"}}}
+            "instances": {"7": on_device(&[(0, 12)])}
         }),
     );
     // A malformed frame at seq N between good ones at N-1 and N+1: its sequence was
@@ -311,10 +315,8 @@ fn workers_flag_registers_at_startup() {
             "frequencies": [2, 1],
             "tree_sizes": {"1": {"0": 3}, "2": {"1": 1}},
             "instances": {
-                "1": {"longest_matched": 8, "gpu": 8, "dp": {"0": 8}, "cpu": 8, "disk": 8,
-                 "effective": {"0": 8}, "hit": {"0": "full"}},
-                "2": {"longest_matched": 4, "gpu": 4, "dp": {"1": 4}, "cpu": 4, "disk": 4,
-                 "effective": {"1": 4}, "hit": {"1": "full"}}
+                "1": on_device(&[(0, 8)]),
+                "2": on_device(&[(1, 4)])
             }
         }),
     );
