@@ -478,17 +478,10 @@ impl WorkerFeed {
         if ev.tokens.is_empty() && ev.hash_kind == HashKind::Seq {
             // Standardized rolling hashes are kvix sequence hashes already.
             for tier in tiers.iter() {
-                let mut parent = ev.parent.map(|p| SeqHash(p.0));
-                for h in ev.hashes {
-                    let seq = SeqHash(h.0);
-                    sink.push(ShardOp::StoreKeyed {
-                        index,
-                        slot,
-                        tier,
-                        seq,
-                        parent,
-                    });
-                    parent = Some(seq);
+                let parent = ev.parent.map(|p| SeqHash(p.0));
+                let seqs = ev.hashes.iter().map(|h| SeqHash(h.0));
+                for op in ShardOp::keyed_chain(index, slot, tier, parent, seqs) {
+                    sink.push(op);
                 }
             }
             FeedStats::bump(&stats.blocks_stored, ev.hashes.len() as u64);
