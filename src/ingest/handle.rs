@@ -4,7 +4,7 @@
 //! Owns no socket and never blocks an executor: each call that waits for a thread's
 //! reply is made off the executors (`ShardMesh::offload`).
 
-use super::feed::{FeedStats, SeedBlock, SeedGroups};
+use super::feed::{FeedStats, SeedBlock, SeedGroups, WorkerFeed};
 use super::thread::{IngestThread, Scratch};
 use super::wake::{CommandTx, Wake};
 use super::{SocketOptions, bind};
@@ -60,13 +60,10 @@ impl EngineBudget {
 
 /// Control messages to an ingest thread.
 pub enum Command {
+    /// Listen to `endpoint` for the feed's worker.
     Add {
-        index: IndexId,
-        instance: InstanceId,
-        dp: DpRank,
-        block_size: u32,
+        feed: Box<WorkerFeed>,
         endpoint: Endpoint,
-        opts: ListenerOpts,
         done: mpsc::Sender<Result<Arc<FeedStats>, String>>,
     },
     /// Stop listeners of `instance` (one dp rank or all) and clear the slots they fed
@@ -275,15 +272,12 @@ impl Ingest {
             });
         }
         let (done, rx) = mpsc::channel();
+        let feed = Box::new(WorkerFeed::with_opts(index, instance, dp, block_size, opts));
         self.send(
             instance,
             Command::Add {
-                index,
-                instance,
-                dp,
-                block_size,
+                feed,
                 endpoint,
-                opts,
                 done,
             },
         );

@@ -218,16 +218,11 @@ impl IngestThread {
         self.sink.flush();
         match cmd {
             Command::Add {
-                index,
-                instance,
-                dp,
-                block_size,
+                feed,
                 endpoint,
-                opts,
                 done,
             } => {
-                let feed = WorkerFeed::with_opts(index, instance, dp, block_size, opts);
-                let r = self.listen(feed, endpoint);
+                let r = self.listen(*feed, endpoint);
                 self.sink.flush();
                 let _ = done.send(r);
             }
