@@ -1,10 +1,10 @@
-//! The pieces of JSON a dump is read with, none of which keeps what it passes:
-//! a map key matched against known names, a value skipped, a scalar, a worker's
-//! name and rank; and the visitor boilerplate the seeds share (`read_through!`,
-//! `seed_of_any!`).
+//! The pieces of JSON a dump is read with: a map key matched against known
+//! names without keeping it, a value skipped, a scalar (a string one no longer
+//! than the guard lets through), a worker's name and rank; and the visitor cases
+//! the seeds share (`read_through!`, `seed_of_any!`).
 //!
-//! Owns how loosely a field may be written. Must never keep a string past
-//! the value it reads.
+//! Owns how loosely a field may be written. Must never read a nested value into
+//! memory: what no field reads is skipped as it passes.
 
 use crate::registry::InstanceKey;
 use crate::types::DpRank;
