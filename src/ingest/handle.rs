@@ -78,12 +78,7 @@ pub enum Command {
     },
     /// Seed one worker's feed from a dump or snapshot (see [`WorkerFeed::seed`]).
     Seed {
-        index: IndexId,
-        instance: InstanceId,
-        dp: DpRank,
-        blocks: Vec<SeedBlock>,
-        groups: SeedGroups,
-        replace: bool,
+        seeding: Seeding,
         done: mpsc::Sender<SeedOutcome>,
     },
     /// Report the last batch sequence number of every endpoint this thread has heard.
@@ -111,6 +106,18 @@ pub enum Command {
 
 /// Identifies an engine stream across unregister/register: (instance, dp rank, endpoint).
 pub type SeqKey = (InstanceId, DpRank, String);
+
+/// One worker's blocks and groups to seed its feed with (see [`WorkerFeed::seed`]):
+/// with `replace`, what the worker holds now is cleared first.
+#[derive(Debug)]
+pub struct Seeding {
+    pub index: IndexId,
+    pub instance: InstanceId,
+    pub dp: DpRank,
+    pub blocks: Vec<SeedBlock>,
+    pub groups: SeedGroups,
+    pub replace: bool,
+}
 pub type SeqRecord = (SeqKey, u64);
 
 /// What a seed did.
@@ -325,28 +332,9 @@ impl Ingest {
     }
 
     /// Seed one worker from a dump or snapshot; returns once its ops are on the rings.
-    pub fn seed(
-        &self,
-        index: IndexId,
-        instance: InstanceId,
-        dp: DpRank,
-        blocks: Vec<SeedBlock>,
-        groups: SeedGroups,
-        replace: bool,
-    ) -> SeedOutcome {
+    pub fn seed(&self, seeding: Seeding) -> SeedOutcome {
         let (done, rx) = mpsc::channel();
-        self.send(
-            instance,
-            Command::Seed {
-                index,
-                instance,
-                dp,
-                blocks,
-                groups,
-                replace,
-                done,
-            },
-        );
+        self.send(seeding.instance, Command::Seed { seeding, done });
         rx.recv().unwrap_or(SeedOutcome::NoListener)
     }
 
