@@ -345,7 +345,13 @@ impl Control {
         dp: Option<DpRank>,
     ) -> Result<Vec<DpRank>, ControlError> {
         let mut removed = Vec::new();
-        for (index, dps, slots) in self.registry.unregister(model, tenant, instance, dp)? {
+        let u = crate::registry::Unregistration {
+            model,
+            tenant,
+            instance,
+            dp,
+        };
+        for (index, dps, slots) in self.registry.unregister(&u)? {
             self.ingest.remove(index, instance, dp, slots);
             removed.extend(dps);
         }

@@ -83,23 +83,26 @@ pub fn seq_hashes_for_tokens(tokens: &[u32], block_size: usize, seed: u64, out: 
     if block_size == 0 {
         return;
     }
-    let mut parent = None;
-    for chunk in tokens.chunks_exact(block_size) {
-        let s = chain(parent, local_hash(chunk, seed));
-        out.push(s);
-        parent = Some(s);
-    }
+    let locals = tokens.chunks_exact(block_size).map(|c| local_hash(c, seed));
+    out.extend(chained(None, locals));
 }
 
 /// Sequence hashes from already computed local hashes.
 pub fn seq_hashes_for_locals(locals: &[BlockHash], out: &mut Vec<SeqHash>) {
     out.clear();
-    let mut parent = None;
-    for &l in locals {
-        let s = chain(parent, l);
-        out.push(s);
-        parent = Some(s);
-    }
+    out.extend(chained(None, locals.iter().copied()));
+}
+
+/// The sequence hashes `locals` chain to after `parent` (`None`: from the first block).
+pub fn chained(
+    parent: Option<SeqHash>,
+    locals: impl IntoIterator<Item = BlockHash>,
+) -> impl Iterator<Item = SeqHash> {
+    locals.into_iter().scan(parent, |parent, local| {
+        let seq = chain(*parent, local);
+        *parent = Some(seq);
+        Some(seq)
+    })
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 //! Owns no socket and never blocks an executor: each call that waits for a thread's
 //! reply is made off the executors (`ShardMesh::offload`).
 
-use super::feed::{FeedStats, SeedBlock, SeedGroups};
+use super::feed::{FeedStats, SeedBlock, SeedGroups, WorkerFeed};
 use super::thread::{IngestThread, Scratch};
 use super::wake::{CommandTx, Wake};
 use super::{SocketOptions, bind};
@@ -60,13 +60,10 @@ impl EngineBudget {
 
 /// Control messages to an ingest thread.
 pub enum Command {
+    /// Listen to `endpoint` for the feed's worker.
     Add {
-        index: IndexId,
-        instance: InstanceId,
-        dp: DpRank,
-        block_size: u32,
+        feed: Box<WorkerFeed>,
         endpoint: Endpoint,
-        opts: ListenerOpts,
         done: mpsc::Sender<Result<Arc<FeedStats>, String>>,
     },
     /// Stop listeners of `instance` (one dp rank or all) and clear the slots they fed
@@ -81,12 +78,7 @@ pub enum Command {
     },
     /// Seed one worker's feed from a dump or snapshot (see [`WorkerFeed::seed`]).
     Seed {
-        index: IndexId,
-        instance: InstanceId,
-        dp: DpRank,
-        blocks: Vec<SeedBlock>,
-        groups: SeedGroups,
-        replace: bool,
+        seeding: Seeding,
         done: mpsc::Sender<SeedOutcome>,
     },
     /// Report the last batch sequence number of every endpoint this thread has heard.
@@ -114,6 +106,18 @@ pub enum Command {
 
 /// Identifies an engine stream across unregister/register: (instance, dp rank, endpoint).
 pub type SeqKey = (InstanceId, DpRank, String);
+
+/// One worker's blocks and groups to seed its feed with (see [`WorkerFeed::seed`]):
+/// with `replace`, what the worker holds now is cleared first.
+#[derive(Debug)]
+pub struct Seeding {
+    pub index: IndexId,
+    pub instance: InstanceId,
+    pub dp: DpRank,
+    pub blocks: Vec<SeedBlock>,
+    pub groups: SeedGroups,
+    pub replace: bool,
+}
 pub type SeqRecord = (SeqKey, u64);
 
 /// What a seed did.
@@ -275,15 +279,12 @@ impl Ingest {
             });
         }
         let (done, rx) = mpsc::channel();
+        let feed = Box::new(WorkerFeed::with_opts(index, instance, dp, block_size, opts));
         self.send(
             instance,
             Command::Add {
-                index,
-                instance,
-                dp,
-                block_size,
+                feed,
                 endpoint,
-                opts,
                 done,
             },
         );
@@ -331,28 +332,9 @@ impl Ingest {
     }
 
     /// Seed one worker from a dump or snapshot; returns once its ops are on the rings.
-    pub fn seed(
-        &self,
-        index: IndexId,
-        instance: InstanceId,
-        dp: DpRank,
-        blocks: Vec<SeedBlock>,
-        groups: SeedGroups,
-        replace: bool,
-    ) -> SeedOutcome {
+    pub fn seed(&self, seeding: Seeding) -> SeedOutcome {
         let (done, rx) = mpsc::channel();
-        self.send(
-            instance,
-            Command::Seed {
-                index,
-                instance,
-                dp,
-                blocks,
-                groups,
-                replace,
-                done,
-            },
-        );
+        self.send(seeding.instance, Command::Seed { seeding, done });
         rx.recv().unwrap_or(SeedOutcome::NoListener)
     }
 

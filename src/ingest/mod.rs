@@ -25,7 +25,7 @@ pub mod wake;
 pub use context::Context;
 pub use handle::{
     Command, Ingest, ListenError, ListenerStats, REPLAY_COOLDOWN, REPLAY_TIMEOUT, ReplayStats,
-    SeedOutcome, SeqKey, SeqRecord,
+    SeedOutcome, Seeding, SeqKey, SeqRecord,
 };
 use thread::{BURST, IngestThread, recv_parts};
 

@@ -218,16 +218,11 @@ impl IngestThread {
         self.sink.flush();
         match cmd {
             Command::Add {
-                index,
-                instance,
-                dp,
-                block_size,
+                feed,
                 endpoint,
-                opts,
                 done,
             } => {
-                let feed = WorkerFeed::with_opts(index, instance, dp, block_size, opts);
-                let r = self.listen(feed, endpoint);
+                let r = self.listen(*feed, endpoint);
                 self.sink.flush();
                 let _ = done.send(r);
             }
@@ -242,24 +237,16 @@ impl IngestThread {
                 self.sink.flush();
                 let _ = done.send(stopped);
             }
-            Command::Seed {
-                index,
-                instance,
-                dp,
-                blocks,
-                groups,
-                replace,
-                done,
-            } => {
-                let r = match self.seed_listener(index, instance, dp) {
+            Command::Seed { seeding: s, done } => {
+                let r = match self.seed_listener(s.index, s.instance, s.dp) {
                     Some(i) => {
                         let registry = self.registry.clone();
                         let feed = &mut self.listeners[i].feed;
                         let sink = &mut self.sink;
-                        let seeded =
-                            feed.seed(index, dp, (&blocks, &groups), replace, &registry, sink);
+                        let what = (&s.blocks[..], &s.groups);
+                        let seeded = feed.seed(s.index, s.dp, what, s.replace, &registry, sink);
                         SeedOutcome::Seeded {
-                            skipped: if seeded { 0 } else { blocks.len() as u64 },
+                            skipped: if seeded { 0 } else { s.blocks.len() as u64 },
                         }
                     }
                     None => SeedOutcome::NoListener,

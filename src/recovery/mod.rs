@@ -14,8 +14,8 @@ pub mod workers;
 
 use crate::access::Token;
 use crate::app::{Control, ControlError, RecoveryStats, registration};
-use crate::ingest::SeedOutcome;
 use crate::ingest::feed::{SeedBlock, SeedGroups};
+use crate::ingest::{SeedOutcome, Seeding};
 use crate::lifecycle::Lifecycle;
 use crate::registry::{Endpoint, InstanceKey};
 use crate::ring::Rings;
@@ -170,7 +170,14 @@ pub fn apply(
             let outcome = match control.registry().snapshot().find(&w.instance) {
                 Some(id) => {
                     let ingest = control.ingest();
-                    ingest.seed(info.id, id, w.dp, w.blocks, w.groups, replace)
+                    ingest.seed(Seeding {
+                        index: info.id,
+                        instance: id,
+                        dp: w.dp,
+                        blocks: w.blocks,
+                        groups: w.groups,
+                        replace,
+                    })
                 }
                 None => SeedOutcome::NoListener,
             };

@@ -148,4 +148,27 @@ impl ShardOp {
             ShardOp::SeedDone { .. } => None,
         }
     }
+
+    /// The ops that store `seqs` by sequence hash alone, each block the child of
+    /// the one before and the first the child of `parent`: a chain a publisher
+    /// named by standardized hashes, or a run whose parent only its hash names.
+    pub fn keyed_chain(
+        index: IndexId,
+        slot: WorkerSlot,
+        tier: Tier,
+        parent: Option<SeqHash>,
+        seqs: impl IntoIterator<Item = SeqHash>,
+    ) -> impl Iterator<Item = ShardOp> {
+        seqs.into_iter().scan(parent, move |parent, seq| {
+            let op = ShardOp::StoreKeyed {
+                index,
+                slot,
+                tier,
+                seq,
+                parent: *parent,
+            };
+            *parent = Some(seq);
+            Some(op)
+        })
+    }
 }

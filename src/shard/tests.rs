@@ -1,6 +1,8 @@
 //! The shard's examples: runs, clears in steps, budgets, exports and lookups.
 
+use super::holders::Holder;
 use super::*;
+use crate::hash;
 use crate::testing::Xorshift;
 
 const IX: IndexId = IndexId(0);

@@ -24,9 +24,16 @@
 //! never decides *when* to evict. Owned by one shard or one ingest thread; never
 //! shared.
 
-use crate::types::{EngineHash, SeqHash};
+mod clock;
+mod key;
+mod walk;
+
+pub use key::{Filed, Keyed, SeqHasher, SeqHasherBuilder, TableKey};
+pub use walk::Cursor;
+
+use clock::{Clock, Used};
 use hashbrown::HashTable;
-use std::hash::{BuildHasher, Hasher};
+use key::{hash, rehash};
 
 /// Sixteen to start with: more would shorten the stalls of a small table, but each
 /// segment is then small enough that the allocator's rounding of large blocks
@@ -45,115 +52,7 @@ const MAX_DEPTH: u32 = 18;
 /// A segment this large or larger gives memory back once three quarters empty.
 const SHRINK_FROM: usize = 256;
 
-/// Sequence hashes are XXH3 output already; one multiply spreads them over
-/// hashbrown's control bits even though the partition and the segment fixed
-/// some bits of the key.
-#[derive(Clone, Copy, Default)]
-pub struct SeqHasherBuilder;
-
-#[derive(Default)]
-pub struct SeqHasher(u64);
-
-impl Hasher for SeqHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0 ^ *b as u64).wrapping_mul(0x100_0000_01b3);
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = v.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
-
-impl BuildHasher for SeqHasherBuilder {
-    type Hasher = SeqHasher;
-    fn build_hasher(&self) -> SeqHasher {
-        SeqHasher(0)
-    }
-}
-
-/// What a [`BlockTable`] files entries by: a 64-bit block hash.
-pub trait TableKey: Copy + Eq + std::fmt::Debug {
-    /// The key's bits, spread so that every bit depends on all of them: the table
-    /// picks segments by the top bits and buckets by the low bits of a multiple.
-    fn spread(self) -> u64;
-}
-
-/// XXH3 output already.
-impl TableKey for SeqHash {
-    #[inline]
-    fn spread(self) -> u64 {
-        self.0
-    }
-}
-
-/// Whatever an engine chose (a hash truncated to 64 bits, or an integer counting
-/// up): the high half folded into the low one, multiplied, and the product's high
-/// half folded back, so that the top bits and the low bits both depend on every
-/// bit (a bijection).
-impl TableKey for EngineHash {
-    #[inline]
-    fn spread(self) -> u64 {
-        let k = (self.0 ^ (self.0 >> 32)).wrapping_mul(0xFF51_AFD7_ED55_8CCD);
-        k ^ (k >> 32)
-    }
-}
-
-/// An entry of a [`BlockTable`]: the key it is filed under, read from the entry
-/// and `ctx` (which the table's owner passes to every call that files, finds or
-/// moves entries). The key of an entry never changes while the entry is in a
-/// table (the table files it by it): what `ctx` says of it must not change
-/// either.
-pub trait Filed {
-    type Key: TableKey;
-    type Ctx: ?Sized;
-    fn key_in(&self, ctx: &Self::Ctx) -> Self::Key;
-    /// Hint the CPU to load what [`Self::key_in`] will read of `ctx`, so that a
-    /// table moving many entries overlaps their misses. Does nothing else.
-    #[inline]
-    fn prefetch_key(&self, _ctx: &Self::Ctx) {}
-}
-
-/// An entry that says its own key (a [`Filed`] entry with no context).
-pub trait Keyed {
-    type Key: TableKey;
-    fn key(&self) -> Self::Key;
-}
-
-impl<E: Keyed> Filed for E {
-    type Key = E::Key;
-    type Ctx = ();
-    #[inline]
-    fn key_in(&self, _: &()) -> E::Key {
-        self.key()
-    }
-}
-
-/// The plain entry: the key stored beside the value.
-impl<K: TableKey, V> Keyed for (K, V) {
-    type Key = K;
-    #[inline]
-    fn key(&self) -> K {
-        self.0
-    }
-}
-
 type Segment<E> = HashTable<E>;
-
-/// The table hash of `key`: for a `SeqHash`, what [`SeqHasherBuilder`] gives it.
-#[inline]
-fn hash(key: impl TableKey) -> u64 {
-    key.spread().wrapping_mul(0x9E37_79B9_7F4A_7C15)
-}
-
-/// The table hash of an entry, to move it.
-#[inline]
-fn rehash<E: Filed>(ctx: &E::Ctx) -> impl Fn(&E) -> u64 + '_ {
-    move |e| hash(e.key_in(ctx))
-}
 
 /// Entries `E` by their sequence hash, in independently sized hash tables.
 pub struct BlockTable<E> {
@@ -186,72 +85,6 @@ struct Reach {
     depth: u32,
 }
 
-/// CLOCK (second chance) over the buckets: a bit per bucket, set when the entry in
-/// it is stored or matched, cleared as the hand passes; the hand evicts the first
-/// entry it finds clear. Costs one bit per bucket and nothing per lookup beyond
-/// setting it. A resize moves entries, so a segment whose bucket count changed
-/// starts over with every bit set (everything counts as just used); a same-size
-/// rehash of deleted slots can misplace bits, which only makes a choice less exact.
-#[derive(Default)]
-struct Clock {
-    /// `used[seg]`: the bits of that segment's buckets.
-    used: Vec<Used>,
-    seg: usize,
-    bucket: usize,
-}
-
-#[derive(Default)]
-struct Used {
-    /// The segment's bucket count these bits were laid out for.
-    buckets: usize,
-    bits: Vec<u64>,
-}
-
-impl Clock {
-    /// The bits of `seg`, laid out for its current `buckets` (all set if they were
-    /// laid out for another count).
-    fn used(&mut self, seg: usize, buckets: usize) -> &mut Used {
-        if self.used.len() <= seg {
-            self.used.resize_with(seg + 1, Used::default);
-        }
-        let u = &mut self.used[seg];
-        if u.buckets != buckets {
-            // Laid out for another count, or forgotten: every entry counts as used.
-            u.buckets = buckets;
-            u.bits.clear();
-            u.bits.resize(buckets.div_ceil(64), u64::MAX);
-        }
-        u
-    }
-
-    /// Forget `seg`'s bits (its entries moved without its bucket count changing):
-    /// the next [`Self::used`] sets them all.
-    fn forget(&mut self, seg: usize) {
-        if let Some(u) = self.used.get_mut(seg) {
-            u.buckets = 0;
-        }
-    }
-
-    /// Mark `bucket` of `seg` used without knowing the segment's current bucket
-    /// count: if it changed, the next [`Self::used`] sets every bit anyway.
-    fn note(&mut self, seg: usize, bucket: usize) {
-        if let Some(u) = self.used.get_mut(seg)
-            && bucket < u.buckets
-        {
-            u.bits[bucket / 64] |= 1 << (bucket % 64);
-        }
-    }
-
-    /// Clear the bit of `bucket`, saying whether it was set.
-    fn take(&mut self, seg: usize, buckets: usize, bucket: usize) -> bool {
-        let w = &mut self.used(seg, buckets).bits[bucket / 64];
-        let bit = 1u64 << (bucket % 64);
-        let was = *w & bit != 0;
-        *w &= !bit;
-        was
-    }
-}
-
 /// Where a segment's buckets lie in memory, learnt from the last insert: hashbrown
 /// keeps bucket `i` at `ctrl - (i + 1) * size_of::<E>()` and its control byte at
 /// `ctrl + i`, and starts a probe at bucket `hash & (buckets - 1)`. Only ever used
@@ -276,36 +109,6 @@ impl<E> Default for BlockTable<E> {
             len: 0,
             clock: None,
             split_at: SPLIT_BUCKETS,
-        }
-    }
-}
-
-/// Where a walk in steps ([`BlockTable::retain_step`]) has got to; the default
-/// starts one.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Cursor {
-    /// The first key (spread) of the segment being walked.
-    from: u64,
-    /// Past the last segment.
-    done: bool,
-    /// The segment last walked at `from`: another one there (a split, or a table
-    /// filed anew) starts its walk over.
-    seg: usize,
-    bucket: usize,
-    /// The segment's move count when the walk got to `bucket`.
-    moves: u32,
-}
-
-impl Cursor {
-    pub fn is_done(&self) -> bool {
-        self.done
-    }
-
-    /// A walk with nothing left to walk.
-    pub fn done() -> Self {
-        Cursor {
-            done: true,
-            ..Cursor::default()
         }
     }
 }
@@ -567,99 +370,8 @@ impl<E: Filed + Copy> BlockTable<E> {
         self.segs.iter().map(|s| s.num_buckets()).sum()
     }
 
-    /// [`Self::retain`] over at most `budget` buckets from `at`, moving `at` past
-    /// them: a walk of every entry in steps, other changes to the table allowed
-    /// between steps. Every entry in the table from the walk's start to its end is
-    /// passed to `keep` at least once: a segment whose entries moved since the last
-    /// step is walked again from its start, so `keep` must give the same answer for
-    /// an entry it has seen. An entry filed during the walk may or may not be seen.
-    /// `keep` may change the context, but not what it says of an entry's key.
-    pub fn retain_step_in(
-        &mut self,
-        at: &mut Cursor,
-        budget: usize,
-        ctx: &mut E::Ctx,
-        mut keep: impl FnMut(&mut E::Ctx, &mut E) -> bool,
-    ) {
-        let mut left = budget;
-        while left > 0 && !at.is_done() {
-            // Segments are walked in key order, so a split (which keeps each half's
-            // keys where they were in that order) never puts unwalked keys behind
-            // the walk, and a table growing during the walk cannot outrun it.
-            let Some(s) = self.segment_at(at.from) else {
-                // Nothing is filed: nothing is left to walk.
-                at.done = true;
-                break;
-            };
-            let seg = &mut self.segs[s];
-            if at.seg != s || at.moves != self.moves[s] || at.bucket > seg.num_buckets() {
-                (at.seg, at.moves, at.bucket) = (s, self.moves[s], 0);
-            }
-            let end = seg.num_buckets().min(at.bucket.saturating_add(left));
-            for i in at.bucket..end {
-                // Removing an entry never moves another (hashbrown only marks its
-                // bucket), so the buckets after it are still where they were.
-                if let Ok(mut entry) = seg.get_bucket_entry(i)
-                    && !keep(ctx, entry.get_mut())
-                {
-                    entry.remove();
-                    self.len -= 1;
-                }
-            }
-            left -= end - at.bucket;
-            at.bucket = end;
-            if end == seg.num_buckets() {
-                shrink_if_sparse(seg, &mut self.moves[s], ctx);
-                let r = self.reach[s];
-                match r.prefix.checked_add(1 << (64 - r.depth)) {
-                    Some(next) => (at.from, at.bucket) = (next, 0),
-                    None => at.done = true,
-                }
-            }
-        }
-        if self.len == 0 {
-            // Empty: segments and directory go, as in a new table; use tracking stays.
-            *self = BlockTable {
-                clock: self.clock.take(),
-                split_at: self.split_at,
-                ..Self::default()
-            };
-        }
-    }
-
     pub fn iter(&self) -> impl Iterator<Item = &E> {
         self.segs.iter().flat_map(|s| s.iter())
-    }
-
-    /// The entries whose keys are in part `part` of `1 << bits` (the keys whose
-    /// spread's top `bits` bits are `part`): an export walks the table part by part
-    /// and the executor serves between them. Each key is in one part whatever the
-    /// segments do between the steps, so together they pass every entry filed
-    /// throughout exactly once. A segment holding keys of several parts (shallower
-    /// than `bits`, see [`Self::part_bits`]) is read once per part, its entries'
-    /// keys checked.
-    pub fn iter_part_in<'a>(
-        &'a self,
-        part: usize,
-        bits: u32,
-        ctx: &'a E::Ctx,
-    ) -> impl Iterator<Item = &'a E> + 'a {
-        self.segs
-            .iter()
-            .zip(&self.reach)
-            .filter(move |(_, r)| overlaps(r, part, bits))
-            .flat_map(move |(seg, r)| {
-                let straddles = r.depth < bits;
-                seg.iter()
-                    .filter(move |e| !straddles || top(e.key_in(ctx).spread(), bits) == part as u64)
-            })
-    }
-
-    /// The most bits [`Self::iter_part`] can split this table by with no segment
-    /// holding keys of two parts (its shallowest segment's depth); `None` while
-    /// nothing is filed. Grows with the table once its segments split.
-    pub fn part_bits(&self) -> Option<u32> {
-        self.reach.iter().map(|r| r.depth).min()
     }
 
     /// Heap bytes of the segments' tables and the use bits.
@@ -716,75 +428,6 @@ impl<E: Filed<Ctx = ()> + Copy> BlockTable<E> {
     pub fn remove(&mut self, seq: &E::Key) -> Option<E> {
         self.remove_in(seq, &())
     }
-
-    /// Remove and return an entry not stored or matched since the hand last passed
-    /// it, looking at no more than `steps` buckets (clearing the bits it passes).
-    /// `None` if the table is empty, does not track use, or the steps ran out: a
-    /// later call goes on from there, and within two laps always finds one.
-    pub fn evict(&mut self, steps: usize) -> Option<E> {
-        let clock = self.clock.as_deref_mut()?;
-        if self.len == 0 {
-            return None;
-        }
-        for _ in 0..steps {
-            let s = clock.seg;
-            let Some(seg) = self.segs.get_mut(s) else {
-                // The table was emptied and filed anew since the hand was here.
-                (clock.seg, clock.bucket) = (0, 0);
-                continue;
-            };
-            let (i, buckets) = (clock.bucket, seg.num_buckets());
-            if i >= buckets {
-                clock.seg = (s + 1) % self.segs.len();
-                clock.bucket = 0;
-                continue;
-            }
-            clock.bucket += 1;
-            if seg.get_bucket(i).is_none() || clock.take(s, buckets, i) {
-                continue;
-            }
-            let Ok(entry) = seg.get_bucket_entry(i) else {
-                continue;
-            };
-            let (e, _) = entry.remove();
-            self.len -= 1;
-            shrink_if_sparse(seg, &mut self.moves[s], &());
-            return Some(e);
-        }
-        None
-    }
-
-    /// Keep the entries for which `keep` is true.
-    pub fn retain(&mut self, keep: impl FnMut(&mut E) -> bool) {
-        self.retain_step(&mut Cursor::default(), usize::MAX, keep);
-    }
-
-    /// See [`Self::retain_step_in`].
-    pub fn retain_step(
-        &mut self,
-        at: &mut Cursor,
-        budget: usize,
-        mut keep: impl FnMut(&mut E) -> bool,
-    ) {
-        self.retain_step_in(at, budget, &mut (), |_, e| keep(e));
-    }
-
-    /// See [`Self::iter_part_in`].
-    pub fn iter_part(&self, part: usize, bits: u32) -> impl Iterator<Item = &E> {
-        self.iter_part_in(part, bits, &())
-    }
-}
-
-/// The top `bits` bits of `spread` (none: 0).
-#[inline]
-fn top(spread: u64, bits: u32) -> u64 {
-    spread.checked_shr(64 - bits).unwrap_or(0)
-}
-
-/// Whether the segment reaching `r` holds keys of part `part` of `1 << bits`.
-fn overlaps(r: &Reach, part: usize, bits: u32) -> bool {
-    let common = r.depth.min(bits);
-    top(r.prefix, common) == (part as u64).checked_shr(bits - common).unwrap_or(0)
 }
 
 /// A prefetch hint for the cache line holding `addr`.
@@ -852,6 +495,7 @@ fn refile<E: Filed + Copy>(old: &Segment<E>, cap: usize, ctx: &E::Ctx) -> Segmen
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::types::{EngineHash, SeqHash};
 
     /// A walk in steps, with the table growing, shrinking and rehashing in place
     /// between steps, still passes every entry that stays in the table to `keep`.

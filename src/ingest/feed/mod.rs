@@ -8,78 +8,25 @@
 //! standardized rolling hashes (Mooncake RFC #1527 `seq_hashes`) and no tokens
 //! are indexed by those hashes directly. Must never touch shard memory: it only
 //! emits ops.
+//!
+//! `stats.rs` counts; `groups.rs` is the KV-cache groups other than full
+//! attention; `seed.rs` seeds a feed from a dump or snapshot.
 
-use super::sequence::{Cursor, Step};
+mod groups;
+mod seed;
+mod stats;
+
+pub use seed::{SeedBlock, SeedGroups};
+pub use stats::FeedStats;
+
 use crate::hash;
 use crate::registry::{ListenerOpts, Registry, RegistryError};
 use crate::ring::OpSink;
-use crate::shard::hybrid::{GroupRule, GroupSpec};
-use crate::shard::tree::MAX_GROUPS;
-use crate::shard::{SeedParent, ShardOp};
-use crate::types::{
-    BlockHash, DpRank, EngineHash, IndexId, InstanceId, SeqHash, Tier, TierSet, WorkerSlot,
-};
+use crate::shard::ShardOp;
+use crate::shard::hybrid::GroupSpec;
+use crate::types::{BlockHash, DpRank, IndexId, InstanceId, SeqHash, Tier, TierSet, WorkerSlot};
 use crate::wire::{Batch, Dialect, Event, EventOp, GroupKind, HashKind};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-
-/// Counters of one listener; written only by its ingest thread, read by metrics.
-#[derive(Default, Debug)]
-pub struct FeedStats {
-    pub batches: AtomicU64,
-    pub events: AtomicU64,
-    pub blocks_stored: AtomicU64,
-    /// Events by kind that reached a worker slot (Dynamo counts per event); a store
-    /// once it passed its checks and went to the shard.
-    pub stored_events: AtomicU64,
-    pub removed_events: AtomicU64,
-    pub cleared_events: AtomicU64,
-    pub blocks_removed: AtomicU64,
-    pub malformed: AtomicU64,
-    pub block_size_mismatch: AtomicU64,
-    /// Well-formed events with nothing kvix can index (Mooncake replica
-    /// updates, object-key-only events, auxiliary KV-cache groups).
-    pub ignored_events: AtomicU64,
-    pub gaps: AtomicU64,
-    /// Batches the gaps left out (before any replay); saturates, never wraps.
-    pub gap_batches: AtomicU64,
-    /// Frames numbered at or below the stream's last: the engine restarted.
-    pub restarts: AtomicU64,
-    pub last_seq: AtomicU64,
-}
-
-impl FeedStats {
-    pub fn bump(c: &AtomicU64, n: u64) {
-        c.fetch_add(n, Ordering::Relaxed);
-    }
-
-    /// Add `n` to a counter that a hostile sequence number could otherwise wrap (a
-    /// jump near `u64::MAX`): it stops at the top, so it never goes down.
-    pub fn bump_saturating(c: &AtomicU64, n: u64) {
-        let _ = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
-            Some(v.saturating_add(n))
-        });
-    }
-
-    /// Count what `step` says about the stream: a gap and its missing batches, or a
-    /// restart.
-    pub fn count(&self, step: Step) {
-        match step {
-            Step::Gap { missing, .. } => {
-                Self::bump(&self.gaps, 1);
-                Self::bump_saturating(&self.gap_batches, missing);
-            }
-            Step::Restart { .. } => Self::bump(&self.restarts, 1),
-            Step::First | Step::Next => {}
-        }
-    }
-
-    /// The stream (its cursor) received the frame with sequence `seq`.
-    pub fn received(&self, cursor: &mut Cursor, seq: u64) {
-        cursor.advance(seq);
-        self.last_seq.store(seq, Ordering::Relaxed);
-    }
-}
 
 struct SlotFeed {
     index: IndexId,
@@ -326,105 +273,6 @@ impl WorkerFeed {
         self.slot_feed(index, dp, registry)
     }
 
-    /// The KV-cache group (other than full attention) an event is of, if any. A
-    /// removal naming a group is of the kind that group's stores said; a removal
-    /// naming a full-attention group, or group 0 when no store described it, is
-    /// the index's; one naming another group no store described is dropped
-    /// (later, counted), as Dynamo drops it.
-    fn group_of(&self, i: usize, ev: &Event<'_>) -> Option<u32> {
-        match ev.group_kind {
-            GroupKind::Full => None,
-            GroupKind::Named => {
-                let g = ev.group_idx?;
-                let sf = &self.slots[i];
-                let other = sf.groups.iter().any(|&(x, _)| x == g);
-                (other || (g != 0 && !sf.full_groups.contains(&g))).then_some(g)
-            }
-            _ => Some(ev.group_idx.unwrap_or(0)),
-        }
-    }
-
-    /// An event of a KV-cache group other than full attention: its blocks'
-    /// holds in that group, which the shard keeps beside the full-attention ones.
-    /// Its stores were described to the shard in the batch's first pass
-    /// ([`Self::learn_group`]), so a removal later in the batch finds its group.
-    fn group_event(&mut self, i: usize, group: u32, ev: &Event<'_>, sink: &mut impl OpSink) {
-        let stats = self.stats.clone();
-        if !self.slots[i].groups.iter().any(|&(g, _)| g == group) {
-            // A group no store described has no rule to score by (a store that
-            // could not describe it was counted then).
-            if ev.op == EventOp::Removed {
-                FeedStats::bump(&stats.ignored_events, 1);
-            }
-            return;
-        }
-        if !matches!(ev.op, EventOp::Stored | EventOp::Removed) {
-            return;
-        }
-        let sf = &self.slots[i];
-        let held = ev.op == EventOp::Stored;
-        for &block in ev.hashes {
-            sink.push(ShardOp::GroupHold {
-                index: sf.index,
-                slot: sf.slot,
-                group: group as u8,
-                block,
-                held,
-            });
-        }
-        let counter = if held {
-            &stats.blocks_stored
-        } else {
-            &stats.blocks_removed
-        };
-        FeedStats::bump(counter, ev.hashes.len() as u64);
-    }
-
-    /// What a group's store says of the group, told to the shard when it is new
-    /// or changed. A store kvix cannot place is counted: a `group_idx` past
-    /// [`MAX_GROUPS`], a block size that is not a multiple of the registration's.
-    fn learn_group(&mut self, i: usize, group: u32, ev: &Event<'_>, sink: &mut impl OpSink) {
-        if group >= MAX_GROUPS {
-            FeedStats::bump(&self.stats.ignored_events, 1);
-            return;
-        }
-        let base = self.block_size as u32;
-        let block_size = ev.block_size.unwrap_or(base);
-        if block_size == 0 || !block_size.is_multiple_of(base) {
-            FeedStats::bump(&self.stats.block_size_mismatch, 1);
-            crate::warn_throttled!(
-                instance = self.instance,
-                group,
-                block_size,
-                base,
-                "a KV-cache group's block size is not a multiple of the registration's; skipped"
-            );
-            return;
-        }
-        let rule = match ev.group_kind {
-            GroupKind::SlidingWindow => GroupRule::SlidingWindow(ev.group_window.unwrap_or(0)),
-            GroupKind::ChunkedLocal => {
-                GroupRule::ChunkedLocal(self.opts.attention_chunk_size.unwrap_or(0))
-            }
-            _ => GroupRule::Mamba,
-        };
-        let spec = GroupSpec { rule, block_size };
-        let sf = &mut self.slots[i];
-        match sf.groups.iter_mut().find(|(g, _)| *g == group) {
-            Some((_, s)) if *s == spec => return,
-            Some((_, s)) => *s = spec,
-            None => sf.groups.push((group, spec)),
-        }
-        sink.push(ShardOp::GroupSpec {
-            index: sf.index,
-            slot: sf.slot,
-            group: group as u8,
-            spec,
-            align: self.opts.hybrid_align_tokens.unwrap_or(0),
-            base,
-        });
-    }
-
     /// Tier bits an event applies to.
     fn tiers_of(ev: &Event<'_>, registry: &Registry) -> TierSet {
         match (ev.medium, ev.dialect) {
@@ -478,17 +326,10 @@ impl WorkerFeed {
         if ev.tokens.is_empty() && ev.hash_kind == HashKind::Seq {
             // Standardized rolling hashes are kvix sequence hashes already.
             for tier in tiers.iter() {
-                let mut parent = ev.parent.map(|p| SeqHash(p.0));
-                for h in ev.hashes {
-                    let seq = SeqHash(h.0);
-                    sink.push(ShardOp::StoreKeyed {
-                        index,
-                        slot,
-                        tier,
-                        seq,
-                        parent,
-                    });
-                    parent = Some(seq);
+                let parent = ev.parent.map(|p| SeqHash(p.0));
+                let seqs = ev.hashes.iter().map(|h| SeqHash(h.0));
+                for op in ShardOp::keyed_chain(index, slot, tier, parent, seqs) {
+                    sink.push(op);
                 }
             }
             FeedStats::bump(&stats.blocks_stored, ev.hashes.len() as u64);
@@ -582,154 +423,4 @@ impl WorkerFeed {
 /// adapter `n` hashes as if its name were `"n"`. Queries with `lora_id` use the same rule.
 pub fn lora_from_id(id: Option<i64>) -> Option<String> {
     id.filter(|n| *n > 0).map(|n| n.to_string())
-}
-
-// ---- Recovery: seeding a feed from a peer's dump or a local snapshot. ----
-
-/// One block to seed, as a dump or snapshot records it for one (instance, dp rank).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SeedBlock {
-    /// The worker's own hash of the block (Dynamo's `block_hash`).
-    pub engine: EngineHash,
-    /// The worker's hash of the parent block; `None` for a first block (or when
-    /// `parent_seq` says it exactly).
-    pub parent_engine: Option<EngineHash>,
-    /// The parent's kvix sequence hash, when the source knows it (kvix dumps and
-    /// snapshots): exact even when the parent itself is gone (a child outliving an
-    /// evicted parent), where the engine hash no longer resolves.
-    pub parent_seq: Option<SeqHash>,
-    /// Dynamo local block hash (`tokens_hash`).
-    pub local: crate::types::BlockHash,
-    pub tier: crate::types::Tier,
-    /// The worker's KV-cache groups other than full attention that hold the
-    /// block, as bits by `group_idx` (0: none, or not a hybrid model).
-    pub groups: u32,
-}
-
-/// A worker's KV-cache groups other than full attention, as a dump or snapshot
-/// records them (what its stores described: see [`WorkerFeed::apply`]).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct SeedGroups {
-    /// (group_idx, spec), in group order.
-    pub groups: Vec<(u8, GroupSpec)>,
-    /// The alignment of a hit in tokens, when set.
-    pub align: Option<u32>,
-}
-
-impl WorkerFeed {
-    /// Seed rank `dp` with `blocks` (parents first) as ops for the slot's shard,
-    /// which files them as BlockStored would: the slot's engine-hash map learns
-    /// every block, so later live events resolve; a block whose parent its shard
-    /// cannot find is skipped and counted there. `groups` describes the rank's
-    /// other KV-cache groups (the shard and this feed learn them as from stores),
-    /// and each block's group bits are held in them. With `replace`, the rank's
-    /// current blocks are cleared first (a peer's dump supersedes an older local
-    /// snapshot). Returns whether the rank has a slot (a full registry may refuse one).
-    pub fn seed(
-        &mut self,
-        index: IndexId,
-        dp: DpRank,
-        (blocks, groups): (&[SeedBlock], &SeedGroups),
-        replace: bool,
-        registry: &Registry,
-        sink: &mut impl OpSink,
-    ) -> bool {
-        let Some(i) = self.slot_feed(index, dp, registry) else {
-            return false;
-        };
-        let slot = self.slots[i].slot;
-        if replace {
-            sink.push(ShardOp::ClearSlot {
-                index,
-                slot,
-                tiers: TierSet::ALL,
-            });
-        }
-        let known = self.seed_groups(i, groups, sink);
-        for b in blocks {
-            // A block stored by sequence hash alone (a standardized publisher without
-            // tokens) has no local hash; exports carry its sequence hash as its block
-            // hash.
-            if b.local.0 == 0 {
-                sink.push(ShardOp::StoreKeyed {
-                    index,
-                    slot,
-                    tier: b.tier,
-                    seq: SeqHash(b.engine.0),
-                    parent: b.parent_seq,
-                });
-                continue;
-            }
-            sink.push(ShardOp::Seed {
-                index,
-                slot,
-                tier: b.tier,
-                block: b.engine,
-                local: b.local,
-                parent: SeedParent::new(b.parent_engine, b.parent_seq),
-            });
-            let mut bits = b.groups & known;
-            while bits != 0 {
-                let group = bits.trailing_zeros() as u8;
-                bits &= bits - 1;
-                sink.push(ShardOp::GroupHold {
-                    index,
-                    slot,
-                    group,
-                    block: b.engine,
-                    held: true,
-                });
-            }
-        }
-        sink.broadcast(ShardOp::SeedDone { index });
-        true
-    }
-
-    /// Learn a seeded rank's groups as [`Self::learn_group`] learns a store's,
-    /// and tell the shard; returns the groups kept, as bits. A group kvix cannot
-    /// place (past [`MAX_GROUPS`], a block size that is not a multiple of the
-    /// registration's) is skipped and counted, as its store would have been.
-    /// Settings the wire does not carry (chunk, alignment) that this listener was
-    /// not given (a listener restored from a snapshot or adopted from a peer has
-    /// only the command line's) are taken from the recovered groups, so the next
-    /// store describes its group as the original did.
-    fn seed_groups(&mut self, i: usize, groups: &SeedGroups, sink: &mut impl OpSink) -> u32 {
-        let base = self.block_size as u32;
-        if let Some(a) = groups.align {
-            self.opts.hybrid_align_tokens.get_or_insert(a);
-        }
-        let mut known = 0u32;
-        for &(group, spec) in &groups.groups {
-            let bs = spec.block_size;
-            if group as u32 >= MAX_GROUPS || bs == 0 || !bs.is_multiple_of(base) {
-                FeedStats::bump(&self.stats.block_size_mismatch, 1);
-                tracing::warn!(
-                    instance = self.instance,
-                    group,
-                    block_size = bs,
-                    base,
-                    "a recovered KV-cache group cannot be kept; skipped"
-                );
-                continue;
-            }
-            known |= 1 << group;
-            if let GroupRule::ChunkedLocal(c @ 1..) = spec.rule {
-                self.opts.attention_chunk_size.get_or_insert(c);
-            }
-            let sf = &mut self.slots[i];
-            match sf.groups.iter_mut().find(|(g, _)| *g == group as u32) {
-                Some((_, s)) => *s = spec,
-                None => sf.groups.push((group as u32, spec)),
-            }
-            sink.push(ShardOp::GroupSpec {
-                index: sf.index,
-                slot: sf.slot,
-                group,
-                spec,
-                align: groups.align.unwrap_or(0),
-                base,
-            });
-        }
-        known
-    }
 }

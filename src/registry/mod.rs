@@ -5,69 +5,18 @@
 //! (register, unregister, a dp rank or medium seen for the first time — all
 //! rare) serialize on a mutex, copy, change and publish. Never touched per block.
 
+mod names;
+mod snapshot;
+
+pub use names::{InstanceKey, MAX_NAME_BYTES, NAMED_BASE, name_ok, topic_name_ok};
+pub use snapshot::{Endpoint, IndexInfo, SlotInfo, Snapshot};
+
 use crate::types::{DpRank, IndexId, InstanceId, Tier, WorkerSlot};
 use arc_swap::ArcSwap;
-use std::collections::{BTreeMap, HashMap};
+use snapshot::{check_block_size, ensure_index_in, forget_name, intern_name, intern_slot};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use thiserror::Error;
-
-/// First id given to an instance registered by a non-integer name: above every u64.
-pub const NAMED_BASE: InstanceId = 1 << 64;
-
-/// Longest model, tenant or worker name kvix takes from the network: names are
-/// kept, listed (`/workers`, `/dump`, `/metrics`) and logged, so their size is
-/// bounded where they arrive.
-pub const MAX_NAME_BYTES: usize = 256;
-
-/// A name given over HTTP (`/register`): 1 to [`MAX_NAME_BYTES`] bytes with no
-/// control character.
-pub fn name_ok(name: &str) -> bool {
-    (1..=MAX_NAME_BYTES).contains(&name.len()) && !name.chars().any(char::is_control)
-}
-
-/// A pod identity or model name in a bound socket's topic: 1 to [`MAX_NAME_BYTES`]
-/// bytes of visible ASCII (no spaces or control characters), which covers host:port
-/// pairs, pod names and Hugging Face model ids.
-pub fn topic_name_ok(name: &[u8]) -> bool {
-    (1..=MAX_NAME_BYTES).contains(&name.len()) && name.iter().all(|c| c.is_ascii_graphic())
-}
-
-/// An instance as routers name it: an integer (Dynamo; any u64) or a string
-/// (Mooncake). A string that is the canonical decimal form of a u64 is that integer,
-/// so what `/workers` prints is accepted back in either form.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum InstanceKey {
-    Id(u64),
-    Name(String),
-}
-
-impl InstanceKey {
-    pub fn parse(s: &str) -> InstanceKey {
-        match s.parse::<u64>() {
-            // "007" or "+7" stay names: they would not print back as themselves.
-            Ok(i) if i.to_string() == s => InstanceKey::Id(i),
-            _ => InstanceKey::Name(s.to_string()),
-        }
-    }
-
-    /// As JSON: a number for an integer id, a string for a name.
-    pub fn to_json(&self) -> serde_json::Value {
-        match self {
-            InstanceKey::Id(i) => (*i).into(),
-            InstanceKey::Name(n) => n.clone().into(),
-        }
-    }
-}
-
-impl std::fmt::Display for InstanceKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            InstanceKey::Id(i) => write!(f, "{i}"),
-            InstanceKey::Name(n) => f.write_str(n),
-        }
-    }
-}
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum RegistryError {
@@ -97,154 +46,6 @@ pub enum RegistryError {
     EventLimit { what: &'static str, limit: usize },
     #[error("an approximate index holds at most {limit} workers (--max-event-slots)")]
     WorkerLimit { limit: usize },
-}
-
-/// One worker (instance, dp rank) as a slot of an index.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SlotInfo {
-    pub instance: InstanceId,
-    pub dp: DpRank,
-    /// False once unregistered; its blocks are being cleared and must not be scored.
-    pub live: bool,
-}
-
-/// One registered ZMQ listener.
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
-pub struct Endpoint {
-    pub endpoint: String,
-    pub replay_endpoint: Option<String>,
-    /// The registered publisher kind, if given.
-    pub publisher: Option<String>,
-}
-
-/// One (model, tenant) index.
-#[derive(Clone, Debug)]
-pub struct IndexInfo {
-    pub id: IndexId,
-    pub model: String,
-    pub tenant: String,
-    pub block_size: u32,
-    pub slots: Vec<SlotInfo>,
-    pub slot_of: imbl::HashMap<(InstanceId, DpRank), WorkerSlot>,
-    /// Registered listeners: instance → dp rank → endpoint.
-    /// Several listeners may feed one (instance, dp rank) when their publisher
-    /// kinds differ (an engine and a Mooncake Store publisher for its pools).
-    pub endpoints: imbl::OrdMap<InstanceId, BTreeMap<DpRank, Vec<Endpoint>>>,
-    /// Live `/speculate` predictions of the index over every shard: kept by the
-    /// shards, shared by every copy of this entry.
-    pub live_predictions: Arc<AtomicUsize>,
-}
-
-impl Endpoint {
-    pub fn new(endpoint: String, replay_endpoint: Option<String>) -> Self {
-        Endpoint {
-            endpoint,
-            replay_endpoint,
-            publisher: None,
-        }
-    }
-}
-
-impl IndexInfo {
-    pub fn slot(&self, s: WorkerSlot) -> &SlotInfo {
-        &self.slots[s.0 as usize]
-    }
-
-    /// Slots of `instance` (all dp ranks, or one).
-    pub fn slots_of(&self, instance: InstanceId, dp: Option<DpRank>) -> Vec<WorkerSlot> {
-        self.slots
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.instance == instance && dp.is_none_or(|d| d == s.dp))
-            .map(|(i, _)| WorkerSlot(i as u32))
-            .collect()
-    }
-}
-
-/// An immutable view of the registry.
-#[derive(Clone, Debug, Default)]
-pub struct Snapshot {
-    by_name: HashMap<String, HashMap<String, IndexId>>,
-    pub indexes: Vec<Arc<IndexInfo>>,
-    /// Names of tiers beyond the three well-known ones, by tier id - 3.
-    pub extra_tiers: Vec<String>,
-    /// Router-facing names of instances registered by string (Mooncake's
-    /// `instance_id`), by their ids from [`NAMED_BASE`] up; integer instances are
-    /// their own name.
-    names: imbl::HashMap<InstanceId, String>,
-    ids: imbl::HashMap<String, InstanceId>,
-}
-
-impl Snapshot {
-    pub fn lookup(&self, model: &str, tenant: &str) -> Option<&Arc<IndexInfo>> {
-        let id = self.by_name.get(model)?.get(tenant)?;
-        self.indexes.get(id.0 as usize)
-    }
-
-    /// Every index that still has a name (deleted ones keep their id but are not listed).
-    pub fn live_indexes(&self) -> Vec<&Arc<IndexInfo>> {
-        let mut v: Vec<&Arc<IndexInfo>> = self
-            .by_name
-            .values()
-            .flat_map(|t| t.values())
-            .map(|id| &self.indexes[id.0 as usize])
-            .collect();
-        v.sort_by_key(|ix| ix.id);
-        v
-    }
-
-    /// Indexes of one model, every tenant.
-    pub fn tenants_of<'a>(&'a self, model: &str) -> impl Iterator<Item = &'a Arc<IndexInfo>> + 'a {
-        let ids: Vec<IndexId> = self
-            .by_name
-            .get(model)
-            .map(|t| t.values().copied().collect())
-            .unwrap_or_default();
-        ids.into_iter().map(move |id| &self.indexes[id.0 as usize])
-    }
-
-    /// An instance as routers name it.
-    pub fn instance_key(&self, id: InstanceId) -> InstanceKey {
-        if let Ok(i) = u64::try_from(id) {
-            return InstanceKey::Id(i);
-        }
-        match self.names.get(&id) {
-            Some(n) => InstanceKey::Name(n.clone()),
-            // Not reachable: named ids are only made by `intern`, with their name.
-            None => InstanceKey::Name(id.to_string()),
-        }
-    }
-
-    /// The id of an instance, if it is an integer or a known name.
-    pub fn find(&self, key: &InstanceKey) -> Option<InstanceId> {
-        match key {
-            InstanceKey::Id(i) => Some(InstanceId::from(*i)),
-            InstanceKey::Name(n) => self.ids.get(n).copied(),
-        }
-    }
-
-    pub fn tier_name(&self, t: Tier) -> &str {
-        match t {
-            Tier::DEVICE => "GPU",
-            Tier::HOST => "CPU",
-            Tier::DISK => "DISK",
-            Tier(n) => self
-                .extra_tiers
-                .get(n as usize - 3)
-                .map(String::as_str)
-                .unwrap_or("OTHER"),
-        }
-    }
-
-    pub fn tier_of(&self, medium: Option<&str>) -> Option<Tier> {
-        Tier::well_known(medium).or_else(|| {
-            let m = medium?;
-            self.extra_tiers
-                .iter()
-                .position(|n| n.eq_ignore_ascii_case(m))
-                .map(|i| Tier(3 + i as u8))
-        })
-    }
 }
 
 /// Per-listener defaults for what its events may leave out (Mooncake's `/register`).
@@ -287,6 +88,16 @@ pub struct Registration {
     pub dp: DpRank,
     pub endpoint: Endpoint,
     pub opts: ListenerOpts,
+}
+
+/// What `/unregister` asks for: `instance`'s listeners (one dp rank, or all) in
+/// the model's indexes (one tenant's, or every tenant's).
+#[derive(Clone, Copy, Debug)]
+pub struct Unregistration<'a> {
+    pub model: &'a str,
+    pub tenant: Option<&'a str>,
+    pub instance: InstanceId,
+    pub dp: Option<DpRank>,
 }
 
 /// Caps on what event data (an event's `tenant_id`, a batch's dp rank) may create:
@@ -666,13 +477,13 @@ impl Registry {
 
     /// Unregister listeners of `instance` in the matching indexes. Returns, per index,
     /// the removed listeners' dp ranks and the slots that stop being live.
-    pub fn unregister(
-        &self,
-        model: &str,
-        tenant: Option<&str>,
-        instance: InstanceId,
-        dp: Option<DpRank>,
-    ) -> Result<Vec<Unregistered>, RegistryError> {
+    pub fn unregister(&self, u: &Unregistration) -> Result<Vec<Unregistered>, RegistryError> {
+        let Unregistration {
+            model,
+            tenant,
+            instance,
+            dp,
+        } = *u;
         self.update(|s| {
             let ids: Vec<IndexId> = match tenant {
                 Some(t) => s.lookup(model, t).map(|ix| ix.id).into_iter().collect(),
@@ -721,92 +532,6 @@ impl Registry {
             Ok(out)
         })
     }
-}
-
-/// The id of instance name `name`, given one from [`NAMED_BASE`] up if it has none.
-fn intern_name(s: &mut Snapshot, name: &str) -> InstanceId {
-    if let Some(id) = s.ids.get(name) {
-        return *id;
-    }
-    let id = NAMED_BASE + s.names.len() as InstanceId;
-    s.names.insert(id, name.to_string());
-    s.ids.insert(name.to_string(), id);
-    id
-}
-
-/// Drop an index's name: it keeps its id (slots and clears in flight stay valid) but
-/// is no longer listed or found.
-fn forget_name(s: &mut Snapshot, model: &str, tenant: &str) {
-    if let Some(t) = s.by_name.get_mut(model) {
-        t.remove(tenant);
-        if t.is_empty() {
-            s.by_name.remove(model);
-        }
-    }
-}
-
-fn check_block_size(ix: &IndexInfo, block_size: u32) -> Result<(), RegistryError> {
-    if ix.block_size != block_size {
-        return Err(RegistryError::BlockSizeMismatch {
-            model: ix.model.clone(),
-            tenant: ix.tenant.clone(),
-            existing: ix.block_size,
-            requested: block_size,
-        });
-    }
-    Ok(())
-}
-
-fn ensure_index_in(
-    s: &mut Snapshot,
-    model: &str,
-    tenant: &str,
-    block_size: u32,
-) -> Result<IndexId, RegistryError> {
-    if let Some(ix) = s.lookup(model, tenant) {
-        check_block_size(ix, block_size)?;
-        return Ok(ix.id);
-    }
-    let id = IndexId(s.indexes.len() as u32);
-    s.indexes.push(Arc::new(IndexInfo {
-        id,
-        model: model.to_string(),
-        tenant: tenant.to_string(),
-        block_size,
-        slots: Vec::new(),
-        slot_of: imbl::HashMap::new(),
-        endpoints: imbl::OrdMap::new(),
-        live_predictions: Arc::default(),
-    }));
-    s.by_name
-        .entry(model.to_string())
-        .or_default()
-        .insert(tenant.to_string(), id);
-    Ok(id)
-}
-
-/// Slot ids are never reused within an index: a returning worker gets its old slot back,
-/// so a clear still in flight for it can only ever apply to its own blocks.
-fn intern_slot(
-    ix: &mut IndexInfo,
-    instance: InstanceId,
-    dp: DpRank,
-) -> Result<WorkerSlot, RegistryError> {
-    if let Some(&s) = ix.slot_of.get(&(instance, dp)) {
-        ix.slots[s.0 as usize].live = true;
-        return Ok(s);
-    }
-    if ix.slots.len() as u32 >= WorkerSlot::MAX {
-        return Err(RegistryError::SlotsExhausted);
-    }
-    let s = WorkerSlot(ix.slots.len() as u32);
-    ix.slots.push(SlotInfo {
-        instance,
-        dp,
-        live: true,
-    });
-    ix.slot_of.insert((instance, dp), s);
-    Ok(s)
 }
 
 #[cfg(test)]
