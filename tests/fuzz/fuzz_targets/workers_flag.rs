@@ -10,7 +10,7 @@ fuzz_target!(|data: &[u8]| {
     let s = String::from_utf8_lossy(data);
     if let Ok(specs) = cli::parse_workers(&s) {
         for w in &specs {
-            assert!(cli::validate_endpoint(&w.endpoint).is_ok(), "{w:?}");
+            assert!(kvix::ingest::endpoint::validate(&w.endpoint).is_ok(), "{w:?}");
             assert_eq!(w.endpoint.trim(), w.endpoint);
         }
         // Endpoints cannot hold ',' (the separator) and the first '=' ends the id, so
