@@ -15,7 +15,7 @@ use crate::ingest::{Ingest, SeqKey};
 use crate::mesh::{ShardMesh, ShardUnavailable};
 use crate::registry::{IndexInfo, Snapshot};
 use crate::shard::tree::SlotGroups;
-use crate::shard::{DumpedBlock, NO_NODE};
+use crate::shard::{ExportedBlock, NO_NODE};
 use crate::types::{DpRank, EngineHash, InstanceId, SeqHash, ShardId, Tier, WorkerSlot};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -23,7 +23,7 @@ use std::sync::Arc;
 /// One index, gathered and ordered.
 pub struct IndexExport {
     pub info: Arc<IndexInfo>,
-    blocks: Vec<DumpedBlock>,
+    blocks: Vec<ExportedBlock>,
     /// The exported pairs, grouped by slot (ascending), parents before children
     /// within a slot, each already named (so rendering does no lookups).
     order: Vec<Named>,
@@ -87,7 +87,7 @@ pub async fn export<M: ShardMesh>(
 
 /// Depth of every distinct block in its chain (0: a root, or a parent not exported),
 /// as (sorted distinct sequence hashes, their parents, their depths).
-fn depths(blocks: &[DumpedBlock]) -> (Vec<SeqHash>, Vec<u32>) {
+fn depths(blocks: &[ExportedBlock]) -> (Vec<SeqHash>, Vec<u32>) {
     let mut nodes: Vec<(SeqHash, Option<SeqHash>)> =
         blocks.iter().map(|b| (b.seq, b.parent)).collect();
     nodes.sort_unstable_by_key(|n| n.0);
@@ -128,7 +128,7 @@ impl IndexExport {
     /// engine hash and are exported under their sequence hash.
     pub fn new(
         info: Arc<IndexInfo>,
-        blocks: Vec<DumpedBlock>,
+        blocks: Vec<ExportedBlock>,
         mut names: Vec<(WorkerSlot, u32, EngineHash)>,
     ) -> Self {
         // A worker's engine hashes by node, then by sequence hash through the blocks.
@@ -320,8 +320,8 @@ mod tests {
     use crate::shard::holders::Holder;
     use crate::types::BlockHash;
 
-    fn block(seq: u64, parent: Option<u64>, slot: u32) -> DumpedBlock {
-        DumpedBlock {
+    fn block(seq: u64, parent: Option<u64>, slot: u32) -> ExportedBlock {
+        ExportedBlock {
             seq: SeqHash(seq),
             parent: parent.map(SeqHash),
             local: BlockHash(seq + 1000),

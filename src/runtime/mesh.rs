@@ -9,7 +9,7 @@ use super::*;
 
 /// One step of an export, as a shard answers it.
 pub(super) struct ExportStep {
-    blocks: Vec<DumpedBlock>,
+    blocks: Vec<ExportedBlock>,
     names: Vec<(WorkerSlot, u32, EngineHash)>,
     /// With the last step: the slots' other KV-cache groups.
     groups: Vec<(WorkerSlot, SlotGroups)>,

@@ -32,7 +32,7 @@ use crate::mesh::{ShardMesh, ShardUnavailable};
 use crate::metrics::{HttpStats, ShardStats};
 use crate::shard::tree::SlotGroups;
 use crate::shard::{
-    ChainAt, DumpedBlock, ExportAt, PredictRefused, PredictStep, PruneBound, Shard, ShardExport,
+    ChainAt, ExportAt, ExportedBlock, PredictRefused, PredictStep, PruneBound, Shard, ShardExport,
 };
 use crate::shard::{PromptBlocks, ShardReply};
 use crate::slot_tracker::{SlotRep, SlotReq, SlotShard};

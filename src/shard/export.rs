@@ -5,7 +5,7 @@
 
 use super::Shard;
 use super::holders::Holder;
-use super::tree::{DumpWalk, SlotGroups};
+use super::tree::{ExportWalk, SlotGroups};
 use crate::types::{BlockHash, EngineHash, IndexId, SeqHash, TierSet, WorkerSlot};
 
 /// An export of a keyed table splits it into at most `1 << EXPORT_BITS_MAX`
@@ -15,9 +15,9 @@ const EXPORT_BITS_MAX: u32 = 12;
 /// Blocks of a tree an export step reads: a fraction of a millisecond.
 const EXPORT_STEP_BLOCKS: usize = 1 << 14;
 
-/// A block as the dump sees it.
+/// A block as an export reads it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DumpedBlock {
+pub struct ExportedBlock {
     pub seq: SeqHash,
     pub parent: Option<SeqHash>,
     pub local: BlockHash,
@@ -34,7 +34,7 @@ pub struct DumpedBlock {
 #[derive(Debug, Default)]
 pub struct ShardExport {
     /// Every (block, holder), in the steps the shard read them in.
-    pub parts: Vec<Vec<DumpedBlock>>,
+    pub parts: Vec<Vec<ExportedBlock>>,
     /// How the shard's slots name those blocks ([`Shard::engine_names`]).
     pub names: Vec<(WorkerSlot, u32, EngineHash)>,
     /// The shard's slots with KV-cache groups besides full attention, and what
@@ -42,7 +42,7 @@ pub struct ShardExport {
     pub groups: Vec<(WorkerSlot, SlotGroups)>,
 }
 
-/// A [`DumpedBlock`]'s node when it is not in a tree.
+/// A [`ExportedBlock`]'s node when it is not in a tree.
 pub const NO_NODE: u32 = u32::MAX;
 
 /// Where an export of one index shard ([`Shard::export_step`]) has got to; the
@@ -53,7 +53,7 @@ pub struct ExportAt {
     keyed_part: usize,
     keyed_bits: Option<u32>,
     keyed_done: bool,
-    tree: DumpWalk,
+    tree: ExportWalk,
     tree_done: bool,
     names_slot: usize,
     names_part: usize,
@@ -73,7 +73,7 @@ impl Shard {
         &self,
         index: IndexId,
         at: &mut ExportAt,
-        blocks: &mut Vec<DumpedBlock>,
+        blocks: &mut Vec<ExportedBlock>,
         names: &mut Vec<(WorkerSlot, u32, EngineHash)>,
     ) -> bool {
         let Some(ix) = self.index(index) else {
@@ -108,7 +108,7 @@ impl Shard {
             at.keyed_part += 1;
             at.keyed_done = at.keyed_part >= 1 << bits;
         } else {
-            at.tree_done = ix.tree.dump_step(&mut at.tree, EXPORT_STEP_BLOCKS, out);
+            at.tree_done = ix.tree.export_step(&mut at.tree, EXPORT_STEP_BLOCKS, out);
         }
         let clearing = ix.clearing.as_deref();
         let mut k = from;
@@ -121,7 +121,7 @@ impl Shard {
             let Some(h) = h else { continue };
             let tiers = h.tiers() & TierSet::MEDIA;
             if !tiers.is_empty() {
-                out[k] = DumpedBlock {
+                out[k] = ExportedBlock {
                     holder: Holder::new(h.slot(), tiers),
                     ..out[i]
                 };

@@ -10,7 +10,7 @@
 
 use super::holders::{HeldCounts, Holder, HolderSet, HolderSlab};
 use super::table::{BlockTable, Cursor};
-use super::{DumpedBlock, NO_NODE};
+use super::{ExportedBlock, NO_NODE};
 use crate::types::{BlockHash, SeqHash, Tier, TierSet, WorkerSlot};
 
 /// One keyed block: its parent's sequence hash (a first block's: its own) and
@@ -181,11 +181,11 @@ impl KeyedBlocks {
     /// every block once (an export reads them one by one, serving between). A
     /// keyed block has no local hash and no node: it reads as local hash 0 and
     /// [`NO_NODE`].
-    pub fn export_part(&self, part: usize, bits: u32, out: &mut Vec<DumpedBlock>) {
+    pub fn export_part(&self, part: usize, bits: u32, out: &mut Vec<ExportedBlock>) {
         for &(seq, block) in self.table.iter_part(part, bits) {
             let parent = (block.parent != seq).then_some(block.parent);
             for &h in block.holders.as_slice(&self.slab) {
-                out.push(DumpedBlock {
+                out.push(ExportedBlock {
                     seq,
                     parent,
                     local: BlockHash(0),

@@ -41,7 +41,7 @@ pub mod tree;
 
 pub use answer::{PromptBlocks, ShardReply, answer};
 pub use budget::BlockBudget;
-pub use export::{DumpedBlock, ExportAt, NO_NODE, ShardExport};
+pub use export::{ExportAt, ExportedBlock, NO_NODE, ShardExport};
 pub use op::{SeedParent, ShardOp};
 pub use predictions::{
     DEFAULT_MAX_PREDICTIONS, PREDICT_STEP, PredictRefused, PredictStep, PredictionCounts,

@@ -38,7 +38,7 @@ const CHUNK: usize = 1 << CHUNK_BITS;
 pub struct NodeId(u32);
 
 impl NodeId {
-    /// The id as a number (a dump's [`crate::shard::DumpedBlock::node`]).
+    /// The id as a number (an export's [`crate::shard::ExportedBlock::node`]).
     pub fn index(self) -> u32 {
         self.0
     }

@@ -7,7 +7,7 @@
 //! is rare: a prompt's blocks form one chain, so branching is where prompts part).
 //! A chain of blocks is filed by appends to the arena and walks from nodes that
 //! are already in cache, and a sequence hash is never stored: it is computed on
-//! the way down ([`Tree::dump`], [`Tree::lookup`] by sequence hash). A store
+//! the way down ([`Tree::export`], [`Tree::lookup`] by sequence hash). A store
 //! resolves its parent and a removal its block through the slot's engine map, so
 //! the ingest side needs no map of its own. A slot that names a block by the
 //! engine hash its node holds (engines that agree on hashes, and every block one
@@ -29,20 +29,20 @@
 //! The rooms: [`arena`] the nodes, their generations and children; [`names`]
 //! the slots' engine maps; [`evict`] a bounded index's eviction; [`clear`] a
 //! slot's clear in steps; [`predicted`] a router's predicted holders;
-//! [`lookup`] a query's walk; [`dump`] the read-out in steps and the seed from
+//! [`lookup`] a query's walk; [`export`] the read-out in steps and the seed from
 //! one. Here: the tree itself, and the store and removal every event comes to.
 
 mod arena;
 mod clear;
-mod dump;
 mod evict;
+mod export;
 mod groups;
 mod lookup;
 mod names;
 mod predicted;
 
 pub use arena::NodeId;
-pub use dump::{DumpWalk, Seed};
+pub use export::{ExportWalk, Seed};
 pub use groups::{MAX_GROUPS, SlotGroups};
 pub use names::NamesAt;
 pub use predicted::{ChainAt, NodeKey, PredictCounts};

@@ -283,8 +283,8 @@ impl Tree {
     }
 
     /// (slot, node, engine hash) of the entries of part `part` of `1 << bits` of
-    /// `slot`'s engine map that name a block the slot holds: with a dump's nodes
-    /// ([`DumpedBlock::node`]), how each worker names each block it holds. The
+    /// `slot`'s engine map that name a block the slot holds: with an export's nodes
+    /// ([`ExportedBlock::node`]), how each worker names each block it holds. The
     /// parts together pass every entry filed throughout once, however the map
     /// changes between them.
     pub fn engine_names_part(

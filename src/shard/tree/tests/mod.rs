@@ -7,7 +7,7 @@ use crate::hash;
 use crate::shard::HolderLists;
 use crate::shard::holders::Holder;
 use crate::shard::predict::Tick;
-use crate::shard::{DumpedBlock, Prompt};
+use crate::shard::{ExportedBlock, Prompt};
 use crate::types::SeqHash;
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet, HashMap as StdMap};
@@ -107,10 +107,10 @@ fn a_dump_in_steps_skips_a_root_that_went_and_whose_node_was_reused() {
         t.store(s1, DEV, None, &[(eh(r), BlockHash(1000 + r))]);
     }
     let mut out = Vec::new();
-    let mut walk = DumpWalk::default();
+    let mut walk = ExportWalk::default();
     let mut gone = BTreeSet::new();
     let mut step = 0;
-    while !t.dump_step(&mut walk, 10, &mut out) {
+    while !t.export_step(&mut walk, 10, &mut out) {
         // A root the walk has not reached goes, and its node is filed again as
         // a new root (the free list hands the freed node out first).
         let r = 99 - step;
@@ -508,7 +508,7 @@ fn a_hot_prompt_and_the_newest_store_outlast_older_ones() {
 /// every (block, holder) once per tier and once per engine hash naming it.
 fn replica(t: &Tree) -> Tree {
     let mut dumped = Vec::new();
-    t.dump(&mut dumped);
+    t.export(&mut dumped);
     let mut names: BTreeMap<(u32, u64), Vec<EngineHash>> = BTreeMap::new();
     let mut ehs = Vec::new();
     t.engine_hashes(&mut ehs);
@@ -564,8 +564,8 @@ fn a_replica_filed_from_a_dump_answers_as_the_tree_does() {
     }
     let mut r = replica(&t);
     let (mut a, mut b) = (Vec::new(), Vec::new());
-    t.dump(&mut a);
-    r.dump(&mut b);
+    t.export(&mut a);
+    r.export(&mut b);
     assert_eq!(sorted(&a), sorted(&b));
     let (mut ea, mut eb) = (Vec::new(), Vec::new());
     t.engine_hashes(&mut ea);
@@ -583,8 +583,8 @@ fn a_replica_filed_from_a_dump_answers_as_the_tree_does() {
         assert!(r.remove(slot, last, TierSet::ALL));
     }
     let (mut a, mut b) = (Vec::new(), Vec::new());
-    t.dump(&mut a);
-    r.dump(&mut b);
+    t.export(&mut a);
+    r.export(&mut b);
     assert_eq!(sorted(&a), sorted(&b));
     // Seeding a block whose parent is named by an engine hash alone that names
     // nothing files nothing.
@@ -608,17 +608,17 @@ fn a_replica_filed_from_a_dump_answers_as_the_tree_does() {
     };
     assert!(r.seed(&orphan, &mut filed));
     let mut d = Vec::new();
-    r.dump(&mut d);
+    r.export(&mut d);
     let b = d.iter().find(|b| b.local == BlockHash(9)).unwrap();
     assert_eq!(b.parent, Some(SeqHash(77)));
     assert_eq!(b.seq, hash::chain(Some(SeqHash(77)), BlockHash(9)));
     assert!(r.remove(WorkerSlot(1), eh(9), TierSet::ALL));
     let mut after = Vec::new();
-    r.dump(&mut after);
+    r.export(&mut after);
     assert_eq!(after.len(), d.len() - 1);
 }
 
-fn sorted(d: &[DumpedBlock]) -> Vec<(u64, u32)> {
+fn sorted(d: &[ExportedBlock]) -> Vec<(u64, u32)> {
     let mut v: Vec<(u64, u32)> = d.iter().map(|d| (d.seq.0, d.holder.0)).collect();
     v.sort();
     v

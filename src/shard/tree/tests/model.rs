@@ -179,13 +179,13 @@ fn a_dump_in_steps_passes_every_block_held_throughout_once() {
         ));
     }
     let mut whole = Vec::new();
-    t.dump(&mut whole);
+    t.export(&mut whole);
     assert_eq!(whole.len(), 1 + 50 * 20);
     // Between steps, odd conversations lose their tails and new ones come.
     let mut out = Vec::new();
-    let mut walk = DumpWalk::default();
+    let mut walk = ExportWalk::default();
     let mut step = 0u64;
-    while !t.dump_step(&mut walk, 37, &mut out) {
+    while !t.export_step(&mut walk, 37, &mut out) {
         step += 1;
         let c = 2 * step + 1;
         if c < 50 {
@@ -203,7 +203,7 @@ fn a_dump_in_steps_passes_every_block_held_throughout_once() {
     assert_eq!(unique.len(), seqs.len(), "a block dumped twice");
     // A block of the first dump still held at the end was held throughout.
     let mut after = Vec::new();
-    t.dump(&mut after);
+    t.export(&mut after);
     assert_eq!(after.len(), whole.len() - 24 + step as usize);
     let first: BTreeSet<u64> = whole.iter().map(|d| d.seq.0).collect();
     for d in after.iter().filter(|d| first.contains(&d.seq.0)) {
@@ -292,7 +292,7 @@ fn op() -> impl Strategy<Value = Op> {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(2048))]
     #[test]
-    fn prop_tree_vs_model(ops in proptest::collection::vec(op(), 1..60), dump_step in 1usize..4, track: bool, narrow: bool) {
+    fn prop_tree_vs_model(ops in proptest::collection::vec(op(), 1..60), export_step in 1usize..4, track: bool, narrow: bool) {
         let mut t = Tree::default();
         if track {
             t.track_use();
@@ -311,7 +311,7 @@ proptest! {
             }
         }
         lookups_agree(&mut t, &m)?;
-        dumps_agree(&t, &m, dump_step)?;
+        dumps_agree(&t, &m, export_step)?;
         counts_agree(&t, &m)?;
     }
 }
@@ -423,16 +423,16 @@ fn lookups_agree(t: &mut Tree, m: &Model) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-/// A dump (whole, in steps of `dump_step`, and of a replica) is the model's held
+/// A dump (whole, in steps of `export_step`, and of a replica) is the model's held
 /// blocks, parents first.
-fn dumps_agree(t: &Tree, m: &Model, dump_step: usize) -> Result<(), TestCaseError> {
+fn dumps_agree(t: &Tree, m: &Model, export_step: usize) -> Result<(), TestCaseError> {
     let mut dumped = Vec::new();
-    t.dump(&mut dumped);
+    t.export(&mut dumped);
     // In steps, with nothing changing between them: the same blocks, parents
     // first.
     let mut stepped = Vec::new();
-    let mut walk = DumpWalk::default();
-    while !t.dump_step(&mut walk, dump_step, &mut stepped) {}
+    let mut walk = ExportWalk::default();
+    while !t.export_step(&mut walk, export_step, &mut stepped) {}
     let mut seen = BTreeSet::new();
     for d in &stepped {
         if let Some(p) = d.parent {
@@ -446,7 +446,7 @@ fn dumps_agree(t: &Tree, m: &Model, dump_step: usize) -> Result<(), TestCaseErro
     // nobody holds hangs from a root standing for that block), and no
     // prediction.
     let mut copied = Vec::new();
-    replica(t).dump(&mut copied);
+    replica(t).export(&mut copied);
     prop_assert_eq!(sorted(&copied), sorted(&dumped));
     let mut got: Vec<(u64, Option<u64>, u64, u32)> = dumped
         .iter()

@@ -1,12 +1,12 @@
 //! The tree read out in steps (every block held, parents first, its sequence
 //! hash computed on the way down) and filed back from such a read-out
-//! ([`Tree::seed`]). A dump step never changes the tree; between steps it keeps
+//! ([`Tree::seed`]). An export step never changes the tree; between steps it keeps
 //! where it got to by local hash, since nodes come and go meanwhile.
 
 use super::Tree;
 use super::arena::NodeId;
 use crate::hash;
-use crate::shard::DumpedBlock;
+use crate::shard::ExportedBlock;
 use crate::shard::holders::Holder;
 use crate::types::{BlockHash, EngineHash, SeqHash, Tier, TierSet, WorkerSlot};
 use hashbrown::HashMap;
@@ -25,9 +25,9 @@ pub struct Seed {
     pub parent_seq: Option<SeqHash>,
 }
 
-/// Where a dump in steps ([`Tree::dump_step`]) has got to; the default starts one.
+/// Where an export in steps ([`Tree::export_step`]) has got to; the default starts one.
 #[derive(Clone, Debug, Default)]
-pub struct DumpWalk {
+pub struct ExportWalk {
     /// Per level of the depth-first walk (children in local-hash order), the last
     /// block passed, if any: local hashes stay valid while nodes come and go.
     at: Vec<Option<BlockHash>>,
@@ -40,7 +40,7 @@ pub struct DumpWalk {
     done: bool,
 }
 
-/// One level of a dump's walk: the children of a block (sorted by local hash, in
+/// One level of an export's walk: the children of a block (sorted by local hash, in
 /// `Walking::kids[start..end]`), the next to visit, and their parent's sequence
 /// hash.
 struct Frame {
@@ -50,7 +50,7 @@ struct Frame {
     next: usize,
 }
 
-/// A dump step's depth-first stack: the levels' children in one buffer, each
+/// An export step's depth-first stack: the levels' children in one buffer, each
 /// level's above the next's (a level ends by truncating the buffer to its start).
 #[derive(Default)]
 struct Walking {
@@ -82,23 +82,23 @@ impl Walking {
 
 impl Tree {
     /// Every (block, holder) with the block's sequence and parent hashes, in one go.
-    pub fn dump(&self, out: &mut Vec<DumpedBlock>) {
-        let mut walk = DumpWalk::default();
-        while !self.dump_step(&mut walk, usize::MAX, out) {}
+    pub fn export(&self, out: &mut Vec<ExportedBlock>) {
+        let mut walk = ExportWalk::default();
+        while !self.export_step(&mut walk, usize::MAX, out) {}
     }
 
-    /// A step of a dump: at most `budget` blocks from where `walk` got to, each
+    /// A step of an export: at most `budget` blocks from where `walk` got to, each
     /// block's holders (device, host and disk; predictions are not the engines'
     /// state) with its sequence and parent hashes, computed from the roots down.
     /// Blocks come parents first, so a tree can be filed from the output in order.
     /// Other changes may come between steps: every block held from the walk's start
-    /// to its end is dumped, once; one filed or dropped meanwhile may or may not be.
+    /// to its end is exported, once; one filed or dropped meanwhile may or may not be.
     /// Returns whether the walk is done.
-    pub fn dump_step(
+    pub fn export_step(
         &self,
-        walk: &mut DumpWalk,
+        walk: &mut ExportWalk,
         budget: usize,
-        out: &mut Vec<DumpedBlock>,
+        out: &mut Vec<ExportedBlock>,
     ) -> bool {
         if walk.done {
             return true;
@@ -141,7 +141,7 @@ impl Tree {
                 let h = Holder(h);
                 let tiers = h.tiers() & TierSet::MEDIA;
                 if !tiers.is_empty() {
-                    out.push(DumpedBlock {
+                    out.push(ExportedBlock {
                         seq,
                         parent,
                         local,
@@ -168,9 +168,9 @@ impl Tree {
         walk.roots = stack.kids;
         walk.roots.truncate(walk.root_locals.len());
         if walk.done {
-            *walk = DumpWalk {
+            *walk = ExportWalk {
                 done: true,
-                ..DumpWalk::default()
+                ..ExportWalk::default()
             };
         }
         walk.done
@@ -179,7 +179,7 @@ impl Tree {
     /// The walk's frames rebuilt from the local hashes it saved: at each level, the
     /// children after the last one passed; below it, that child's, if it is still
     /// there (a node goes only with its subtree).
-    fn resume(&self, walk: &mut DumpWalk) -> Walking {
+    fn resume(&self, walk: &mut ExportWalk) -> Walking {
         let mut stack = Walking::default();
         let (mut parent, mut seq) = (None, None);
         let levels = walk.at.len().max(1);
