@@ -894,8 +894,8 @@ fn bench_index(c: &mut Criterion) {
     g.bench_function("dump_step_16k_blocks", |b| {
         b.iter(|| {
             dumped.clear();
-            let mut walk = kvix::shard::tree::DumpWalk::default();
-            t.dump_step(&mut walk, 16 * 1024, &mut dumped);
+            let mut walk = kvix::shard::tree::ExportWalk::default();
+            t.export_step(&mut walk, 16 * 1024, &mut dumped);
             black_box(dumped.len())
         })
     });
