@@ -352,7 +352,12 @@ impl Control {
             dp,
         };
         for (index, dps, slots) in self.registry.unregister(&u)? {
-            self.ingest.remove(index, instance, dp, slots);
+            self.ingest.remove(crate::ingest::Removal {
+                index,
+                instance,
+                dp,
+                also_clear: slots,
+            });
             removed.extend(dps);
         }
         Ok(removed)

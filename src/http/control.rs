@@ -13,6 +13,7 @@ use crate::mesh::ShardMesh;
 use crate::registry::{Endpoint, ListenerOpts, MAX_NAME_BYTES};
 use hyper::StatusCode;
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use std::sync::Arc;
 
 impl From<ControlError> for ApiError {
@@ -135,16 +136,20 @@ async fn check_allowed<M: ShardMesh>(
     .map_or(Ok(()), Err)
 }
 
-/// A `/register` body in either API's shape.
-enum RegisterBody {
-    Dynamo(RegisterReq),
-    Conductor(ConductorRegisterReq),
+/// A control body in either API's shape.
+enum Shaped<D, C> {
+    Dynamo(D),
+    Conductor(C),
 }
 
-fn parse_register(body: &[u8], forced: Option<Shape>) -> Result<RegisterBody, ApiError> {
+/// `body` read in the shape [`control_shape`] tells.
+fn parse_shaped<D: DeserializeOwned, C: DeserializeOwned>(
+    body: &[u8],
+    forced: Option<Shape>,
+) -> Result<Shaped<D, C>, ApiError> {
     Ok(match control_shape(body, forced) {
-        Shape::Conductor => RegisterBody::Conductor(parse(body)?),
-        Shape::Dynamo => RegisterBody::Dynamo(parse(body)?),
+        Shape::Conductor => Shaped::Conductor(parse(body)?),
+        Shape::Dynamo => Shaped::Dynamo(parse(body)?),
     })
 }
 
@@ -169,9 +174,9 @@ pub async fn register<M: ShardMesh>(
     body: bytes::Bytes,
     forced: Option<Shape>,
 ) -> Result<Reply, ApiError> {
-    let r = match parse_register(&body, forced)? {
-        RegisterBody::Dynamo(r) => r,
-        RegisterBody::Conductor(r) => {
+    let r = match parse_shaped::<RegisterReq, ConductorRegisterReq>(&body, forced)? {
+        Shaped::Dynamo(r) => r,
+        Shaped::Conductor(r) => {
             check_name("modelname", Some(&r.modelname))?;
             check_name("tenant_id", r.tenant_id.as_deref())?;
             check_name(
@@ -262,27 +267,14 @@ struct ConductorUnregisterReq {
     dp_rank: Option<u32>,
 }
 
-/// An `/unregister` body in either API's shape.
-enum UnregisterBody {
-    Dynamo(UnregisterReq),
-    Conductor(ConductorUnregisterReq),
-}
-
-fn parse_unregister(body: &[u8], forced: Option<Shape>) -> Result<UnregisterBody, ApiError> {
-    Ok(match control_shape(body, forced) {
-        Shape::Conductor => UnregisterBody::Conductor(parse(body)?),
-        Shape::Dynamo => UnregisterBody::Dynamo(parse(body)?),
-    })
-}
-
 pub async fn unregister<M: ShardMesh>(
     cx: &Ctx<'_, M>,
     body: bytes::Bytes,
     forced: Option<Shape>,
 ) -> Result<Reply, ApiError> {
-    let r = match parse_unregister(&body, forced)? {
-        UnregisterBody::Dynamo(r) => r,
-        UnregisterBody::Conductor(r) => {
+    let r = match parse_shaped::<UnregisterReq, ConductorUnregisterReq>(&body, forced)? {
+        Shaped::Dynamo(r) => r,
+        Shaped::Conductor(r) => {
             let name = r.instance_id.key().to_string();
             let tenant = r.tenant_id.unwrap_or_else(|| DEFAULT_TENANT.into());
             let id = cx.instance(&r.instance_id.key())?;
@@ -308,10 +300,10 @@ pub async fn unregister<M: ShardMesh>(
 /// A `/register` body checked as its handler checks it, and nothing done (for
 /// [`super::routes::check_body`]).
 pub(super) fn check_register(body: &[u8], forced: Option<Shape>) -> Result<(), ApiError> {
-    parse_register(body, forced).map(|_| ())
+    parse_shaped::<RegisterReq, ConductorRegisterReq>(body, forced).map(drop)
 }
 
 /// A `/unregister` body checked as its handler checks it, and nothing done.
 pub(super) fn check_unregister(body: &[u8], forced: Option<Shape>) -> Result<(), ApiError> {
-    parse_unregister(body, forced).map(|_| ())
+    parse_shaped::<UnregisterReq, ConductorUnregisterReq>(body, forced).map(drop)
 }

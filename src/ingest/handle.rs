@@ -58,6 +58,17 @@ impl EngineBudget {
     }
 }
 
+/// The listeners of one instance to stop in one index (one dp rank, or all), and
+/// the slots to clear besides theirs.
+#[derive(Debug)]
+pub struct Removal {
+    pub index: IndexId,
+    pub instance: InstanceId,
+    pub dp: Option<DpRank>,
+    /// Slots the registry dropped with them: cleared too.
+    pub also_clear: Vec<WorkerSlot>,
+}
+
 /// Control messages to an ingest thread.
 pub enum Command {
     /// Listen to `endpoint` for the feed's worker.
@@ -69,10 +80,7 @@ pub enum Command {
     /// Stop listeners of `instance` (one dp rank or all) and clear the slots they fed
     /// plus `also_clear` (slots the registry knows, e.g. dp ranks seen on the wire).
     Remove {
-        index: IndexId,
-        instance: InstanceId,
-        dp: Option<DpRank>,
-        also_clear: Vec<WorkerSlot>,
+        removal: Removal,
         /// Answered with the number of listeners stopped.
         done: mpsc::Sender<usize>,
     },
@@ -303,24 +311,9 @@ impl Ingest {
     }
 
     /// Stop listeners and clear their blocks; returns once the clears are queued.
-    pub fn remove(
-        &self,
-        index: IndexId,
-        instance: InstanceId,
-        dp: Option<DpRank>,
-        also_clear: Vec<WorkerSlot>,
-    ) {
+    pub fn remove(&self, removal: Removal) {
         let (done, rx) = mpsc::channel();
-        self.send(
-            instance,
-            Command::Remove {
-                index,
-                instance,
-                dp,
-                also_clear,
-                done,
-            },
-        );
+        self.send(removal.instance, Command::Remove { removal, done });
         if let Ok(stopped) = rx.recv() {
             self.budget.give_back(stopped);
         }

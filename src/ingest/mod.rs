@@ -24,8 +24,8 @@ pub mod wake;
 
 pub use context::Context;
 pub use handle::{
-    Command, Ingest, ListenError, ListenerStats, REPLAY_COOLDOWN, REPLAY_TIMEOUT, ReplayStats,
-    SeedOutcome, Seeding, SeqKey, SeqRecord,
+    Command, Ingest, ListenError, ListenerStats, REPLAY_COOLDOWN, REPLAY_TIMEOUT, Removal,
+    ReplayStats, SeedOutcome, Seeding, SeqKey, SeqRecord,
 };
 use thread::{BURST, IngestThread, recv_parts};
 

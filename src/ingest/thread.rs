@@ -10,8 +10,8 @@ use super::feed::{FeedStats, WorkerFeed};
 use super::sequence::{Cursor, Step};
 use super::wake::Wake;
 use super::{
-    Command, ListenerStats, REPLAY_COOLDOWN, ReplayStats, SeedOutcome, SeqKey, SocketOptions, bind,
-    subscriber,
+    Command, ListenerStats, REPLAY_COOLDOWN, Removal, ReplayStats, SeedOutcome, SeqKey,
+    SocketOptions, bind, subscriber,
 };
 use crate::registry::{Endpoint, Registry};
 use crate::ring::{OpSink, RingSink};
@@ -226,14 +226,8 @@ impl IngestThread {
                 self.sink.flush();
                 let _ = done.send(r);
             }
-            Command::Remove {
-                index,
-                instance,
-                dp,
-                also_clear,
-                done,
-            } => {
-                let stopped = self.stop_listening(index, instance, dp, also_clear);
+            Command::Remove { removal, done } => {
+                let stopped = self.stop_listening(removal);
                 self.sink.flush();
                 let _ = done.send(stopped);
             }
@@ -333,10 +327,12 @@ impl IngestThread {
     /// Returns how many listeners stopped.
     fn stop_listening(
         &mut self,
-        index: IndexId,
-        instance: InstanceId,
-        dp: Option<DpRank>,
-        also_clear: Vec<WorkerSlot>,
+        Removal {
+            index,
+            instance,
+            dp,
+            also_clear,
+        }: Removal,
     ) -> usize {
         let before = self.listeners.len();
         let mut cleared: Vec<(IndexId, WorkerSlot)> = Vec::new();
