@@ -2,9 +2,10 @@
 //! registry as it stood when the request came in, and the few services of the
 //! HTTP layer, each by name.
 //!
-//! One registry snapshot per request: the index a query resolves is the index it
-//! renders, and a registration that lands meanwhile is seen by the next request,
-//! never by half of this one (an approximate model's index, created by the request
+//! One registry snapshot per request, taken when the handler first asks the
+//! registry (after its body is read and parsed): the index a query resolves is
+//! the index it renders, and a registration that lands later is seen by the next
+//! request, never by half of this one (an approximate model's index, created by the request
 //! that first names it, is the one exception: [`Ctx::index_created`]). Never blocks
 //! the executor: control calls go through [`Ctx::control`], off the executor.
 
@@ -19,38 +20,41 @@ use crate::metrics::ShardStats;
 use crate::prompt::Prompts;
 use crate::registry::{IndexInfo, InstanceKey, Registry, Snapshot};
 use crate::types::InstanceId;
+use arc_swap::Guard;
+use std::cell::OnceCell;
 use std::sync::Arc;
 
 /// The tenant of a body that names none.
-pub const DEFAULT_TENANT: &str = "default";
+pub(super) const DEFAULT_TENANT: &str = "default";
 
 /// One request's view of the service.
 pub struct Ctx<'r, M> {
     pub mesh: &'r M,
     pub opts: &'r Options,
     app: &'r Arc<App>,
-    snap: Arc<Snapshot>,
+    /// A guard, not a clone: it takes a slot of this thread's, so a request
+    /// touches no reference count other cores share.
+    snap: OnceCell<Guard<Arc<Snapshot>>>,
 }
 
 impl<'r, M: ShardMesh> Ctx<'r, M> {
-    /// The context of a request arriving now.
     pub fn new(mesh: &'r M, app: &'r Arc<App>, opts: &'r Options) -> Self {
         Ctx {
             mesh,
             opts,
             app,
-            snap: app.registry().snapshot_arc(),
+            snap: OnceCell::new(),
         }
     }
 
-    /// The registry as this request sees it.
+    /// The registry as this request sees it: as it was when first asked.
     pub fn snap(&self) -> &Arc<Snapshot> {
-        &self.snap
+        self.snap.get_or_init(|| self.app.registry().snapshot())
     }
 
     /// The index of `model` and `tenant` (the default tenant if `None`).
     pub fn index(&self, model: &str, tenant: Option<&str>) -> Result<Arc<IndexInfo>, ApiError> {
-        index_in(&self.snap, model, tenant)
+        index_in(self.snap(), model, tenant)
     }
 
     /// The index as the registry holds it now: for a request that created it.
@@ -64,7 +68,7 @@ impl<'r, M: ShardMesh> Ctx<'r, M> {
 
     /// The id of an instance a request names: any integer, or a name registered before.
     pub fn instance(&self, key: &InstanceKey) -> Result<InstanceId, ApiError> {
-        self.snap
+        self.snap()
             .find(key)
             .ok_or_else(|| ApiError::NotFound(format!("no instance {key} registered")))
     }

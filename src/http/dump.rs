@@ -18,7 +18,7 @@ use crate::mesh::ShardMesh;
 pub async fn dump<M: ShardMesh>(cx: &Ctx<'_, M>) -> Result<Reply, ApiError> {
     const CHUNK: usize = 256 * 1024;
     let export =
-        crate::recovery::export::export(cx.mesh, cx.ingest().clone(), cx.snap().clone()).await?;
+        crate::recovery::export::export(cx.mesh, cx.ingest().clone(), cx.registry()).await?;
     let pauser = cx.mesh.pauser();
     let stream = futures_lite::stream::unfold(
         (export, json::DumpCursor::default()),

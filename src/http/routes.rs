@@ -91,7 +91,8 @@ pub fn find(path: &str) -> Option<&'static Spec> {
 /// `/query`, ...; `forced` as under `/conductor`) does before it first reads or
 /// changes the registry, and stop there: nothing is registered, looked up or
 /// answered. Returns the token ids of a `/query` and `None` for the other routes.
-/// A GET route has no body to check; a path kvix does not serve is a 404.
+/// `/reopen_logs` reads no body. A path kvix does not serve, or a GET route, is
+/// a 404, as a POST to it is.
 pub fn check_body(
     path: &str,
     forced: Option<Shape>,
@@ -104,8 +105,8 @@ pub fn check_body(
         | Route::Workers
         | Route::Dump
         | Route::Peers
-        | Route::Metrics
-        | Route::ReopenLogs => Ok(None),
+        | Route::Metrics => Err(ApiError::NoRoute(path.to_string())),
+        Route::ReopenLogs => Ok(None),
         Route::Register => super::control::check_register(body, forced).map(|_| None),
         Route::Unregister => super::control::check_unregister(body, forced).map(|_| None),
         Route::Query => super::query::check(body, forced).map(Some),
@@ -168,6 +169,8 @@ mod tests {
         // Forced to the conductor's shape, a Dynamo body lacks `modelname`.
         assert_eq!(status("/register", Some(Shape::Conductor), reg), 422);
         assert_eq!(status("/nowhere", None, "{}"), 404);
+        assert_eq!(status("/health", None, "{}"), 404);
+        assert_eq!(ok("/reopen_logs", ""), None);
     }
 
     #[test]

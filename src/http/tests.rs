@@ -196,8 +196,10 @@ fn a_request_renders_the_registry_it_resolved_against() {
     let (app, mesh, opts) = (app(), LocalMesh::new(1), Options::default());
     register(&app, 1);
     let cx = Ctx::new(&mesh, &app, &opts);
-    // Registered after the request came in: not in its answer, though in the
-    // registry before the request resolved its index.
+    // The handler has read the registry (as a query's first step does) ...
+    assert!(cx.index("m", None).is_ok());
+    // ... so a worker registered now is not in its answer, though in the registry
+    // before the query resolves and renders.
     register(&app, 2);
     let q = r#"{"model_name": "m", "token_ids": [1, 2, 3, 4]}"#;
     let (_, v) = body(query(&cx, q).unwrap());

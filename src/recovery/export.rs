@@ -13,7 +13,7 @@ use super::{IndexState, ListenerState, State, WorkerBlocks};
 use crate::ingest::feed::{SeedBlock, SeedGroups};
 use crate::ingest::{Ingest, SeqKey};
 use crate::mesh::{ShardMesh, ShardUnavailable};
-use crate::registry::{IndexInfo, Snapshot};
+use crate::registry::{IndexInfo, Registry, Snapshot};
 use crate::shard::tree::SlotGroups;
 use crate::shard::{ExportedBlock, NO_NODE};
 use crate::types::{DpRank, EngineHash, InstanceId, SeqHash, ShardId, Tier, WorkerSlot};
@@ -49,15 +49,16 @@ pub struct Export {
 
 /// Gather sequence numbers (off the executor: they wait on the ingest threads) and
 /// every shard's blocks and engine hashes, then order them off the executor.
-/// `snap` names the instances; it is the registry as the export's caller saw it.
 pub async fn export<M: ShardMesh>(
     mesh: &M,
     ingest: Arc<Ingest>,
-    snap: Arc<Snapshot>,
+    registry: &Registry,
 ) -> Result<Export, ShardUnavailable> {
     let seqs: HashMap<_, _> = mesh
         .offload(move || ingest.seqs().into_iter().collect())
         .await;
+    // After the sequence numbers, before the shards: it names what they export.
+    let snap = registry.snapshot_arc();
     let mut indexes = Vec::new();
     for ix in snap.live_indexes() {
         let mut all = crate::shard::ShardExport::default();

@@ -8,23 +8,20 @@ use super::*;
 /// off the executor, which keeps serving. Returns when the file is durable.
 async fn write_snapshot(core: &Core, path: std::path::PathBuf) {
     let t0 = Instant::now();
-    let export = match crate::recovery::export::export(
-        core,
-        core.app.ingest().clone(),
-        core.app.registry().snapshot_arc(),
-    )
-    .await
-    {
-        Ok(s) => s,
-        Err(e) => {
-            core.app
-                .recovery_stats()
-                .snapshot_failures
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            tracing::error!("snapshot not written: {e}");
-            return;
-        }
-    };
+    let export =
+        match crate::recovery::export::export(core, core.app.ingest().clone(), core.app.registry())
+            .await
+        {
+            Ok(s) => s,
+            Err(e) => {
+                core.app
+                    .recovery_stats()
+                    .snapshot_failures
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tracing::error!("snapshot not written: {e}");
+                return;
+            }
+        };
     let export_ms = t0.elapsed().as_millis() as u64;
     let r = core
         .offload(move || {

@@ -1,4 +1,5 @@
-//! Response rendering: Dynamo's score, worker and dump JSON.
+//! Response rendering: the score and `/dump` JSON (`/workers` renders its own,
+//! off the executor, in `http/workers.rs`).
 //!
 //! Owns the exact wire shape of responses. Scores are written straight into
 //! a byte buffer (this is the hot path); the rare control responses use serde_json.
