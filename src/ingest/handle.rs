@@ -114,6 +114,7 @@ pub enum Command {
 
 /// Identifies an engine stream across unregister/register: (instance, dp rank, endpoint).
 pub type SeqKey = (InstanceId, DpRank, String);
+pub type SeqRecord = (SeqKey, u64);
 
 /// One worker's blocks and groups to seed its feed with (see [`WorkerFeed::seed`]):
 /// with `replace`, what the worker holds now is cleared first.
@@ -126,7 +127,6 @@ pub struct Seeding {
     pub groups: SeedGroups,
     pub replace: bool,
 }
-pub type SeqRecord = (SeqKey, u64);
 
 /// What a seed did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,7 +9,7 @@
 //! `ShardMesh::offload`.
 //!
 //! `handle.rs` starts the threads and sends them [`Command`]s; `thread.rs` is one
-//! thread's loop; `sequence.rs` judges each frame's number; `feed.rs` turns events
+//! thread's loop; `sequence.rs` judges each frame's number; `feed/` turns events
 //! into ops; `replay.rs` asks engines for what was missed; `bind.rs` serves pods.
 
 pub mod bind;

@@ -289,7 +289,7 @@ impl IngestThread {
                         .get_last_endpoint()
                         .ok()
                         .and_then(Result::ok)
-                        .unwrap_or_default();
+                        .unwrap_or_else(|| endpoint.clone());
                     tracing::info!(endpoint, "bound for pods' publishers on {bound}");
                     self.binds.push(bind::Bound::new(socket, endpoint, opts));
                 });

@@ -2,9 +2,10 @@
 //! which files a run of stores (one slot and tier, each block the child of the
 //! one before) or of one group event's blocks in one go.
 //!
-//! Owns the order ops apply in and the runs they form. Must never walk a clear
-//! or evict: an op a clear under way must wait for is handed to [`Clearing`]
-//! (see `clear.rs`), and the block budget is kept by `budget.rs`.
+//! Owns the order ops apply in and the runs they form. Walking a clear and
+//! evicting are not its own: a clear is started and stepped by `clear.rs` (an op
+//! a clear under way must wait for is handed to [`Clearing`]), and the block
+//! budget is kept by `budget.rs`; this module only calls them.
 //!
 //! [`Clearing`]: super::clear::Clearing
 

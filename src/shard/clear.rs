@@ -23,7 +23,7 @@ const MAX_DEFERRED: usize = 1 << 20;
 /// serves between them instead of stalling for millions of blocks. The tree is
 /// walked one slot at a time through that slot's engine map, then the keyed table
 /// (usually empty) bucket by bucket. Until the walk is done the index answers as
-/// if it were: lookups and dumps leave the cleared tiers of these slots out, and
+/// if it were: lookups and exports leave the cleared tiers of these slots out, and
 /// `tree_sizes` counts a slot cleared of every tier as holding nothing. A store
 /// or seed on a tier being cleared waits (in `deferred`) until the walks that
 /// clear it are done, so it never lands on a block a walk has yet to pass, and so
@@ -152,7 +152,7 @@ impl Shard {
     }
 
     /// Finish the clears that ops wait for, so that every op applied so far shows.
-    /// A dump needs this: it must cover every op before it, and answers for the
+    /// An export needs this: it must cover every op before it, and answers for the
     /// clears still walking as if they were done.
     pub fn finish_deferred(&mut self) {
         let waiting: Vec<IndexId> = self

@@ -16,9 +16,9 @@
 //! another shard's memory and never blocks.
 //!
 //! The rooms: [`op`] the ops and [`apply`] how they reach the index shards;
-//! [`lookup`] a prompt's holders, [`reply`] the reply encoding the gather
-//! reads and [`answer`] one shard's whole answer to a query; [`predictions`] the predictions' caps and expiry, [`predict`] their
-//! deadlines; [`clear`] clears walked in steps; [`budget`] the block budget the
+//! [`lookup`] a prompt's holders, [`reply`] the reply encoding the gather reads
+//! and [`answer`] one shard's whole answer to a query; [`predictions`] the
+//! predictions' caps and expiry, [`predict`] their deadlines; [`clear`] clears walked in steps; [`budget`] the block budget the
 //! shards share; [`export`] the read-out in steps; [`tree`] and [`keyed`] the
 //! two stores of an index shard, [`holders`] their holder sets, [`table`] the
 //! segmented hash table. Here: the shard and its index shards.

@@ -32,6 +32,7 @@ pub struct FeedStats {
 }
 
 impl FeedStats {
+    #[inline]
     pub fn bump(c: &AtomicU64, n: u64) {
         c.fetch_add(n, Ordering::Relaxed);
     }

@@ -54,6 +54,7 @@ impl Clock {
 
     /// Mark `bucket` of `seg` used without knowing the segment's current bucket
     /// count: if it changed, the next [`Self::used`] sets every bit anyway.
+    #[inline]
     pub(super) fn note(&mut self, seg: usize, bucket: usize) {
         if let Some(u) = self.used.get_mut(seg)
             && bucket < u.buckets

@@ -3,7 +3,7 @@
 //! [`Predictions`]; each names its node and a check of the node's local hash, so
 //! that one left behind by a clear never ends another block's. A prediction is
 //! the router's guess, never the engines' state: it has no engine hash and is
-//! never dumped.
+//! never exported.
 
 use super::Tree;
 use super::arena::{NodeId, NodeRef, at_mut, get};
