@@ -14,7 +14,6 @@ use crate::registry::{Endpoint, ListenerOpts, MAX_NAME_BYTES};
 use hyper::StatusCode;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
-use std::sync::Arc;
 
 impl From<ControlError> for ApiError {
     fn from(e: ControlError) -> Self {
@@ -107,11 +106,11 @@ struct ConductorRegisterReq {
 /// Refuse endpoints outside `--allow-endpoints` (403 naming the field). The check may
 /// resolve a host name, so it runs off the executor.
 async fn check_allowed<M: ShardMesh>(
-    mesh: &M,
-    access: &Arc<crate::access::Access>,
+    cx: &Ctx<'_, M>,
     endpoint: &str,
     replay: Option<&str>,
 ) -> Result<(), ApiError> {
+    let access = &cx.opts.access;
     if access.allow.is_none() {
         return Ok(());
     }
@@ -120,20 +119,21 @@ async fn check_allowed<M: ShardMesh>(
         endpoint.to_string(),
         replay.map(String::from),
     );
-    mesh.offload(move || {
-        let allow = access.allow.as_ref()?;
-        let refused = |field: &str, msg| ApiError::Forbidden {
-            field: field.into(),
-            msg,
-        };
-        if let Err(m) = allow.check(&endpoint) {
-            return Some(refused("endpoint", m));
-        }
-        let r = replay.as_deref()?;
-        allow.check(r).err().map(|m| refused("replay_endpoint", m))
-    })
-    .await
-    .map_or(Ok(()), Err)
+    cx.mesh
+        .offload(move || {
+            let allow = access.allow.as_ref()?;
+            let refused = |field: &str, msg| ApiError::Forbidden {
+                field: field.into(),
+                msg,
+            };
+            if let Err(m) = allow.check(&endpoint) {
+                return Some(refused("endpoint", m));
+            }
+            let r = replay.as_deref()?;
+            allow.check(r).err().map(|m| refused("replay_endpoint", m))
+        })
+        .await
+        .map_or(Ok(()), Err)
 }
 
 /// A control body in either API's shape.
@@ -184,13 +184,7 @@ pub async fn register<M: ShardMesh>(
                 r.lora_name.as_deref().filter(|s| !s.is_empty()),
             )?;
             check_name("instance_id", r.instance_id.name())?;
-            check_allowed(
-                cx.mesh,
-                &cx.opts.access,
-                &r.endpoint,
-                r.replay_endpoint.as_deref(),
-            )
-            .await?;
+            check_allowed(cx, &r.endpoint, r.replay_endpoint.as_deref()).await?;
             let key = r.instance_id.key();
             let opts = ListenerOpts {
                 salt: r.additionalsalt.filter(|s| !s.is_empty()),
@@ -222,13 +216,7 @@ pub async fn register<M: ShardMesh>(
     check_name("tenant_id", r.tenant_id.as_deref())?;
     check_name("routing_group", r.routing_group.as_deref())?;
     check_name("instance_id", r.instance_id.name())?;
-    check_allowed(
-        cx.mesh,
-        &cx.opts.access,
-        &r.endpoint,
-        r.replay_endpoint.as_deref(),
-    )
-    .await?;
+    check_allowed(cx, &r.endpoint, r.replay_endpoint.as_deref()).await?;
     let tenant = tenant(r.tenant_id, r.routing_group).unwrap_or_else(|| DEFAULT_TENANT.into());
     let key = r.instance_id.key();
     cx.control(move |c| {
