@@ -8,7 +8,12 @@
 //! node; a larger set spills into a per-shard slab (`HolderSlab`) of power-of-two chunks
 //! recycled through free lists, so steady-state churn allocates nothing, and the
 //! node keeps the chunk's offset with the top bit set. Most blocks have one
-//! holder, so a node pays 4 bytes for its holders. Never shared across shards.
+//! holder, so a node pays 4 bytes for its holders. A prompt's blocks are stored
+//! and evicted together, so long chains of blocks have equal holder sets: a set
+//! that changes as the set before it just did takes that set's new chunk (the
+//! slab remembers its last copy), so a chain shares one chunk; a shared chunk
+//! never changes in place (a set copies it first), and it goes back to the slab
+//! with its last set. Never shared across shards.
 
 use crate::types::{Tier, TierSet, WorkerSlot};
 
@@ -83,17 +88,46 @@ pub struct HolderSet {
     w: u32,
 }
 
-/// A chunk header's holder count; its class is the top byte.
-const LEN_MASK: u32 = 0xff_ffff;
+/// A chunk header: its class in the top bits, how many sets share it beyond the
+/// first in the next ones, the holder count below. Every set has at most one
+/// holder per slot, so the count fits below [`SHARE_SHIFT`].
+const CLASS_SHIFT: u32 = 27;
+const SHARE_SHIFT: u32 = 20;
+const LEN_MASK: u32 = (1 << SHARE_SHIFT) - 1;
+const SHARERS_MAX: u32 = (1 << (CLASS_SHIFT - SHARE_SHIFT)) - 1;
+const _: () = assert!(WorkerSlot::MAX < LEN_MASK);
 
-/// Per-shard arena for spilled holder sets. Chunk layout: `[len, h0, h1, ...]`
-/// with capacity `1 << class`.
+/// A change to a set, as the slab remembers the last one it made by copying.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Change {
+    Add(WorkerSlot, Tier),
+    Remove(WorkerSlot, TierSet),
+    Lane(WorkerSlot, u32, bool),
+}
+
+/// The last change that gave a set a new chunk: the set's word before, the
+/// change, and the word after. A set with the same word before that takes the
+/// same change shares the chunk instead of copying it again, so a chain of
+/// blocks that all have the same holders (a prompt's run, stored by the same
+/// workers) keeps one chunk for all of them.
+#[derive(Clone, Copy, Debug)]
+struct Memo {
+    from: u32,
+    change: Change,
+    to: u32,
+}
+
+/// Per-shard arena for spilled holder sets. Chunk layout: `[header, h0, h1, ...]`
+/// with capacity `1 << class`. A chunk may be shared by many sets (the header
+/// counts them); a shared chunk never changes: a set that changes copies it
+/// first.
 #[derive(Default)]
 pub struct HolderSlab {
     words: Vec<u32>,
     free: [Vec<u32>; 25],
     /// Chunks handed out and not released.
     live: u32,
+    memo: Option<Memo>,
 }
 
 impl HolderSlab {
@@ -108,14 +142,20 @@ impl HolderSlab {
             .ok()
             .filter(|o| o & SPILLED == 0)
             .expect("holder slab past 2^31 words");
-        // Header word carries the class in its top byte and the length below.
         self.words
             .resize(self.words.len() + 1 + (1usize << class), 0);
-        self.words[off as usize] = class << 24;
+        self.words[off as usize] = class << CLASS_SHIFT;
         off
     }
 
-    fn release(&mut self, off: u32) {
+    /// One set fewer uses chunk `off`: the last one gives it back.
+    fn drop_ref(&mut self, off: u32) {
+        let hdr = self.words[off as usize];
+        if (hdr >> SHARE_SHIFT) & SHARERS_MAX > 0 {
+            self.words[off as usize] = hdr - (1 << SHARE_SHIFT);
+            return;
+        }
+        self.forget(off);
         self.live -= 1;
         if self.live == 0 && self.words.capacity() >= RELEASE_WORDS {
             // Nothing points into the slab any more: give its memory back rather
@@ -123,9 +163,40 @@ impl HolderSlab {
             *self = HolderSlab::default();
             return;
         }
-        let class = self.words[off as usize] >> 24;
-        self.words[off as usize] = class << 24;
+        let class = hdr >> CLASS_SHIFT;
+        self.words[off as usize] = class << CLASS_SHIFT;
         self.free[class as usize].push(off);
+    }
+
+    fn shared(&self, off: u32) -> bool {
+        (self.words[off as usize] >> SHARE_SHIFT) & SHARERS_MAX > 0
+    }
+
+    /// Chunk `off` changes in place or goes: a remembered change naming it no
+    /// longer holds.
+    fn forget(&mut self, off: u32) {
+        let w = SPILLED | off;
+        if self.memo.is_some_and(|m| m.from == w || m.to == w) {
+            self.memo = None;
+        }
+    }
+
+    /// The word a set of word `from` gets from `change`, if the last copy made
+    /// was that one and its chunk can take another sharer (now counted).
+    fn recall(&mut self, from: u32, change: Change) -> Option<u32> {
+        let m = self.memo.filter(|m| m.from == from && m.change == change)?;
+        let off = (m.to & !SPILLED) as usize;
+        if (self.words[off] >> SHARE_SHIFT) & SHARERS_MAX == SHARERS_MAX {
+            return None;
+        }
+        self.words[off] += 1 << SHARE_SHIFT;
+        Some(m.to)
+    }
+
+    fn remember(&mut self, from: u32, change: Change, to: u32) {
+        if to & SPILLED != 0 {
+            self.memo = Some(Memo { from, change, to });
+        }
     }
 
     /// Where chunk `off`'s holders are in `words`: after its header, as many as
@@ -139,9 +210,17 @@ impl HolderSlab {
         &self.words[self.span(off)]
     }
 
-    fn chunk_mut(&mut self, off: u32) -> &mut [u32] {
-        let span = self.span(off);
-        &mut self.words[span]
+    /// A copy of chunk `off` in a new chunk of `class` (room for its holders at
+    /// least), the new one's only set's.
+    fn copy_of(&mut self, off: u32, class: u32) -> u32 {
+        let len = self.words[off as usize] & LEN_MASK;
+        debug_assert!(len as usize <= 1 << class);
+        let copy = self.alloc(class);
+        let src = off as usize + 1;
+        self.words
+            .copy_within(src..src + len as usize, copy as usize + 1);
+        self.words[copy as usize] = (class << CLASS_SHIFT) | len;
+        copy
     }
 
     /// Heap bytes, for memory accounting.
@@ -203,43 +282,78 @@ impl HolderSet {
     pub fn set_lane(&mut self, slot: WorkerSlot, lane: u32, held: bool, slab: &mut HolderSlab) {
         debug_assert!(lane < GROUP_LANES);
         let bit = 1 << (LANE_SHIFT + lane);
-        let mut holders = self.as_mut_slice(slab).iter_mut();
-        if let Some(h) = holders.find(|h| Holder(**h).slot() == slot) {
-            if held {
-                *h |= bit;
-            } else {
-                *h &= !bit;
-            }
+        let Some(pos) = self.position(slot, slab) else {
+            return;
+        };
+        let h = self.as_slice(slab)[pos];
+        let to = if held { h | bit } else { h & !bit };
+        if to != h {
+            self.replace(pos, to, Change::Lane(slot, lane, held), slab);
         }
     }
 
-    /// [`Self::as_slice`], to change a holder's tiers in place.
-    #[inline]
-    fn as_mut_slice<'s>(&'s mut self, slab: &'s mut HolderSlab) -> &'s mut [u32] {
-        match self.spilled() {
-            Some(off) => slab.chunk_mut(off as u32),
-            None if self.w == EMPTY => &mut [],
-            None => std::slice::from_mut(&mut self.w),
+    fn position(&self, slot: WorkerSlot, slab: &HolderSlab) -> Option<usize> {
+        self.as_slice(slab)
+            .iter()
+            .position(|&h| Holder(h).slot() == slot)
+    }
+
+    /// Holder `pos` becomes `to`: in place if the set is the only one with its
+    /// chunk (or holds one holder), else in a copy (or the copy the same change
+    /// made last).
+    fn replace(&mut self, pos: usize, to: u32, change: Change, slab: &mut HolderSlab) {
+        let Some(off) = self.spilled() else {
+            self.w = to;
+            return;
+        };
+        let off = off as u32;
+        let from = self.w;
+        if let Some(w) = slab.recall(from, change) {
+            slab.drop_ref(off);
+            self.w = w;
+            return;
         }
+        if !slab.shared(off) {
+            slab.forget(off);
+            slab.words[off as usize + 1 + pos] = to;
+            return;
+        }
+        let copy = slab.copy_of(off, slab.words[off as usize] >> CLASS_SHIFT);
+        slab.words[copy as usize + 1 + pos] = to;
+        slab.drop_ref(off);
+        self.w = SPILLED | copy;
+        slab.remember(from, change, self.w);
     }
 
     /// Add `tier` for `slot`. Returns the slot's tier bits before (0: it was not a
     /// holder).
     pub fn add(&mut self, slot: WorkerSlot, tier: Tier, slab: &mut HolderSlab) -> TierSet {
-        if let Some(h) = self
-            .as_mut_slice(slab)
-            .iter_mut()
-            .find(|h| Holder(**h).slot() == slot)
-        {
-            let before = TierSet(*h as u8);
-            *h |= tier.bit().0 as u32;
+        if let Some(pos) = self.position(slot, slab) {
+            let h = self.as_slice(slab)[pos];
+            let before = TierSet(h as u8);
+            if !before.contains(tier) {
+                let to = h | tier.bit().0 as u32;
+                self.replace(pos, to, Change::Add(slot, tier), slab);
+            }
             return before;
         }
         let new = Holder::new(slot, tier.bit()).0;
+        if self.w == EMPTY {
+            self.w = new;
+            return TierSet::NONE;
+        }
+        let change = Change::Add(slot, tier);
+        let from = self.w;
+        if let Some(w) = slab.recall(from, change) {
+            if let Some(off) = self.spilled() {
+                slab.drop_ref(off as u32);
+            }
+            self.w = w;
+            return TierSet::NONE;
+        }
         match self.spilled() {
-            None if self.w == EMPTY => self.w = new,
+            // Spill: the inline holder and the new one go to a slab chunk.
             None => {
-                // Spill: the inline holder and the new one go to a slab chunk.
                 let off = slab.alloc(MIN_CLASS);
                 let base = off as usize;
                 slab.words[base] |= 2;
@@ -248,21 +362,28 @@ impl HolderSet {
                 self.w = SPILLED | off;
             }
             Some(off) => {
-                let hdr = slab.words[off];
-                let (class, len) = (hdr >> 24, (hdr & LEN_MASK) as usize);
-                if len < (1usize << class) {
-                    slab.words[off + 1 + len] = new;
-                    slab.words[off] = hdr + 1;
-                } else {
-                    let noff = slab.alloc(class + 1) as usize;
-                    slab.words.copy_within(off + 1..off + 1 + len, noff + 1);
-                    slab.words[noff + 1 + len] = new;
-                    slab.words[noff] = ((class + 1) << 24) | (len as u32 + 1);
-                    slab.release(off as u32);
-                    self.w = SPILLED | noff as u32;
+                let off = off as u32;
+                let hdr = slab.words[off as usize];
+                let (class, len) = (hdr >> CLASS_SHIFT, (hdr & LEN_MASK) as usize);
+                if len < (1usize << class) && !slab.shared(off) {
+                    slab.forget(off);
+                    slab.words[off as usize + 1 + len] = new;
+                    slab.words[off as usize] = hdr + 1;
+                    return TierSet::NONE;
                 }
+                let class = if len < (1usize << class) {
+                    class
+                } else {
+                    class + 1
+                };
+                let copy = slab.copy_of(off, class);
+                slab.words[copy as usize + 1 + len] = new;
+                slab.words[copy as usize] += 1;
+                slab.drop_ref(off);
+                self.w = SPILLED | copy;
             }
         }
+        slab.remember(from, change, self.w);
         TierSet::NONE
     }
 
@@ -274,15 +395,16 @@ impl HolderSet {
         tiers: TierSet,
         slab: &mut HolderSlab,
     ) -> (TierSet, bool) {
-        let tier_mask = tiers.0;
-        let held = self.as_mut_slice(slab);
-        let Some(pos) = held.iter().position(|&h| Holder(h).slot() == slot) else {
+        let Some(pos) = self.position(slot, slab) else {
             return (TierSet::NONE, false);
         };
-        let h = &mut held[pos];
-        let removed = TierSet(*h as u8 & tier_mask);
-        *h &= !(tier_mask as u32);
-        if *h & TIERS != 0 {
+        let h = self.as_slice(slab)[pos];
+        let removed = TierSet(h as u8 & tiers.0);
+        let left = h & !(tiers.0 as u32);
+        if left & TIERS != 0 {
+            if !removed.is_empty() {
+                self.replace(pos, left, Change::Remove(slot, tiers), slab);
+            }
             return (removed, false);
         }
         // A slot that holds the block on no tier holds it in no group either.
@@ -290,25 +412,46 @@ impl HolderSet {
             self.w = EMPTY;
             return (removed, true);
         };
-        // Keep insertion order: shift the tail left.
-        let hdr = slab.words[off];
+        let off = off as u32;
+        let hdr = slab.words[off as usize];
         let len = (hdr & LEN_MASK) as usize;
-        slab.words
-            .copy_within(off + 2 + pos..off + 1 + len, off + 1 + pos);
-        let len = len - 1;
-        slab.words[off] = (hdr & !LEN_MASK) | len as u32;
-        if len == 1 {
-            let one = slab.words[off + 1];
-            slab.release(off as u32);
+        if len == 2 {
+            let one = slab.chunk(off)[1 - pos];
+            slab.drop_ref(off);
             self.w = one;
+            return (removed, true);
         }
+        let change = Change::Remove(slot, tiers);
+        let from = self.w;
+        if let Some(w) = slab.recall(from, change) {
+            slab.drop_ref(off);
+            self.w = w;
+            return (removed, true);
+        }
+        if !slab.shared(off) {
+            // Keep insertion order: shift the tail left.
+            slab.forget(off);
+            let base = off as usize + 1;
+            slab.words
+                .copy_within(base + pos + 1..base + len, base + pos);
+            slab.words[off as usize] = hdr - 1;
+            return (removed, true);
+        }
+        let copy = slab.copy_of(off, hdr >> CLASS_SHIFT);
+        let base = copy as usize + 1;
+        slab.words
+            .copy_within(base + pos + 1..base + len, base + pos);
+        slab.words[copy as usize] -= 1;
+        slab.drop_ref(off);
+        self.w = SPILLED | copy;
+        slab.remember(from, change, self.w);
         (removed, true)
     }
 
     /// Return any spilled chunk to the slab; the set becomes empty.
     pub fn free(&mut self, slab: &mut HolderSlab) {
         if let Some(off) = self.spilled() {
-            slab.release(off as u32);
+            slab.drop_ref(off as u32);
         }
         *self = HolderSet::default();
     }
@@ -414,6 +557,97 @@ mod tests {
                 prop_assert_eq!(slab.live, u32::from(model.len() > 1));
             }
             set.free(&mut slab);
+            prop_assert_eq!(slab.live, 0);
+        }
+
+        /// Sets changed alike, one after another (as a store changes the blocks of a
+        /// run), share chunks; each still agrees with its own list through adds,
+        /// removes and lane changes, whether its chunk is shared or not, and once
+        /// every set is freed every chunk is back.
+        #[test]
+        fn sets_changed_alike_share_and_stay_their_holders(
+            ops in proptest::collection::vec(
+                (0usize..6, 1usize..6, 0u8..3, 0u32..5, 0u8..3, 0u32..2),
+                1..120,
+            )
+        ) {
+            const SETS: usize = 6;
+            let mut slab = HolderSlab::default();
+            let mut sets = [HolderSet::default(); SETS];
+            // Per set: (slot, tier bits, lane bits) in insertion order.
+            let mut model: Vec<Vec<(u32, u8, u32)>> = vec![Vec::new(); SETS];
+            for (first, n, kind, slot, tier, lane) in ops {
+                for i in first..(first + n).min(SETS) {
+                    let (set, m) = (&mut sets[i], &mut model[i]);
+                    let at = m.iter().position(|&(s, _, _)| s == slot);
+                    let bit = 1u8 << tier;
+                    match kind {
+                        0 => {
+                            set.add(WorkerSlot(slot), Tier(tier), &mut slab);
+                            match at {
+                                Some(j) => m[j].1 |= bit,
+                                None => m.push((slot, bit, 0)),
+                            }
+                        }
+                        1 => {
+                            let (_, gone) = set.remove(WorkerSlot(slot), TierSet(bit), &mut slab);
+                            if let Some(j) = at {
+                                m[j].1 &= !bit;
+                                prop_assert_eq!(gone, m[j].1 == 0);
+                                if m[j].1 == 0 {
+                                    m.remove(j);
+                                }
+                            }
+                        }
+                        _ => {
+                            let held = tier != 0;
+                            set.set_lane(WorkerSlot(slot), lane, held, &mut slab);
+                            if let Some(j) = at {
+                                if held {
+                                    m[j].2 |= 1 << lane;
+                                } else {
+                                    m[j].2 &= !(1 << lane);
+                                }
+                            }
+                        }
+                    }
+                }
+                for (set, m) in sets.iter().zip(&model) {
+                    let got: Vec<(u32, u8, u32)> = set
+                        .as_slice(&slab)
+                        .iter()
+                        .map(|&h| (Holder(h).slot().0, Holder(h).tiers().0, Holder(h).lanes()))
+                        .collect();
+                    prop_assert_eq!(&got, m);
+                }
+            }
+            for set in &mut sets {
+                set.free(&mut slab);
+            }
+            prop_assert_eq!(slab.live, 0);
+        }
+
+        /// A run of equal sets that each take the same holder ends up with one chunk.
+        #[test]
+        fn a_run_changed_alike_keeps_one_chunk(len in 2usize..300) {
+            let mut slab = HolderSlab::default();
+            let mut sets = vec![HolderSet::default(); len];
+            for set in &mut sets {
+                set.add(WorkerSlot(1), Tier::DEVICE, &mut slab);
+            }
+            for slot in 2..5 {
+                for set in &mut sets {
+                    set.add(WorkerSlot(slot), Tier::DEVICE, &mut slab);
+                }
+                prop_assert_eq!(slab.live as usize, len.div_ceil(SHARERS_MAX as usize + 1));
+            }
+            for set in &mut sets {
+                set.remove(WorkerSlot(3), TierSet::ALL, &mut slab);
+            }
+            prop_assert!(slab.live as usize <= len.div_ceil(SHARERS_MAX as usize + 1));
+            for set in &mut sets {
+                set.free(&mut slab);
+            }
             prop_assert_eq!(slab.live, 0);
         }
     }
