@@ -22,12 +22,13 @@ pub struct Publisher {
     seq: u64,
 }
 
-/// Bind one PUB socket per worker on a free loopback port.
 /// Sockets per ZMQ context: libzmq's default cap is 1,023 a context.
 const SOCKETS_PER_CONTEXT: usize = 1000;
 
-/// `count` PUB sockets on free loopback ports, a new context every
+/// `count` publishers on free loopback ports, a new context every
 /// [`SOCKETS_PER_CONTEXT`] (`ctx` is the first; a socket keeps its context alive).
+/// Each is an XPUB socket (the engines' PUB wire) so that [`wait_subscribed`] sees
+/// the indexer's subscription arrive: a frame published before it is dropped.
 /// The open-file limit is raised to the hard one first: each worker holds three
 /// descriptors (its mailbox, its listening socket, the indexer's connection).
 pub fn bind(
@@ -43,7 +44,7 @@ pub fn bind(
                 ctx = zmq::Context::new();
             }
             let s = ctx
-                .socket(zmq::PUB)
+                .socket(zmq::XPUB)
                 .map_err(|e| format!("worker {i}: {e}"))?;
             // Unlimited queue: a slow indexer must see every frame, not a dropped one.
             s.set_sndhwm(0).map_err(|e| e.to_string())?;
@@ -62,6 +63,37 @@ pub fn bind(
             })
         })
         .collect()
+}
+
+/// Waits until the indexer has subscribed to every publisher (each XPUB socket
+/// hands up the subscription), or fails after `timeout` naming how many have not:
+/// with thousands of workers registered at once a fixed wait is too short.
+pub fn wait_subscribed(pubs: &[Publisher], timeout: Duration) -> Result<(), String> {
+    let start = Instant::now();
+    let mut pending: Vec<&Publisher> = pubs.iter().collect();
+    while !pending.is_empty() {
+        pending.retain(|p| {
+            let mut subscribed = false;
+            while let Ok(m) = p.socket.recv_bytes(zmq::DONTWAIT) {
+                subscribed |= m.first() == Some(&1);
+            }
+            !subscribed
+        });
+        if pending.is_empty() {
+            break;
+        }
+        if start.elapsed() >= timeout {
+            return Err(format!(
+                "the indexer did not subscribe to {} of {} workers within {:.0} s (first: instance {})",
+                pending.len(),
+                pubs.len(),
+                timeout.as_secs_f64(),
+                pending[0].instance
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok(())
 }
 
 pub fn register(

@@ -260,9 +260,10 @@ struct EventArgs {
     /// instance_id of the first worker; the others follow consecutively
     #[arg(long, default_value_t = 1)]
     first_instance_id: u64,
-    /// Wait after registering, for ZMQ subscriptions to settle (slow joiner)
-    #[arg(long, default_value_t = 500)]
-    slow_joiner_ms: u64,
+    /// After registering, wait at most this many seconds for the indexer to
+    /// subscribe to every worker (ZMQ's slow joiner: a frame sent before is lost)
+    #[arg(long, default_value_t = 60.0)]
+    subscribe_timeout: f64,
     /// Give up waiting for sentinels after this many seconds past the publish
     #[arg(long, default_value_t = 120.0)]
     settle_timeout: f64,
@@ -574,7 +575,7 @@ fn event_phase(
     let ctx = zmq::Context::new();
     let pubs = events::bind(&ctx, ev.workers_count, ev.first_instance_id)?;
     events::register(target, &pubs, &common.model_name, common.block_size)?;
-    std::thread::sleep(Duration::from_millis(ev.slow_joiner_ms));
+    events::wait_subscribed(&pubs, Duration::from_secs_f64(ev.subscribe_timeout))?;
 
     let total_frames = frames.order.len() as u64;
     let sent = Arc::new(AtomicU64::new(0));
