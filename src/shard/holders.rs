@@ -109,7 +109,9 @@ enum Change {
 /// change, and the word after. A set with the same word before that takes the
 /// same change shares the chunk instead of copying it again, so a chain of
 /// blocks that all have the same holders (a prompt's run, stored by the same
-/// workers) keeps one chunk for all of them.
+/// workers) keeps one chunk for all of them. Invariant: `from` (unless an inline
+/// holder) and `to` are live chunks with the holders they had then; the slab
+/// forgets the memo when either changes in place or goes.
 #[derive(Clone, Copy, Debug)]
 struct Memo {
     from: u32,
@@ -307,10 +309,7 @@ impl HolderSet {
             return;
         };
         let off = off as u32;
-        let from = self.w;
-        if let Some(w) = slab.recall(from, change) {
-            slab.drop_ref(off);
-            self.w = w;
+        if self.reuse(change, slab) {
             return;
         }
         if !slab.shared(off) {
@@ -320,9 +319,31 @@ impl HolderSet {
         }
         let copy = slab.copy_of(off, slab.words[off as usize] >> CLASS_SHIFT);
         slab.words[copy as usize + 1 + pos] = to;
-        slab.drop_ref(off);
+        self.move_to(off, copy, change, slab);
+    }
+
+    /// Takes the chunk the same change from the same set made last, if the slab
+    /// remembers it (see [`Memo`]); the set's old chunk loses a set.
+    fn reuse(&mut self, change: Change, slab: &mut HolderSlab) -> bool {
+        let Some(w) = slab.recall(self.w, change) else {
+            return false;
+        };
+        if let Some(off) = self.spilled() {
+            slab.drop_ref(off as u32);
+        }
+        self.w = w;
+        true
+    }
+
+    /// Moves the set from chunk `off` to `copy` (the changed set, a new chunk of
+    /// its own), remembering the change for the next set that makes it from the
+    /// same chunk. The old chunk loses a set, and if that was its last, the slab
+    /// forgets the change with it (no other set can make it from there).
+    fn move_to(&mut self, off: u32, copy: u32, change: Change, slab: &mut HolderSlab) {
+        let from = self.w;
         self.w = SPILLED | copy;
         slab.remember(from, change, self.w);
+        slab.drop_ref(off);
     }
 
     /// Add `tier` for `slot`. Returns the slot's tier bits before (0: it was not a
@@ -343,12 +364,7 @@ impl HolderSet {
             return TierSet::NONE;
         }
         let change = Change::Add(slot, tier);
-        let from = self.w;
-        if let Some(w) = slab.recall(from, change) {
-            if let Some(off) = self.spilled() {
-                slab.drop_ref(off as u32);
-            }
-            self.w = w;
+        if self.reuse(change, slab) {
             return TierSet::NONE;
         }
         match self.spilled() {
@@ -359,7 +375,9 @@ impl HolderSet {
                 slab.words[base] |= 2;
                 slab.words[base + 1] = self.w;
                 slab.words[base + 2] = new;
+                let from = self.w;
                 self.w = SPILLED | off;
+                slab.remember(from, change, self.w);
             }
             Some(off) => {
                 let off = off as u32;
@@ -379,11 +397,9 @@ impl HolderSet {
                 let copy = slab.copy_of(off, class);
                 slab.words[copy as usize + 1 + len] = new;
                 slab.words[copy as usize] += 1;
-                slab.drop_ref(off);
-                self.w = SPILLED | copy;
+                self.move_to(off, copy, change, slab);
             }
         }
-        slab.remember(from, change, self.w);
         TierSet::NONE
     }
 
@@ -422,10 +438,7 @@ impl HolderSet {
             return (removed, true);
         }
         let change = Change::Remove(slot, tiers);
-        let from = self.w;
-        if let Some(w) = slab.recall(from, change) {
-            slab.drop_ref(off);
-            self.w = w;
+        if self.reuse(change, slab) {
             return (removed, true);
         }
         if !slab.shared(off) {
@@ -442,9 +455,7 @@ impl HolderSet {
         slab.words
             .copy_within(base + pos + 1..base + len, base + pos);
         slab.words[copy as usize] -= 1;
-        slab.drop_ref(off);
-        self.w = SPILLED | copy;
-        slab.remember(from, change, self.w);
+        self.move_to(off, copy, change, slab);
         (removed, true)
     }
 
