@@ -1,4 +1,4 @@
-//! The event phase: ZMQ PUB sockets for the simulated workers, registration
+//! The event phase: ZMQ XPUB sockets for the simulated workers, registration
 //! with the indexer, the timed publish, and the sentinel wait that tells when
 //! the indexer has applied everything.
 //!

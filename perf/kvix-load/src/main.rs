@@ -37,8 +37,8 @@ use std::time::Duration;
 Requests come from generated conversations that mostly open with a few shared system prompts \
 and few-shot prefixes (--workload shared-prefix, the default: no file needed); or, given \
 --trace, from a Mooncake trace: each hash id expands deterministically into 512 token ids, \
-cut to input_length and split into --block-size blocks. Simulated workers (one ZMQ PUB socket \
-each, registered through POST /register) keep LRU KV caches and publish vLLM KVEventBatch frames \
+cut to input_length and split into --block-size blocks. Simulated workers (one ZMQ XPUB socket \
+each, the engines' PUB wire, registered through POST /register; the publish waits for the indexer's subscription to each) keep LRU KV caches and publish vLLM KVEventBatch frames \
 (BlockStored/BlockRemoved). After the last frame each worker publishes a sentinel block; the run \
 polls POST /query until every sentinel is visible, giving blocks applied/s at the indexer. Query \
 phases then drive /query or /query_by_hash, open-loop at --rate (latency from the intended send \
@@ -212,7 +212,7 @@ pub enum Workload {
 
 #[derive(Args, Clone)]
 struct EventArgs {
-    /// Number of simulated workers (one ZMQ PUB socket each)
+    /// Number of simulated workers (one ZMQ XPUB socket each)
     #[arg(long, default_value_t = 64)]
     workers_count: usize,
     /// Routing of requests to workers
