@@ -383,21 +383,19 @@ impl HolderSet {
                 let off = off as u32;
                 let hdr = slab.words[off as usize];
                 let (class, len) = (hdr >> CLASS_SHIFT, (hdr & LEN_MASK) as usize);
-                if len < (1usize << class) && !slab.shared(off) {
-                    slab.forget(off);
-                    slab.words[off as usize + 1 + len] = new;
-                    slab.words[off as usize] = hdr + 1;
-                    return TierSet::NONE;
-                }
-                let class = if len < (1usize << class) {
-                    class
+                let full = len == 1usize << class;
+                // Appended in place, or in a copy if the chunk is full or shared.
+                let at = if full || slab.shared(off) {
+                    slab.copy_of(off, class + u32::from(full))
                 } else {
-                    class + 1
+                    slab.forget(off);
+                    off
                 };
-                let copy = slab.copy_of(off, class);
-                slab.words[copy as usize + 1 + len] = new;
-                slab.words[copy as usize] += 1;
-                self.move_to(off, copy, change, slab);
+                slab.words[at as usize + 1 + len] = new;
+                slab.words[at as usize] += 1;
+                if at != off {
+                    self.move_to(off, at, change, slab);
+                }
             }
         }
         TierSet::NONE
@@ -441,21 +439,21 @@ impl HolderSet {
         if self.reuse(change, slab) {
             return (removed, true);
         }
-        if !slab.shared(off) {
-            // Keep insertion order: shift the tail left.
+        // In place, or in a copy if the chunk is shared; insertion order kept by
+        // shifting the tail left.
+        let at = if slab.shared(off) {
+            slab.copy_of(off, hdr >> CLASS_SHIFT)
+        } else {
             slab.forget(off);
-            let base = off as usize + 1;
-            slab.words
-                .copy_within(base + pos + 1..base + len, base + pos);
-            slab.words[off as usize] = hdr - 1;
-            return (removed, true);
-        }
-        let copy = slab.copy_of(off, hdr >> CLASS_SHIFT);
-        let base = copy as usize + 1;
+            off
+        };
+        let base = at as usize + 1;
         slab.words
             .copy_within(base + pos + 1..base + len, base + pos);
-        slab.words[copy as usize] -= 1;
-        self.move_to(off, copy, change, slab);
+        slab.words[at as usize] -= 1;
+        if at != off {
+            self.move_to(off, at, change, slab);
+        }
         (removed, true)
     }
 
