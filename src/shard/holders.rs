@@ -457,6 +457,29 @@ impl HolderSet {
         (removed, true)
     }
 
+    /// A second set with the same holders: the same chunk with one more sharer,
+    /// or a copy once the chunk has as many as it can count.
+    pub fn share(&self, slab: &mut HolderSlab) -> HolderSet {
+        let Some(off) = self.spilled() else {
+            return *self;
+        };
+        let hdr = slab.words[off];
+        if (hdr >> SHARE_SHIFT) & SHARERS_MAX < SHARERS_MAX {
+            slab.words[off] = hdr + (1 << SHARE_SHIFT);
+            return *self;
+        }
+        HolderSet {
+            w: SPILLED | slab.copy_of(off as u32, hdr >> CLASS_SHIFT),
+        }
+    }
+
+    /// Whether `other` is this set or one sharing its chunk: equal holders, found
+    /// without reading them (sets that are equal apart may answer false).
+    #[inline]
+    pub fn same_as(&self, other: &HolderSet) -> bool {
+        self.w == other.w
+    }
+
     /// Return any spilled chunk to the slab; the set becomes empty.
     pub fn free(&mut self, slab: &mut HolderSlab) {
         if let Some(off) = self.spilled() {

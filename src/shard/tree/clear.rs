@@ -2,7 +2,7 @@
 //! whole index, between which the executor serves.
 
 use super::Tree;
-use super::arena::{Node, NodeRef, at_mut};
+use super::arena::{Node, NodeRef, change_holders, holders_at, named_by};
 use super::names::{NamesAt, forget_names};
 use crate::types::{Tier, TierSet, WorkerSlot};
 
@@ -33,18 +33,24 @@ impl Tree {
         let mut ended = std::mem::take(&mut self.ended);
         let mut removed = [0u64; Tier::COUNT];
         {
-            let Tree { chunks, slab, .. } = self;
+            let Tree {
+                chunks, runs, slab, ..
+            } = self;
             // Whether the slot still holds the block `reference` names once its
             // `tiers` are taken off (the name then stays).
             let mut keep = |chunks: &mut [Vec<Node>], reference: NodeRef| {
                 let id = reference.id();
-                let n = at_mut(chunks, id);
-                if !n.named_by(reference, slot, slab) {
+                if !named_by(chunks, runs, slab, reference, slot) {
                     // It names a block evicted since, or an alias of one whose hold
                     // ended earlier in the walk.
                     return false;
                 }
-                let (gone_tiers, gone) = n.holders.remove(slot, tiers, slab);
+                if (holders_at(chunks, runs, id).tiers_of(slot, slab) & tiers).is_empty() {
+                    return true;
+                }
+                let (gone_tiers, gone) = change_holders(chunks, runs, slab, id, |h, slab| {
+                    h.remove(slot, tiers, slab)
+                });
                 for t in gone_tiers.iter() {
                     removed[t.0 as usize] += 1;
                 }
@@ -71,8 +77,7 @@ impl Tree {
                 forget_names(&mut map, names, node, None, &self.chunks);
             }
             // A node whose child went before it may have gone with that child.
-            let n = self.node(node);
-            if !n.is_free() && n.holders.is_empty() {
+            if !self.node(node).is_free() && self.holders(node).is_empty() {
                 self.emptied(node);
             }
         }

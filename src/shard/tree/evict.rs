@@ -14,7 +14,7 @@
 //! one leaf, found at once.
 
 use super::Tree;
-use super::arena::{NodeId, at_mut, get};
+use super::arena::{NodeId, get};
 use crate::shard::holders::Holder;
 use crate::types::Tier;
 use std::collections::VecDeque;
@@ -88,8 +88,8 @@ impl Tree {
         self.tracking = true;
         // Leaves filed before: one walk, once.
         for i in 0..self.filed() as u32 {
-            let n = self.node(NodeId::at_index(i));
-            if !n.is_free() && n.is_leaf() {
+            let id = NodeId::at_index(i);
+            if !self.node(id).is_free() && self.is_leaf(id) {
                 self.leaves.push_back(i);
             }
         }
@@ -158,7 +158,8 @@ impl Tree {
             let Some(i) = self.leaves.queue.pop_front() else {
                 break;
             };
-            if get(&self.chunks, NodeId::at_index(i)).is_some_and(|x| !x.is_free() && x.is_leaf()) {
+            let id = NodeId::at_index(i);
+            if get(&self.chunks, id).is_some_and(|x| !x.is_free()) && self.is_leaf(id) {
                 sample[n] = i;
                 n += 1;
             } else {
@@ -187,7 +188,7 @@ impl Tree {
     pub(super) fn evict_node(&mut self, id: NodeId) -> usize {
         let mut holders = std::mem::take(&mut self.scratch);
         holders.clear();
-        holders.extend_from_slice(self.node(id).holders.as_slice(&self.slab));
+        holders.extend_from_slice(self.holders(id).as_slice(&self.slab));
         for &h in &holders {
             let h = Holder(h);
             self.held.slot(h.slot(), -1);
@@ -206,8 +207,7 @@ impl Tree {
             self.aliases.remove(&(h.slot(), id));
             self.drop_groups(h.slot(), id);
         }
-        let Tree { chunks, slab, .. } = self;
-        at_mut(chunks, id).holders.free(slab);
+        self.with_holders(id, |h, slab| h.free(slab));
         self.emptied(id);
         let n = holders.len();
         self.scratch = holders;
@@ -220,8 +220,8 @@ impl Tree {
     pub(super) fn leaves_queued(&self) -> bool {
         !self.tracking
             || (0..self.filed() as u32).all(|i| {
-                let n = self.node(NodeId::at_index(i));
-                n.is_free() || !n.is_leaf() || self.leaves.is_queued(i)
+                let id = NodeId::at_index(i);
+                self.node(id).is_free() || !self.is_leaf(id) || self.leaves.is_queued(i)
             })
     }
 }

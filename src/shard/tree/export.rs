@@ -127,8 +127,7 @@ impl Tree {
             top.next += 1;
             if stack.frames.len() == 1 {
                 let i = stack.frames[0].next - 1;
-                let n = self.node(id);
-                if !n.is_root() || n.local() != walk.root_locals[i] {
+                if !self.is_root(id) || self.node(id).local() != walk.root_locals[i] {
                     // A root that went since the walk began.
                     continue;
                 }
@@ -137,7 +136,7 @@ impl Tree {
             let parent = stack.frames.last().expect("a level is being walked").seq;
             let n = self.node(id);
             let (local, seq) = (n.local(), hash::chain(parent, n.local()));
-            for &h in n.holders.as_slice(&self.slab) {
+            for &h in self.holders(id).as_slice(&self.slab) {
                 let h = Holder(h);
                 let tiers = h.tiers() & TierSet::MEDIA;
                 if !tiers.is_empty() {
@@ -200,7 +199,7 @@ impl Tree {
                 let into = last
                     .filter(|l| next > 0 && locals[next - 1] == *l)
                     .map(|_| stack.kids[next - 1])
-                    .filter(|&r| self.node(r).is_root() && Some(self.node(r).local()) == last);
+                    .filter(|&r| self.is_root(r) && Some(self.node(r).local()) == last);
                 (next, into)
             } else {
                 let parent = parent.expect("a level below the roots has its parent");
@@ -234,7 +233,7 @@ impl Tree {
         let mut n = id;
         loop {
             path.push(self.node(n).local());
-            match self.node(n).parent() {
+            match self.parent(n) {
                 None => break,
                 Some(p) => n = p,
             }

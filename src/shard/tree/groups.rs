@@ -177,10 +177,7 @@ impl Tree {
             return false;
         };
         if let Some(lane) = lane {
-            let Tree { chunks, slab, .. } = self;
-            super::arena::at_mut(chunks, node)
-                .holders
-                .set_lane(slot, lane, held, slab);
+            self.with_holders(node, |h, slab| h.set_lane(slot, lane, held, slab));
         }
         // A group that has (or had, before a lane was free) no lane keeps its holds
         // here.
@@ -198,11 +195,7 @@ impl Tree {
 
     /// The groups `slot` holds `node` in, as bits by `group_idx`.
     pub fn groups_of(&self, slot: WorkerSlot, node: NodeId) -> u32 {
-        self.groups_of_holder(
-            slot,
-            node,
-            self.node(node).holders.holder_of(slot, &self.slab),
-        )
+        self.groups_of_holder(slot, node, self.holders(node).holder_of(slot, &self.slab))
     }
 
     /// [`Self::groups_of`], `holder` being `slot`'s holder word on `node`.
@@ -261,7 +254,7 @@ impl Tree {
             }
             let slot = WorkerSlot(s as u32);
             let bs = g.base.max(1) as u64;
-            let holder = |id: NodeId| self.node(id).holders.holder_of(slot, &self.slab);
+            let holder = |id: NodeId| self.holders(id).holder_of(slot, &self.slab);
             let full = path
                 .iter()
                 .take_while(|&&id| holder(id).is_some_and(|h| !(h.tiers() & scored).is_empty()))

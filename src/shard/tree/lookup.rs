@@ -51,7 +51,7 @@ impl Tree {
             if hybrid {
                 self.walked.push(id);
             }
-            let hs = self.node(id).holders.as_slice(&self.slab);
+            let hs = self.holders(id).as_slice(&self.slab);
             if hs.len() > 1 && self.predictions.is_empty() && out.get(last.clone()) == Some(hs) {
                 out.push(SAME_HOLDERS);
                 p = Some(id);
@@ -87,7 +87,7 @@ impl Tree {
             return self.child(None, BlockHash(seq.0));
         };
         let is = |c: &NodeId| hash::chain(parent, self.node(*c).local()) == seq;
-        match self.node(p).kids() {
+        match self.kids(p) {
             Kids::None => None,
             Kids::Wide => self.wide[&p].iter().find(|c| is(c)).copied(),
             Kids::One(c) => is(&c).then_some(c),

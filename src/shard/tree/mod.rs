@@ -2,9 +2,11 @@
 //! the map from the engine's block hashes to the tree's nodes.
 //!
 //! A node is one block: its local hash, the engine hash it was first stored under,
-//! its parent, its child and its holders (28 bytes). A parent of one child names
-//! it; a parent of more keeps them in a child table, found by local hash (a branch
-//! is rare: a prompt's blocks form one chain, so branching is where prompts part).
+//! and its run (20 bytes): a run of nodes, each the only child of the one before,
+//! with the same holders, keeps the first one's parent, the last one's children
+//! and the holders once ([`arena`]). A parent of more than one child keeps them
+//! in a child table, found by local hash (a branch is rare: a prompt's blocks
+//! form one chain, so branching is where prompts part).
 //! A chain of blocks is filed by appends to the arena and walks from nodes that
 //! are already in cache, and a sequence hash is never stored: it is computed on
 //! the way down ([`Tree::export`], [`Tree::lookup`] by sequence hash). A store
@@ -26,7 +28,7 @@
 //! Owned by one shard; never shared, never blocks; a store, removal or lookup
 //! allocates only as the arena and tables grow.
 //!
-//! The rooms: [`arena`] the nodes, their generations and children; [`names`]
+//! The rooms: [`arena`] the nodes and their runs, generations and children; [`names`]
 //! the slots' engine maps; [`evict`] a bounded index's eviction; [`clear`] a
 //! slot's clear in steps; [`predicted`] a router's predicted holders;
 //! [`lookup`] a query's walk; [`export`] the read-out in steps and the seed from
@@ -47,10 +49,10 @@ pub use groups::{MAX_GROUPS, SlotGroups};
 pub use names::NamesAt;
 pub use predicted::{ChainAt, NodeKey, PredictCounts};
 
-use crate::shard::holders::{HeldCounts, HolderSlab};
+use crate::shard::holders::{HeldCounts, Holder, HolderSet, HolderSlab};
 use crate::shard::predict::Predictions;
 use crate::types::{BlockHash, EngineHash, Tier, TierSet, WorkerSlot};
-use arena::{Node, at_mut};
+use arena::{Node, Runs, at_mut, change_holders, holders_at};
 use hashbrown::{HashMap, HashTable};
 use names::{Names, forget_names};
 
@@ -80,7 +82,9 @@ pub enum Stored {
 #[derive(Default)]
 pub struct Tree {
     chunks: Vec<Vec<Node>>,
-    /// Head of the free list (the nodes chain it through their child word).
+    /// The nodes' runs: their links and holders.
+    runs: Runs,
+    /// Head of the free list (the nodes chain it through their local hash).
     free: Option<NodeId>,
     live: usize,
     /// First blocks, by local hash.
@@ -193,19 +197,46 @@ impl Tree {
             if let Some(&(ahead, _)) = blocks.get(i + PREFETCH_AHEAD) {
                 self.engine[slot.0 as usize].prefetch(ahead);
             }
-            let Some(id) = self.child_or_insert(p, local, eh) else {
-                unfiled = blocks.len() - i;
-                break;
+            let id = match self.child(p, local) {
+                Some(id) => id,
+                None => {
+                    let holder = HolderSet::of(Holder::new(slot, tier.bit()));
+                    let Some(id) = self.file_node(p, local, eh, holder) else {
+                        unfiled = blocks.len() - i;
+                        break;
+                    };
+                    // A new block, the slot's only.
+                    self.mark(id);
+                    new_holders += 1;
+                    self.held.slot(slot, 1);
+                    self.held.add(tier);
+                    duplicate = false;
+                    let reference = self.node(id).reference(id);
+                    let Tree { engine, chunks, .. } = self;
+                    let old = engine[slot.0 as usize].set(eh, reference, chunks);
+                    if let Some(old) = old.and_then(|before| self.resolve(slot, before)) {
+                        // The engine reused the hash for other content.
+                        self.unhold(slot, old, TierSet::ALL, Some(eh));
+                    }
+                    p = Some(id);
+                    continue;
+                }
             };
             self.mark(id);
             let before = {
-                let Tree { chunks, slab, .. } = self;
-                let n = at_mut(chunks, id);
-                if !n.holders.on_media(slab) {
+                let Tree {
+                    chunks, runs, slab, ..
+                } = self;
+                let holders = holders_at(chunks, runs, id);
+                let before = holders.tiers_of(slot, slab);
+                if !holders.on_media(slab) {
                     // No slot names it by its engine hash: it may take this one.
-                    n.set_engine(eh);
+                    at_mut(chunks, id).set_engine(eh);
                 }
-                n.holders.add(slot, tier, slab)
+                if !before.contains(tier) {
+                    change_holders(chunks, runs, slab, id, |h, slab| h.add(slot, tier, slab));
+                }
+                before
             };
             if before.is_empty() {
                 new_holders += 1;
@@ -217,10 +248,7 @@ impl Tree {
             }
             if before.contains(Tier::PREDICTED) {
                 // The worker stored what it was predicted to: an ordinary holder now.
-                let Tree { chunks, slab, .. } = self;
-                at_mut(chunks, id)
-                    .holders
-                    .remove(slot, Tier::PREDICTED.bit(), slab);
+                self.with_holders(id, |h, slab| h.remove(slot, Tier::PREDICTED.bit(), slab));
                 let key = self.key(id);
                 self.predictions.forget(key, slot);
                 self.held.remove(Tier::PREDICTED.bit());
@@ -279,7 +307,7 @@ impl Tree {
     /// `id` holds nothing any more: references taken to it end, and it goes if
     /// nothing hangs from it.
     pub(super) fn emptied(&mut self, id: NodeId) {
-        if self.node(id).is_leaf() {
+        if self.is_leaf(id) {
             self.release(id);
         } else {
             self.node_mut(id).next_generation();
@@ -296,10 +324,10 @@ impl Tree {
         tiers: TierSet,
         keep: Option<EngineHash>,
     ) {
-        let (removed, gone) = {
-            let Tree { chunks, slab, .. } = self;
-            at_mut(chunks, node).holders.remove(slot, tiers, slab)
-        };
+        if (self.holders(node).tiers_of(slot, &self.slab) & tiers).is_empty() {
+            return;
+        }
+        let (removed, gone) = self.with_holders(node, |h, slab| h.remove(slot, tiers, slab));
         self.held.remove(removed);
         if !gone {
             return;
@@ -310,7 +338,7 @@ impl Tree {
             let Tree { engine, chunks, .. } = self;
             forget_names(&mut engine[slot.0 as usize], names, node, keep, chunks);
         }
-        if self.node(node).holders.is_empty() {
+        if self.holders(node).is_empty() {
             self.emptied(node);
         }
     }
@@ -333,11 +361,7 @@ impl Tree {
             engine[slot.0 as usize].remove(eh, chunks);
             return false;
         };
-        let left = self
-            .node(node)
-            .holders
-            .tiers_of(slot, &self.slab)
-            .without(tiers);
+        let left = self.holders(node).tiers_of(slot, &self.slab).without(tiers);
         if left.is_empty() {
             let Tree { engine, chunks, .. } = self;
             engine[slot.0 as usize].remove(eh, chunks);
@@ -360,6 +384,7 @@ impl Tree {
                 .values()
                 .map(HashTable::allocation_size)
                 .sum::<usize>()
+            + self.runs.heap_bytes()
             + self.slab.capacity_bytes()
             + self.predictions.heap_bytes()
             + self.engine_heap_bytes()

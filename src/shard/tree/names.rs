@@ -11,7 +11,7 @@
 //! node (the entry would be filed under a key it no longer has).
 
 use super::Tree;
-use super::arena::{Node, NodeId, NodeRef, at};
+use super::arena::{Node, NodeId, NodeRef, at, named_by};
 use crate::shard::table::{self, BlockTable, Cursor, Filed, Keyed};
 #[cfg(test)]
 use crate::types::SeqHash;
@@ -206,10 +206,7 @@ impl Tree {
     /// The node a reference names, if it is still that node (same generation) and
     /// `slot` holds it.
     pub(super) fn resolve(&self, slot: WorkerSlot, reference: NodeRef) -> Option<NodeId> {
-        let id = reference.id();
-        self.node(id)
-            .named_by(reference, slot, &self.slab)
-            .then_some(id)
+        named_by(&self.chunks, &self.runs, &self.slab, reference, slot).then_some(reference.id())
     }
 
     /// Records a second engine hash of `slot` for `node`.

@@ -6,7 +6,7 @@
 //! never exported.
 
 use super::Tree;
-use super::arena::{NodeId, NodeRef, at_mut, get};
+use super::arena::{NodeId, NodeRef, get};
 use crate::shard::predict::{Predicted, PredictedBlock, Predictions, Tick};
 use crate::types::{BlockHash, EngineHash, Tier, TierSet, WorkerSlot};
 
@@ -121,13 +121,12 @@ impl Tree {
             };
             self.mark(id);
             p = Some(id);
-            let tiers = self.node(id).holders.tiers_of(slot, &self.slab);
+            let tiers = self.holders(id).tiers_of(slot, &self.slab);
             if !(tiers & TierSet::MEDIA).is_empty() {
                 continue;
             }
             if tiers.is_empty() {
-                let Tree { chunks, slab, .. } = self;
-                at_mut(chunks, id).holders.add(slot, Tier::PREDICTED, slab);
+                self.with_holders(id, |h, slab| h.add(slot, Tier::PREDICTED, slab));
                 self.held.slot(slot, 1);
                 self.held.add(Tier::PREDICTED);
             }
@@ -201,8 +200,8 @@ impl Tree {
         };
         if n.is_free()
             || n.check() != key.check
-            || !n
-                .holders
+            || !self
+                .holders(key.id)
                 .tiers_of(slot, &self.slab)
                 .contains(Tier::PREDICTED)
         {

@@ -219,7 +219,7 @@ fn a_wide_parent_keeps_its_children_in_a_table() {
     }
     assert!(t.wide.is_empty());
     assert_eq!(t.len(), 1);
-    assert!(t.node(t.roots.iter().copied().next().unwrap()).is_leaf());
+    assert!(t.is_leaf(t.roots.iter().copied().next().unwrap()));
 }
 
 #[test]
@@ -434,7 +434,7 @@ impl Tree {
     /// The local hashes from the root down to `id`.
     fn path(&self, mut id: NodeId) -> Vec<u64> {
         let mut path = vec![self.node(id).local().0];
-        while let Some(p) = self.node(id).parent() {
+        while let Some(p) = self.parent(id) {
             id = p;
             path.push(self.node(id).local().0);
         }

@@ -302,6 +302,7 @@ proptest! {
             apply(&mut t, &mut m, op, narrow)?;
             prop_assert_eq!(t.len(), m.nodes());
             prop_assert!(t.leaves_queued());
+            prop_assert!(t.runs_hold());
             // A 4-byte name lives exactly as long as its hold: its key is read
             // from a node that a reuse would change.
             for (i, names) in t.engine.iter().enumerate() {
