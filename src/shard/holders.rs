@@ -4,16 +4,16 @@
 //! lanes above them, the slot in the rest up to bit 31; the top bit is always
 //! clear. A lane is the holder's hold of the block in one of its slot's other
 //! KV-cache groups (sliding window, Mamba, …), so a block held in several groups
-//! costs a bit a group, no more words. A set of one holder is that word, in the
-//! node; a larger set spills into a per-shard slab (`HolderSlab`) of power-of-two chunks
+//! costs a bit a group, no more words. A set of one holder is that word; a
+//! larger set spills into a per-shard slab (`HolderSlab`) of power-of-two chunks
 //! recycled through free lists, so steady-state churn allocates nothing, and the
-//! node keeps the chunk's offset with the top bit set. Most blocks have one
-//! holder, so a node pays 4 bytes for its holders. A prompt's blocks are stored
-//! and evicted together, so long chains of blocks have equal holder sets: a set
-//! that changes as the set before it just did takes that set's new chunk (the
-//! slab remembers its last copy), so a chain shares one chunk; a shared chunk
-//! never changes in place (a set copies it first), and it goes back to the slab
-//! with its last set. Never shared across shards.
+//! set keeps the chunk's offset with the top bit set. A tree keeps one set per
+//! run of blocks, not per block. When a run parts, its two sides share the
+//! chunk ([`HolderSet::share`]), and as one block after another of a run takes
+//! the same change, each takes the chunk the first one's change made (the slab
+//! remembers its last copy), so the run can join up again with one chunk. A
+//! shared chunk never changes in place (a set copies it first), and it goes back
+//! to the slab with its last set. Never shared across shards.
 
 use crate::types::{Tier, TierSet, WorkerSlot};
 

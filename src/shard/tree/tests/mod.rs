@@ -623,3 +623,56 @@ fn sorted(d: &[ExportedBlock]) -> Vec<(u64, u32)> {
     v.sort();
     v
 }
+
+/// Blocks with the same holders stay one run through stores, removals in any
+/// order and reuse of freed places; a run parts only where holders differ.
+#[test]
+fn a_chain_held_alike_is_one_run() {
+    let mut t = Tree::default();
+    let (s1, s2) = (WorkerSlot(1), WorkerSlot(2));
+    let locals: Vec<u64> = (100..200).collect();
+    // Engines that agree on hashes: both name the blocks by slot 1's.
+    let blocks = chain(1, 0, &locals);
+    t.store(s1, DEV, None, &blocks);
+    assert_eq!(t.runs.live(), 1);
+    // Slot 2 holds the first 60: one run they both hold, one slot 1 alone holds.
+    t.store(s2, DEV, None, &blocks[..60]);
+    assert_eq!(t.runs.live(), 2);
+    assert!(t.runs_hold());
+    // Its blocks go in a scattered order; once all have, the chain is one run again.
+    let mut order: Vec<usize> = (0..60).collect();
+    order.sort_by_key(|&i| (i * 37) % 61);
+    for (k, &i) in order.iter().enumerate() {
+        assert!(t.remove(s2, blocks[i].0, TierSet::ALL));
+        assert!(t.runs_hold());
+        if k == 30 {
+            assert!(t.runs.live() > 2, "removals in the middle part the runs");
+        }
+    }
+    assert_eq!(t.runs.live(), 1);
+    // A prompt that parts from the chain at block 30: the shared part, the rest of
+    // slot 1's chain, and slot 2's own blocks.
+    let mut other: Vec<(EngineHash, BlockHash)> = blocks[..30].to_vec();
+    other.extend(chain(2, 0, &(500..520).collect::<Vec<_>>()));
+    t.store(s2, DEV, None, &other);
+    assert_eq!(t.runs.live(), 3);
+    assert!(t.runs_hold());
+    // Slot 1's chain goes from its end; slot 2's prompt is left, in two runs (the
+    // part slot 2 held alone, and the part slot 1 no longer holds beside it).
+    for b in blocks.iter().rev() {
+        assert!(t.remove(s1, b.0, TierSet::ALL));
+    }
+    assert_eq!(t.len(), 50);
+    assert_eq!(t.runs.live(), 2);
+    // A new chain fills the freed places in order: one run of its own.
+    let filed = t.filed();
+    t.store(
+        s1,
+        DEV,
+        None,
+        &chain(1, 0, &(1000..1040).collect::<Vec<_>>()),
+    );
+    assert_eq!(t.filed(), filed);
+    assert_eq!(t.runs.live(), 3);
+    assert!(t.runs_hold());
+}
