@@ -15,7 +15,7 @@
 //! the key's spread (bits that neither the partition rule nor hashbrown's probing
 //! uses), each segment grows and shrinks on its own: memory grows in small steps,
 //! and a segment's freed table is reused by the next segment's growth instead of
-//! faulting in fresh pages. A table starts with sixteen segments; a segment
+//! faulting in fresh pages. A table starts with two segments; a segment
 //! that has [`SPLIT_BUCKETS`] buckets splits in two by the next bit of its keys
 //! instead of doubling (extendible hashing: a directory indexed by the keys' top
 //! bits names each key's segment), so a resize moves at most that many buckets'
@@ -35,14 +35,17 @@ use clock::{Clock, Used};
 use hashbrown::HashTable;
 use key::{hash, rehash};
 
-/// Sixteen to start with: more would shorten the stalls of a small table, but each
-/// segment is then small enough that the allocator's rounding of large blocks
-/// (64 KiB steps) costs memory in every index.
-const SEG_BITS: u32 = 4;
+/// Two to start with. Every segment of a table grows at about the same time (keys
+/// spread evenly), so more segments would not spread growth out; they would only
+/// be smaller, and a segment under the allocator's large-object size (128 KiB)
+/// is rounded up to its size class: hashbrown asks for just past a class
+/// boundary, which wastes a sixth of each segment. The stall of one resize is
+/// bounded by [`SPLIT_BUCKETS`] either way.
+const SEG_BITS: u32 = 1;
 const SEGMENTS: usize = 1 << SEG_BITS;
 /// A segment with this many buckets splits instead of growing: a resize then moves
 /// at most seven eighths of this many entries (a few milliseconds), where doubling
-/// a sixteenth of a table of tens of millions moves over a million.
+/// one segment of a table of tens of millions moves over a million.
 pub const SPLIT_BUCKETS: usize = 1 << 17;
 /// Segments stop splitting (and double instead) once their keys share this many
 /// top bits: a directory of at most a quarter million entries. Hashes spread
@@ -744,7 +747,7 @@ mod tests {
         for i in 0..20_000 {
             assert_eq!(t.get(&key(i)).map(|e| e.1), Some(i));
         }
-        // An emptied table starts again from sixteen segments.
+        // An emptied table starts again from its first segments.
         t.retain(|_| false);
         assert_eq!(t.allocation_size(), 0);
         t.get_or_insert_with(key(1), || (key(1), 1));
@@ -805,7 +808,7 @@ mod tests {
     }
 
     /// The longest single insert while growing to `KVIX_STALL_ENTRIES` (default 8M)
-    /// entries, as one table, as sixteen segments that only double, and as this
+    /// entries, as one table, as segments that only double, and as this
     /// table (segments that split): the stall a query behind a resize waits. A
     /// figure, not a check:
     /// `cargo test --release --lib growth_stall -- --ignored --nocapture`.
