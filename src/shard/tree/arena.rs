@@ -412,6 +412,14 @@ impl Tree {
         holders_at(&self.chunks, &self.runs, id)
     }
 
+    /// The holders of live node `id` and the run it is in: nodes of one run have
+    /// the same holders.
+    #[inline]
+    pub(super) fn holders_in_run(&self, id: NodeId) -> (&HolderSet, usize) {
+        let r = self.node(id).run();
+        (&self.runs.v[r].holders, r)
+    }
+
     /// Changes the holders of live node `id` (see [`change_holders`]).
     pub(super) fn with_holders<R>(
         &mut self,

@@ -40,8 +40,10 @@ impl Tree {
         let hybrid = self.is_hybrid();
         self.walked.clear();
         let mut p = None;
-        // Where the last holder list written is in `out`.
+        // Where the last holder list written is in `out`, and the run of the
+        // last block passed.
         let mut last = 0..0;
+        let mut last_run = None;
         for i in 0..n {
             let Some(id) = find(self, p, i) else {
                 out.push(0);
@@ -51,8 +53,13 @@ impl Tree {
             if hybrid {
                 self.walked.push(id);
             }
-            let hs = self.holders(id).as_slice(&self.slab);
-            if hs.len() > 1 && self.predictions.is_empty() && out.get(last.clone()) == Some(hs) {
+            let (set, run) = self.holders_in_run(id);
+            let hs = set.as_slice(&self.slab);
+            let in_last_run = last_run.replace(run) == Some(run);
+            if hs.len() > 1
+                && self.predictions.is_empty()
+                && (in_last_run || out.get(last.clone()) == Some(hs))
+            {
                 out.push(SAME_HOLDERS);
                 p = Some(id);
                 continue;
