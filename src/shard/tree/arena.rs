@@ -42,6 +42,12 @@ const FREE_RUN: u32 = ID_MASK;
 /// The most nodes an arena files (every id below [`NIL_UP`]).
 const MAX_NODES: u32 = ID_MASK - 1;
 
+/// The most nodes in one run. A change to one node's holders moves at most half
+/// a run's nodes to another, so this bounds the work one event can cost however
+/// long a chain an engine stores; a run this long costs its nodes a byte each in
+/// 1/50 of one.
+const RUN_MAX: u32 = 1 << 10;
+
 /// Nodes per arena chunk: the arena grows a chunk at a time, never copying.
 const CHUNK_BITS: u32 = 14;
 const CHUNK: usize = 1 << CHUNK_BITS;
@@ -354,7 +360,8 @@ fn join_around(chunks: &mut [Vec<Node>], runs: &mut Runs, slab: &mut HolderSlab,
     if run.start == id.0 && run.up == id.0.wrapping_sub(1) {
         let q = at(chunks, NodeId(run.up)).run();
         let prev = runs.v[q];
-        if prev.kids == id.0 && prev.holders.same_as(&run.holders) {
+        if prev.kids == id.0 && prev.holders.same_as(&run.holders) && prev.len + run.len <= RUN_MAX
+        {
             join(chunks, runs, slab, q, r);
         }
     }
@@ -362,7 +369,8 @@ fn join_around(chunks: &mut [Vec<Node>], runs: &mut Runs, slab: &mut HolderSlab,
     let run = runs.v[r];
     if run.kids == run.last() + 1 {
         let q = at(chunks, NodeId(run.kids)).run();
-        if runs.v[q].holders.same_as(&run.holders) {
+        let next = runs.v[q];
+        if next.holders.same_as(&run.holders) && run.len + next.len <= RUN_MAX {
             join(chunks, runs, slab, r, q);
         }
     }
@@ -598,6 +606,7 @@ impl Tree {
         let up = self.runs.v[r];
         if up.last() == parent.0
             && up.kids == NIL
+            && up.len < RUN_MAX
             && id.0 == parent.0 + 1
             && up.holders.same_as(&holders)
         {
@@ -748,7 +757,7 @@ impl Tree {
                 continue;
             }
             let run = self.runs.v[n.run()];
-            if i < run.start || i > run.last() {
+            if i < run.start || i > run.last() || run.len > RUN_MAX {
                 return false;
             }
             named.insert(n.run());

@@ -25,8 +25,10 @@
 //! 4-byte ones and leaves the others to name nothing. A node's engine hash changes
 //! only while no slot holds it on a medium, so no 4-byte entry's key changes while
 //! it names its node. A prediction names its node and a check of its local hash.
-//! Owned by one shard; never shared, never blocks; a store, removal or lookup
-//! allocates only as the arena and tables grow.
+//! The nodes of a run are consecutive in the arena, each but the first the only
+//! child of the one before, and hold alike. Owned by one shard; never shared,
+//! never blocks; a store, removal or lookup allocates only as the arena, its runs
+//! and the tables grow.
 //!
 //! The rooms: [`arena`] the nodes and their runs, generations and children; [`names`]
 //! the slots' engine maps; [`evict`] a bounded index's eviction; [`clear`] a

@@ -675,4 +675,18 @@ fn a_chain_held_alike_is_one_run() {
     assert_eq!(t.filed(), filed);
     assert_eq!(t.runs.live(), 3);
     assert!(t.runs_hold());
+    // A chain longer than a run can be takes as many runs as it needs, and a
+    // change in its middle moves no more than half a run.
+    let mut t = Tree::default();
+    let long: Vec<u64> = (10_000..12_500).collect();
+    let long = chain(1, 0, &long);
+    t.store(s1, DEV, None, &long);
+    assert_eq!(t.runs.live(), 3);
+    // Block 1,500 held by nobody parts its run in three; held again, it joins up.
+    assert!(t.remove(s1, long[1500].0, TierSet::ALL));
+    assert_eq!(t.runs.live(), 5);
+    assert!(t.runs_hold());
+    t.store(s1, DEV, Some(long[1499].0), &long[1500..1501]);
+    assert_eq!(t.runs.live(), 3);
+    assert!(t.runs_hold());
 }
