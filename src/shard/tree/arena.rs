@@ -709,16 +709,7 @@ impl Tree {
                     },
                 }
             }
-            let next = self.free;
-            let node = self.node_mut(id);
-            node.meta = (node.meta & !ID_MASK) | FREE_RUN;
-            node.next_generation();
-            node.local = [NIL, next.map_or(NIL, |n| n.0)];
-            if let Some(n) = next {
-                self.node_mut(n).local[0] = id.0;
-            }
-            self.free = Some(id);
-            self.live -= 1;
+            self.free_node(id);
             let Some(parent) = parent else {
                 return;
             };
@@ -731,6 +722,45 @@ impl Tree {
             }
             id = parent;
         }
+    }
+
+    /// Frees leaf `id` with its hold (an eviction, whose caller has ended every
+    /// holder's names and counts): the last node of a longer run leaves the run
+    /// to its parent, which holds alike and is a leaf now; a node alone in its
+    /// run gives its holder set back and goes as any released node does.
+    pub(super) fn evict_leaf(&mut self, id: NodeId) {
+        let r = self.node(id).run();
+        let run = self.runs.v[r];
+        debug_assert!(run.last() == id.0 && run.kids == NIL, "a leaf ends its run");
+        if run.len == 1 {
+            let Tree { runs, slab, .. } = self;
+            runs.v[r].holders.free(slab);
+            self.release(id);
+            return;
+        }
+        self.runs.v[r].len -= 1;
+        self.free_node(id);
+        let parent = NodeId(id.0 - 1);
+        if !run.holders.is_empty() {
+            self.leaf_again(parent);
+        } else {
+            self.release(parent);
+        }
+    }
+
+    /// Puts `id`, out of every run and child table, on the free list: references
+    /// taken to it end.
+    fn free_node(&mut self, id: NodeId) {
+        let next = self.free;
+        let node = self.node_mut(id);
+        node.meta = (node.meta & !ID_MASK) | FREE_RUN;
+        node.next_generation();
+        node.local = [NIL, next.map_or(NIL, |n| n.0)];
+        if let Some(n) = next {
+            self.node_mut(n).local[0] = id.0;
+        }
+        self.free = Some(id);
+        self.live -= 1;
     }
 
     pub(super) fn children(&self, id: NodeId, out: &mut Vec<NodeId>) {

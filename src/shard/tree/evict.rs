@@ -207,8 +207,7 @@ impl Tree {
             self.aliases.remove(&(h.slot(), id));
             self.drop_groups(h.slot(), id);
         }
-        self.with_holders(id, |h, slab| h.free(slab));
-        self.emptied(id);
+        self.evict_leaf(id);
         let n = holders.len();
         self.scratch = holders;
         n
