@@ -101,6 +101,8 @@ const _: () = assert!(WorkerSlot::MAX < LEN_MASK);
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Change {
     Add(WorkerSlot, Tier),
+    /// A predicted holder takes the tier and is predicted no more.
+    Confirm(WorkerSlot, Tier),
     Remove(WorkerSlot, TierSet),
     Lane(WorkerSlot, u32, bool),
 }
@@ -399,6 +401,19 @@ impl HolderSet {
             }
         }
         TierSet::NONE
+    }
+
+    /// `slot`, a predicted holder, holds the block on `tier` now and is predicted
+    /// no more (its lanes stay). Nothing changes for a slot that is not a holder.
+    pub fn confirm(&mut self, slot: WorkerSlot, tier: Tier, slab: &mut HolderSlab) {
+        let Some(pos) = self.position(slot, slab) else {
+            return;
+        };
+        let h = self.as_slice(slab)[pos];
+        let to = (h | tier.bit().0 as u32) & !(Tier::PREDICTED.bit().0 as u32);
+        if to != h {
+            self.replace(pos, to, Change::Confirm(slot, tier), slab);
+        }
     }
 
     /// Remove the tiers of `tier_mask` from `slot`. Returns the tier bits that were

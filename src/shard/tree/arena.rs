@@ -487,6 +487,7 @@ impl Tree {
 
     /// Takes free node `q` off the free list.
     fn unlink(&mut self, q: NodeId) {
+        self.free_len -= 1;
         let [prev, next] = self.node(q).local;
         match prev {
             NIL => self.free = (next != NIL).then_some(NodeId(next)),
@@ -498,9 +499,9 @@ impl Tree {
     }
 
     /// A free node for a child of `parent`: the place right after the parent if
-    /// that is free or the arena's end (the chain then stays one run), else the
-    /// free list's first, else the arena's end. `None` once the arena holds as
-    /// many nodes as ids can name.
+    /// that is free, or the arena's end (the chain then stays one run) while at
+    /// most an eighth of the arena is free; else the free list's first, else the
+    /// arena's end. `None` once the arena holds as many nodes as ids can name.
     fn place(&mut self, parent: Option<NodeId>) -> Option<NodeId> {
         let filed = self.filed();
         if let Some(p) = parent {
@@ -510,7 +511,10 @@ impl Tree {
                 return Some(q);
             }
         }
-        let at_end = parent.is_some_and(|p| p.0 as usize + 1 == filed);
+        // A chain growing at the end would otherwise grow the arena past its
+        // freed nodes for as long as it is extended.
+        let at_end =
+            parent.is_some_and(|p| p.0 as usize + 1 == filed) && self.free_len * 8 <= filed;
         if let Some(h) = self.free.filter(|_| !at_end) {
             self.unlink(h);
             return Some(h);
@@ -760,6 +764,7 @@ impl Tree {
             self.node_mut(n).local[0] = id.0;
         }
         self.free = Some(id);
+        self.free_len += 1;
         self.live -= 1;
     }
 
@@ -810,6 +815,9 @@ impl Tree {
                 return false;
             }
         }
-        named.len() == self.runs.live()
+        let free = (0..self.filed() as u32)
+            .filter(|&i| self.node(NodeId(i)).is_free())
+            .count();
+        named.len() == self.runs.live() && free == self.free_len
     }
 }

@@ -177,7 +177,11 @@ impl Tree {
             return false;
         };
         if let Some(lane) = lane {
-            self.with_holders(node, |h, slab| h.set_lane(slot, lane, held, slab));
+            let bit = 1 << lane;
+            let holder = self.holders(node).holder_of(slot, &self.slab);
+            if holder.is_some_and(|h| (h.lanes() & bit != 0) != held) {
+                self.with_holders(node, |h, slab| h.set_lane(slot, lane, held, slab));
+            }
         }
         // A group that has (or had, before a lane was free) no lane keeps its holds
         // here.

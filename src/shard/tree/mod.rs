@@ -88,6 +88,8 @@ pub struct Tree {
     runs: Runs,
     /// Head of the free list (the nodes chain it through their local hash).
     free: Option<NodeId>,
+    /// Nodes on the free list.
+    free_len: usize,
     live: usize,
     /// First blocks, by local hash.
     roots: HashTable<NodeId>,
@@ -235,7 +237,14 @@ impl Tree {
                     // No slot names it by its engine hash: it may take this one.
                     at_mut(chunks, id).set_engine(eh);
                 }
-                if !before.contains(tier) {
+                if before.contains(Tier::PREDICTED) {
+                    // The worker stored what it was predicted to: an ordinary holder
+                    // now, in one change, so that a run confirmed block by block
+                    // shares the chunk the first block's change made.
+                    change_holders(chunks, runs, slab, id, |h, slab| {
+                        h.confirm(slot, tier, slab)
+                    });
+                } else if !before.contains(tier) {
                     change_holders(chunks, runs, slab, id, |h, slab| h.add(slot, tier, slab));
                 }
                 before
@@ -249,8 +258,6 @@ impl Tree {
                 duplicate = false;
             }
             if before.contains(Tier::PREDICTED) {
-                // The worker stored what it was predicted to: an ordinary holder now.
-                self.with_holders(id, |h, slab| h.remove(slot, Tier::PREDICTED.bit(), slab));
                 let key = self.key(id);
                 self.predictions.forget(key, slot);
                 self.held.remove(Tier::PREDICTED.bit());

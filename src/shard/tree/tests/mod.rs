@@ -690,3 +690,36 @@ fn a_chain_held_alike_is_one_run() {
     assert_eq!(t.runs.live(), 3);
     assert!(t.runs_hold());
 }
+
+/// A run that a worker was predicted to hold and then stores, block by block,
+/// stays one run: each block's confirmation is one change, so the blocks after
+/// the first take the first one's chunk.
+#[test]
+fn a_predicted_run_confirmed_by_a_store_stays_one_run() {
+    let mut t = Tree::default();
+    let locals: Vec<u64> = (100..164).collect();
+    let blocks = chain(1, 0, &locals);
+    t.store(WorkerSlot(1), DEV, None, &blocks);
+    t.store(WorkerSlot(2), DEV, None, &blocks);
+    assert_eq!(t.runs.live(), 1);
+    let hashes: Vec<BlockHash> = locals.iter().map(|&l| BlockHash(l)).collect();
+    t.predict(WorkerSlot(3), &hashes, 50, &mut ChainAt::default());
+    assert_eq!(t.runs.live(), 1);
+    t.store(WorkerSlot(3), DEV, None, &blocks);
+    assert_eq!(t.predicted_pairs(), 0);
+    assert_eq!(t.runs.live(), 1);
+    assert!(t.runs_hold());
+    assert_eq!(
+        lookup(&mut t, &locals[..2]),
+        [
+            3,
+            held(1, DEV),
+            held(2, DEV),
+            held(3, DEV),
+            3,
+            held(1, DEV),
+            held(2, DEV),
+            held(3, DEV)
+        ]
+    );
+}
