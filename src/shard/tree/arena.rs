@@ -590,15 +590,30 @@ impl Tree {
         let n = self.node_mut(id);
         n.local = [local.0 as u32, (local.0 >> 32) as u32];
         n.set_engine(engine);
+        if let Some(parent) = parent {
+            let r = self.node(parent).run();
+            let up = self.runs.v[r];
+            if up.last() == parent.0
+                && up.kids == NIL
+                && up.len < RUN_MAX
+                && id.0 == parent.0 + 1
+                && up.holders.same_as(&holders)
+            {
+                self.runs.v[r].len += 1;
+                self.node_mut(id).set_run(r as u32);
+                self.filed_leaf(id, Some(parent));
+                return Some(id);
+            }
+        }
+        let run = self.runs.alloc(Run {
+            start: id.0,
+            len: 1,
+            up: parent.map_or(NIL_UP, |p| p.0),
+            kids: NIL,
+            holders,
+        });
+        self.node_mut(id).set_run(run);
         let Some(parent) = parent else {
-            let run = self.runs.alloc(Run {
-                start: id.0,
-                len: 1,
-                up: NIL_UP,
-                kids: NIL,
-                holders,
-            });
-            self.node_mut(id).set_run(run);
             let Tree { roots, chunks, .. } = self;
             roots.insert_unique(child_hash(local), id, |&c| {
                 child_hash(at(chunks, c).local())
@@ -606,27 +621,6 @@ impl Tree {
             self.filed_leaf(id, None);
             return Some(id);
         };
-        let r = self.node(parent).run();
-        let up = self.runs.v[r];
-        if up.last() == parent.0
-            && up.kids == NIL
-            && up.len < RUN_MAX
-            && id.0 == parent.0 + 1
-            && up.holders.same_as(&holders)
-        {
-            self.runs.v[r].len += 1;
-            self.node_mut(id).set_run(r as u32);
-            self.filed_leaf(id, Some(parent));
-            return Some(id);
-        }
-        let run = self.runs.alloc(Run {
-            start: id.0,
-            len: 1,
-            up: parent.0,
-            kids: NIL,
-            holders,
-        });
-        self.node_mut(id).set_run(run);
         match self.kids(parent) {
             Kids::None => {
                 self.set_kids(parent, Kids::One(id));

@@ -201,54 +201,19 @@ impl Tree {
             if let Some(&(ahead, _)) = blocks.get(i + PREFETCH_AHEAD) {
                 self.engine[slot.0 as usize].prefetch(ahead);
             }
-            let id = match self.child(p, local) {
-                Some(id) => id,
+            let (id, before) = match self.child(p, local) {
+                Some(id) => (id, self.hold(id, slot, tier, eh)),
                 None => {
+                    // A new block, filed held by the slot alone.
                     let holder = HolderSet::of(Holder::new(slot, tier.bit()));
                     let Some(id) = self.file_node(p, local, eh, holder) else {
                         unfiled = blocks.len() - i;
                         break;
                     };
-                    // A new block, the slot's only.
-                    self.mark(id);
-                    new_holders += 1;
-                    self.held.slot(slot, 1);
-                    self.held.add(tier);
-                    duplicate = false;
-                    let reference = self.node(id).reference(id);
-                    let Tree { engine, chunks, .. } = self;
-                    let old = engine[slot.0 as usize].set(eh, reference, chunks);
-                    if let Some(old) = old.and_then(|before| self.resolve(slot, before)) {
-                        // The engine reused the hash for other content.
-                        self.unhold(slot, old, TierSet::ALL, Some(eh));
-                    }
-                    p = Some(id);
-                    continue;
+                    (id, TierSet::NONE)
                 }
             };
             self.mark(id);
-            let before = {
-                let Tree {
-                    chunks, runs, slab, ..
-                } = self;
-                let holders = holders_at(chunks, runs, id);
-                let before = holders.tiers_of(slot, slab);
-                if !holders.on_media(slab) {
-                    // No slot names it by its engine hash: it may take this one.
-                    at_mut(chunks, id).set_engine(eh);
-                }
-                if before.contains(Tier::PREDICTED) {
-                    // The worker stored what it was predicted to: an ordinary holder
-                    // now, in one change, so that a run confirmed block by block
-                    // shares the chunk the first block's change made.
-                    change_holders(chunks, runs, slab, id, |h, slab| {
-                        h.confirm(slot, tier, slab)
-                    });
-                } else if !before.contains(tier) {
-                    change_holders(chunks, runs, slab, id, |h, slab| h.add(slot, tier, slab));
-                }
-                before
-            };
             if before.is_empty() {
                 new_holders += 1;
                 self.held.slot(slot, 1);
@@ -294,6 +259,32 @@ impl Tree {
             duplicate: duplicate && unfiled == 0,
             unfiled,
         }
+    }
+
+    /// `slot` holds filed block `id` on `tier`, which it was stored under as `eh`;
+    /// returns the slot's tiers before. A block no slot holds on a medium takes
+    /// `eh` as its engine hash.
+    fn hold(&mut self, id: NodeId, slot: WorkerSlot, tier: Tier, eh: EngineHash) -> TierSet {
+        let Tree {
+            chunks, runs, slab, ..
+        } = self;
+        let holders = holders_at(chunks, runs, id);
+        let before = holders.tiers_of(slot, slab);
+        if !holders.on_media(slab) {
+            // No slot names it by its engine hash: it may take this one.
+            at_mut(chunks, id).set_engine(eh);
+        }
+        if before.contains(Tier::PREDICTED) {
+            // The worker stored what it was predicted to: an ordinary holder now, in
+            // one change, so that a run confirmed block by block shares the chunk
+            // the first block's change made.
+            change_holders(chunks, runs, slab, id, |h, slab| {
+                h.confirm(slot, tier, slab)
+            });
+        } else if !before.contains(tier) {
+            change_holders(chunks, runs, slab, id, |h, slab| h.add(slot, tier, slab));
+        }
+        before
     }
 
     /// Once nothing is filed (every slot cleared), gives the arena's chunks and
