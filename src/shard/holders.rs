@@ -286,13 +286,31 @@ impl HolderSet {
     pub fn set_lane(&mut self, slot: WorkerSlot, lane: u32, held: bool, slab: &mut HolderSlab) {
         debug_assert!(lane < GROUP_LANES);
         let bit = 1 << (LANE_SHIFT + lane);
+        let change = Change::Lane(slot, lane, held);
+        self.rewrite(
+            slot,
+            change,
+            |h| if held { h | bit } else { h & !bit },
+            slab,
+        );
+    }
+
+    /// `slot`'s holder word becomes `to` of it (a change the slab may remember);
+    /// nothing for a slot that is not a holder.
+    fn rewrite(
+        &mut self,
+        slot: WorkerSlot,
+        change: Change,
+        to: impl FnOnce(u32) -> u32,
+        slab: &mut HolderSlab,
+    ) {
         let Some(pos) = self.position(slot, slab) else {
             return;
         };
         let h = self.as_slice(slab)[pos];
-        let to = if held { h | bit } else { h & !bit };
+        let to = to(h);
         if to != h {
-            self.replace(pos, to, Change::Lane(slot, lane, held), slab);
+            self.replace(pos, to, change, slab);
         }
     }
 
@@ -406,14 +424,8 @@ impl HolderSet {
     /// `slot`, a predicted holder, holds the block on `tier` now and is predicted
     /// no more (its lanes stay). Nothing changes for a slot that is not a holder.
     pub fn confirm(&mut self, slot: WorkerSlot, tier: Tier, slab: &mut HolderSlab) {
-        let Some(pos) = self.position(slot, slab) else {
-            return;
-        };
-        let h = self.as_slice(slab)[pos];
-        let to = (h | tier.bit().0 as u32) & !(Tier::PREDICTED.bit().0 as u32);
-        if to != h {
-            self.replace(pos, to, Change::Confirm(slot, tier), slab);
-        }
+        let (on, off) = (tier.bit().0 as u32, Tier::PREDICTED.bit().0 as u32);
+        self.rewrite(slot, Change::Confirm(slot, tier), |h| (h | on) & !off, slab);
     }
 
     /// Remove the tiers of `tier_mask` from `slot`. Returns the tier bits that were

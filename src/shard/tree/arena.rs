@@ -21,7 +21,7 @@
 
 use super::Tree;
 use crate::shard::holders::{HolderSet, HolderSlab};
-use crate::types::{BlockHash, EngineHash, WorkerSlot};
+use crate::types::{BlockHash, EngineHash, TierSet, WorkerSlot};
 use hashbrown::HashTable;
 
 /// In a run's `kids`: no child (in a free node's links: none).
@@ -307,6 +307,24 @@ pub(super) fn change_holders<R>(
     let out = change(&mut runs.v[r].holders, slab);
     join_around(chunks, runs, slab, id);
     out
+}
+
+/// Takes `tiers` off `slot`'s hold of live node `id` ([`HolderSet::remove`]'s
+/// answer); a node the slot holds on none of them keeps its run.
+pub(super) fn remove_tiers(
+    chunks: &mut [Vec<Node>],
+    runs: &mut Runs,
+    slab: &mut HolderSlab,
+    id: NodeId,
+    slot: WorkerSlot,
+    tiers: TierSet,
+) -> (TierSet, bool) {
+    if (holders_at(chunks, runs, id).tiers_of(slot, slab) & tiers).is_empty() {
+        return (TierSet::NONE, false);
+    }
+    change_holders(chunks, runs, slab, id, |h, slab| {
+        h.remove(slot, tiers, slab)
+    })
 }
 
 /// `id` alone in its run.

@@ -2,7 +2,7 @@
 //! whole index, between which the executor serves.
 
 use super::Tree;
-use super::arena::{Node, NodeRef, change_holders, holders_at, named_by};
+use super::arena::{Node, NodeRef, named_by, remove_tiers};
 use super::names::{NamesAt, forget_names};
 use crate::types::{Tier, TierSet, WorkerSlot};
 
@@ -45,12 +45,7 @@ impl Tree {
                     // ended earlier in the walk.
                     return false;
                 }
-                if (holders_at(chunks, runs, id).tiers_of(slot, slab) & tiers).is_empty() {
-                    return true;
-                }
-                let (gone_tiers, gone) = change_holders(chunks, runs, slab, id, |h, slab| {
-                    h.remove(slot, tiers, slab)
-                });
+                let (gone_tiers, gone) = remove_tiers(chunks, runs, slab, id, slot, tiers);
                 for t in gone_tiers.iter() {
                     removed[t.0 as usize] += 1;
                 }

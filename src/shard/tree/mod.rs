@@ -54,7 +54,7 @@ pub use predicted::{ChainAt, NodeKey, PredictCounts};
 use crate::shard::holders::{HeldCounts, Holder, HolderSet, HolderSlab};
 use crate::shard::predict::Predictions;
 use crate::types::{BlockHash, EngineHash, Tier, TierSet, WorkerSlot};
-use arena::{Node, Runs, at_mut, change_holders, holders_at};
+use arena::{Node, Runs, at_mut, change_holders, holders_at, remove_tiers};
 use hashbrown::{HashMap, HashTable};
 use names::{Names, forget_names};
 
@@ -324,10 +324,12 @@ impl Tree {
         tiers: TierSet,
         keep: Option<EngineHash>,
     ) {
-        if (self.holders(node).tiers_of(slot, &self.slab) & tiers).is_empty() {
-            return;
-        }
-        let (removed, gone) = self.with_holders(node, |h, slab| h.remove(slot, tiers, slab));
+        let (removed, gone) = {
+            let Tree {
+                chunks, runs, slab, ..
+            } = self;
+            remove_tiers(chunks, runs, slab, node, slot, tiers)
+        };
         self.held.remove(removed);
         if !gone {
             return;
